@@ -1,0 +1,384 @@
+package connectors
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/getkin/kin-openapi/openapi3"
+)
+
+const (
+	// maxStringBytes caps any single string value in an arguments document.
+	maxStringBytes = 64 << 10
+	// maxArgsDepth caps nesting in an arguments document.
+	maxArgsDepth = 64
+)
+
+// DecodeArgs decodes a tool-call body strictly: unknown top-level keys,
+// trailing data and documents over MaxArgsBytes are *ArgError. Duplicate
+// object keys at any depth and invalid UTF-8 are refused too: two parsers
+// reading one document differently is how checks get bypassed. Numbers are
+// kept as json.Number so that integers survive exactly.
+func DecodeArgs(data []byte) (Args, error) {
+	if len(data) > MaxArgsBytes {
+		return Args{}, &ArgError{Reason: fmt.Sprintf("document is over %d bytes", MaxArgsBytes)}
+	}
+	if !utf8.Valid(data) {
+		return Args{}, &ArgError{Reason: "document is not valid UTF-8"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return Args{}, &ArgError{Reason: "not JSON: " + jsonReason(err)}
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return Args{}, &ArgError{Reason: "document must be a JSON object"}
+	}
+	var args Args
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return Args{}, &ArgError{Reason: "not JSON: " + jsonReason(err)}
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return Args{}, &ArgError{Field: key, Reason: "duplicate key"}
+		}
+		seen[key] = true
+		v, err := decodeValue(dec, key, 1)
+		if err != nil {
+			return Args{}, err
+		}
+		switch key {
+		case "path", "query", "headers":
+			if v == nil {
+				continue
+			}
+			obj, ok := v.(map[string]any)
+			if !ok {
+				return Args{}, &ArgError{Field: key, Reason: "must be an object"}
+			}
+			switch key {
+			case "path":
+				args.Path = obj
+			case "query":
+				args.Query = obj
+			default:
+				args.Headers = obj
+			}
+		case "body":
+			args.Body = v
+		default:
+			return Args{}, &ArgError{Field: key, Reason: "unknown key (want path, query, headers or body)"}
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return Args{}, &ArgError{Reason: "not JSON: " + jsonReason(err)}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Args{}, &ArgError{Reason: "trailing data after the document"}
+	}
+	return args, nil
+}
+
+// decodeValue reads one JSON value from dec, refusing duplicate keys.
+func decodeValue(dec *json.Decoder, field string, depth int) (any, error) {
+	if depth > maxArgsDepth {
+		return nil, &ArgError{Field: field, Reason: fmt.Sprintf("nested deeper than %d", maxArgsDepth)}
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, &ArgError{Field: field, Reason: "not JSON: " + jsonReason(err)}
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			obj := map[string]any{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil, &ArgError{Field: field, Reason: "not JSON: " + jsonReason(err)}
+				}
+				k, _ := kt.(string)
+				sub := field + "." + k
+				if _, dup := obj[k]; dup {
+					return nil, &ArgError{Field: sub, Reason: "duplicate key"}
+				}
+				v, err := decodeValue(dec, sub, depth+1)
+				if err != nil {
+					return nil, err
+				}
+				obj[k] = v
+			}
+			if _, err := dec.Token(); err != nil {
+				return nil, &ArgError{Field: field, Reason: "not JSON: " + jsonReason(err)}
+			}
+			return obj, nil
+		case '[':
+			arr := []any{}
+			for dec.More() {
+				v, err := decodeValue(dec, field+"["+strconv.Itoa(len(arr))+"]", depth+1)
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return nil, &ArgError{Field: field, Reason: "not JSON: " + jsonReason(err)}
+			}
+			return arr, nil
+		}
+		return nil, &ArgError{Field: field, Reason: "not JSON"}
+	default:
+		return t, nil // string, json.Number, bool or nil
+	}
+}
+
+// jsonReason describes a JSON syntax error without echoing the input.
+func jsonReason(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "unexpected end"
+	}
+	return "malformed"
+}
+
+// Validate checks args against the tool's schema. A violation is *ArgError.
+func (t *Tool) Validate(args Args) error {
+	groups := []struct {
+		key string
+		in  string
+		m   map[string]any
+	}{{"path", "path", args.Path}, {"query", "query", args.Query}, {"headers", "header", args.Headers}}
+	for _, g := range groups {
+		known := map[string]*param{}
+		for _, p := range t.params {
+			if p.in == g.in {
+				known[p.name] = p
+			}
+		}
+		for _, name := range sortedKeys(g.m) {
+			if _, ok := known[name]; !ok {
+				return &ArgError{Field: g.key + "." + name, Reason: "unknown " + g.in + " parameter"}
+			}
+		}
+		for _, p := range t.params {
+			if p.in != g.in {
+				continue
+			}
+			field := g.key + "." + p.name
+			v, ok := g.m[p.name]
+			if !ok || v == nil {
+				if p.required {
+					return &ArgError{Field: field, Reason: "required"}
+				}
+				continue
+			}
+			if err := checkStrings(v, field, g.in == "header"); err != nil {
+				return err
+			}
+			if err := checkParamShape(p, v, field); err != nil {
+				return err
+			}
+			if p.schema != nil {
+				if err := t.visit(p.schema, v, field); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
+	if t.BodyType == "" {
+		if args.Body != nil {
+			return &ArgError{Field: "body", Reason: "this tool takes no request body"}
+		}
+		return nil
+	}
+	if args.Body == nil {
+		if t.bodyRequired {
+			return &ArgError{Field: "body", Reason: "required"}
+		}
+		return nil
+	}
+	if err := checkStrings(args.Body, "body", false); err != nil {
+		return err
+	}
+	if t.BodyType == formType {
+		if err := checkFormBody(args.Body); err != nil {
+			return err
+		}
+	}
+	return t.visit(t.body, args.Body, "body")
+}
+
+// checkStrings caps every string in v and, for a header, refuses control
+// characters that would split or smuggle header lines.
+func checkStrings(v any, field string, header bool) error {
+	switch x := v.(type) {
+	case string:
+		if len(x) > maxStringBytes {
+			return &ArgError{Field: field, Reason: fmt.Sprintf("string is over %d bytes", maxStringBytes)}
+		}
+		if header && strings.ContainsAny(x, "\x00\r\n") {
+			return &ArgError{Field: field, Reason: "header value contains NUL, CR or LF"}
+		}
+	case json.Number:
+		if len(x) > maxStringBytes {
+			return &ArgError{Field: field, Reason: "number is too long"}
+		}
+	case []any:
+		for i, e := range x {
+			if err := checkStrings(e, field+"["+strconv.Itoa(i)+"]", header); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		for _, k := range sortedKeys(x) {
+			if len(k) > maxStringBytes {
+				return &ArgError{Field: field, Reason: "key is too long"}
+			}
+			if err := checkStrings(x[k], field+"."+k, header); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkParamShape refuses values the parameter's serialisation cannot carry
+// faithfully: path and header values are scalars or arrays of scalars, query
+// values at most one level of object or array, and a path value is never
+// empty (an empty segment would change which resource is addressed).
+func checkParamShape(p *param, v any, field string) error {
+	switch x := v.(type) {
+	case []any:
+		for i, e := range x {
+			if !isScalar(e) {
+				return &ArgError{Field: field + "[" + strconv.Itoa(i) + "]", Reason: "must be a string, number or boolean"}
+			}
+		}
+		if p.in == "path" && len(x) == 0 {
+			return &ArgError{Field: field, Reason: "must not be empty"}
+		}
+	case map[string]any:
+		if p.in != "query" {
+			return &ArgError{Field: field, Reason: "objects are not supported in " + p.in + " parameters"}
+		}
+		for _, k := range sortedKeys(x) {
+			if !isScalar(x[k]) {
+				return &ArgError{Field: field + "." + k, Reason: "must be a string, number or boolean"}
+			}
+		}
+	default:
+		if !isScalar(v) {
+			return &ArgError{Field: field, Reason: "unsupported value"}
+		}
+		if p.in == "path" && scalarString(v) == "" {
+			return &ArgError{Field: field, Reason: "must not be empty"}
+		}
+	}
+	return nil
+}
+
+// checkFormBody makes sure a form body is an object whose values are
+// scalars, arrays of scalars or objects (sent as JSON text).
+func checkFormBody(body any) error {
+	obj, ok := body.(map[string]any)
+	if !ok {
+		return &ArgError{Field: "body", Reason: "a form body must be an object"}
+	}
+	for _, k := range sortedKeys(obj) {
+		if arr, ok := obj[k].([]any); ok {
+			for i, e := range arr {
+				if !isScalar(e) {
+					return &ArgError{Field: "body." + k + "[" + strconv.Itoa(i) + "]", Reason: "form arrays hold only strings, numbers or booleans"}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// visit validates v against s with kin-openapi and reports the failing
+// field as a dotted path under prefix.
+func (t *Tool) visit(s *openapi3.Schema, v any, prefix string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &ArgError{Field: prefix, Reason: "schema validation failed"}
+		}
+	}()
+	opts := []openapi3.SchemaValidationOption{openapi3.VisitAsRequest()}
+	if t.schema2020 {
+		opts = append(opts, openapi3.EnableJSONSchema2020())
+	}
+	verr := s.VisitJSON(v, opts...)
+	if verr == nil {
+		return nil
+	}
+	var me openapi3.MultiError
+	if errors.As(verr, &me) && len(me) > 0 {
+		verr = me[0]
+	}
+	var se *openapi3.SchemaError
+	if !errors.As(verr, &se) {
+		return &ArgError{Field: prefix, Reason: "does not match the schema"}
+	}
+	field := prefix
+	for _, part := range se.JSONPointer() {
+		if _, err := strconv.Atoi(part); err == nil {
+			field += "[" + part + "]"
+		} else {
+			field += "." + part
+		}
+	}
+	reason := se.Reason
+	if reason == "" {
+		reason = "does not match the schema"
+	}
+	return &ArgError{Field: field, Reason: reason}
+}
+
+func isScalar(v any) bool {
+	switch v.(type) {
+	case string, json.Number, bool, float64:
+		return true
+	}
+	return false
+}
+
+// scalarString renders a scalar as it goes on the wire.
+func scalarString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case json.Number:
+		return x.String()
+	case bool:
+		return strconv.FormatBool(x)
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	return ""
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

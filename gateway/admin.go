@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+)
+
+// adminHandler serves people and monitoring, never sandboxes: health,
+// readiness, metrics and the audit tail. The review UI and the holds API
+// arrive with the approvals work.
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.handleReady)
+	mux.Handle("GET /metrics", s.tel.handler)
+	mux.HandleFunc("GET /api/v1/audit", s.handleAuditTail)
+	mux.HandleFunc("GET /{$}", s.handleIndex)
+	return mux
+}
+
+// handleReady is 200 only when a policy is loaded and the audit log takes
+// writes; otherwise 503 with the reasons, so a load balancer stops sending
+// traffic that would be refused anyway.
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	problems := []string{}
+	if s.engine.Load() == nil {
+		problems = append(problems, "policy: not loaded (every call is blocked)")
+	}
+	if p := s.policyErr.Load(); p != nil {
+		problems = append(problems, "policy: last reload failed: "+*p)
+	}
+	if err := s.audit.Err(); err != nil {
+		problems = append(problems, "audit: "+err.Error())
+	}
+	status := http.StatusOK
+	if len(problems) > 0 && (s.engine.Load() == nil || s.audit.Err() != nil) {
+		status = http.StatusServiceUnavailable
+	}
+	v := int64(0)
+	if e := s.engine.Load(); e != nil {
+		v = e.Version()
+	}
+	writeJSON(w, status, map[string]any{"ready": status == http.StatusOK, "policy_version": v, "problems": problems})
+}
+
+// handleAuditTail returns the newest records of the audit log (?limit=N,
+// default 100, at most 1000).
+func (s *Server) handleAuditTail(w http.ResponseWriter, r *http.Request) {
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			return
+		}
+		limit = n
+	}
+	f, err := os.Open(s.cfg.Audit.Path)
+	if err != nil {
+		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be read"), newRequestID())
+		return
+	}
+	defer f.Close()
+	lines, err := tailLines(f, limit)
+	if err != nil {
+		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be read"), newRequestID())
+		return
+	}
+	recs := make([]json.RawMessage, 0, len(lines))
+	for _, l := range lines {
+		if json.Valid(l) {
+			recs = append(recs, json.RawMessage(l))
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"records": recs})
+}
+
+// tailLines returns the last n lines of r.
+func tailLines(r io.Reader, n int) ([][]byte, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	ring := make([][]byte, 0, n)
+	for sc.Scan() {
+		if len(ring) == n {
+			ring = ring[1:]
+		}
+		ring = append(ring, bytes.Clone(sc.Bytes()))
+	}
+	return ring, sc.Err()
+}
+
+var indexPage = template.Must(template.New("index").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>sluice gateway</title></head>
+<body><h1>sluice gateway</h1>
+<p>{{.Tools}} tools loaded; policy version {{.Version}}.</p>
+<ul><li><a href="/readyz">/readyz</a></li><li><a href="/metrics">/metrics</a></li>
+<li><a href="/api/v1/audit">/api/v1/audit</a></li></ul>
+<p>The review UI for held calls is not part of this build yet: calls that policy sends to a person
+are refused with <code>approval_unavailable</code>.</p></body></html>`))
+
+func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
+	v := int64(0)
+	if e := s.engine.Load(); e != nil {
+		v = e.Version()
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'")
+	if err := indexPage.Execute(w, struct {
+		Tools   int
+		Version int64
+	}{len(s.catalog.list), v}); err != nil {
+		s.log.Warn("admin: index page", "err", fmt.Sprint(err))
+	}
+}

@@ -1,0 +1,527 @@
+// Package config decodes and validates sluice.yaml.
+//
+// Decoding is strict: an unknown or misspelt key is an error naming its path
+// ("connectors[0].credentail"), and every value is checked with an error that
+// names its key. Relative paths in the file are resolved against the file's
+// directory. Provisioning (loading specs, compiling Rego, opening stores) is
+// the caller's step after Validate; this package touches no network and opens
+// no files but the config itself.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole of sluice.yaml.
+type Config struct {
+	Gateway    Gateway     `yaml:"gateway"`
+	Store      string      `yaml:"store"`
+	Audit      Audit       `yaml:"audit"`
+	Secrets    Secrets     `yaml:"secrets"`
+	Connectors []Connector `yaml:"connectors"`
+	Agents     []Agent     `yaml:"agents"`
+	Policies   []Policy    `yaml:"policies"`
+	Rego       []string    `yaml:"rego"`
+	Approvers  Approvers   `yaml:"approvers"`
+
+	// Dir is the directory relative paths were resolved against.
+	Dir string `yaml:"-"`
+}
+
+// Gateway configures the gateway's listeners.
+type Gateway struct {
+	SandboxSocket    string   `yaml:"sandbox_socket"`
+	TrustedRelayUIDs []uint32 `yaml:"trusted_relay_uids"`
+	HoldWait         Duration `yaml:"hold_wait"`
+	AdminListen      string   `yaml:"admin_listen"`
+	// MaxResponseBytes caps an upstream body; larger replies are 502 upstream_error.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"`
+	// UpstreamTimeout bounds one upstream exchange.
+	UpstreamTimeout Duration `yaml:"upstream_timeout"`
+}
+
+// Audit configures the audit log.
+type Audit struct {
+	Path string `yaml:"path"`
+}
+
+// Secrets selects the credential backend.
+type Secrets struct {
+	Backend string      `yaml:"backend"`
+	Local   LocalSecret `yaml:"local"`
+	Vault   *Vault      `yaml:"vault"`
+}
+
+// LocalSecret places the embedded store.
+type LocalSecret struct {
+	Path    string `yaml:"path"`
+	KeyFile string `yaml:"key_file"`
+}
+
+// Vault configures the Vault backend (implemented by its own issue; accepted
+// and checked here so configs can be written now).
+type Vault struct {
+	Address string    `yaml:"address"`
+	Auth    VaultAuth `yaml:"auth"`
+}
+
+// VaultAuth is how the gateway logs in to Vault.
+type VaultAuth struct {
+	Method       string `yaml:"method"`
+	TokenFile    string `yaml:"token_file"`
+	RoleIDFile   string `yaml:"role_id_file"`
+	SecretIDFile string `yaml:"secret_id_file"`
+	Role         string `yaml:"role"`
+	JWTFile      string `yaml:"jwt_file"`
+	Mount        string `yaml:"mount"`
+}
+
+// Connector is one API the gateway fronts.
+type Connector struct {
+	Slug         string      `yaml:"slug"`
+	Provider     string      `yaml:"provider"`
+	Spec         string      `yaml:"spec"`
+	BaseURL      string      `yaml:"base_url"`
+	AllowPrivate []string    `yaml:"allow_private"`
+	Credential   *Credential `yaml:"credential"`
+}
+
+// Credential says how the gateway authenticates to a connector's API.
+type Credential struct {
+	// Secret names a secret in the configured store.
+	Secret string `yaml:"secret"`
+	// Vault references a Vault secret (the Vault issue).
+	Vault *VaultRef `yaml:"vault"`
+	// Scheme picks one of the spec's securitySchemes by name; empty means
+	// the operation's own requirement decides.
+	Scheme string `yaml:"scheme"`
+	// Header, Query and Prefix attach explicitly instead of by securityScheme:
+	// the value goes into Header (with Prefix, e.g. "Bearer ") or Query.
+	Header string `yaml:"header"`
+	Query  string `yaml:"query"`
+	Prefix string `yaml:"prefix"`
+}
+
+// VaultRef is a Vault-backed credential.
+type VaultRef struct {
+	KV       string `yaml:"kv"`
+	Field    string `yaml:"field"`
+	Dynamic  string `yaml:"dynamic"`
+	OIDCRole string `yaml:"oidc_role"`
+	Audience string `yaml:"audience"`
+}
+
+// Agent is a kind of agent and what it is granted.
+type Agent struct {
+	Name       string   `yaml:"name"`
+	Connectors []string `yaml:"connectors"`
+	Egress     []string `yaml:"egress"`
+}
+
+// Policy is one simple rule.
+type Policy struct {
+	Match     string   `yaml:"match"`
+	Action    string   `yaml:"action"`
+	Approvers []string `yaml:"approvers"`
+	Reason    string   `yaml:"reason"`
+}
+
+// Approvers configures who may approve held calls (the holds issue).
+type Approvers struct {
+	Users []User `yaml:"users"`
+	OIDC  *OIDC  `yaml:"oidc"`
+}
+
+// User is an embedded approver account.
+type User struct {
+	Name         string   `yaml:"name"`
+	Groups       []string `yaml:"groups"`
+	PasswordHash string   `yaml:"password_hash"`
+}
+
+// OIDC is approver login through an OpenID provider.
+type OIDC struct {
+	Issuer           string `yaml:"issuer"`
+	ClientID         string `yaml:"client_id"`
+	ClientSecretFile string `yaml:"client_secret_file"`
+	GroupsClaim      string `yaml:"groups_claim"`
+}
+
+// Duration is a time.Duration written as "30s" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("not a duration (like 30s): %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Std returns the time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// Defaults returns the embedded defaults that an empty file gets.
+func Defaults() *Config {
+	return &Config{
+		Gateway: Gateway{
+			SandboxSocket:    "/run/sluice/relay.sock",
+			TrustedRelayUIDs: []uint32{0},
+			HoldWait:         Duration(30 * time.Second),
+			AdminListen:      "127.0.0.1:8080",
+			MaxResponseBytes: 10 << 20,
+			UpstreamTimeout:  Duration(30 * time.Second),
+		},
+		Store:   "sqlite:/var/lib/sluice/sluice.db",
+		Audit:   Audit{Path: "/var/lib/sluice/audit.log"},
+		Secrets: Secrets{Backend: "local", Local: LocalSecret{Path: "/var/lib/sluice/secrets.json", KeyFile: "/var/lib/sluice/secrets.key"}},
+	}
+}
+
+// Load reads, strictly decodes and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data, filepath.Dir(abs))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes data over the defaults, resolves relative paths against dir
+// and validates.
+func Parse(data []byte, dir string) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, err
+	}
+	c := Defaults()
+	if len(root.Content) > 0 {
+		if err := checkKeys(root.Content[0], reflect.TypeOf(*c), ""); err != nil {
+			return nil, err
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(c); err != nil {
+			return nil, err
+		}
+	}
+	c.Dir = dir
+	c.resolvePaths()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// UnknownKeyError names a key that sluice.yaml does not have.
+type UnknownKeyError struct {
+	Path string
+	Line int
+}
+
+func (e *UnknownKeyError) Error() string {
+	return fmt.Sprintf("%s: unknown key (line %d)", e.Path, e.Line)
+}
+
+// checkKeys walks n against t and reports the first key t has no field for,
+// by its full path, so a typo is named where it is.
+func checkKeys(n *yaml.Node, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			return nil // the decoder reports the type error
+		}
+		fields := map[string]reflect.Type{}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			fields[name] = f.Type
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			ft, ok := fields[k.Value]
+			if !ok {
+				return &UnknownKeyError{Path: p, Line: k.Line}
+			}
+			if err := checkKeys(v, ft, p); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			return nil
+		}
+		for i, v := range n.Content {
+			if err := checkKeys(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Config) abs(p string) string {
+	if p == "" || filepath.IsAbs(p) || strings.HasPrefix(p, "https://") || strings.HasPrefix(p, "http://") {
+		return p
+	}
+	return filepath.Join(c.Dir, p)
+}
+
+func (c *Config) resolvePaths() {
+	c.Gateway.SandboxSocket = c.abs(c.Gateway.SandboxSocket)
+	c.Audit.Path = c.abs(c.Audit.Path)
+	c.Secrets.Local.Path = c.abs(c.Secrets.Local.Path)
+	c.Secrets.Local.KeyFile = c.abs(c.Secrets.Local.KeyFile)
+	if rest, ok := strings.CutPrefix(c.Store, "sqlite:"); ok && rest != ":memory:" {
+		c.Store = "sqlite:" + c.abs(rest)
+	}
+	for i := range c.Connectors {
+		c.Connectors[i].Spec = c.abs(c.Connectors[i].Spec)
+	}
+	for i := range c.Rego {
+		c.Rego[i] = c.abs(c.Rego[i])
+	}
+}
+
+var (
+	slugRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	matchRE  = regexp.MustCompile(`^[A-Za-z0-9_.*?-]+$`)
+)
+
+// Validate checks every value and names the key of the first bad one.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	g := c.Gateway
+	if g.SandboxSocket == "" {
+		bad("gateway.sandbox_socket", "must be set")
+	}
+	if len(g.TrustedRelayUIDs) == 0 {
+		bad("gateway.trusted_relay_uids", "must list at least one uid (sandboxd's)")
+	}
+	if g.HoldWait < 0 {
+		bad("gateway.hold_wait", "must not be negative")
+	}
+	if g.UpstreamTimeout <= 0 {
+		bad("gateway.upstream_timeout", "must be positive")
+	}
+	if g.MaxResponseBytes <= 0 {
+		bad("gateway.max_response_bytes", "must be positive")
+	}
+	if g.AdminListen != "" {
+		host, port, err := net.SplitHostPort(g.AdminListen)
+		if err != nil {
+			bad("gateway.admin_listen", "want host:port: %v", err)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			bad("gateway.admin_listen", "bad port %q", port)
+		} else if host == "" {
+			bad("gateway.admin_listen", "host must be set (listening on every address is not a default; write 0.0.0.0 to mean it)")
+		}
+	}
+	switch {
+	case strings.HasPrefix(c.Store, "sqlite:"):
+		if strings.TrimPrefix(c.Store, "sqlite:") == "" {
+			bad("store", "sqlite: needs a path")
+		}
+	case strings.HasPrefix(c.Store, "postgres://"):
+		bad("store", "postgres is not supported yet; use sqlite:/path")
+	default:
+		bad("store", "want sqlite:/path, got %q", c.Store)
+	}
+	if c.Audit.Path == "" {
+		bad("audit.path", "must be set: the gateway does not run without an audit log")
+	}
+	switch c.Secrets.Backend {
+	case "local":
+		if c.Secrets.Local.Path == "" {
+			bad("secrets.local.path", "must be set")
+		}
+		if c.Secrets.Local.KeyFile == "" {
+			bad("secrets.local.key_file", "must be set")
+		}
+	case "vault":
+		if c.Secrets.Vault == nil || c.Secrets.Vault.Address == "" {
+			bad("secrets.vault.address", "must be set when secrets.backend is vault")
+		} else if u, err := url.Parse(c.Secrets.Vault.Address); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			bad("secrets.vault.address", "want an http(s) URL, got %q", c.Secrets.Vault.Address)
+		}
+		if c.Secrets.Vault != nil {
+			switch c.Secrets.Vault.Auth.Method {
+			case "token", "approle", "jwt", "kubernetes":
+			default:
+				bad("secrets.vault.auth.method", "want token, approle, jwt or kubernetes, got %q", c.Secrets.Vault.Auth.Method)
+			}
+		}
+	default:
+		bad("secrets.backend", "want local or vault, got %q", c.Secrets.Backend)
+	}
+
+	slugs := map[string]bool{}
+	for i, cn := range c.Connectors {
+		k := fmt.Sprintf("connectors[%d]", i)
+		if !slugRE.MatchString(cn.Slug) {
+			bad(k+".slug", "want lower-case letters, digits and dashes (at most 63), got %q", cn.Slug)
+		} else if slugs[cn.Slug] {
+			bad(k+".slug", "%q is used twice", cn.Slug)
+		}
+		slugs[cn.Slug] = true
+		if cn.Provider != "" && cn.Provider != "openapi" {
+			bad(k+".provider", "want openapi, got %q", cn.Provider)
+		}
+		if cn.Spec == "" {
+			bad(k+".spec", "must be set (a file or an https URL)")
+		} else if strings.HasPrefix(cn.Spec, "http://") {
+			bad(k+".spec", "a spec URL must be https")
+		}
+		if cn.BaseURL != "" {
+			u, err := url.Parse(cn.BaseURL)
+			if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+				bad(k+".base_url", "want http(s)://host[:port][/path] without user, query or fragment, got %q", cn.BaseURL)
+			}
+		}
+		for j, p := range cn.AllowPrivate {
+			if _, err := netip.ParsePrefix(p); err != nil {
+				bad(fmt.Sprintf("%s.allow_private[%d]", k, j), "want a CIDR like 10.0.0.0/8: %v", err)
+			}
+		}
+		if cr := cn.Credential; cr != nil {
+			ck := k + ".credential"
+			switch {
+			case cr.Secret == "" && cr.Vault == nil:
+				bad(ck, "needs secret or vault")
+			case cr.Secret != "" && cr.Vault != nil:
+				bad(ck, "secret and vault are exclusive")
+			case cr.Secret != "" && !nameRE.MatchString(cr.Secret):
+				bad(ck+".secret", "not a secret name: %q", cr.Secret)
+			}
+			if cr.Vault != nil {
+				v := cr.Vault
+				n := 0
+				for _, s := range []string{v.KV, v.Dynamic, v.OIDCRole} {
+					if s != "" {
+						n++
+					}
+				}
+				if n != 1 {
+					bad(ck+".vault", "needs exactly one of kv, dynamic or oidc_role")
+				}
+			}
+			if cr.Header != "" && cr.Query != "" {
+				bad(ck, "header and query are exclusive")
+			}
+			if cr.Header != "" && !headerRE.MatchString(cr.Header) {
+				bad(ck+".header", "not a header name: %q", cr.Header)
+			}
+			if strings.ContainsAny(cr.Prefix, "\r\n\x00") {
+				bad(ck+".prefix", "must not contain CR, LF or NUL")
+			}
+			if cr.Scheme != "" && (cr.Header != "" || cr.Query != "") {
+				bad(ck+".scheme", "scheme and header/query are exclusive")
+			}
+		}
+	}
+	agents := map[string]bool{}
+	for i, a := range c.Agents {
+		k := fmt.Sprintf("agents[%d]", i)
+		if !nameRE.MatchString(a.Name) {
+			bad(k+".name", "not a name: %q", a.Name)
+		} else if agents[a.Name] {
+			bad(k+".name", "%q is used twice", a.Name)
+		}
+		agents[a.Name] = true
+		for j, s := range a.Connectors {
+			if !slugs[s] {
+				bad(fmt.Sprintf("%s.connectors[%d]", k, j), "no connector has slug %q", s)
+			}
+		}
+		for j, h := range a.Egress {
+			if h == "" || strings.ContainsAny(h, " /:@\r\n") {
+				bad(fmt.Sprintf("%s.egress[%d]", k, j), "want a host name, got %q", h)
+			}
+		}
+	}
+	for i, p := range c.Policies {
+		k := fmt.Sprintf("policies[%d]", i)
+		if !matchRE.MatchString(p.Match) {
+			bad(k+".match", "want a tool name or glob like billing-api.get_*, got %q", p.Match)
+		}
+		switch p.Action {
+		case "allow", "block":
+			if len(p.Approvers) > 0 {
+				bad(k+".approvers", "only ask rules have approvers")
+			}
+		case "ask":
+		default:
+			bad(k+".action", "want allow, ask or block, got %q", p.Action)
+		}
+	}
+	for i, r := range c.Rego {
+		if r == "" {
+			bad(fmt.Sprintf("rego[%d]", i), "empty path")
+		}
+	}
+	for i, u := range c.Approvers.Users {
+		if !nameRE.MatchString(u.Name) {
+			bad(fmt.Sprintf("approvers.users[%d].name", i), "not a name: %q", u.Name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Agent returns the named agent's grants, or nil.
+func (c *Config) Agent(name string) *Agent {
+	for i := range c.Agents {
+		if c.Agents[i].Name == name {
+			return &c.Agents[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const good = `
+gateway:
+  sandbox_socket: run/relay.sock
+  trusted_relay_uids: [0, 998]
+  hold_wait: 5s
+  admin_listen: 127.0.0.1:0
+store: sqlite:state/sluice.db
+audit: { path: state/audit.log }
+connectors:
+  - slug: billing-api
+    spec: specs/billing.yaml
+    base_url: https://billing.example.com/v1
+    allow_private: [10.0.0.0/8]
+    credential: { secret: billing-api-key }
+agents:
+  - name: support-bot
+    connectors: [billing-api]
+policies:
+  - { match: "billing-api.get_*", action: allow }
+  - { match: "billing-api.create_refund", action: ask, approvers: [group:finance] }
+  - { match: "*", action: block }
+rego: [policies/]
+`
+
+func TestParseGood(t *testing.T) {
+	c, err := Parse([]byte(good), "/etc/sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Gateway.HoldWait.Std(); got != 5*time.Second {
+		t.Errorf("hold_wait = %v", got)
+	}
+	if got := c.Connectors[0].Spec; got != "/etc/sluice/specs/billing.yaml" {
+		t.Errorf("spec path = %q, want it resolved against the config's directory", got)
+	}
+	if c.Store != "sqlite:/etc/sluice/state/sluice.db" {
+		t.Errorf("store = %q", c.Store)
+	}
+	if c.Gateway.MaxResponseBytes != 10<<20 {
+		t.Errorf("default max_response_bytes lost: %d", c.Gateway.MaxResponseBytes)
+	}
+	if c.Agent("support-bot") == nil || c.Agent("nobody") != nil {
+		t.Error("Agent lookup wrong")
+	}
+}
+
+func TestEmptyFileGetsDefaults(t *testing.T) {
+	c, err := Parse(nil, "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gateway.SandboxSocket != "/run/sluice/relay.sock" || c.Secrets.Backend != "local" {
+		t.Errorf("defaults not applied: %+v", c.Gateway)
+	}
+}
+
+func TestUnknownKeyNamesItsPath(t *testing.T) {
+	cases := []struct{ name, yaml, path string }{
+		{"top", "gatway: {}\n", "gatway"},
+		{"nested", "gateway: { hold_wiat: 3s }\n", "gateway.hold_wiat"},
+		{"in list", "connectors:\n  - slug: a\n    spec: a.yaml\n  - slug: b\n    spec: b.yaml\n    credentail: {secret: x}\n", "connectors[1].credentail"},
+		{"deep", "connectors:\n  - slug: a\n    spec: a.yaml\n    credential: { secret: x, vault: { kvv: y } }\n", "connectors[0].credential.vault.kvv"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), "/x")
+			var uk *UnknownKeyError
+			if !errors.As(err, &uk) || uk.Path != tc.path {
+				t.Fatalf("err = %v, want unknown key %s", err, tc.path)
+			}
+		})
+	}
+}
+
+func TestBadValuesNameTheirKey(t *testing.T) {
+	cases := []struct{ name, yaml, key string }{
+		{"duration", "gateway: { hold_wait: soon }\n", "not a duration"},
+		{"uids", "gateway: { trusted_relay_uids: [] }\n", "gateway.trusted_relay_uids"},
+		{"admin", "gateway: { admin_listen: ':8080' }\n", "gateway.admin_listen"},
+		{"store", "store: mysql://x\n", "store"},
+		{"slug", "connectors: [{ slug: Billing, spec: a.yaml }]\n", "connectors[0].slug"},
+		{"dup slug", "connectors: [{ slug: a, spec: a.yaml }, { slug: a, spec: b.yaml }]\n", "connectors[1].slug"},
+		{"http spec", "connectors: [{ slug: a, spec: 'http://x/spec.yaml' }]\n", "connectors[0].spec"},
+		{"cidr", "connectors: [{ slug: a, spec: a.yaml, allow_private: [10.0.0.0/33] }]\n", "connectors[0].allow_private[0]"},
+		{"base", "connectors: [{ slug: a, spec: a.yaml, base_url: 'https://u:p@x' }]\n", "connectors[0].base_url"},
+		{"cred", "connectors: [{ slug: a, spec: a.yaml, credential: {} }]\n", "connectors[0].credential"},
+		{"agent grant", "agents: [{ name: bot, connectors: [nope] }]\n", "agents[0].connectors[0]"},
+		{"action", "policies: [{ match: '*', action: permit }]\n", "policies[0].action"},
+		{"approvers on allow", "policies: [{ match: '*', action: allow, approvers: [bob] }]\n", "policies[0].approvers"},
+		{"backend", "secrets: { backend: env }\n", "secrets.backend"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), "/x")
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("err = %v, want it to name %s", err, tc.key)
+			}
+		})
+	}
+}

@@ -1,0 +1,73 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// Code is a stable refusal code; agents and tests rely on these strings.
+type Code string
+
+// The refusal codes of the sandbox-side API (README: "Error codes").
+const (
+	CodePolicyBlock           Code = "policy_block"
+	CodeNotGranted            Code = "not_granted"
+	CodeUnknownTool           Code = "unknown_tool"
+	CodeSchemaViolation       Code = "schema_violation"
+	CodeApprovalDenied        Code = "approval_denied"
+	CodeApprovalExpired       Code = "approval_expired"
+	CodeArgsMismatch          Code = "args_mismatch"
+	CodeEgressDenied          Code = "egress_denied"
+	CodeCredentialUnavailable Code = "credential_unavailable"
+	CodeAuditUnavailable      Code = "audit_unavailable"
+	CodeApprovalUnavailable   Code = "approval_unavailable"
+	CodeUpstreamError         Code = "upstream_error"
+	CodeRateLimited           Code = "rate_limited"
+	// Connection-level refusals, before any identity exists.
+	CodeUntrustedPeer    Code = "untrusted_peer"
+	CodeIdentityRequired Code = "identity_required"
+	CodeNotFound         Code = "not_found"
+	CodeMethodNotAllowed Code = "method_not_allowed"
+)
+
+// apiError is a refusal as the agent sees it. Message is written for the
+// agent on purpose: it never carries a secret, a raw Vault error or an
+// upstream body. The private cause goes to the log only.
+type apiError struct {
+	Status  int
+	Code    Code
+	Message string
+	cause   error // logged, never returned
+}
+
+func (e *apiError) Error() string { return string(e.Code) + ": " + e.Message }
+
+func refuse(status int, code Code, msg string) *apiError {
+	return &apiError{Status: status, Code: code, Message: msg}
+}
+
+type errorBody struct {
+	Error struct {
+		Code      Code   `json:"code"`
+		Message   string `json:"message"`
+		RequestID string `json:"request_id,omitempty"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, e *apiError, requestID string) {
+	var b errorBody
+	b.Error.Code, b.Error.Message, b.Error.RequestID = e.Code, e.Message, requestID
+	writeJSON(w, e.Status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}

@@ -1,0 +1,405 @@
+// Package gateway is sluice's gateway: the sandbox-side listener with its
+// identity preamble, the tool-call pipeline (identify → tool → validate →
+// decide → credential → guarded dial → scrub → audit → respond) and the
+// admin listener with health, readiness and metrics.
+//
+// gateway composes the leaf packages (connectors, policy, vault, and its own
+// guard, audit, scrub and store) through the small interfaces it declares
+// here; only cmd/sluice wires a Server from a configuration.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/vault"
+)
+
+// Decider decides a call. Implementations never return Allow on error.
+type Decider interface {
+	Decide(ctx context.Context, in *policy.Input) policy.Decision
+}
+
+// CredentialRef names the credential a connector's calls carry.
+type CredentialRef struct {
+	Connector string
+	Secret    string // a named secret
+	Caller    policy.Caller
+}
+
+// CredentialSource fetches credentials. The returned secret lives only in
+// the gateway process; errors must not contain secret values.
+type CredentialSource interface {
+	Credential(ctx context.Context, ref CredentialRef) (vault.Secret, error)
+}
+
+// Catalog finds tools.
+type Catalog interface {
+	Tool(name string) (*connectors.Tool, bool)
+	Tools() []*connectors.Tool
+}
+
+// Options overrides parts of a Server for embedding and tests. Zero means default.
+type Options struct {
+	Logger      *slog.Logger
+	Credentials CredentialSource // default: from cfg.Secrets
+	// Resolver replaces the system resolver of the guarded dialer (tests).
+	Resolver interface {
+		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+	}
+}
+
+// Server is a provisioned gateway.
+type Server struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	catalog *catalog
+	creds   CredentialSource
+	dialer  *guard.Dialer
+	audit   *audit.Log
+	store   *store.Store
+	tel     *telemetry
+
+	policyMu  sync.Mutex // serialises reloads
+	engine    atomic.Pointer[policy.Engine]
+	policyErr atomic.Pointer[string] // last compile error, nil when healthy
+
+	counts chan usageCount
+
+	ready     chan struct{}
+	adminAddr atomic.Pointer[string]
+}
+
+// catalog is the loaded tools and, per tool, how to reach its API.
+type catalog struct {
+	tools      map[string]*connectors.Tool
+	list       []*connectors.Tool
+	connectors map[string]*upstream
+}
+
+// upstream is one connector's provisioned destination.
+type upstream struct {
+	cfg       config.Connector
+	conn      *connectors.Connector
+	allow     []netip.Prefix
+	transport *http.Transport
+}
+
+func (c *catalog) Tool(name string) (*connectors.Tool, bool) { t, ok := c.tools[name]; return t, ok }
+func (c *catalog) Tools() []*connectors.Tool                 { return c.list }
+
+// New provisions a gateway from cfg: loads every connector's spec, compiles
+// the policy (a policy that fails to compile is reported and the server
+// blocks every call), opens the secret store, the audit log and the store.
+// It opens no listener.
+func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	tel, err := newTelemetry()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), counts: make(chan usageCount, 1024)}
+	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
+	if s.catalog, err = loadCatalog(ctx, cfg, s.dialer); err != nil {
+		return nil, err
+	}
+	if err := s.loadPolicy(ctx); err != nil {
+		// Fail closed: serve, but block everything until a reload succeeds.
+		log.Error("policy failed to compile; every call is blocked until a reload succeeds", "err", err)
+	}
+	s.creds = opts.Credentials
+	if s.creds == nil {
+		if s.creds, err = openCredentials(cfg); err != nil {
+			return nil, err
+		}
+	}
+	if s.audit, err = audit.Open(cfg.Audit.Path); err != nil {
+		return nil, fmt.Errorf("audit.path: %w", err)
+	}
+	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
+		s.audit.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	return s, nil
+}
+
+func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*catalog, error) {
+	c := &catalog{tools: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
+	var errs []error
+	for i, cc := range cfg.Connectors {
+		key := fmt.Sprintf("connectors[%d]", i)
+		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
+			continue
+		}
+		if conn.BaseURL == nil {
+			errs = append(errs, fmt.Errorf("%s.base_url: the spec names no server; set base_url", key))
+			continue
+		}
+		u := &upstream{cfg: cc, conn: conn}
+		for _, p := range cc.AllowPrivate {
+			pfx, _ := netip.ParsePrefix(p) // checked by config.Validate
+			u.allow = append(u.allow, pfx.Masked())
+		}
+		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !plaintextOK(conn.BaseURL.Hostname(), u.allow) {
+			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
+			continue
+		}
+		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std())
+		c.connectors[cc.Slug] = u
+		for _, t := range conn.Tools {
+			c.tools[t.Name] = t
+			c.list = append(c.list, t)
+		}
+	}
+	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
+	return c, errors.Join(errs...)
+}
+
+// plaintextOK says whether a credential may cross plain HTTP to host: only
+// when host is an address literal inside the connector's allow_private.
+func plaintextOK(host string, allow []netip.Prefix) bool {
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	for _, p := range allow {
+		if p.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// newTransport builds a connector's transport. Every dial goes through the
+// guard with this connector's allow list; no proxy from the environment is
+// ever used; redirects are not followed because callers use RoundTrip.
+func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr, allow)
+		},
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           256,
+		MaxIdleConnsPerHost:    64,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+}
+
+func (s *Server) rules() []policy.Rule {
+	rules := make([]policy.Rule, len(s.cfg.Policies))
+	for i, p := range s.cfg.Policies {
+		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
+	}
+	return rules
+}
+
+func (s *Server) loadPolicy(ctx context.Context) error {
+	s.policyMu.Lock()
+	defer s.policyMu.Unlock()
+	if e := s.engine.Load(); e != nil {
+		err := e.Reload(ctx)
+		s.setPolicyErr(err)
+		return err
+	}
+	e, err := policy.New(ctx, policy.Config{
+		Rules:    s.rules(),
+		Paths:    s.cfg.Rego,
+		Logger:   s.log,
+		OnReload: func(ok bool, _ error) { s.tel.reload(ok) },
+	})
+	s.tel.reload(err == nil)
+	s.setPolicyErr(err)
+	if err != nil {
+		return err
+	}
+	s.engine.Store(e)
+	return nil
+}
+
+func (s *Server) setPolicyErr(err error) {
+	if err == nil {
+		s.policyErr.Store(nil)
+		return
+	}
+	msg := err.Error()
+	s.policyErr.Store(&msg)
+}
+
+// Decide evaluates the current policy. With no policy loaded it blocks.
+func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
+	return s.engine.Load().Decide(ctx, in) // a nil *Engine blocks
+}
+
+// Validate is the dry run of New for `sluice validate`: it loads every spec,
+// compiles the Rego and checks every secret reference, and returns all the
+// problems found, each naming its config key. It writes nothing and listens
+// on nothing.
+func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
+	var errs []error
+	cat, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rules := make([]policy.Rule, len(cfg.Policies))
+	for i, p := range cfg.Policies {
+		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
+		if !strings.ContainsAny(p.Match, "*?") && cat != nil {
+			if _, ok := cat.tools[p.Match]; !ok && err == nil {
+				errs = append(errs, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
+			}
+		}
+	}
+	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Logger: opts.Logger}); perr != nil {
+		errs = append(errs, fmt.Errorf("rego: %w", perr))
+	}
+	errs = append(errs, checkSecretRefs(ctx, cfg)...)
+	return errors.Join(errs...)
+}
+
+// Serve listens on the sandbox socket and the admin address and serves
+// until ctx ends. It returns when both listeners are closed.
+func (s *Server) Serve(ctx context.Context) error {
+	sl, err := listenSandbox(s.cfg.Gateway.SandboxSocket, s.cfg.Gateway.TrustedRelayUIDs, s.log, s.tel.refused)
+	if err != nil {
+		return err
+	}
+	servers := []*http.Server{{
+		Handler:           s.sandboxHandler(),
+		ConnContext:       connContext,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}}
+	listeners := []net.Listener{sl}
+	if s.cfg.Gateway.AdminListen != "" {
+		al, err := net.Listen("tcp", s.cfg.Gateway.AdminListen)
+		if err != nil {
+			sl.Close()
+			return fmt.Errorf("gateway.admin_listen: %w", err)
+		}
+		addr := al.Addr().String()
+		s.adminAddr.Store(&addr)
+		servers = append(servers, &http.Server{
+			Handler:           s.adminHandler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		})
+		listeners = append(listeners, al)
+	}
+	go s.countLoop(ctx)
+	errc := make(chan error, len(servers))
+	for i := range servers {
+		go func() { errc <- servers[i].Serve(listeners[i]) }()
+	}
+	s.log.Info("sluice gateway serving", "sandbox_socket", s.cfg.Gateway.SandboxSocket, "admin", s.AdminAddr(), "tools", len(s.catalog.list))
+	close(s.ready)
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc:
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		_ = srv.Shutdown(shut)
+	}
+	if errors.Is(first, http.ErrServerClosed) || errors.Is(first, net.ErrClosed) {
+		first = nil
+	}
+	return first
+}
+
+// Ready is closed once Serve is listening.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// AdminAddr is the admin listener's address once Ready.
+func (s *Server) AdminAddr() string {
+	if p := s.adminAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Reload re-reads the policy (SIGHUP). On failure the previous policy keeps
+// serving and the error is returned.
+func (s *Server) Reload(ctx context.Context) error {
+	err := s.loadPolicy(ctx)
+	if err != nil {
+		s.log.Error("policy reload rejected; the previous policy keeps serving", "err", err)
+	} else {
+		s.log.Info("policy reloaded", "version", s.engine.Load().Version())
+	}
+	return err
+}
+
+// WatchPolicy reloads the policy when its files change, until ctx ends.
+func (s *Server) WatchPolicy(ctx context.Context) error {
+	if e := s.engine.Load(); e != nil {
+		return e.Watch(ctx)
+	}
+	return nil
+}
+
+// Catalog returns the loaded tools.
+func (s *Server) Catalog() Catalog { return s.catalog }
+
+// Close releases the stores. Call it after Serve returns.
+func (s *Server) Close() error {
+	err := errors.Join(s.audit.Close(), s.store.Close())
+	_ = s.tel.provider.Shutdown(context.Background())
+	for _, u := range s.catalog.connectors {
+		u.transport.CloseIdleConnections()
+	}
+	return err
+}
+
+type usageCount struct{ agent, tool, action string }
+
+// countLoop writes usage counters off the request path: a slow disk must not
+// add latency to calls, and a lost counter is not a security event.
+func (s *Server) countLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-s.counts:
+			if err := s.store.CountCall(ctx, c.agent, c.tool, c.action); err != nil && ctx.Err() == nil {
+				s.log.Warn("store: usage counter not written", "err", err)
+			}
+		}
+	}
+}
+
+func (s *Server) count(agent, tool, action string) {
+	select {
+	case s.counts <- usageCount{agent, tool, action}:
+	default: // counters are best effort; the audit log is the record
+	}
+}

@@ -1,0 +1,467 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/scrub"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// sandboxHandler serves the sandbox side. Nothing else is routed here: the
+// admin API and the review UI live only on the admin listener.
+func (s *Server) sandboxHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/tools", s.handleListTools)
+	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such endpoint on the sandbox socket"), newRequestID())
+	})
+	return mux
+}
+
+// toolView is a tool as an agent sees it in GET /v1/tools.
+type toolView struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Method      string          `json:"method"`
+	Path        string          `json:"path"`
+	Risk        string          `json:"risk"`
+	Schema      json.RawMessage `json:"schema"`
+}
+
+// handleListTools lists what the caller is granted and not blocked from.
+// A tool the policy would block outright (with nothing of the call known but
+// its name) is left out; ask and allow tools are listed.
+func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
+	rid := newRequestID()
+	id, ok := identityFrom(r.Context())
+	if !ok {
+		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
+		return
+	}
+	agent := s.cfg.Agent(id.Agent)
+	views := []toolView{}
+	if agent != nil {
+		now := time.Now().UTC()
+		for _, t := range s.catalog.list {
+			if !slices.Contains(agent.Connectors, t.Connector) {
+				continue
+			}
+			// Decided as a call with no arguments yet: a tool that policy
+			// blocks whatever the arguments are is not offered at all.
+			in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+			if s.Decide(r.Context(), in).Action == policy.Block {
+				continue
+			}
+			desc := t.Summary
+			if desc == "" {
+				desc = t.Description
+			}
+			views = append(views, toolView{Name: t.Name, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tools": views, "request_id": rid})
+}
+
+// call is one tool call's state as it moves through the pipeline; it is
+// also what the canonical decision line and the audit record are made of.
+type call struct {
+	rid      string
+	start    time.Time
+	caller   policy.Caller
+	tool     string
+	decision policy.Decision
+	decided  bool
+	destHost string
+	destIP   atomicString // written by dial callbacks that may outlive the request
+	status   int
+	cred     string // where the credential went, never its value
+	reflect  bool
+}
+
+// handleToolCall runs the pipeline. Each stage either passes the call on or
+// returns a refusal; every outcome is audited before the answer leaves.
+func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
+	c := &call{rid: newRequestID(), start: time.Now()}
+	ctx, span := s.tel.tracer.Start(r.Context(), "sluice.tool_call", trace.WithAttributes(attribute.String("request_id", c.rid)))
+	defer span.End()
+	res, aerr := s.runCall(ctx, c, r)
+	if aerr != nil {
+		c.status = aerr.Status
+		if err := s.record(ctx, c, "decision", aerr); err != nil {
+			aerr = err
+			c.status = aerr.Status
+		}
+		s.logCall(c, aerr)
+		writeError(w, aerr, c.rid)
+		return
+	}
+	res.RequestID = c.rid
+	writeJSON(w, http.StatusOK, res)
+	s.logCall(c, nil)
+}
+
+// result is the 200 answer: the upstream's reply, scrubbed.
+type result struct {
+	Status       int                 `json:"status"`
+	Headers      map[string][]string `json:"headers"`
+	Body         any                 `json:"body"`
+	BodyEncoding string              `json:"body_encoding,omitempty"` // "base64" when the body is not text
+	RequestID    string              `json:"request_id"`
+}
+
+func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result, *apiError) {
+	id, ok := identityFrom(ctx)
+	if !ok {
+		return nil, refuse(http.StatusForbidden, CodeIdentityRequired, "bug: connection has no identity")
+	}
+	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	c.tool = r.PathValue("tool")
+
+	// Tool and grant.
+	tool, ok := s.catalog.Tool(c.tool)
+	if !ok {
+		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
+	}
+	agent := s.cfg.Agent(id.Agent)
+	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
+		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
+	}
+	up := s.catalog.connectors[tool.Connector]
+
+	// Arguments, validated before any policy runs.
+	_, vspan := s.tel.tracer.Start(ctx, "sluice.validate")
+	body, err := io.ReadAll(io.LimitReader(r.Body, connectors.MaxArgsBytes+1))
+	if err != nil {
+		vspan.End()
+		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments could not be read")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	args, err := connectors.DecodeArgs(body)
+	if err == nil {
+		stripHeaderArgs(&args)
+		err = tool.Validate(args)
+	}
+	var req *http.Request
+	if err == nil {
+		req, err = tool.NewRequest(ctx, up.conn.BaseURL, args)
+	}
+	vspan.End()
+	if err != nil {
+		var ae *connectors.ArgError
+		if errors.As(err, &ae) {
+			return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, ae.Error())
+		}
+		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments: "+err.Error())
+	}
+	c.destHost = req.URL.Hostname()
+
+	// Decision.
+	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
+	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
+	c.decision, c.decided = s.Decide(dctx, in), true
+	dspan.SetAttributes(attribute.String("decision", c.decision.Action.String()), attribute.String("rule", c.decision.Rule))
+	dspan.End()
+	s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.decision.Action.String()), attribute.String("rule", c.decision.Rule)))
+	s.count(id.Agent, tool.Name, c.decision.Action.String())
+	switch c.decision.Action {
+	case policy.Allow:
+	case policy.Ask:
+		return nil, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
+	default:
+		msg := "blocked by policy"
+		if c.decision.Reason != "" {
+			msg += ": " + c.decision.Reason
+		}
+		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
+	}
+
+	// Credential, attached here and never visible to the caller.
+	var scr *scrub.Scrubber
+	if cc := up.cfg.Credential; cc != nil {
+		cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
+		secret, err := s.creds.Credential(cctx, CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Caller: c.caller})
+		cspan.End()
+		if err != nil {
+			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is unavailable")
+			e.cause = err
+			return nil, e
+		}
+		att, err := attach(req, cc, tool, up.conn.Schemes, secret)
+		if err != nil {
+			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential cannot be attached to this operation")
+			e.cause = err
+			return nil, e
+		}
+		c.cred = att.where
+		scr = scrub.New(att.forms...)
+	}
+
+	// The decision is durable before anything leaves the gateway.
+	if aerr := s.record(ctx, c, "decision", nil); aerr != nil {
+		return nil, aerr
+	}
+
+	// Upstream, through the guard.
+	uctx, uspan := s.tel.tracer.Start(ctx, "sluice.upstream")
+	defer uspan.End()
+	res, aerr := s.roundTrip(uctx, c, up, req, scr)
+	if aerr != nil {
+		c.status = aerr.Status
+		if err := s.record(ctx, c, "result", aerr); err != nil {
+			return nil, err
+		}
+		// Already audited as a result; report without a second decision record.
+		return nil, &apiError{Status: aerr.Status, Code: aerr.Code, Message: aerr.Message, cause: errAudited}
+	}
+	c.status = http.StatusOK
+	if c.reflect {
+		s.tel.reflected.Add(ctx, 1)
+		if aerr := s.record(ctx, c, "secret_reflected", nil); aerr != nil {
+			return nil, aerr
+		}
+	}
+	if aerr := s.record(ctx, c, "result", nil); aerr != nil {
+		return nil, aerr
+	}
+	return res, nil
+}
+
+// errAudited marks a refusal whose audit record is already written.
+var errAudited = errors.New("audited")
+
+// stripHeaderArgs removes headers that only the gateway may set: identity,
+// hop-by-hop and framing headers, and content codings the scrubber could
+// not see through.
+func stripHeaderArgs(a *connectors.Args) {
+	for k := range a.Headers {
+		lk := strings.ToLower(k)
+		switch {
+		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
+			strings.HasPrefix(lk, "x-forwarded-"), lk == "forwarded",
+			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
+			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding":
+			delete(a.Headers, k)
+		}
+	}
+}
+
+func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *apiError) {
+	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req = req.WithContext(httptraceDial(ctx, c))
+	resp, err := up.transport.RoundTrip(req)
+	if err != nil {
+		var de *guard.DeniedError
+		if errors.As(err, &de) {
+			if de.Addr.IsValid() {
+				c.destIP.Store(de.Addr.String())
+			}
+			e := refuse(http.StatusForbidden, CodeEgressDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
+			e.cause = err
+			return nil, e
+		}
+		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream could not be reached")
+		e.cause = err
+		return nil, e
+	}
+	defer resp.Body.Close()
+	limit := s.cfg.Gateway.MaxResponseBytes
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream reply could not be read")
+		e.cause = err
+		return nil, e
+	}
+	if int64(len(raw)) > limit {
+		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
+	}
+	if ce := resp.Header.Get("Content-Encoding"); scr != nil && ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream reply is encoded ("+ce+") and cannot be checked for the credential")
+	}
+	hdr := responseHeaders(resp.Header)
+	if scr != nil {
+		var found bool
+		for k, vs := range hdr {
+			for i, v := range vs {
+				if nv, f := scr.String(v); f {
+					vs[i], found = nv, true
+				}
+			}
+			hdr[k] = vs
+		}
+		var fb bool
+		raw, fb = scr.Bytes(raw)
+		c.reflect = found || fb
+	}
+	res := &result{Status: resp.StatusCode, Headers: hdr}
+	switch {
+	case len(raw) == 0:
+		res.Body = nil
+	case isJSON(resp.Header.Get("Content-Type")) && json.Valid(raw):
+		res.Body = json.RawMessage(raw)
+	case utf8.Valid(raw):
+		res.Body = string(raw)
+	default:
+		res.Body, res.BodyEncoding = base64.StdEncoding.EncodeToString(raw), "base64"
+	}
+	return res, nil
+}
+
+// responseHeaders copies the end-to-end headers of an upstream reply.
+func responseHeaders(h http.Header) map[string][]string {
+	out := make(map[string][]string, len(h))
+	for k, vs := range h {
+		switch k {
+		case "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+			continue
+		}
+		out[k] = slices.Clone(vs)
+	}
+	return out
+}
+
+func isJSON(ct string) bool {
+	ct, _, _ = strings.Cut(ct, ";")
+	ct = strings.TrimSpace(strings.ToLower(ct))
+	return ct == "application/json" || strings.HasSuffix(ct, "+json")
+}
+
+// input builds the policy input document (rego/README.md). The request part
+// is taken before any credential is attached.
+func (s *Server) input(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
+	in := &policy.Input{
+		Version:   policy.InputVersion,
+		Kind:      "tool_call",
+		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
+		Connector: t.Connector,
+		Tool:      t.Name,
+		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
+		Time:      now,
+	}
+	if args != nil {
+		in.Args = map[string]any{"path": orEmpty(args.Path), "query": orEmpty(args.Query), "headers": orEmpty(args.Headers), "body": args.Body}
+	}
+	if req != nil {
+		in.Request = policy.Request{Method: req.Method, Host: req.URL.Host, Path: req.URL.Path, Query: req.URL.Query(), Headers: req.Header.Clone()}
+	}
+	return in
+}
+
+func orEmpty(m map[string]any) map[string]any {
+	if m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+// record appends the call's audit record. It returns the refusal to send
+// instead when the record cannot be made durable: audit failure closes.
+func (s *Server) record(ctx context.Context, c *call, event string, refusal *apiError) *apiError {
+	if refusal != nil && errors.Is(refusal.cause, errAudited) {
+		return nil
+	}
+	f := map[string]any{
+		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
+		"tool": c.tool,
+	}
+	if c.decided {
+		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason
+	}
+	if c.destHost != "" {
+		f["dest_host"] = c.destHost
+	}
+	if ip := c.destIP.Load(); ip != "" {
+		f["resolved_ip"] = ip
+	}
+	if c.cred != "" {
+		f["credential"] = c.cred
+	}
+	if c.status != 0 {
+		f["status"] = c.status
+	}
+	if refusal != nil {
+		f["code"] = string(refusal.Code)
+	}
+	if event == "result" || event == "secret_reflected" {
+		f["secret_reflected"] = c.reflect
+		f["duration_ms"] = time.Since(c.start).Milliseconds()
+	}
+	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
+	defer span.End()
+	if _, err := s.audit.Append(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
+		s.tel.audits.Add(ctx, 1)
+		s.log.Error("audit: record not durable; refusing the call", "request_id", c.rid, "err", err)
+		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")
+		e.cause = err
+		return e
+	}
+	return nil
+}
+
+// logCall writes the one canonical decision line of a call.
+func (s *Server) logCall(c *call, refusal *apiError) {
+	d := time.Since(c.start)
+	decision, rule, reason := "", c.decision.Rule, c.decision.Reason
+	if c.decided {
+		decision = c.decision.Action.String()
+	}
+	level := slog.LevelInfo
+	if refusal != nil {
+		reason = string(refusal.Code)
+		if refusal.cause != nil && !errors.Is(refusal.cause, errAudited) {
+			reason += ": " + refusal.cause.Error()
+		}
+		if refusal.Status >= 500 {
+			level = slog.LevelWarn
+		}
+	} else if c.reflect {
+		reason = "secret_reflected"
+	}
+	s.log.LogAttrs(context.Background(), level, "tool_call",
+		slog.String("request_id", c.rid),
+		slog.String("decision", decision),
+		slog.String("reason", reason),
+		slog.String("rule", rule),
+		slog.String("agent", c.caller.Agent),
+		slog.String("session", c.caller.Session),
+		slog.String("user", c.caller.User),
+		slog.String("sandbox", c.caller.Sandbox),
+		slog.String("tool", c.tool),
+		slog.String("dest_host", c.destHost),
+		slog.String("resolved_ip", c.destIP.Load()),
+		slog.Int("status", c.status),
+		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
+	)
+	s.tel.latency.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String("decision", decision)))
+}
+
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs everything CI runs, installing what the tests need first.
+# Usage: ./test.sh            (as root: the end-to-end tests make network namespaces)
+#        SHORT=1 ./test.sh    (skip the slow suites)
+set -euo pipefail
+cd "$(dirname "$0")"
+export PATH=/usr/local/go/bin:$PATH
+
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+
+echo "== gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== go test"
+short=()
+[ -n "${SHORT:-}" ] && short=(-short)
+go test -race -count=1 -timeout 30m "${short[@]}" ./...
+
+echo "== demo (the README's first command)"
+go run ./cmd/sluice demo
+echo "test.sh: all passed"
