@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -154,6 +155,10 @@ func rejectConn(c net.Conn, status int, code Code, msg string) {
 	if uc, ok := c.(*net.UnixConn); ok {
 		_ = uc.CloseWrite()
 	}
+	// Lingering close: a Unix socket closed with unread input resets the
+	// peer, which would lose the answer. Drain a little, briefly, first.
+	_ = c.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 	c.Close()
 }
 

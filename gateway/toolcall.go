@@ -98,6 +98,7 @@ type call struct {
 	status   int
 	cred     string // where the credential went, never its value
 	reflect  bool
+	audited  bool // the outcome is already in the audit log
 }
 
 // handleToolCall runs the pipeline. Each stage either passes the call on or
@@ -218,6 +219,11 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		}
 		c.cred = att.where
 		scr = scrub.New(att.forms...)
+		if scr.Ignored() > 0 {
+			// Too short to find in a reply without mangling it: refuse
+			// rather than risk reflecting it unscrubbed.
+			return nil, refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
+		}
 	}
 
 	// The decision is durable before anything leaves the gateway.
@@ -234,8 +240,8 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		if err := s.record(ctx, c, "result", aerr); err != nil {
 			return nil, err
 		}
-		// Already audited as a result; report without a second decision record.
-		return nil, &apiError{Status: aerr.Status, Code: aerr.Code, Message: aerr.Message, cause: errAudited}
+		c.audited = true
+		return nil, aerr
 	}
 	c.status = http.StatusOK
 	if c.reflect {
@@ -249,9 +255,6 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	}
 	return res, nil
 }
-
-// errAudited marks a refusal whose audit record is already written.
-var errAudited = errors.New("audited")
 
 // stripHeaderArgs removes headers that only the gateway may set: identity,
 // hop-by-hop and framing headers, and content codings the scrubber could
@@ -382,8 +385,8 @@ func orEmpty(m map[string]any) map[string]any {
 // record appends the call's audit record. It returns the refusal to send
 // instead when the record cannot be made durable: audit failure closes.
 func (s *Server) record(ctx context.Context, c *call, event string, refusal *apiError) *apiError {
-	if refusal != nil && errors.Is(refusal.cause, errAudited) {
-		return nil
+	if c.audited {
+		return nil // the refusal was recorded as the call's result
 	}
 	f := map[string]any{
 		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
@@ -433,7 +436,7 @@ func (s *Server) logCall(c *call, refusal *apiError) {
 	level := slog.LevelInfo
 	if refusal != nil {
 		reason = string(refusal.Code)
-		if refusal.cause != nil && !errors.Is(refusal.cause, errAudited) {
+		if refusal.cause != nil {
 			reason += ": " + refusal.cause.Error()
 		}
 		if refusal.Status >= 500 {

@@ -1,0 +1,604 @@
+// Package audit writes the gateway's tamper-evident audit log: append-only
+// JSON lines, each carrying the SHA-256 of the previous line, durable (fsync)
+// before Append returns. Concurrent appends share one fsync (group commit).
+// If a record cannot be made durable, Append fails and the gateway refuses
+// the call: audit failure closes.
+//
+// # Format
+//
+// Each line is the encoding/json output of a Record followed by "\n". Hash is
+// the hex SHA-256 of the canonical form of the record: the exact
+// encoding/json output of the Record with Hash set to "" (encoding/json sorts
+// the Fields map keys and escapes HTML characters; Hash is the last field, so
+// the canonical form is the line with its hash value emptied). Prev is the
+// previous record's Hash, ZeroHash for the first record, and Seq counts from 1.
+// Editing, deleting, inserting or reordering lines breaks the chain, which
+// Verify reports with the line number. The chain is unkeyed: it proves the
+// log is internally consistent, and an anchor of a recent hash kept elsewhere
+// proves nobody rewrote it whole.
+//
+// # Caller contract
+//
+// Record.Fields must never contain secrets (credential values, Vault tokens,
+// upstream bodies that may echo them): the log is read by people and exported
+// to other systems. Put names, lease IDs and HMACs in it, never values.
+//
+// # Failures
+//
+// A write or fsync failure fails every Append of that batch and leaves the
+// log in a failed state (see Err); the next Append truncates the file back to
+// the end of the last durable record, so a partial line never breaks the
+// chain, and retries. The gateway answers 503 audit_unavailable meanwhile and
+// resumes when the disk is writable again (THREATS G5).
+//
+// If the log file is deleted under the running gateway (its link count drops
+// to zero), the Appends of the batch that notices fail: the records since the
+// last export are gone and someone must look. The next Append re-creates the
+// file (O_EXCL, 0600) and starts it with an "audit_log_recreated" record whose
+// Seq and Prev continue the old chain; verify such a file with VerifyFrom. If
+// the file was renamed (rotated) instead, nothing was lost and the new file is
+// created the same way without failing any Append. If another file has been
+// put at the path, Appends fail until it is moved away: the log never appends
+// to a file it did not create.
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// ZeroHash is the Prev of the first record of a log.
+const ZeroHash = "0000000000000000000000000000000000000000000000000000000000000000"
+
+// MaxRecord bounds one line of the log, newline included.
+const MaxRecord = 256 << 10
+
+// Event of the record that starts a re-created log file.
+const EventRecreated = "audit_log_recreated"
+
+// Errors returned (wrapped) by Append.
+var (
+	ErrClosed   = errors.New("audit: log closed")
+	ErrUnlinked = errors.New("audit: log file was deleted")
+	ErrReplaced = errors.New("audit: log path now holds a file the log did not create")
+	ErrModified = errors.New("audit: log file modified by another writer")
+)
+
+// Record is one audit entry. The writer fills Seq, Time, Prev and Hash.
+type Record struct {
+	Seq       uint64         `json:"seq"`
+	Time      time.Time      `json:"time"`
+	Prev      string         `json:"prev"` // hex sha256 of the previous line; 64 zeros for the first
+	RequestID string         `json:"request_id"`
+	Event     string         `json:"event"` // "decision", "secret_reflected", ...
+	Fields    map[string]any `json:"fields,omitempty"`
+	Hash      string         `json:"hash"` // hex sha256 of this record with Hash empty
+}
+
+// file is the part of *os.File the writer uses; tests wrap it to inject faults.
+type file interface {
+	WriteAt(p []byte, off int64) (int, error)
+	Sync() error
+	Truncate(size int64) error
+	Stat() (os.FileInfo, error)
+	Close() error
+}
+
+// Log is an open audit log. Safe for concurrent use.
+type Log struct {
+	path string
+	now  func() time.Time
+	wrap func(*os.File) file
+
+	mu      sync.Mutex
+	pending []*request
+	closed  bool
+	failure error // last write failure; nil when healthy
+
+	wake chan struct{} // cap 1: pending is non-empty
+	stop chan struct{}
+	done chan struct{}
+
+	// Owned by the writer goroutine (and by Open/Close outside its lifetime).
+	f          file // nil after the file vanished, until re-created
+	off        int64
+	seq        uint64
+	prev       string
+	broken     bool // the last write failed: the file may hold a partial line past off
+	needMarker bool // the file was re-created: start it with EventRecreated
+
+	records, syncs, batches, failures atomic.Uint64
+	truncatedTail                     int64
+}
+
+type request struct {
+	rec  Record
+	res  result      // set by write, sent by commit
+	done chan result // cap 1
+}
+
+type result struct {
+	rec Record
+	err error
+}
+
+// Stats counts what the log did since Open.
+type Stats struct {
+	Records       uint64 // records made durable
+	Syncs         uint64 // successful fsyncs: Records/Syncs is the group-commit factor
+	Batches       uint64 // write attempts
+	Failures      uint64 // batches that failed
+	TruncatedTail int64  // bytes of a partial last line removed at Open
+}
+
+// Stats returns the counters.
+func (l *Log) Stats() Stats {
+	return Stats{
+		Records: l.records.Load(), Syncs: l.syncs.Load(),
+		Batches: l.batches.Load(), Failures: l.failures.Load(),
+		TruncatedTail: l.truncatedTail,
+	}
+}
+
+// Err returns the error of the last batch if it failed, nil if it succeeded
+// (for a readiness check: the next Append retries either way).
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failure
+}
+
+// Open opens (creating 0600 if absent) the log at path, reading its tail to
+// continue the chain. A log whose tail is broken refuses to open.
+//
+// A last line without its newline is the remnant of a write that crashed
+// before its fsync completed, so it was never acknowledged to any caller;
+// Open truncates it away (Stats().TruncatedTail says how much). A complete
+// last line that is not a self-consistent record is corruption: Open fails.
+// The file is flock'ed so that a second gateway cannot write the same log.
+func Open(path string) (*Log, error) {
+	return open(path, func(f *os.File) file { return f })
+}
+
+func open(path string, wrap func(*os.File) file) (*Log, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	osf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open: %w", err)
+	}
+	l := &Log{
+		path: path, now: time.Now, wrap: wrap,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		prev: ZeroHash,
+	}
+	if err := l.adopt(osf); err != nil {
+		osf.Close()
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+// adopt locks osf and reads its tail to continue the chain.
+func (l *Log) adopt(osf *os.File) error {
+	fi, err := osf.Stat()
+	if err != nil {
+		return fmt.Errorf("audit: open: %w", err)
+	}
+	l.f = l.wrap(osf)
+	if !fi.Mode().IsRegular() {
+		// A device (tests use /dev/full): nothing to read back or lock.
+		return nil
+	}
+	if err := syscall.Flock(int(osf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("audit: open: %s is in use by another process: %w", l.path, err)
+	}
+	end, last, err := readTail(osf, fi.Size())
+	if err != nil {
+		return fmt.Errorf("audit: open %s: %w", l.path, err)
+	}
+	if end < fi.Size() {
+		if err := osf.Truncate(end); err != nil {
+			return fmt.Errorf("audit: open: truncate partial last line: %w", err)
+		}
+		if err := osf.Sync(); err != nil {
+			return fmt.Errorf("audit: open: %w", err)
+		}
+		l.truncatedTail = fi.Size() - end
+	}
+	l.off = end
+	if last != nil {
+		rec, reason := checkLine(last)
+		if reason != "" {
+			return fmt.Errorf("audit: open %s: last record is corrupt: %s", l.path, reason)
+		}
+		l.seq, l.prev = rec.Seq, rec.Hash
+	}
+	return nil
+}
+
+// readTail returns the offset just past the last complete line and that line
+// (without newline), or nil if there is none.
+func readTail(f *os.File, size int64) (end int64, last []byte, err error) {
+	if size == 0 {
+		return 0, nil, nil
+	}
+	start := max(0, size-2*MaxRecord)
+	buf := make([]byte, size-start)
+	if _, err := f.ReadAt(buf, start); err != nil {
+		return 0, nil, fmt.Errorf("read tail: %w", err)
+	}
+	n := len(buf)
+	if buf[n-1] != '\n' {
+		i := bytes.LastIndexByte(buf, '\n')
+		if i < 0 && start > 0 {
+			return 0, nil, errors.New("last line longer than MaxRecord")
+		}
+		n = i + 1 // 0 when the file holds only a partial first line
+	}
+	if n == 0 {
+		return 0, nil, nil
+	}
+	line := buf[:n-1]
+	j := bytes.LastIndexByte(line, '\n')
+	if j < 0 && start > 0 {
+		return 0, nil, errors.New("last line longer than MaxRecord")
+	}
+	return start + int64(n), line[j+1:], nil
+}
+
+// Append makes rec durable and returns it as written (with Seq and Hash).
+//
+// It returns only after the fsync covering rec succeeded, or with an error.
+// If ctx ends first, Append returns ctx's error, but the record is already
+// queued and may still be written: treat that as "unknown", not "not logged".
+func (l *Log) Append(ctx context.Context, rec Record) (Record, error) {
+	if err := ctx.Err(); err != nil {
+		return Record{}, fmt.Errorf("audit: append: %w", err)
+	}
+	r := &request{rec: rec, done: make(chan result, 1)}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return Record{}, ErrClosed
+	}
+	l.pending = append(l.pending, r)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default: // the writer is already due to look
+	}
+	select {
+	case res := <-r.done:
+		return res.rec, res.err
+	case <-ctx.Done():
+		return Record{}, fmt.Errorf("audit: append (record may still be written): %w", ctx.Err())
+	}
+}
+
+// run is the writer goroutine: it takes every pending record, writes them
+// with one write and one fsync, then answers all their callers.
+func (l *Log) run() {
+	defer close(l.done)
+	for {
+		select {
+		case <-l.wake:
+		case <-l.stop:
+		}
+		l.mu.Lock()
+		batch, closed := l.pending, l.closed
+		l.pending = nil
+		l.mu.Unlock()
+		if len(batch) > 0 {
+			l.commit(batch)
+		}
+		if closed {
+			return // Append refuses new records once closed is set
+		}
+	}
+}
+
+func (l *Log) commit(batch []*request) {
+	l.batches.Add(1)
+	err := l.write(batch)
+	if err != nil {
+		l.failures.Add(1)
+	}
+	// Publish the state before answering, so a caller that saw its Append
+	// succeed or fail sees the same in Err.
+	l.mu.Lock()
+	l.failure = err
+	l.mu.Unlock()
+	for _, r := range batch {
+		r.done <- r.res
+	}
+}
+
+// write sets the result of every request of batch.
+func (l *Log) write(batch []*request) error {
+	if err := l.ready(); err != nil {
+		answerAll(batch, err)
+		return err
+	}
+	seq, prev := l.seq, l.prev
+	var buf []byte
+	var written []*request
+	var outs []Record
+	if l.needMarker {
+		rec := Record{Event: EventRecreated, Fields: map[string]any{
+			"reason":       "log file was deleted or rotated; this file continues the chain",
+			"previous_seq": seq,
+		}}
+		line, rec, err := l.encode(rec, seq+1, prev)
+		if err != nil {
+			err = fmt.Errorf("bug(): audit: encode marker: %w", err)
+			answerAll(batch, err)
+			return err
+		}
+		buf = append(buf, line...)
+		seq, prev = rec.Seq, rec.Hash
+	}
+	for _, r := range batch {
+		line, rec, err := l.encode(r.rec, seq+1, prev)
+		if err != nil { // this record only: it never gets a Seq
+			r.res = result{err: err}
+			continue
+		}
+		buf = append(buf, line...)
+		seq, prev = rec.Seq, rec.Hash
+		written = append(written, r)
+		outs = append(outs, rec)
+	}
+	if len(written) == 0 && !l.needMarker {
+		return nil
+	}
+	_, err := l.f.WriteAt(buf, l.off)
+	if err == nil {
+		err = l.f.Sync()
+		if err == nil {
+			l.syncs.Add(1)
+		}
+	}
+	if err != nil {
+		// The file may hold part of buf (or, after a failed fsync, pages
+		// of unknown state): the next batch truncates back to l.off.
+		l.broken = true
+		err = fmt.Errorf("audit: write log: %w", err)
+		answerAll(written, err)
+		return err
+	}
+	l.off += int64(len(buf))
+	l.seq, l.prev = seq, prev
+	l.broken, l.needMarker = false, false
+	l.records.Add(uint64(len(written)))
+	for i, r := range written {
+		r.res = result{rec: outs[i]}
+	}
+	return nil
+}
+
+func answerAll(batch []*request, err error) {
+	for _, r := range batch {
+		r.res = result{err: err}
+	}
+}
+
+// encode fills the writer's fields of rec and returns its line.
+func (l *Log) encode(rec Record, seq uint64, prev string) ([]byte, Record, error) {
+	rec.Seq, rec.Time, rec.Prev, rec.Hash = seq, l.now().UTC(), prev, ""
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return nil, Record{}, fmt.Errorf("audit: encode record: %w", err)
+	}
+	if len(b)+64+1 > MaxRecord {
+		return nil, Record{}, fmt.Errorf("audit: encode record: %d bytes, limit %d", len(b)+65, MaxRecord)
+	}
+	sum := sha256.Sum256(b)
+	rec.Hash = hex.EncodeToString(sum[:])
+	line := make([]byte, 0, len(b)+66)
+	line = append(line, b[:len(b)-len(`""}`)]...)
+	line = append(line, '"')
+	line = append(line, rec.Hash...)
+	line = append(line, "\"}\n"...)
+	return line, rec, nil
+}
+
+// ready makes sure l.f is the file at l.path and ends at l.off.
+func (l *Log) ready() error {
+	if l.f == nil {
+		return l.recreate()
+	}
+	fi, err := l.f.Stat()
+	if err != nil {
+		return fmt.Errorf("audit: stat log: %w", err)
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if st != nil && st.Nlink == 0 {
+		// Deleted: records since the last export are lost. Fail this
+		// batch; the next one re-creates the file.
+		l.f.Close()
+		l.f, l.needMarker = nil, true
+		return ErrUnlinked
+	}
+	pfi, err := os.Stat(l.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Renamed away (rotated) with the records intact: start a new file.
+		l.f.Close()
+		l.f, l.needMarker = nil, true
+		return l.recreate()
+	case err != nil:
+		return fmt.Errorf("audit: stat log path: %w", err)
+	case !os.SameFile(fi, pfi):
+		return ErrReplaced
+	}
+	if !fi.Mode().IsRegular() {
+		return nil
+	}
+	if fi.Size() != l.off {
+		if !l.broken {
+			return fmt.Errorf("%w: size %d, expected %d", ErrModified, fi.Size(), l.off)
+		}
+		// Drop the partial line a failed write left behind.
+		if err := l.f.Truncate(l.off); err != nil {
+			return fmt.Errorf("audit: truncate after failed write: %w", err)
+		}
+	}
+	return nil
+}
+
+// recreate creates a new log file at l.path; the next write starts it with
+// the EventRecreated marker continuing the chain.
+func (l *Log) recreate() error {
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
+		return fmt.Errorf("audit: re-create log: %w", err)
+	}
+	osf, err := os.OpenFile(l.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return ErrReplaced
+	}
+	if err != nil {
+		return fmt.Errorf("audit: re-create log: %w", err)
+	}
+	if err := syscall.Flock(int(osf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		osf.Close()
+		return fmt.Errorf("audit: re-create log: lock: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(l.path)); err == nil {
+		err = d.Sync() // make the new directory entry durable
+		d.Close()
+		if err != nil {
+			osf.Close()
+			return fmt.Errorf("audit: re-create log: sync dir: %w", err)
+		}
+	}
+	l.f, l.off, l.broken, l.needMarker = l.wrap(osf), 0, false, true
+	return nil
+}
+
+// Close waits for queued records to be written, then closes the file.
+// Appends after Close return ErrClosed.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	close(l.stop)
+	<-l.done
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	if err != nil {
+		return fmt.Errorf("audit: close: %w", err)
+	}
+	return nil
+}
+
+// VerifyError says where the chain breaks.
+type VerifyError struct {
+	Line   int // 1-based
+	Reason string
+}
+
+func (e *VerifyError) Error() string {
+	return fmt.Sprintf("audit: verify: line %d: %s", e.Line, e.Reason)
+}
+
+// Verify reads a whole log and checks every hash, link and sequence number.
+// It returns the number of records verified.
+func Verify(r io.Reader) (int, error) {
+	return VerifyFrom(r, 1, ZeroHash)
+}
+
+// VerifyFrom verifies a log whose first record has sequence number seq and
+// links to prev: a file re-created after deletion or rotation, or a segment
+// checked against an anchored hash. It returns the number of records
+// verified before the first error.
+func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
+	br := bufio.NewReaderSize(r, MaxRecord)
+	n := 0
+	for {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			return n, &VerifyError{Line: n + 1, Reason: fmt.Sprintf("line longer than %d bytes", MaxRecord)}
+		case errors.Is(err, io.EOF):
+			if len(line) > 0 {
+				return n, &VerifyError{Line: n + 1, Reason: "partial last line without newline (crash or truncation)"}
+			}
+			return n, nil
+		case err != nil:
+			return n, fmt.Errorf("audit: verify: read: %w", err)
+		}
+		rec, reason := checkLine(line[:len(line)-1])
+		switch {
+		case reason != "":
+		case rec.Seq != seq:
+			reason = fmt.Sprintf("seq %d, want %d (record deleted, inserted, duplicated or reordered)", rec.Seq, seq)
+		case rec.Prev != prev:
+			reason = "prev does not match the previous record's hash (chain broken)"
+		}
+		if reason != "" {
+			return n, &VerifyError{Line: n + 1, Reason: reason}
+		}
+		n++
+		seq, prev = seq+1, rec.Hash
+	}
+}
+
+var hashSuffix = []byte(`,"hash":"`)
+
+// checkLine decodes one line (without newline) and checks its own hash. It
+// returns a non-empty reason if the line is not a self-consistent record.
+func checkLine(line []byte) (Record, string) {
+	// The line must end with ,"hash":"<64 hex>"} ; the canonical form is the
+	// same bytes with the hash value emptied.
+	const tail = 64 + len(`"}`)
+	if len(line) < len(hashSuffix)+tail || !bytes.Equal(line[len(line)-tail-len(hashSuffix):len(line)-tail], hashSuffix) ||
+		!bytes.HasSuffix(line, []byte(`"}`)) {
+		return Record{}, "not a record: missing trailing hash field"
+	}
+	got := string(line[len(line)-tail : len(line)-2])
+	var rec Record
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(&rec); err != nil {
+		return Record{}, "invalid JSON: " + err.Error()
+	}
+	if dec.More() || dec.InputOffset() != int64(len(line)) {
+		return Record{}, "invalid JSON: trailing data"
+	}
+	if rec.Hash != got {
+		return Record{}, "hash field is not the last key"
+	}
+	canon := make([]byte, 0, len(line)-tail+2)
+	canon = append(canon, line[:len(line)-tail]...) // ends with "hash":"
+	canon = append(canon, `"}`...)
+	sum := sha256.Sum256(canon)
+	if hex.EncodeToString(sum[:]) != got {
+		return Record{}, "hash mismatch (record edited)"
+	}
+	return rec, ""
+}

@@ -1,0 +1,226 @@
+// Package store keeps the gateway's state in SQLite (modernc.org/sqlite, WAL):
+// usage counters now, holds later.
+//
+// The schema evolves through numbered migrations (see migrations), recorded
+// in the schema_migrations table; Open applies the missing ones in order,
+// each in its own transaction.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// migrations[i] moves the schema from version i to i+1. Append only: never
+// edit a migration that has shipped.
+var migrations = []string{
+	// 1: usage counters per hour.
+	`CREATE TABLE usage (
+		hour   TEXT    NOT NULL,
+		agent  TEXT    NOT NULL,
+		tool   TEXT    NOT NULL,
+		action TEXT    NOT NULL,
+		count  INTEGER NOT NULL,
+		PRIMARY KEY (hour, agent, tool, action)
+	) WITHOUT ROWID;
+	CREATE INDEX usage_hour ON usage (hour DESC);`,
+}
+
+// Store is an open database. Safe for concurrent use.
+type Store struct {
+	db  *sql.DB
+	now func() time.Time
+}
+
+// Open opens a DSN of the form "sqlite:/path/to/file.db" (or ":memory:" after
+// "sqlite:"), creating and migrating the schema.
+//
+// A new database file is created with mode 0600 in a directory created 0700;
+// SQLite gives its -wal and -shm files the same mode as the database.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	path, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	params := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_txlock=immediate"
+	memory := path == ":memory:"
+	if !memory {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("store: open: %w", err)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("store: open: %w", err)
+		}
+		f.Close()
+		params += "&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	}
+	db, err := sql.Open("sqlite", path+params)
+	if err != nil {
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	if memory {
+		// Every connection to ":memory:" is a separate database.
+		db.SetMaxOpenConns(1)
+	}
+	s := &Store{db: db, now: time.Now}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func parseDSN(dsn string) (string, error) {
+	path, ok := strings.CutPrefix(dsn, "sqlite:")
+	if !ok {
+		scheme, _, found := strings.Cut(dsn, ":")
+		if !found || scheme == "" {
+			return "", fmt.Errorf("store: dsn %q: want sqlite:/path/to/file.db", dsn)
+		}
+		if scheme == "postgres" || scheme == "postgresql" {
+			return "", fmt.Errorf("store: dsn: %s:// is not supported yet; use sqlite:/path/to/file.db", scheme)
+		}
+		return "", fmt.Errorf("store: dsn: scheme %q is not supported; use sqlite:/path/to/file.db", scheme)
+	}
+	// "sqlite:///abs/path" is accepted as a URL-shaped spelling of "/abs/path".
+	if rest, ok := strings.CutPrefix(path, "//"); ok && strings.HasPrefix(rest, "/") {
+		path = rest
+	}
+	switch {
+	case path == "":
+		return "", errors.New("store: dsn: empty sqlite path")
+	case path == ":memory:":
+		return path, nil
+	case strings.ContainsAny(path, "?#\x00"):
+		// The driver splits its options off at '?'.
+		return "", fmt.Errorf("store: dsn: sqlite path %q must not contain '?', '#' or NUL", path)
+	case strings.HasPrefix(path, "file:"):
+		return "", fmt.Errorf("store: dsn: sqlite path %q: give a plain path, not a file: URI", path)
+	}
+	return path, nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY,
+		applied TEXT NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	for i, stmt := range migrations {
+		version := i + 1
+		if err := s.applyMigration(ctx, version, stmt); err != nil {
+			return fmt.Errorf("store: migrate to version %d: %w", version, err)
+		}
+	}
+	// A database written by a newer sluice must not be used by an older one.
+	var max sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&max); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	if max.Int64 > int64(len(migrations)) {
+		return fmt.Errorf("store: migrate: database schema version %d is newer than this binary's %d", max.Int64, len(migrations))
+	}
+	return nil
+}
+
+// applyMigration runs one migration unless already applied. The transaction
+// takes the write lock at BEGIN (_txlock=immediate), so two processes opening
+// the same file apply each migration once.
+func (s *Store) applyMigration(ctx context.Context, version int, stmt string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`, version).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied) VALUES (?, ?)`,
+		version, s.now().UTC().Format(time.RFC3339)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// SchemaVersion returns the highest applied migration.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("store: schema version: %w", err)
+	}
+	return int(v.Int64), nil
+}
+
+// CountCall adds one to the usage counter of (agent, tool, action) for the current hour.
+func (s *Store) CountCall(ctx context.Context, agent, tool, action string) error {
+	hour := s.now().UTC().Truncate(time.Hour).Format(time.RFC3339)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO usage (hour, agent, tool, action, count) VALUES (?, ?, ?, ?, 1)
+		ON CONFLICT (hour, agent, tool, action) DO UPDATE SET count = count + 1`,
+		hour, agent, tool, action)
+	if err != nil {
+		return fmt.Errorf("store: count call: %w", err)
+	}
+	return nil
+}
+
+// Usage is one row of counters.
+type Usage struct {
+	Hour   string // RFC 3339, truncated to the hour
+	Agent  string
+	Tool   string
+	Action string
+	Count  int64
+}
+
+// DefaultUsageLimit is used when Usage is called with limit <= 0.
+const DefaultUsageLimit = 1000
+
+// Usage lists counters, newest first (then by agent, tool and action).
+func (s *Store) Usage(ctx context.Context, limit int) ([]Usage, error) {
+	if limit <= 0 {
+		limit = DefaultUsageLimit
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT hour, agent, tool, action, count FROM usage
+		ORDER BY hour DESC, agent, tool, action LIMIT ?`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: usage: %w", err)
+	}
+	defer rows.Close()
+	var out []Usage
+	for rows.Next() {
+		var u Usage
+		if err := rows.Scan(&u.Hour, &u.Agent, &u.Tool, &u.Action, &u.Count); err != nil {
+			return nil, fmt.Errorf("store: usage: %w", err)
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: usage: %w", err)
+	}
+	return out, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("store: close: %w", err)
+	}
+	return nil
+}
