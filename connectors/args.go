@@ -258,6 +258,14 @@ func checkStrings(v any, field string, header bool) error {
 	return nil
 }
 
+// dotSegmentReason explains why "." and ".." are refused as path values:
+// escaping them as %2E does not help, because RFC 3986 §6.2.2.2 lets a
+// normalising server decode %2E back to "." before removing dot segments
+// (the trick behind CVE-2021-41773), so the value would move up a level.
+const dotSegmentReason = `must not be "." or ".." (a dot segment would change which resource is addressed)`
+
+func isDotSegment(s string) bool { return s == "." || s == ".." }
+
 // checkParamShape refuses values the parameter's serialisation cannot carry
 // faithfully: path and header values are scalars or arrays of scalars, query
 // values at most one level of object or array, and a path value is never
@@ -272,6 +280,9 @@ func checkParamShape(p *param, v any, field string) error {
 		}
 		if p.in == "path" && len(x) == 0 {
 			return &ArgError{Field: field, Reason: "must not be empty"}
+		}
+		if p.in == "path" && len(x) == 1 && isDotSegment(scalarString(x[0])) {
+			return &ArgError{Field: field, Reason: dotSegmentReason}
 		}
 	case map[string]any:
 		if p.in != "query" {
@@ -288,6 +299,9 @@ func checkParamShape(p *param, v any, field string) error {
 		}
 		if p.in == "path" && scalarString(v) == "" {
 			return &ArgError{Field: field, Reason: "must not be empty"}
+		}
+		if p.in == "path" && isDotSegment(scalarString(v)) {
+			return &ArgError{Field: field, Reason: dotSegmentReason}
 		}
 	}
 	return nil

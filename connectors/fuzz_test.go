@@ -74,6 +74,7 @@ func FuzzNewRequestPath(f *testing.F) {
 	for _, tc := range traversal { // the named traversal table
 		f.Add(tc.value)
 	}
+	f.Add("..")     // dot segment: must be refused
 	f.Add("%")      // lone percent
 	f.Add("%zz")    // invalid escape
 	f.Add("\u202e") // right-to-left override
@@ -85,9 +86,9 @@ func FuzzNewRequestPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, value string) {
 		args := Args{Path: map[string]any{"petId": value}}
 		req, err := tl.NewRequest(context.Background(), pet.BaseURL, args)
-		if value == "" {
+		if value == "" || value == "." || value == ".." {
 			if err == nil {
-				t.Fatal("empty path value accepted")
+				t.Fatalf("path value %q accepted", value)
 			}
 			return
 		}

@@ -135,7 +135,10 @@ func (t *Tool) escapedPath(base *url.URL, values map[string]any) (string, error)
 		if s == "" {
 			return "", &ArgError{Field: field, Reason: "must not be empty"}
 		}
-		b.WriteString(escapeSegment(s))
+		if isDotSegment(s) {
+			return "", &ArgError{Field: field, Reason: dotSegmentReason}
+		}
+		b.WriteString(url.PathEscape(s))
 		rest = rest[i+j+1:]
 	}
 	if used != len(values) {
@@ -146,17 +149,6 @@ func (t *Tool) escapedPath(base *url.URL, values map[string]any) (string, error)
 		}
 	}
 	return b.String(), nil
-}
-
-// escapeSegment escapes a value as one path segment.
-func escapeSegment(s string) string {
-	switch s {
-	case ".":
-		return "%2E"
-	case "..":
-		return "%2E%2E"
-	}
-	return url.PathEscape(s)
 }
 
 // escapeLiteral escapes the fixed parts of a template, keeping their slashes.
