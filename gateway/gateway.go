@@ -81,7 +81,7 @@ type Server struct {
 	engine    atomic.Pointer[policy.Engine]
 	policyErr atomic.Pointer[string] // last compile error, nil when healthy
 
-	counts chan usageCount
+	usage usage
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
@@ -118,7 +118,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), counts: make(chan usageCount, 1024)}
+	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	if s.catalog, err = loadCatalog(ctx, cfg, s.dialer); err != nil {
 		return nil, err
@@ -239,6 +239,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 		return err
 	}
 	s.engine.Store(e)
+	s.log.Info("policy: loaded", "version", e.Version())
 	return nil
 }
 
@@ -313,7 +314,9 @@ func (s *Server) Serve(ctx context.Context) error {
 		})
 		listeners = append(listeners, al)
 	}
-	go s.countLoop(ctx)
+	countDone := make(chan struct{})
+	go func() { defer close(countDone); s.countLoop(ctx) }()
+	defer func() { <-countDone }()
 	errc := make(chan error, len(servers))
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()
@@ -349,14 +352,9 @@ func (s *Server) AdminAddr() string {
 
 // Reload re-reads the policy (SIGHUP). On failure the previous policy keeps
 // serving and the error is returned.
+// The policy engine logs the outcome; callers need not.
 func (s *Server) Reload(ctx context.Context) error {
-	err := s.loadPolicy(ctx)
-	if err != nil {
-		s.log.Error("policy reload rejected; the previous policy keeps serving", "err", err)
-	} else {
-		s.log.Info("policy reloaded", "version", s.engine.Load().Version())
-	}
-	return err
+	return s.loadPolicy(ctx)
 }
 
 // WatchPolicy reloads the policy when its files change, until ctx ends.
@@ -380,26 +378,51 @@ func (s *Server) Close() error {
 	return err
 }
 
-type usageCount struct{ agent, tool, action string }
+type usageKey struct{ agent, tool, action string }
 
-// countLoop writes usage counters off the request path: a slow disk must not
-// add latency to calls, and a lost counter is not a security event.
+// usage aggregates call counters in memory; countLoop flushes them to the
+// store once a second, off the request path: a slow disk must not add
+// latency to calls, and the audit log, not the counters, is the record.
+type usage struct {
+	mu sync.Mutex
+	m  map[usageKey]int64
+}
+
+func (u *usage) add(k usageKey) {
+	u.mu.Lock()
+	u.m[k]++
+	u.mu.Unlock()
+}
+
+func (u *usage) take() []store.Usage {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	rows := make([]store.Usage, 0, len(u.m))
+	for k, n := range u.m {
+		rows = append(rows, store.Usage{Agent: k.agent, Tool: k.tool, Action: k.action, Count: n})
+	}
+	clear(u.m)
+	return rows
+}
+
 func (s *Server) countLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			s.flushUsage(context.Background())
 			return
-		case c := <-s.counts:
-			if err := s.store.CountCall(ctx, c.agent, c.tool, c.action); err != nil && ctx.Err() == nil {
-				s.log.Warn("store: usage counter not written", "err", err)
-			}
+		case <-t.C:
+			s.flushUsage(ctx)
 		}
 	}
 }
 
-func (s *Server) count(agent, tool, action string) {
-	select {
-	case s.counts <- usageCount{agent, tool, action}:
-	default: // counters are best effort; the audit log is the record
+func (s *Server) flushUsage(ctx context.Context) {
+	if err := s.store.AddUsage(ctx, s.usage.take()); err != nil {
+		s.log.Warn("store: usage counters not written", "err", err)
 	}
 }
+
+func (s *Server) count(agent, tool, action string) { s.usage.add(usageKey{agent, tool, action}) }

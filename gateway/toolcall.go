@@ -99,6 +99,7 @@ type call struct {
 	cred     string // where the credential went, never its value
 	reflect  bool
 	audited  bool // the outcome is already in the audit log
+	presync  bool // the next record need only reach the file; a later one syncs
 }
 
 // handleToolCall runs the pipeline. Each stage either passes the call on or
@@ -226,7 +227,10 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		}
 	}
 
-	// The decision is durable before anything leaves the gateway.
+	// The decision is in the audit file before anything leaves the gateway
+	// (it survives our crash); the result's fsync makes both durable before
+	// the answer is released.
+	c.presync = true
 	if aerr := s.record(ctx, c, "decision", nil); aerr != nil {
 		return nil, aerr
 	}
@@ -416,7 +420,11 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	}
 	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
 	defer span.End()
-	if _, err := s.audit.Append(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
+	appendFn := s.audit.Append
+	if c.presync {
+		appendFn, c.presync = s.audit.AppendWritten, false
+	}
+	if _, err := appendFn(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
 		s.tel.audits.Add(ctx, 1)
 		s.log.Error("audit: record not durable; refusing the call", "request_id", c.rid, "err", err)
 		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")

@@ -126,9 +126,10 @@ type Log struct {
 }
 
 type request struct {
-	rec  Record
-	res  result      // set by write, sent by commit
-	done chan result // cap 1
+	rec    Record
+	nosync bool        // answer once written to the file, before the fsync
+	res    result      // set by write, sent by commit
+	done   chan result // cap 1
 }
 
 type result struct {
@@ -269,10 +270,24 @@ func readTail(f *os.File, size int64) (end int64, last []byte, err error) {
 // If ctx ends first, Append returns ctx's error, but the record is already
 // queued and may still be written: treat that as "unknown", not "not logged".
 func (l *Log) Append(ctx context.Context, rec Record) (Record, error) {
+	return l.append(ctx, rec, false)
+}
+
+// AppendWritten is Append that returns once rec is written to the log file
+// (in the kernel's page cache: it survives the gateway's crash, not the
+// host's) without waiting for the fsync. The next Append's fsync makes it
+// durable with that record. The gateway uses it for the decision record it
+// writes before dialling upstream, and Append for the result it writes
+// before answering, so one fsync per call covers both.
+func (l *Log) AppendWritten(ctx context.Context, rec Record) (Record, error) {
+	return l.append(ctx, rec, true)
+}
+
+func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, fmt.Errorf("audit: append: %w", err)
 	}
-	r := &request{rec: rec, done: make(chan result, 1)}
+	r := &request{rec: rec, nosync: nosync, done: make(chan result, 1)}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -369,7 +384,7 @@ func (l *Log) write(batch []*request) error {
 		return nil
 	}
 	_, err := l.f.WriteAt(buf, l.off)
-	if err == nil {
+	if err == nil && needsSync(written) {
 		err = l.f.Sync()
 		if err == nil {
 			l.syncs.Add(1)
@@ -391,6 +406,17 @@ func (l *Log) write(batch []*request) error {
 		r.res = result{rec: outs[i]}
 	}
 	return nil
+}
+
+// needsSync is false only when every record of the batch asked not to wait
+// for durability.
+func needsSync(batch []*request) bool {
+	for _, r := range batch {
+		if !r.nosync {
+			return true
+		}
+	}
+	return false
 }
 
 func answerAll(batch []*request, err error) {

@@ -489,3 +489,40 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+func TestAppendWrittenSkipsOnlyItsOwnFsync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	if _, err := l.AppendWritten(ctx, Record{RequestID: "r1", Event: "decision"}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"request_id":"r1"`) {
+		t.Fatalf("AppendWritten returned before the record reached the file: %q", data)
+	}
+	if s := l.Stats(); s.Syncs != 0 || s.Records != 1 {
+		t.Fatalf("after AppendWritten: %+v, want 1 record and no fsync", s)
+	}
+	if _, err := l.Append(ctx, Record{RequestID: "r1", Event: "result"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := l.Stats(); s.Syncs != 1 || s.Records != 2 {
+		t.Fatalf("after Append: %+v, want 2 records and one fsync", s)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if n, err := Verify(f); err != nil || n != 2 {
+		t.Fatalf("Verify = %d, %v", n, err)
+	}
+}

@@ -170,12 +170,35 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 
 // CountCall adds one to the usage counter of (agent, tool, action) for the current hour.
 func (s *Store) CountCall(ctx context.Context, agent, tool, action string) error {
-	hour := s.now().UTC().Truncate(time.Hour).Format(time.RFC3339)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO usage (hour, agent, tool, action, count) VALUES (?, ?, ?, ?, 1)
-		ON CONFLICT (hour, agent, tool, action) DO UPDATE SET count = count + 1`,
-		hour, agent, tool, action)
+	return s.AddUsage(ctx, []Usage{{Agent: agent, Tool: tool, Action: action, Count: 1}})
+}
+
+// AddUsage adds each row's Count to its counter in one transaction, so a
+// caller can aggregate in memory and flush now and then. A row's Hour, if
+// empty, is the current hour.
+func (s *Store) AddUsage(ctx context.Context, rows []Usage) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	now := s.now().UTC().Truncate(time.Hour).Format(time.RFC3339)
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("store: count call: %w", err)
+		return fmt.Errorf("store: add usage: %w", err)
+	}
+	defer tx.Rollback()
+	for _, r := range rows {
+		hour := r.Hour
+		if hour == "" {
+			hour = now
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO usage (hour, agent, tool, action, count) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (hour, agent, tool, action) DO UPDATE SET count = count + excluded.count`,
+			hour, r.Agent, r.Tool, r.Action, r.Count); err != nil {
+			return fmt.Errorf("store: add usage: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: add usage: %w", err)
 	}
 	return nil
 }

@@ -161,3 +161,29 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+func TestAddUsageAggregates(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, "sqlite::memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.AddUsage(ctx, []Usage{{Agent: "a", Tool: "t", Action: "allow", Count: 40}, {Agent: "a", Tool: "t", Action: "block", Count: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUsage(ctx, []Usage{{Agent: "a", Tool: "t", Action: "allow", Count: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := s.Usage(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, r := range u {
+		got[r.Action] = r.Count
+	}
+	if got["allow"] != 42 || got["block"] != 2 || len(u) != 2 {
+		t.Fatalf("usage = %+v, want allow 42 and block 2", u)
+	}
+}

@@ -116,7 +116,7 @@ func TestSandboxdLinksNoCredentials(t *testing.T) {
 		"github.com/hashicorp/vault/api":           "the sandbox never holds credentials",
 		"github.com/open-policy-agent/opa/v1/rego": "the sandbox host makes no decisions",
 	}
-	for _, root := range []string{mod + "/sandboxd/...", mod + "/cmd/sandboxd", mod + "/dns/..."} {
+	for _, root := range []string{mod + "/sandboxd/...", mod + "/cmd/sandboxd/...", mod + "/dns/..."} {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", root).CombinedOutput()
 		if err != nil {
 			if strings.Contains(string(out), "matched no packages") || strings.Contains(string(out), "no Go files") || strings.Contains(string(out), "cannot find") {
