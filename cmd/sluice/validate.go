@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/config"
+)
+
+func validateCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate",
+		Short: "Check the config, its specs, its Rego and its secret references without listening",
+		Long: `Load everything serve would load — the config (strictly: a misspelt key is an
+error naming its path), every connector's OpenAPI spec, the Rego, every secret
+reference — and report every problem found. Opens no listener, writes nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			lc, err := g.loadConfig()
+			if err != nil {
+				return printProblems(out, err)
+			}
+			ctx := cmd.Context()
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			if err := gateway.Validate(ctx, lc.Config, gateway.Options{Logger: log}); err != nil {
+				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
+			}
+			conns, err := loadConnectors(ctx, lc.Config, nil)
+			if err != nil {
+				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
+			}
+			n := 0
+			for _, c := range conns {
+				n += len(c.Tools)
+			}
+			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules (%s)\n", len(conns), n, len(lc.Policies), lc.Source)
+			return nil
+		},
+	}
+}
+
+// printProblems lists every problem in err, one a line, and returns the
+// silent error that makes the exit status non-zero.
+func printProblems(w io.Writer, err error) error {
+	ps := problems(err)
+	for _, p := range ps {
+		fmt.Fprintln(w, "error:", p)
+	}
+	return silentError{fmt.Sprintf("validate: %d problem(s)", len(ps))}
+}
+
+// loadConnectors loads the spec of every configured connector, or only of
+// those whose slug is in only when only is non-nil. It makes no upstream
+// call; a spec given as an https URL is fetched.
+func loadConnectors(ctx context.Context, cfg *config.Config, only []string) ([]*connectors.Connector, error) {
+	var out []*connectors.Connector
+	for i, cc := range cfg.Connectors {
+		if only != nil && !slices.Contains(only, cc.Slug) {
+			continue
+		}
+		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL})
+		if err != nil {
+			return nil, fmt.Errorf("connectors[%d].spec: %w", i, err)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func toolsCmd(g *globals) *cobra.Command {
+	var agent string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "tools",
+		Short: "List the tools the configured connectors provide",
+		Long: `Load every connector's spec and list its tools: name, risk, method and path.
+--agent limits the list to the connectors that agent is granted; --json prints
+each tool with its argument schema. Policy is not applied: a tool listed here
+may still be blocked for a caller (see sluice policy eval).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lc, err := g.loadConfig()
+			if err != nil {
+				return fmt.Errorf("tools: %w", err)
+			}
+			var only []string
+			if agent != "" {
+				a := lc.Agent(agent)
+				if a == nil {
+					return fmt.Errorf("tools: %s has no agent %q", lc.Source, agent)
+				}
+				only = append([]string{}, a.Connectors...)
+			}
+			conns, err := loadConnectors(cmd.Context(), lc.Config, only)
+			if err != nil {
+				return fmt.Errorf("tools (%s): %w", lc.Source, err)
+			}
+			return printTools(cmd.OutOrStdout(), conns, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&agent, "agent", "", "list only the tools of the connectors granted to this agent")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON with each tool's argument schema")
+	return cmd
+}
+
+// toolJSON is one tool in `sluice tools --json`.
+type toolJSON struct {
+	Name        string          `json:"name"`
+	Connector   string          `json:"connector"`
+	Risk        string          `json:"risk"`
+	Method      string          `json:"method"`
+	Path        string          `json:"path"`
+	Summary     string          `json:"summary,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema"`
+}
+
+func printTools(w io.Writer, conns []*connectors.Connector, asJSON bool) error {
+	if asJSON {
+		out := []toolJSON{}
+		for _, c := range conns {
+			for _, t := range c.Tools {
+				out = append(out, toolJSON{
+					Name: t.Name, Connector: t.Connector, Risk: t.Risk.String(),
+					Method: t.Method, Path: t.PathTemplate, Summary: t.Summary,
+					Description: t.Description, Schema: t.Schema,
+				})
+			}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOOL\tRISK\tMETHOD\tPATH")
+	for _, c := range conns {
+		for _, t := range c.Tools {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, t.Risk, t.Method, t.PathTemplate)
+		}
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,381 @@
+// Package policy decides every call with embedded OPA (v1 API): allow, ask or
+// block, plus the rule that decided and any obligations.
+//
+// The engine prepares its query once and evaluates it per call. Policy can
+// reach no network and no environment: the capabilities exclude http.send,
+// net.* and opa.runtime. Any failure — a compile error at cold start, an
+// evaluation error, an undefined result — is a block, never an allow.
+//
+// Reloading is explicit: Reload recompiles, Watch calls Reload when files
+// change, and wiring SIGHUP to Reload is the caller's job (cmd/sluice). A
+// failed reload keeps the previous policy serving.
+//
+// This package imports no other package of sluice except the embedded Rego
+// library in rego/.
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/topdown"
+)
+
+// InputVersion is the version of the input document described in rego/README.md.
+const InputVersion = 1
+
+// DefaultTimeout bounds one decision when the caller's context has no deadline.
+const DefaultTimeout = 100 * time.Millisecond
+
+// Query is the query the engine evaluates.
+const Query = "data.sluice.main.decision"
+
+// RulePolicyError is the Rule of every decision made because the policy
+// failed (not loaded, evaluation error, timeout, undefined or malformed result).
+const RulePolicyError = "policy_error"
+
+// Action is what the policy decided.
+type Action int
+
+const (
+	Block Action = iota // the zero value: fail closed
+	Ask
+	Allow
+)
+
+// String returns "block", "ask" or "allow".
+func (a Action) String() string {
+	switch a {
+	case Block:
+		return "block"
+	case Ask:
+		return "ask"
+	case Allow:
+		return "allow"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// ParseAction parses "allow", "ask" or "block".
+func ParseAction(s string) (Action, error) {
+	switch s {
+	case "block":
+		return Block, nil
+	case "ask":
+		return Ask, nil
+	case "allow":
+		return Allow, nil
+	}
+	return Block, fmt.Errorf("policy: parse action %q: want allow, ask or block", s)
+}
+
+// MarshalText encodes the action as its name, so JSON shows "allow", not 2.
+func (a Action) MarshalText() ([]byte, error) {
+	switch a {
+	case Block, Ask, Allow:
+		return []byte(a.String()), nil
+	}
+	return nil, fmt.Errorf("policy: marshal action %d: unknown", int(a))
+}
+
+// UnmarshalText parses the action's name.
+func (a *Action) UnmarshalText(b []byte) error {
+	v, err := ParseAction(string(b))
+	if err != nil {
+		return err
+	}
+	*a = v
+	return nil
+}
+
+// Caller is who is calling, as established by the gateway (never by the caller).
+type Caller struct {
+	Sandbox string `json:"sandbox"`
+	Agent   string `json:"agent"`
+	Session string `json:"session"`
+	User    string `json:"user"`
+}
+
+// Operation describes the OpenAPI operation behind a tool.
+type Operation struct {
+	ID     string   `json:"id"`
+	Method string   `json:"method"`
+	Path   string   `json:"path"`
+	Risk   string   `json:"risk"`
+	Tags   []string `json:"tags"`
+}
+
+// Request is the upstream request the gateway would send, without credentials.
+type Request struct {
+	Method  string              `json:"method"`
+	Host    string              `json:"host"`
+	Path    string              `json:"path"`
+	Query   map[string][]string `json:"query"`
+	Headers map[string][]string `json:"headers"`
+}
+
+// Input is the document every decision is made on (see rego/README.md).
+type Input struct {
+	Version   int       `json:"version"`
+	Kind      string    `json:"kind"` // "tool_call", "http", "connect", "dns"
+	Caller    Caller    `json:"caller"`
+	Connector string    `json:"connector"`
+	Tool      string    `json:"tool"`
+	Operation Operation `json:"operation"`
+	Args      any       `json:"args"`
+	Request   Request   `json:"request"`
+	Time      time.Time `json:"time"`
+}
+
+// Decision is the policy's answer.
+type Decision struct {
+	Action      Action         `json:"action"`
+	Reason      string         `json:"reason"`
+	Rule        string         `json:"rule"`
+	Approvers   []string       `json:"approvers,omitempty"`
+	Obligations map[string]any `json:"obligations,omitempty"`
+}
+
+// Rule is one simple rule from sluice.yaml's policies list.
+type Rule struct {
+	Match     string   // a glob over tool names; "*" matches everything
+	Action    string   // "allow", "ask" or "block"
+	Approvers []string // for ask
+	Reason    string   // optional
+}
+
+// Config says what the engine loads.
+type Config struct {
+	Rules []Rule   // compiled into data for the shipped library
+	Paths []string // files or directories of the security team's .rego modules
+	// OnReload, if set, is called after every reload attempt (for metrics).
+	OnReload func(ok bool, err error)
+	Logger   *slog.Logger
+}
+
+// Engine evaluates decisions. It is safe for concurrent use. A nil *Engine
+// is valid and blocks everything with reason "policy not loaded".
+type Engine struct {
+	cfg      Config
+	log      *slog.Logger
+	cur      atomic.Pointer[prepared]
+	version  atomic.Int64
+	reloadMu sync.Mutex // serializes Reload so versions follow the swaps
+	blockAll string     // set by BlockAll: every decision blocks with this reason
+}
+
+// prepared is one compiled generation of the policy.
+type prepared struct {
+	pq rego.PreparedEvalQuery
+}
+
+// New compiles the shipped library, the rules and the modules. On a compile
+// error it returns the error (naming file, row and the OPA error code) and
+// no engine.
+func New(ctx context.Context, cfg Config) (*Engine, error) {
+	cfg.Rules = append([]Rule(nil), cfg.Rules...)
+	cfg.Paths = append([]string(nil), cfg.Paths...)
+	e := &Engine{cfg: cfg, log: cfg.Logger}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
+	p, err := compile(ctx, cfg.Rules, cfg.Paths, e.log)
+	if err != nil {
+		return nil, err
+	}
+	e.cur.Store(p)
+	e.version.Store(1)
+	return e, nil
+}
+
+// BlockAll returns an engine that blocks every call with reason; the gateway
+// serves it when New fails at cold start. It cannot be reloaded: build a new
+// engine with New instead.
+func BlockAll(reason string) *Engine {
+	if reason == "" {
+		reason = "policy not loaded"
+	}
+	return &Engine{blockAll: reason, log: slog.New(slog.DiscardHandler)}
+}
+
+// Decide evaluates in. It never returns allow on error: an evaluation error,
+// timeout or undefined result is a Block whose Reason says why.
+func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
+	if e == nil {
+		return policyError("policy not loaded")
+	}
+	if e.blockAll != "" {
+		return policyError(e.blockAll)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			e.log.Error("bug(): policy: panic during decision", "panic", fmt.Sprint(r))
+			d = policyError("bug(): policy evaluation panicked")
+		}
+	}()
+	p := e.cur.Load()
+	if p == nil {
+		return policyError("policy not loaded")
+	}
+	if in == nil {
+		return policyError("policy: no input")
+	}
+	if !validKind(in.Kind) {
+		return policyError(fmt.Sprintf("policy: unknown input kind %q", in.Kind))
+	}
+	val, err := inputValue(in)
+	if err != nil {
+		return policyError(fmt.Sprintf("policy: build input: %v", err))
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	rs, err := p.pq.Eval(ctx, rego.EvalParsedInput(val))
+	if err != nil {
+		d = policyError(evalReason(ctx, err))
+		e.log.Error("policy: evaluation failed", "tool", in.Tool, "reason", d.Reason)
+		return d
+	}
+	d, err = decisionFrom(rs)
+	if err != nil {
+		e.log.Error("policy: malformed decision", "tool", in.Tool, "error", err)
+		return policyError(err.Error())
+	}
+	return d
+}
+
+// Version is a counter that grows by one on every successful (re)load.
+func (e *Engine) Version() int64 {
+	if e == nil {
+		return 0
+	}
+	return e.version.Load()
+}
+
+// Reload recompiles from the configured paths. On failure the previous
+// policy keeps serving and the error is returned.
+func (e *Engine) Reload(ctx context.Context) error {
+	if e == nil || e.blockAll != "" {
+		return errors.New("policy: reload: engine was not built by New")
+	}
+	e.reloadMu.Lock()
+	defer e.reloadMu.Unlock()
+	p, err := compile(ctx, e.cfg.Rules, e.cfg.Paths, e.log)
+	if err != nil {
+		err = fmt.Errorf("policy: reload: %w", err)
+		e.log.Error("policy: reload rejected; previous policy keeps serving",
+			"version", e.version.Load(), "error", err)
+		if e.cfg.OnReload != nil {
+			e.cfg.OnReload(false, err)
+		}
+		return err
+	}
+	e.cur.Store(p)
+	v := e.version.Add(1)
+	e.log.Info("policy: reloaded", "version", v)
+	if e.cfg.OnReload != nil {
+		e.cfg.OnReload(true, nil)
+	}
+	return nil
+}
+
+func policyError(reason string) Decision {
+	return Decision{Action: Block, Reason: reason, Rule: RulePolicyError}
+}
+
+func validKind(k string) bool {
+	switch k {
+	case "tool_call", "http", "connect", "dns":
+		return true
+	}
+	return false
+}
+
+// evalReason names why evaluation failed: timeout, cancellation or the OPA
+// error (code, message and location).
+func evalReason(ctx context.Context, err error) string {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return "policy: evaluation timed out"
+	}
+	if ctx.Err() != nil {
+		return "policy: evaluation canceled"
+	}
+	var te *topdown.Error
+	if errors.As(err, &te) {
+		if te.Code == topdown.CancelErr {
+			return "policy: evaluation canceled"
+		}
+		msg := te.Code + ": " + te.Message
+		if te.Location != nil {
+			msg += fmt.Sprintf(" (%s:%d)", te.Location.File, te.Location.Row)
+		}
+		return "policy: evaluation error: " + msg
+	}
+	return "policy: evaluation error: " + err.Error()
+}
+
+// decisionFrom checks the result has exactly the shape README.md promises.
+func decisionFrom(rs rego.ResultSet) (Decision, error) {
+	switch {
+	case len(rs) == 0:
+		return Decision{}, errors.New("policy: decision undefined")
+	case len(rs) > 1 || len(rs[0].Expressions) != 1:
+		return Decision{}, errors.New("policy: multiple decisions")
+	}
+	m, ok := rs[0].Expressions[0].Value.(map[string]any)
+	if !ok {
+		return Decision{}, fmt.Errorf("policy: decision is %T, want object", rs[0].Expressions[0].Value)
+	}
+	for k := range m {
+		switch k {
+		case "action", "reason", "rule", "approvers", "obligations":
+		default:
+			return Decision{}, fmt.Errorf("policy: decision has unknown field %q", k)
+		}
+	}
+	as, _ := m["action"].(string)
+	a, err := ParseAction(as)
+	if err != nil {
+		return Decision{}, fmt.Errorf("policy: decision action %v: want allow, ask or block", m["action"])
+	}
+	reason, ok := m["reason"].(string)
+	if !ok {
+		return Decision{}, fmt.Errorf("policy: decision reason is %T, want string", m["reason"])
+	}
+	rule, ok := m["rule"].(string)
+	if !ok || rule == "" {
+		return Decision{}, fmt.Errorf("policy: decision rule %v: want a non-empty string", m["rule"])
+	}
+	d := Decision{Action: a, Reason: reason, Rule: rule}
+	if v, ok := m["approvers"]; ok && v != nil {
+		list, ok := v.([]any)
+		if !ok {
+			return Decision{}, fmt.Errorf("policy: decision approvers is %T, want array", v)
+		}
+		for _, x := range list {
+			s, ok := x.(string)
+			if !ok || s == "" {
+				return Decision{}, fmt.Errorf("policy: decision approver %v: want a non-empty string", x)
+			}
+			d.Approvers = append(d.Approvers, s)
+		}
+	}
+	if v, ok := m["obligations"]; ok && v != nil {
+		ob, ok := v.(map[string]any)
+		if !ok {
+			return Decision{}, fmt.Errorf("policy: decision obligations is %T, want object", v)
+		}
+		if len(ob) > 0 {
+			d.Obligations = ob
+		}
+	}
+	return d, nil
+}

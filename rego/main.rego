@@ -1,0 +1,141 @@
+# sluice's decision library. The gateway evaluates data.sluice.main.decision
+# once per tool call, proxied request, CONNECT and DNS question. See README.md.
+#
+# Candidates come from two sources:
+#   - the simple rules of sluice.yaml, compiled by the Go side into
+#     data.sluice.config.rules (exact names, wildcards grouped by connector
+#     slug, other wildcards, catch-alls), so a call runs only a few globs;
+#   - every package sluice.policies.<name> that defines a set `decisions`.
+# The most restrictive candidate wins (block > ask > allow). Catch-all rules
+# (match "*") count only when nothing else matched; no candidate is a block. Every failure to produce a well-formed decision is a block too: the Go
+# side turns errors and odd shapes into Block with rule "policy_error".
+package sluice.main
+
+# rank orders actions from least to most restrictive.
+rank := {"allow": 1, "ask": 2, "block": 3}
+
+default_decision := {
+	"action": "block",
+	"reason": "no rule matched",
+	"rule": "default",
+	"approvers": [],
+	"obligations": {},
+}
+
+# simple_rules holds the compiled simple rules that match input.tool. Simple
+# rules apply to tool calls only; raw egress (http, connect, dns) is decided by
+# modules, so a catch-all `*: allow` never opens raw egress by accident.
+simple_rules contains r if {
+	input.kind == "tool_call"
+	some r in data.sluice.config.rules.exact[input.tool]
+}
+
+simple_rules contains r if {
+	input.kind == "tool_call"
+	some r in data.sluice.config.rules.by_slug[tool_slug]
+	wildcard_match(r)
+}
+
+simple_rules contains r if {
+	input.kind == "tool_call"
+	some r in data.sluice.config.rules.scan
+	wildcard_match(r)
+}
+
+# tool_slug is the connector slug: the part of the tool name before the first dot.
+tool_slug := substring(input.tool, 0, i) if {
+	i := indexof(input.tool, ".")
+	i > 0
+}
+
+# A wildcard rule is either a literal prefix followed by one trailing `*`
+# (checked with startswith) or a general glob in which `*` matches any
+# characters, dots included (null delimiters).
+wildcard_match(r) if {
+	r.prefix != ""
+	startswith(input.tool, r.prefix)
+}
+
+wildcard_match(r) if {
+	r.prefix == ""
+	glob.match(r.match, null, input.tool)
+}
+
+# field returns d[k], or def when d has no such field (or is not an object).
+field(d, k, def) := v if {
+	v := d[k]
+} else := def
+
+# candidates are the specific decisions when there is any; otherwise the
+# catch-all rules (match "*"), which act as the default: `*: block` at the end
+# of the list does not override `billing-api.get_*: allow`.
+candidates := specific if {
+	count(specific) > 0
+} else := fallback
+
+# A compiled simple rule is already a candidate: action, reason, rule,
+# approvers, obligations and key (ties go to modules first, source 0, then to
+# simple rules in config order: [1, index, rule, reason]).
+fallback contains r if {
+	input.kind == "tool_call"
+	some r in data.sluice.config.rules.any
+}
+
+specific contains r if {
+	some r in simple_rules
+}
+
+specific contains c if {
+	some name
+	some d in data.sluice.policies[name].decisions
+	c := module_candidate(name, d)
+}
+
+module_candidate(name, d) := c if {
+	rank[d.action]
+	rule := field(d, "rule", concat(".", ["sluice.policies", name]))
+	reason := field(d, "reason", "")
+	c := {
+		"action": d.action,
+		"reason": reason,
+		"rule": rule,
+		"approvers": field(d, "approvers", []),
+		"obligations": field(d, "obligations", {}),
+		"key": [0, 0, rule, reason],
+	}
+}
+
+# A decision with a missing or unknown action ("deny", "Allow", 1) blocks:
+# a typo must never let a less restrictive rule win.
+module_candidate(name, d) := c if {
+	not rank[d.action]
+	rule := field(d, "rule", concat(".", ["sluice.policies", name]))
+	c := {
+		"action": "block",
+		"reason": sprintf("invalid action %v in a decision of sluice.policies.%s", [field(d, "action", null), name]),
+		"rule": rule,
+		"approvers": [],
+		"obligations": {},
+		"key": [0, 0, rule, ""],
+	}
+}
+
+top := max({rank[c.action] | some c in candidates})
+
+winner := min({[c.key, c] | some c in candidates; rank[c.action] == top})[1]
+
+# The approvers of an ask are the union of the approvers of every matching ask.
+approvers := sort({a | some c in candidates; c.action == "ask"; some a in c.approvers}) if {
+	top == rank.ask
+} else := []
+
+decision := d if {
+	count(candidates) > 0
+	d := {
+		"action": winner.action,
+		"reason": winner.reason,
+		"rule": winner.rule,
+		"approvers": approvers,
+		"obligations": winner.obligations,
+	}
+} else := default_decision
