@@ -12,11 +12,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -223,15 +225,17 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 	s.policyMu.Lock()
 	defer s.policyMu.Unlock()
 	if e := s.engine.Load(); e != nil {
-		err := e.Reload(ctx)
-		s.setPolicyErr(err)
-		return err
+		return e.Reload(ctx) // OnReload records the outcome
 	}
 	e, err := policy.New(ctx, policy.Config{
-		Rules:    s.rules(),
-		Paths:    s.cfg.Rego,
-		Logger:   s.log,
-		OnReload: func(ok bool, _ error) { s.tel.reload(ok) },
+		Rules:  s.rules(),
+		Paths:  s.cfg.Rego,
+		Logger: s.log,
+		// Called for every reload, by SIGHUP or by Watch on a file change.
+		OnReload: func(ok bool, err error) {
+			s.tel.reload(ok)
+			s.setPolicyErr(err)
+		},
 	})
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
@@ -314,6 +318,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		})
 		listeners = append(listeners, al)
 	}
+	go s.watchPolicy(ctx)
 	countDone := make(chan struct{})
 	go func() { defer close(countDone); s.countLoop(ctx) }()
 	defer func() { <-countDone }()
@@ -357,12 +362,49 @@ func (s *Server) Reload(ctx context.Context) error {
 	return s.loadPolicy(ctx)
 }
 
-// WatchPolicy reloads the policy when its files change, until ctx ends.
-func (s *Server) WatchPolicy(ctx context.Context) error {
-	if e := s.engine.Load(); e != nil {
-		return e.Watch(ctx)
+// watchPolicy reloads the policy when its files change, until ctx ends.
+// After a cold start whose policy failed to compile there is no engine to
+// watch with, so it polls the files' stamps until a load succeeds.
+func (s *Server) watchPolicy(ctx context.Context) {
+	if len(s.cfg.Rego) == 0 {
+		return
 	}
-	return nil
+	last := regoStamp(s.cfg.Rego)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for s.engine.Load() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if st := regoStamp(s.cfg.Rego); st != last {
+			last = st
+			_ = s.loadPolicy(ctx) // logged and counted by loadPolicy
+		}
+	}
+	if err := s.engine.Load().Watch(ctx); err != nil {
+		s.log.Error("policy: file watch stopped; reload with SIGHUP", "err", err)
+	}
+}
+
+// regoStamp summarises the names, sizes and modification times of the
+// files under paths; it changes when any of them does.
+func regoStamp(paths []string) string {
+	var b strings.Builder
+	for _, root := range paths {
+		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				fmt.Fprintf(&b, "%s:err;", p)
+				return nil
+			}
+			if fi, err := d.Info(); err == nil && !d.IsDir() {
+				fmt.Fprintf(&b, "%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
+			}
+			return nil
+		})
+	}
+	return b.String()
 }
 
 // Catalog returns the loaded tools.

@@ -567,3 +567,50 @@ func rawExchange(t *testing.T, sock, msg string) string {
 	}
 	return string(b)
 }
+
+// TestPolicyFileChangeReloads covers hot reload without SIGHUP: a broken
+// module at cold start blocks everything until the file is fixed, and a
+// change to a loaded policy takes effect by itself.
+func TestPolicyFileChangeReloads(t *testing.T) {
+	up := newUpstream(t)
+	dir := t.TempDir()
+	mod := filepath.Join(dir, "team.rego")
+	if err := os.WriteFile(mod, []byte("package sluice.policies.team\n\nthis is not rego"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, up.URL, "rego: ["+dir+"]", nil)
+	c := g.client(agentA)
+	if r := doCall(t, c, "tickets.list_tickets", `{}`); r.code() != "policy_block" {
+		t.Fatalf("broken cold start: %d %s, want policy_block", r.status, r.raw)
+	}
+	fixed := "package sluice.policies.team\n\nimport rego.v1\n\ndecisions contains {\"action\": \"block\", \"reason\": \"frozen\", \"rule\": \"team.freeze\"} if input.tool == \"tickets.get_ticket\"\n"
+	if err := os.WriteFile(mod, []byte(fixed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, "tickets.list_tickets", `{}`, 200)
+	if r := doCall(t, c, "tickets.get_ticket", `{"path":{"id":"1"}}`); r.code() != "policy_block" || !strings.Contains(r.message(), "frozen") {
+		t.Fatalf("team rule after the fix: %d %s", r.status, r.raw)
+	}
+	// Now the engine watches the directory itself.
+	blockList := strings.Replace(fixed, `"tickets.get_ticket"`, `"tickets.list_tickets"`, 1)
+	if err := os.WriteFile(mod, []byte(blockList), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, "tickets.list_tickets", `{}`, 403)
+}
+
+// waitStatus polls a call until it answers status, or fails after 10s.
+func waitStatus(t *testing.T, c *http.Client, tool, args string, status int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := doCall(t, c, tool, args)
+		if r.status == status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still answers %d %s after 10s, want %d", tool, r.status, r.raw, status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
