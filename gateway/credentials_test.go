@@ -36,7 +36,9 @@ func TestAttach(t *testing.T) {
 		{"apiKey header", config.Credential{Secret: "k"}, [][]string{{"hdr"}}, secret,
 			func(r *http.Request) bool { return r.Header.Get("X-Api-Key") == secret }, "header:X-Api-Key", nil},
 		{"apiKey query replaces the agent's value", config.Credential{Secret: "k"}, [][]string{{"qry"}}, secret,
-			func(r *http.Request) bool { return r.URL.Query()["api_key"][0] == secret && len(r.URL.Query()["api_key"]) == 1 }, "query:api_key", nil},
+			func(r *http.Request) bool {
+				return r.URL.Query()["api_key"][0] == secret && len(r.URL.Query()["api_key"]) == 1
+			}, "query:api_key", nil},
 		{"apiKey cookie replaces the agent's cookie", config.Credential{Secret: "k"}, [][]string{{"cookie"}}, secret,
 			func(r *http.Request) bool {
 				c, err := r.Cookie("sid")
@@ -49,13 +51,17 @@ func TestAttach(t *testing.T) {
 		{"first satisfiable alternative", config.Credential{Secret: "k"}, [][]string{{"oauth"}, {"hdr", "qry"}, {"bearer"}}, secret,
 			func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer "+secret }, "bearer", nil},
 		{"scheme named in config", config.Credential{Secret: "k", Scheme: "qry"}, [][]string{{"hdr"}}, secret,
-			func(r *http.Request) bool { return r.URL.Query().Get("api_key") == secret && r.Header.Get("X-Api-Key") == "" }, "query:api_key", nil},
+			func(r *http.Request) bool {
+				return r.URL.Query().Get("api_key") == secret && r.Header.Get("X-Api-Key") == ""
+			}, "query:api_key", nil},
 		{"explicit header with prefix", config.Credential{Secret: "k", Header: "Authorization", Prefix: "Token "}, nil, secret,
 			func(r *http.Request) bool { return r.Header.Get("Authorization") == "Token "+secret }, "header:Authorization", nil},
 		{"explicit query", config.Credential{Secret: "k", Query: "key"}, nil, secret,
 			func(r *http.Request) bool { return r.URL.Query().Get("key") == secret }, "query:key", nil},
 		{"operation needs none", config.Credential{Secret: "k"}, nil, secret,
-			func(r *http.Request) bool { return r.Header.Get("X-Api-Key") == "" && r.Header.Get("Authorization") == "" }, "", nil},
+			func(r *http.Request) bool {
+				return r.Header.Get("X-Api-Key") == "" && r.Header.Get("Authorization") == ""
+			}, "", nil},
 		{"only unsupported schemes", config.Credential{Secret: "k"}, [][]string{{"oauth"}}, secret, nil, "", errNoScheme},
 	}
 	for _, tc := range cases {
