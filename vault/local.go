@@ -229,6 +229,11 @@ func (l *Local) Get(ctx context.Context, name string, scope Scope) (Secret, erro
 	if err != nil {
 		return Secret{}, err
 	}
+	return l.open(sf, name, scope)
+}
+
+// open decrypts one entry of a loaded store file.
+func (l *Local) open(sf *storeFile, name string, scope Scope) (Secret, error) {
 	s, ok := sf.Secrets[entryKey(name, scope)]
 	if !ok {
 		return Secret{}, fmt.Errorf("vault: get %s/%s: %w", scope, name, ErrNotFound)
@@ -251,7 +256,16 @@ func (l *Local) Resolve(ctx context.Context, name string, scopes ...Scope) (Secr
 		scopes = []Scope{ScopeProject}
 	}
 	for _, sc := range scopes {
-		s, err := l.Get(ctx, name, sc)
+		if err := checkArgs(ctx, name, sc); err != nil {
+			return Secret{}, "", fmt.Errorf("vault: resolve: %w", err)
+		}
+	}
+	sf, err := l.load() // one consistent snapshot for every scope
+	if err != nil {
+		return Secret{}, "", err
+	}
+	for _, sc := range scopes {
+		s, err := l.open(sf, name, sc)
 		if err == nil {
 			return s, sc, nil
 		}
@@ -308,6 +322,12 @@ func (l *Local) load() (*storeFile, error) {
 }
 
 func (l *Local) loadLocked(force bool) (*storeFile, error) {
+	// The common case is an unchanged file: one stat, no open.
+	if !force && l.cache != nil {
+		if fi, err := os.Stat(l.path); err == nil && statKey(fi) == l.cacheKey {
+			return l.cache, nil
+		}
+	}
 	f, err := os.Open(l.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &storeFile{Version: fileVersion, Secrets: map[string]sealed{}}, nil
