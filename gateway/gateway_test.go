@@ -49,6 +49,10 @@ func newUpstream(t testing.TB) *upstreamServer {
 			k := r.Header.Get("X-Api-Key")
 			w.Header().Set("X-Echo", k)
 			fmt.Fprintf(w, `{"raw":%q,"b64":%q}`, k, base64.StdEncoding.EncodeToString([]byte(k)))
+		case r.URL.Path == "/tickets/redirect":
+			// C6: a redirect to the metadata address must not be followed.
+			w.Header().Set("Location", "http://169.254.169.254/latest/meta-data/")
+			w.WriteHeader(http.StatusFound)
 		case r.URL.Path == "/tickets":
 			fmt.Fprintf(w, `{"tickets":[{"id":"T-1"}],"limit":%q}`, r.URL.Query().Get("limit"))
 		default:
@@ -612,5 +616,58 @@ func waitStatus(t *testing.T, c *http.Client, tool, args string, status int) {
 			t.Fatalf("%s still answers %d %s after 10s, want %d", tool, r.status, r.raw, status)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRedirectsAreNotFollowed(t *testing.T) {
+	up := newUpstream(t)
+	g := startGateway(t, up.URL, "", nil)
+	r := doCall(t, g.client(agentA), "tickets.get_ticket", `{"path":{"id":"redirect"}}`)
+	if r.status != 200 || r.body["status"] != float64(302) {
+		t.Fatalf("got %d %s; want the upstream's 302 relayed as is", r.status, r.raw)
+	}
+	if n := up.requests.Load(); n != 1 {
+		t.Fatalf("upstream saw %d requests, want 1: the redirect was followed", n)
+	}
+	hdr, _ := r.body["headers"].(map[string]any)
+	if loc, _ := hdr["Location"].([]any); len(loc) != 1 || loc[0] != "http://169.254.169.254/latest/meta-data/" {
+		t.Fatalf("Location not relayed: %v", hdr)
+	}
+}
+
+// TestMalformedUpstreamReplies covers THREATS F6: a reply Go's HTTP client
+// cannot parse is 502 upstream_error, never relayed.
+func TestMalformedUpstreamReplies(t *testing.T) {
+	for name, reply := range map[string]string{
+		"status 099":               "HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n",
+		"status 000":               "HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n",
+		"control char in a header": "HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 0\r\n\r\n",
+		"not HTTP":                 "SSH-2.0-OpenSSH_9.6\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						_, _ = bufio.NewReader(c).ReadString('\n')
+						_, _ = io.WriteString(c, reply)
+					}()
+				}
+			}()
+			g := startGateway(t, "http://"+ln.Addr().String(), "", nil)
+			r := doCall(t, g.client(agentA), "tickets.list_tickets", `{}`)
+			if r.status != 502 || r.code() != "upstream_error" {
+				t.Fatalf("got %d %s, want 502 upstream_error", r.status, r.raw)
+			}
+		})
 	}
 }

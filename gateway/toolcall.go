@@ -297,6 +297,11 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 		return nil, e
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode < 100 || resp.StatusCode > 599 {
+		// Go's client takes any three digits; a status outside HTTP's
+		// range is a broken or hostile upstream (THREATS F6).
+		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream answered with an invalid status %d", resp.StatusCode))
+	}
 	limit := s.cfg.Gateway.MaxResponseBytes
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
