@@ -86,32 +86,53 @@ func Capabilities() *ast.Capabilities {
 }
 
 // compile builds one generation: the library and modules (tests excluded),
-// the rules as data, and the prepared query.
+// the rules as data, the prepared ModuleCandidatesQuery and the rules as the
+// engine matches them in Go.
 func compile(ctx context.Context, rules []Rule, paths []string, log *slog.Logger) (*prepared, error) {
-	mods, err := loadModules(paths, false)
+	pq, err := prepare(ctx, ModuleCandidatesQuery, rules, paths, log)
 	if err != nil {
 		return nil, err
+	}
+	data, err := rulesData(rules)
+	if err != nil {
+		return nil, err
+	}
+	table, err := newSimpleTable(data)
+	if err != nil {
+		return nil, err
+	}
+	return &prepared{pq: pq, rules: table}, nil
+}
+
+// prepare compiles query against the library, the modules and the rules.
+// Results come back as AST terms (*ast.Term), not converted to Go values:
+// the engine reads the candidates where they are.
+func prepare(ctx context.Context, query string, rules []Rule, paths []string, log *slog.Logger) (rego.PreparedEvalQuery, error) {
+	mods, err := loadModules(paths, false)
+	if err != nil {
+		return rego.PreparedEvalQuery{}, err
 	}
 	store, err := rulesStore(rules)
 	if err != nil {
-		return nil, err
+		return rego.PreparedEvalQuery{}, err
 	}
 	warnMissingDecisions(mods, log)
 	opts := []func(*rego.Rego){
-		rego.Query(Query),
+		rego.Query(query),
 		rego.Store(store),
 		rego.Capabilities(capabilities()),
 		rego.StrictBuiltinErrors(true),
 		rego.SetRegoVersion(ast.RegoV1),
+		rego.GenerateJSON(func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }),
 	}
 	for _, m := range mods {
 		opts = append(opts, rego.ParsedModule(m))
 	}
 	pq, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
-		return nil, compileError(err)
+		return rego.PreparedEvalQuery{}, compileError(err)
 	}
-	return &prepared{pq: pq}, nil
+	return pq, nil
 }
 
 // compileError turns OPA's errors into a *CompileError; other errors are wrapped.

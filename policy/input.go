@@ -7,14 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
 
 // inputValue builds the input document directly as an AST value: a JSON
-// round trip per call would cost more than the evaluation itself.
+// round trip per call would cost more than the evaluation itself. Parts that
+// repeat from call to call (the caller, the operation, names such as the
+// tool) come from bounded caches of immutable terms; OPA never modifies its
+// input, so evaluations running at the same time may share them.
 func inputValue(in *Input) (ast.Value, error) {
 	v := in.Version
 	if v == 0 {
@@ -34,32 +38,130 @@ func inputValue(in *Input) (ast.Value, error) {
 	}
 	return ast.NewObject(
 		item("version", ast.InternedTerm(v)),
-		item("kind", ast.StringTerm(in.Kind)),
-		item("caller", ast.ObjectTerm(
-			item("sandbox", ast.StringTerm(in.Caller.Sandbox)),
-			item("agent", ast.StringTerm(in.Caller.Agent)),
-			item("session", ast.StringTerm(in.Caller.Session)),
-			item("user", ast.StringTerm(in.Caller.User)),
-		)),
-		item("connector", ast.StringTerm(in.Connector)),
-		item("tool", ast.StringTerm(in.Tool)),
-		item("operation", ast.ObjectTerm(
-			item("id", ast.StringTerm(in.Operation.ID)),
-			item("method", ast.StringTerm(in.Operation.Method)),
-			item("path", ast.StringTerm(in.Operation.Path)),
-			item("risk", ast.StringTerm(in.Operation.Risk)),
-			item("tags", stringsTerm(in.Operation.Tags)),
-		)),
+		item("kind", names.term(in.Kind)),
+		item("caller", callerTerm(in.Caller)),
+		item("connector", names.term(in.Connector)),
+		item("tool", names.term(in.Tool)),
+		item("operation", operationTerm(&in.Operation)),
 		item("args", args),
 		item("request", ast.ObjectTerm(
-			item("method", ast.StringTerm(in.Request.Method)),
-			item("host", ast.StringTerm(in.Request.Host)),
+			item("method", names.term(in.Request.Method)),
+			item("host", names.term(in.Request.Host)),
 			item("path", ast.StringTerm(in.Request.Path)),
 			item("query", multiTerm(in.Request.Query)),
 			item("headers", multiTerm(in.Request.Headers)),
 		)),
 		item("time", ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
 	), nil
+}
+
+// internMax bounds each cache (entries), internMaxLen the strings it keeps:
+// names an attacker can vary (hosts) must not grow memory without bound.
+const (
+	internMax    = 4096
+	internMaxLen = 256
+)
+
+// internCache maps a key to an immutable term built once. When full it
+// stops adding: later keys get a fresh term per call, never an error.
+type internCache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+func (c *internCache[K, V]) load(k K) (V, bool) {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	return v, ok
+}
+
+func (c *internCache[K, V]) store(k K, v V) {
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[K]V{}
+	}
+	if len(c.m) < internMax {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+}
+
+// stringCache interns string terms.
+type stringCache struct{ internCache[string, *ast.Term] }
+
+func (c *stringCache) term(s string) *ast.Term {
+	if s == "" {
+		return ast.InternedEmptyString
+	}
+	if len(s) > internMaxLen {
+		return ast.StringTerm(s)
+	}
+	if t, ok := c.load(s); ok {
+		return t
+	}
+	t := ast.StringTerm(s)
+	c.store(s, t)
+	return t
+}
+
+var (
+	names      stringCache                             // kind, connector, tool, methods, hosts, operation fields
+	callers    internCache[Caller, *ast.Term]          // caller objects
+	operations internCache[operationKey, operationVal] // operation objects
+)
+
+func callerTerm(c Caller) *ast.Term {
+	if t, ok := callers.load(c); ok {
+		return t
+	}
+	t := ast.ObjectTerm(
+		item("sandbox", names.term(c.Sandbox)),
+		item("agent", names.term(c.Agent)),
+		item("session", ast.StringTerm(c.Session)),
+		item("user", names.term(c.User)),
+	)
+	if len(c.Sandbox)+len(c.Agent)+len(c.Session)+len(c.User) <= internMaxLen {
+		callers.store(c, t)
+	}
+	return t
+}
+
+// operationKey identifies an operation object up to its tags; the cached
+// value keeps the tags, compared on every hit.
+type operationKey struct {
+	id, method, path, risk, tag0 string
+	ntags                        int
+}
+
+type operationVal struct {
+	tags []string
+	term *ast.Term
+}
+
+func operationTerm(op *Operation) *ast.Term {
+	k := operationKey{id: op.ID, method: op.Method, path: op.Path, risk: op.Risk, ntags: len(op.Tags)}
+	if len(op.Tags) > 0 {
+		k.tag0 = op.Tags[0]
+	}
+	if v, ok := operations.load(k); ok && slices.Equal(v.tags, op.Tags) {
+		return v.term
+	}
+	t := ast.ObjectTerm(
+		item("id", names.term(op.ID)),
+		item("method", names.term(op.Method)),
+		item("path", names.term(op.Path)),
+		item("risk", names.term(op.Risk)),
+		item("tags", stringsTerm(op.Tags)),
+	)
+	size := len(op.ID) + len(op.Method) + len(op.Path) + len(op.Risk)
+	for _, tag := range op.Tags {
+		size += len(tag)
+	}
+	if size <= internMaxLen {
+		operations.store(k, operationVal{tags: slices.Clone(op.Tags), term: t})
+	}
+	return t
 }
 
 // keys holds the input's field names as terms, built once.
@@ -84,6 +186,9 @@ func item(k string, v *ast.Term) [2]*ast.Term {
 }
 
 func stringsTerm(ss []string) *ast.Term {
+	if len(ss) == 0 {
+		return ast.InternedEmptyArray
+	}
 	ts := make([]*ast.Term, len(ss))
 	for i, s := range ss {
 		ts[i] = ast.StringTerm(s)
@@ -91,15 +196,15 @@ func stringsTerm(ss []string) *ast.Term {
 	return ast.ArrayTerm(ts...)
 }
 
+// multiTerm converts a query or header map: names sorted (as an object's
+// keys are anyway) and interned, values fresh per call.
 func multiTerm(m map[string][]string) *ast.Term {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+	if len(m) == 0 {
+		return ast.InternedEmptyObject
 	}
-	sort.Strings(keys)
-	items := make([][2]*ast.Term, len(keys))
-	for i, k := range keys {
-		items[i] = item(k, stringsTerm(m[k]))
+	items := make([][2]*ast.Term, 0, len(m))
+	for k, vs := range m {
+		items = append(items, ast.Item(names.term(k), stringsTerm(vs)))
 	}
 	return ast.ObjectTerm(items...)
 }

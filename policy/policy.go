@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/topdown"
 )
@@ -33,7 +35,9 @@ const InputVersion = 1
 // DefaultTimeout bounds one decision when the caller's context has no deadline.
 const DefaultTimeout = 100 * time.Millisecond
 
-// Query is the query the engine evaluates.
+// Query is the decision of the shipped library, for `opa eval` and tests.
+// The engine evaluates ModuleCandidatesQuery and matches and combines in Go
+// the same way.
 const Query = "data.sluice.main.decision"
 
 // RulePolicyError is the Rule of every decision made because the policy
@@ -172,7 +176,8 @@ type Engine struct {
 
 // prepared is one compiled generation of the policy.
 type prepared struct {
-	pq rego.PreparedEvalQuery
+	pq    rego.PreparedEvalQuery // ModuleCandidatesQuery
+	rules *simpleTable
 }
 
 // New compiles the shipped library, the rules and the modules. On a compile
@@ -233,23 +238,55 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if err != nil {
 		return policyError(fmt.Sprintf("policy: build input: %v", err))
 	}
+	// Cancel the evaluation at the caller's deadline or cancellation, or
+	// after DefaultTimeout when the context has no deadline. Done this way
+	// rather than with context.WithTimeout and OPA's own watcher goroutine:
+	// a timer and an AfterFunc cost a fraction of a goroutine per call.
+	cancel := topdown.NewCancel()
+	var timer *time.Timer
 	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
+		timer = time.AfterFunc(DefaultTimeout, cancel.Cancel)
+		defer timer.Stop()
 	}
-	rs, err := p.pq.Eval(ctx, rego.EvalParsedInput(val))
+	if ctx.Done() != nil {
+		defer context.AfterFunc(ctx, cancel.Cancel)()
+	}
+	rs, err := p.pq.Eval(ctx, rego.EvalParsedInput(val), rego.EvalExternalCancel(cancel), evalNoMetrics)
 	if err != nil {
-		d = policyError(evalReason(ctx, err))
+		timedOut := timer != nil && !timer.Stop() // Stop reports false once the timer fired
+		d = policyError(evalReason(ctx, timedOut, err))
 		e.log.Error("policy: evaluation failed", "tool", in.Tool, "reason", d.Reason)
 		return d
 	}
-	d, err = decisionFrom(rs)
+	d, err = decisionOf(rs, p.rules, in)
 	if err != nil {
 		e.log.Error("policy: malformed decision", "tool", in.Tool, "error", err)
 		return policyError(err.Error())
 	}
 	return d
+}
+
+// evalNoMetrics keeps the evaluation from allocating a metrics registry per call.
+var evalNoMetrics = rego.EvalMetrics(metrics.NoOp())
+
+// decisionOf combines the one result of ModuleCandidatesQuery (an
+// *ast.Term holding a set, see prepare) with the matching simple rules.
+func decisionOf(rs rego.ResultSet, rules *simpleTable, in *Input) (Decision, error) {
+	switch {
+	case len(rs) == 0:
+		return Decision{}, errors.New("policy: decision undefined")
+	case len(rs) > 1 || len(rs[0].Expressions) != 1:
+		return Decision{}, errors.New("policy: multiple decisions")
+	}
+	t, ok := rs[0].Expressions[0].Value.(*ast.Term)
+	if !ok {
+		return Decision{}, fmt.Errorf("bug(): policy: result is %T, want *ast.Term", rs[0].Expressions[0].Value)
+	}
+	mods, ok := t.Value.(ast.Set)
+	if !ok {
+		return Decision{}, fmt.Errorf("bug(): policy: module candidates are %T, want a set", t.Value)
+	}
+	return combine(rules.candidates(in, mods.Slice()))
 }
 
 // Version is a counter that grows by one on every successful (re)load.
@@ -300,9 +337,9 @@ func validKind(k string) bool {
 }
 
 // evalReason names why evaluation failed: timeout, cancellation or the OPA
-// error (code, message and location).
-func evalReason(ctx context.Context, err error) string {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+// error (code, message and location). timedOut says DefaultTimeout expired.
+func evalReason(ctx context.Context, timedOut bool, err error) string {
+	if timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return "policy: evaluation timed out"
 	}
 	if ctx.Err() != nil {
@@ -320,62 +357,4 @@ func evalReason(ctx context.Context, err error) string {
 		return "policy: evaluation error: " + msg
 	}
 	return "policy: evaluation error: " + err.Error()
-}
-
-// decisionFrom checks the result has exactly the shape README.md promises.
-func decisionFrom(rs rego.ResultSet) (Decision, error) {
-	switch {
-	case len(rs) == 0:
-		return Decision{}, errors.New("policy: decision undefined")
-	case len(rs) > 1 || len(rs[0].Expressions) != 1:
-		return Decision{}, errors.New("policy: multiple decisions")
-	}
-	m, ok := rs[0].Expressions[0].Value.(map[string]any)
-	if !ok {
-		return Decision{}, fmt.Errorf("policy: decision is %T, want object", rs[0].Expressions[0].Value)
-	}
-	for k := range m {
-		switch k {
-		case "action", "reason", "rule", "approvers", "obligations":
-		default:
-			return Decision{}, fmt.Errorf("policy: decision has unknown field %q", k)
-		}
-	}
-	as, _ := m["action"].(string)
-	a, err := ParseAction(as)
-	if err != nil {
-		return Decision{}, fmt.Errorf("policy: decision action %v: want allow, ask or block", m["action"])
-	}
-	reason, ok := m["reason"].(string)
-	if !ok {
-		return Decision{}, fmt.Errorf("policy: decision reason is %T, want string", m["reason"])
-	}
-	rule, ok := m["rule"].(string)
-	if !ok || rule == "" {
-		return Decision{}, fmt.Errorf("policy: decision rule %v: want a non-empty string", m["rule"])
-	}
-	d := Decision{Action: a, Reason: reason, Rule: rule}
-	if v, ok := m["approvers"]; ok && v != nil {
-		list, ok := v.([]any)
-		if !ok {
-			return Decision{}, fmt.Errorf("policy: decision approvers is %T, want array", v)
-		}
-		for _, x := range list {
-			s, ok := x.(string)
-			if !ok || s == "" {
-				return Decision{}, fmt.Errorf("policy: decision approver %v: want a non-empty string", x)
-			}
-			d.Approvers = append(d.Approvers, s)
-		}
-	}
-	if v, ok := m["obligations"]; ok && v != nil {
-		ob, ok := v.(map[string]any)
-		if !ok {
-			return Decision{}, fmt.Errorf("policy: decision obligations is %T, want object", v)
-		}
-		if len(ob) > 0 {
-			d.Obligations = ob
-		}
-	}
-	return d, nil
 }

@@ -45,7 +45,7 @@ func toolCall(tool string) *Input {
 	}
 }
 
-func writeFile(t *testing.T, dir, name, src string) string {
+func writeFile(t testing.TB, dir, name, src string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {

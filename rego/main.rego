@@ -1,5 +1,5 @@
-# sluice's decision library. The gateway evaluates data.sluice.main.decision
-# once per tool call, proxied request, CONNECT and DNS question. See README.md.
+# sluice's decision library. data.sluice.main.decision is the decision for one
+# tool call, proxied request, CONNECT or DNS question. See README.md.
 #
 # Candidates come from two sources:
 #   - the simple rules of sluice.yaml, compiled by the Go side into
@@ -7,8 +7,14 @@
 #     slug, other wildcards, catch-alls), so a call runs only a few globs;
 #   - every package sluice.policies.<name> that defines a set `decisions`.
 # The most restrictive candidate wins (block > ask > allow). Catch-all rules
-# (match "*") count only when nothing else matched; no candidate is a block. Every failure to produce a well-formed decision is a block too: the Go
-# side turns errors and odd shapes into Block with rule "policy_error".
+# (match "*") count only when nothing else matched; no candidate is a block.
+# Every failure to produce a well-formed decision is a block too: the Go side
+# turns errors and odd shapes into Block with rule "policy_error".
+#
+# The gateway evaluates only data.sluice.main.module_candidates; it matches
+# the simple rules and combines the candidates in Go exactly as `decision`
+# below does (a differential test in policy/ keeps the two identical). Those
+# are the parts that cost the most in Rego and the least in Go.
 package sluice.main
 
 # rank orders actions from least to most restrictive.
@@ -22,24 +28,59 @@ default_decision := {
 	"obligations": {},
 }
 
-# simple_rules holds the compiled simple rules that match input.tool. Simple
-# rules apply to tool calls only; raw egress (http, connect, dns) is decided by
-# modules, so a catch-all `*: allow` never opens raw egress by accident.
-simple_rules contains r if {
+# specific holds the candidates other than the catch-alls: the compiled simple
+# rules that match input.tool and the modules' decisions. Simple rules apply to
+# tool calls only; raw egress (http, connect, dns) is decided by modules, so a
+# catch-all `*: allow` never opens raw egress by accident. A compiled simple
+# rule is already a candidate: action, reason, rule, approvers, obligations
+# and key (ties go to modules first, source 0, then to simple rules in config
+# order: [1, index, rule, reason]).
+specific contains r if {
 	input.kind == "tool_call"
 	some r in data.sluice.config.rules.exact[input.tool]
 }
 
-simple_rules contains r if {
+# Wildcards: a literal prefix followed by one trailing `*` is checked with
+# startswith, other globs with glob.match, where `*` matches any characters,
+# dots included (null delimiters). wildcard_match says the same; it is
+# spelled out here because a function call per rule costs more than the match.
+specific contains r if {
 	input.kind == "tool_call"
 	some r in data.sluice.config.rules.by_slug[tool_slug]
-	wildcard_match(r)
+	r.prefix != ""
+	startswith(input.tool, r.prefix)
 }
 
-simple_rules contains r if {
+specific contains r if {
+	input.kind == "tool_call"
+	some r in data.sluice.config.rules.by_slug[tool_slug]
+	r.prefix == ""
+	glob.match(r.match, null, input.tool)
+}
+
+specific contains r if {
 	input.kind == "tool_call"
 	some r in data.sluice.config.rules.scan
-	wildcard_match(r)
+	r.prefix != ""
+	startswith(input.tool, r.prefix)
+}
+
+specific contains r if {
+	input.kind == "tool_call"
+	some r in data.sluice.config.rules.scan
+	r.prefix == ""
+	glob.match(r.match, null, input.tool)
+}
+
+specific contains c if {
+	some c in module_candidates
+}
+
+# module_candidates are the decisions of the modules, as candidates.
+module_candidates contains c if {
+	some name
+	some d in data.sluice.policies[name].decisions
+	c := module_candidate(name, d)
 }
 
 # tool_slug is the connector slug: the part of the tool name before the first dot.
@@ -73,22 +114,10 @@ candidates := specific if {
 	count(specific) > 0
 } else := fallback
 
-# A compiled simple rule is already a candidate: action, reason, rule,
-# approvers, obligations and key (ties go to modules first, source 0, then to
-# simple rules in config order: [1, index, rule, reason]).
+# fallback holds the catch-all rules (match "*"), for tool calls only.
 fallback contains r if {
 	input.kind == "tool_call"
 	some r in data.sluice.config.rules.any
-}
-
-specific contains r if {
-	some r in simple_rules
-}
-
-specific contains c if {
-	some name
-	some d in data.sluice.policies[name].decisions
-	c := module_candidate(name, d)
 }
 
 module_candidate(name, d) := c if {
