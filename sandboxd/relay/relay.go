@@ -1,0 +1,443 @@
+// Package relay opens a sandbox's only exits from the host side and relays
+// them to the gateway: TCP listeners on 127.0.0.1 inside the sandbox's
+// network namespace (the proxy/tool API port and the DNS port) and a
+// per-sandbox Unix socket, each connection forwarded to the gateway's
+// socket after one SLUICE-IDENTITY preamble line. The listener a
+// connection arrived on is its identity; no sluice code runs inside.
+//
+// The listeners are made by a host thread that briefly joins the sandbox's
+// network namespace (setns) and leaves again; a socket keeps the namespace
+// it was created in, so the sandbox sees 127.0.0.1:3128 and 127.0.0.1:53
+// while every byte is handled by sandboxd outside it. The DNS port is
+// answered by the dns stub, which forwards each question to the gateway's
+// POST /v1/dns over the same identity-stamped socket.
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-gw/sluice/dns"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// Defaults for zero-valued Options.
+const (
+	DefaultProxyPort   = 3128
+	DefaultDNSPort     = 53
+	DefaultMaxConns    = 64
+	DefaultIdleTimeout = 5 * time.Minute
+	DefaultDialTimeout = 5 * time.Second
+)
+
+// maxDNSAnswer bounds the body read from the gateway's /v1/dns.
+const maxDNSAnswer = 65535
+
+// Options say where to listen and whom to relay as.
+type Options struct {
+	NetNS      string        // the sandbox's network namespace: /proc/PID/ns/net or /run/netns/NAME
+	Identity   wire.Identity // sent as the preamble of every relayed connection
+	Gateway    string        // the gateway's Unix socket (gateway.sandbox_socket)
+	SocketPath string        // host path of the per-sandbox Unix socket to create ("" = none); bind-mounted into the sandbox at /run/sluice/gateway.sock
+	ProxyPort  int           // default 3128
+	DNSPort    int           // default 53 (UDP and TCP), answered by the dns stub
+	Logger     *slog.Logger
+
+	MaxConns    int           // relayed connections open at once for this sandbox; more are closed at accept; default DefaultMaxConns
+	IdleTimeout time.Duration // a relayed connection with no bytes either way for this long is closed; default DefaultIdleTimeout
+}
+
+// Relay is one sandbox's set of listeners.
+type Relay struct {
+	opts     Options
+	preamble []byte
+	log      *slog.Logger
+	sem      chan struct{}
+	stub     *dns.Stub
+	client   *http.Client
+	tr       *http.Transport
+
+	mu     sync.Mutex
+	closed bool
+	lns    []net.Listener
+	pcs    []net.PacketConn
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+	sockOK bool // SocketPath was created by us and must be removed
+}
+
+// Open opens the listeners inside opts.NetNS and starts relaying. ctx bounds
+// opening only; the relay runs until Close. Open fails closed: if any
+// listener cannot be opened, none is left open.
+func Open(ctx context.Context, opts Options) (*Relay, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("relay: open: %w", err)
+	}
+	if opts.NetNS == "" {
+		return nil, errors.New("relay: open: netns is required")
+	}
+	if opts.Gateway == "" {
+		return nil, errors.New("relay: open: gateway socket is required")
+	}
+	if err := notOwnNetNS(opts.NetNS); err != nil {
+		return nil, fmt.Errorf("relay: open: %w", err)
+	}
+	pre, err := wire.Encode(opts.Identity)
+	if err != nil {
+		return nil, fmt.Errorf("relay: open: %w", err)
+	}
+	if opts.ProxyPort == 0 {
+		opts.ProxyPort = DefaultProxyPort
+	}
+	if opts.DNSPort == 0 {
+		opts.DNSPort = DefaultDNSPort
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("sandbox", opts.Identity.Sandbox, "agent", opts.Identity.Agent)
+	r := &Relay{
+		opts:     opts,
+		preamble: pre,
+		log:      log,
+		sem:      make(chan struct{}, opts.MaxConns),
+		conns:    map[net.Conn]struct{}{},
+	}
+	r.tr = &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dialGateway(ctx) },
+		MaxIdleConns:        2,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	r.client = &http.Client{Transport: r.tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	r.stub = &dns.Stub{Forward: r.forwardDNS, Logger: log}
+
+	var proxy, dnsTCP net.Listener
+	var dnsUDP net.PacketConn
+	err = InNetNS(opts.NetNS, func() error {
+		if err := loUp(); err != nil {
+			return err
+		}
+		var err error
+		if proxy, err = net.Listen("tcp", addr(opts.ProxyPort)); err != nil {
+			return fmt.Errorf("relay: listen proxy: %w", err)
+		}
+		if dnsTCP, err = net.Listen("tcp", addr(opts.DNSPort)); err != nil {
+			return fmt.Errorf("relay: listen dns tcp: %w", err)
+		}
+		if dnsUDP, err = net.ListenPacket("udp", addr(opts.DNSPort)); err != nil {
+			return fmt.Errorf("relay: listen dns udp: %w", err)
+		}
+		return nil
+	})
+	for _, l := range []net.Listener{proxy, dnsTCP} {
+		if l != nil {
+			r.lns = append(r.lns, l)
+		}
+	}
+	if dnsUDP != nil {
+		r.pcs = append(r.pcs, dnsUDP)
+	}
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("relay: open: %w", err)
+	}
+	var sock net.Listener
+	if opts.SocketPath != "" {
+		if sock, err = r.listenSocket(opts.SocketPath); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("relay: open: %w", err)
+		}
+		r.lns = append(r.lns, sock)
+	}
+
+	r.serve("proxy", proxy, r.relayConn)
+	if sock != nil {
+		r.serve("socket", sock, r.relayConn)
+	}
+	r.wg.Add(2)
+	go func() {
+		defer r.wg.Done()
+		if err := r.stub.ServeTCP(dnsTCP); err != nil {
+			log.Error("relay: dns tcp stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer r.wg.Done()
+		if err := r.stub.ServeUDP(dnsUDP); err != nil {
+			log.Error("relay: dns udp stopped", "err", err)
+		}
+	}()
+	log.Info("relay open", "netns", opts.NetNS, "proxy_port", opts.ProxyPort, "dns_port", opts.DNSPort, "socket", opts.SocketPath)
+	return r, nil
+}
+
+func addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+
+// listenSocket creates the per-sandbox Unix socket: mode 0666 (the sandbox's
+// mapped uid must be able to connect) in a 0755 directory (nobody but root
+// can replace it). A stale socket from an earlier run is replaced; any other
+// file in the way is an error.
+func (r *Relay) listenSocket(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("relay: socket dir: %w", err)
+	}
+	if err := os.Chmod(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("relay: socket dir: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("relay: socket %s: exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("relay: socket: remove stale: %w", err)
+		}
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("relay: socket: %w", err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	r.sockOK = true
+	if err := os.Chmod(path, 0o666); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("relay: socket: chmod: %w", err)
+	}
+	return l, nil
+}
+
+func (r *Relay) serve(name string, l net.Listener, handle func(net.Conn)) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				r.log.Warn("relay: accept", "listener", name, "err", err)
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			select {
+			case r.sem <- struct{}{}:
+			default:
+				r.log.Warn("relay: refused connection: too many open", "listener", name, "max_conns", r.opts.MaxConns)
+				c.Close()
+				continue
+			}
+			if !r.track(c) {
+				c.Close()
+				<-r.sem
+				return
+			}
+			r.wg.Add(1)
+			go func() {
+				defer func() {
+					r.untrack(c)
+					c.Close()
+					<-r.sem
+					r.wg.Done()
+				}()
+				handle(c)
+			}()
+		}
+	}()
+}
+
+// track registers c so Close can cut it; false once the relay is closed.
+func (r *Relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *Relay) untrack(c net.Conn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+// dialGateway connects to the gateway socket and writes the preamble.
+func (r *Relay) dialGateway(ctx context.Context) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
+	defer cancel()
+	var d net.Dialer
+	gc, err := d.DialContext(ctx, "unix", r.opts.Gateway)
+	if err != nil {
+		return nil, fmt.Errorf("relay: dial gateway: %w", err)
+	}
+	gc.SetWriteDeadline(time.Now().Add(DefaultDialTimeout))
+	if _, err := gc.Write(r.preamble); err != nil {
+		gc.Close()
+		return nil, fmt.Errorf("relay: write preamble: %w", err)
+	}
+	gc.SetWriteDeadline(time.Time{})
+	return gc, nil
+}
+
+// relayConn connects c to the gateway and copies both ways until both
+// sides have finished or the connection has been idle for IdleTimeout.
+func (r *Relay) relayConn(c net.Conn) {
+	gc, err := r.dialGateway(context.Background())
+	if err != nil {
+		r.log.Warn("relay: connection dropped", "err", err)
+		return
+	}
+	if !r.track(gc) {
+		gc.Close()
+		return
+	}
+	defer func() { r.untrack(gc); gc.Close() }()
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	errc := make(chan error, 2)
+	go func() { errc <- pipe(gc, c, r.opts.IdleTimeout, &last) }()
+	go func() { errc <- pipe(c, gc, r.opts.IdleTimeout, &last) }()
+	for range 2 {
+		if err := <-errc; err != nil {
+			// One direction failed or went idle: cut both.
+			c.Close()
+			gc.Close()
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				r.log.Info("relay: connection idle, closed")
+			}
+		}
+	}
+}
+
+type closeWriter interface{ CloseWrite() error }
+
+// pipe copies src to dst. On src's EOF it half-closes dst and returns nil;
+// a read that times out ends the pipe only if neither direction has moved a
+// byte for idle (last is shared by both directions).
+func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) error {
+	buf := make([]byte, 32<<10)
+	for {
+		src.SetReadDeadline(time.Now().Add(idle))
+		n, err := src.Read(buf)
+		if n > 0 {
+			last.Store(time.Now().UnixNano())
+			dst.SetWriteDeadline(time.Now().Add(idle))
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			last.Store(time.Now().UnixNano())
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			if cw, ok := dst.(closeWriter); ok {
+				if err := cw.CloseWrite(); err != nil {
+					return err
+				}
+				return nil
+			}
+			return io.EOF
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < idle {
+			continue
+		}
+		return err
+	}
+}
+
+// forwardDNS POSTs one query to the gateway's /v1/dns over an
+// identity-stamped connection. Anything but 200 with a DNS message is an
+// error, which the stub turns into REFUSED.
+func (r *Relay) forwardDNS(ctx context.Context, query []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://sluice/v1/dns", bytes.NewReader(query))
+	if err != nil {
+		return nil, fmt.Errorf("relay: dns request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/dns-message")
+	req.Header.Set("Accept", "application/dns-message")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("relay: dns request: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxDNSAnswer+1))
+	if err != nil {
+		return nil, fmt.Errorf("relay: dns answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("relay: dns answer: gateway status %d", resp.StatusCode)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/dns-message" {
+		return nil, fmt.Errorf("relay: dns answer: content type %q", ct)
+	}
+	if len(body) > maxDNSAnswer {
+		return nil, errors.New("relay: dns answer: too large")
+	}
+	return body, nil
+}
+
+// Close closes every listener and every relayed connection, and removes the
+// per-sandbox socket. It waits for the relay's goroutines.
+func (r *Relay) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	var errs []error
+	for _, l := range r.lns {
+		if err := l.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, pc := range r.pcs {
+		if err := pc.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	if r.tr != nil {
+		r.tr.CloseIdleConnections()
+	}
+	if r.sockOK {
+		if err := os.Remove(r.opts.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("relay: close: %w", err)
+	}
+	r.log.Info("relay closed")
+	return nil
+}
