@@ -1,0 +1,225 @@
+// Package main is the sandboxd command: `sandboxd serve` runs the daemon
+// that makes sandboxes (API on a Unix socket), `sandboxd run -- CMD` makes
+// one, runs CMD in it and destroys it. The same binary, re-executed with a
+// hidden first argument, is each sandbox's init.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-gw/sluice/sandboxd"
+	"github.com/sluice-gw/sluice/sandboxd/relay"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == sandboxd.InitArg {
+		sandboxd.RunInit() // never returns
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code, err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// exits wires sandboxd/relay as every sandbox's only way out.
+func exits(log *slog.Logger) sandboxd.ExitOpener {
+	return func(ctx context.Context, e sandboxd.Exit) (io.Closer, error) {
+		return relay.Open(ctx, relay.Options{
+			NetNS: e.NetNS, Identity: e.Identity, Gateway: e.Gateway, SocketPath: e.SocketPath,
+			ProxyPort: e.ProxyPort, DNSPort: e.DNSPort, Logger: log,
+		})
+	}
+}
+
+func loadConfig(path string) (sandboxd.Config, error) {
+	if path == "" {
+		c := sandboxd.Default()
+		return c, c.Validate()
+	}
+	return sandboxd.LoadConfig(path)
+}
+
+// run executes one verb and returns the process exit code.
+func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.Writer) (int, error) {
+	var code int
+	var cfgPath string
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	root := &cobra.Command{
+		Use:           "sandboxd",
+		Short:         "make sandboxes whose only way out is the sluice gateway",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&cfgPath, "config", "", "sandboxd.yaml (default: built-in defaults)")
+
+	serve := &cobra.Command{
+		Use:   "serve",
+		Short: "run the daemon with its API on a Unix socket",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log = slog.New(slog.NewTextHandler(stderr, nil))
+			cfg, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			return serveAPI(ctx, cfg, log)
+		},
+	}
+
+	var (
+		rc           sandboxd.CreateRequest
+		stateDir, gw string
+		timeout      time.Duration
+		outputBytes  int
+		copies, envs []string
+	)
+	runCmd := &cobra.Command{
+		Use:   "run [flags] -- CMD [ARG...]",
+		Short: "create a sandbox, run CMD in it, destroy it; exits with CMD's code",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			cfg, err := loadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			if stateDir != "" {
+				cfg.StateDir = stateDir
+			}
+			if gw != "" {
+				cfg.Gateway = gw
+			}
+			rc.Env = map[string]string{}
+			for _, e := range envs {
+				k, v, ok := strings.Cut(e, "=")
+				if !ok {
+					return fmt.Errorf("run: --env %q: want KEY=VALUE", e)
+				}
+				rc.Env[k] = v
+			}
+			m, err := sandboxd.New(sandboxd.Options{Config: cfg, Logger: log, Exits: exits(log)})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			in, err := m.Create(ctx, rc)
+			if err != nil {
+				return err
+			}
+			for _, c := range copies {
+				src, dst, ok := strings.Cut(c, ":")
+				if !ok {
+					return fmt.Errorf("run: --copy %q: want HOSTPATH:/workspace/PATH", c)
+				}
+				if err := copyIn(m, in.ID, src, dst); err != nil {
+					return fmt.Errorf("run: --copy %s: %w", c, err)
+				}
+			}
+			res, err := m.Exec(ctx, in.ID, sandboxd.ExecRequest{
+				Argv: argv, Stdin: stdin, Stdout: stdout, Stderr: stderr, Timeout: timeout, OutputBytes: outputBytes,
+			})
+			if err != nil && res.Millis == 0 {
+				return err
+			}
+			code = res.ExitCode
+			if res.KilledBy != sandboxd.KilledByNone {
+				fmt.Fprintf(stderr, "sandboxd: killed_by=%s\n", res.KilledBy)
+			}
+			return m.Destroy(in.ID)
+		},
+	}
+	f := runCmd.Flags()
+	f.StringVar(&rc.Agent, "agent", "cli", "agent name (identity)")
+	f.StringVar(&rc.Session, "session", "", "session (identity)")
+	f.StringVar(&rc.User, "user", "", "user the agent acts for (identity)")
+	f.IntVar(&rc.Limits.Pids, "pids", 0, "pids limit (0 = config)")
+	f.Int64Var(&rc.Limits.MemoryBytes, "memory", 0, "memory limit in bytes (0 = config)")
+	f.IntVar(&rc.Limits.CPUMillis, "cpu-millis", 0, "CPU limit, 1000 = one core (0 = config)")
+	f.Int64Var(&rc.Limits.WorkspaceBytes, "workspace", 0, "/workspace size in bytes (0 = config)")
+	f.DurationVar(&timeout, "timeout", 0, "wall-clock limit (0 = config exec_timeout)")
+	f.IntVar(&outputBytes, "output-bytes", 0, "cap on each of stdout and stderr (0 = config)")
+	f.StringArrayVar(&copies, "copy", nil, "HOSTPATH:/workspace/PATH to copy in first (repeatable; keeps the exec bit)")
+	f.StringArrayVar(&envs, "env", nil, "KEY=VALUE for the command (repeatable)")
+	f.StringVar(&stateDir, "state-dir", "", "override state_dir")
+	f.StringVar(&gw, "gateway", "", "override gateway socket")
+	root.AddCommand(serve, runCmd)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	return code, err
+}
+
+// copyIn puts a host file into the sandbox, keeping its exec bit.
+func copyIn(m *sandboxd.Manager, id, src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	mode := os.FileMode(0o644)
+	if st.Mode()&0o111 != 0 {
+		mode = 0o755
+	}
+	return m.PutFile(id, dst, f, mode)
+}
+
+// serveAPI runs the daemon until ctx ends, then destroys every sandbox.
+func serveAPI(ctx context.Context, cfg sandboxd.Config, log *slog.Logger) error {
+	m, err := sandboxd.New(sandboxd.Options{Config: cfg, Logger: log, Exits: exits(log)})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := os.MkdirAll(filepath.Dir(cfg.API), 0o755); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if fi, err := os.Lstat(cfg.API); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return fmt.Errorf("serve: %s exists and is not a socket", cfg.API)
+		}
+		_ = os.Remove(cfg.API)
+	}
+	// The API can create and run anything: root only.
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", cfg.API)
+	syscall.Umask(old)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("sandboxd serving", "api", cfg.API, "gateway", cfg.Gateway, "state_dir", cfg.StateDir)
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}

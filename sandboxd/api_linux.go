@@ -1,0 +1,156 @@
+package sandboxd
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxBody bounds an API request body (files are bounded by file_bytes).
+const maxBody = 1 << 20
+
+// execBody is POST /v1/sandboxes/{id}/exec.
+type execBody struct {
+	Argv        []string          `json:"argv"`
+	Stdin       string            `json:"stdin,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	TimeoutMS   int64             `json:"timeout_ms,omitempty"`
+	OutputBytes int               `json:"output_bytes,omitempty"`
+}
+
+// createBody is POST /v1/sandboxes (durations in milliseconds).
+type createBody struct {
+	Agent      string            `json:"agent"`
+	Session    string            `json:"session,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Limits     Limits            `json:"limits,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	LifetimeMS int64             `json:"lifetime_ms,omitempty"`
+}
+
+// Handler serves the API; mount it on a Unix socket only root can reach.
+func (m *Manager) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+		var b createBody
+		if !decode(w, r, &b) {
+			return
+		}
+		in, err := m.Create(r.Context(), CreateRequest{Agent: b.Agent, Session: b.Session, User: b.User,
+			Limits: b.Limits, Env: b.Env, Lifetime: time.Duration(b.LifetimeMS) * time.Millisecond})
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		reply(w, http.StatusCreated, in)
+	})
+	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK, m.List())
+	})
+	mux.HandleFunc("GET /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		in, err := m.Get(r.PathValue("id"))
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		reply(w, http.StatusOK, in)
+	})
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if err := m.Destroy(r.PathValue("id")); err != nil {
+			fail(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", func(w http.ResponseWriter, r *http.Request) {
+		var b execBody
+		if !decode(w, r, &b) {
+			return
+		}
+		req := ExecRequest{Argv: b.Argv, Env: b.Env, Timeout: time.Duration(b.TimeoutMS) * time.Millisecond, OutputBytes: b.OutputBytes}
+		if b.Stdin != "" {
+			req.Stdin = stringsReader(b.Stdin)
+		}
+		res, err := m.Exec(r.Context(), r.PathValue("id"), req)
+		if err != nil && res.Millis == 0 {
+			fail(w, err)
+			return
+		}
+		reply(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		mode := os.FileMode(0o644)
+		if s := r.URL.Query().Get("mode"); s != "" {
+			n, err := strconv.ParseUint(s, 8, 32)
+			if err != nil {
+				fail(w, fmt.Errorf("%w: mode %q", ErrInvalid, s))
+				return
+			}
+			mode = os.FileMode(n)
+		}
+		if err := m.PutFile(r.PathValue("id"), r.PathValue("path"), r.Body, mode); err != nil {
+			fail(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/{path...}", func(w http.ResponseWriter, r *http.Request) {
+		// Read fully first so a failure is still an error status.
+		var buf bytesBuffer
+		if err := m.GetFile(r.PathValue("id"), r.PathValue("path"), &buf); err != nil {
+			fail(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(buf.Bytes())
+	})
+	return mux
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		fail(w, fmt.Errorf("%w: body: %w", ErrInvalid, err))
+		return false
+	}
+	if dec.More() {
+		fail(w, fmt.Errorf("%w: body: trailing data", ErrInvalid))
+		return false
+	}
+	return true
+}
+
+func reply(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// fail maps an error to a status and a stable code.
+func fail(w http.ResponseWriter, err error) {
+	code, status := "internal", http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrNotFound):
+		code, status = "not_found", http.StatusNotFound
+	case errors.Is(err, ErrInvalid):
+		code, status = "bad_request", http.StatusBadRequest
+	case errors.Is(err, ErrTooLarge):
+		code, status = "too_large", http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrDenied):
+		code, status = "forbidden", http.StatusForbidden
+	case errors.Is(err, ErrFull):
+		code, status = "no_capacity", http.StatusServiceUnavailable
+	}
+	reply(w, status, map[string]any{"error": map[string]string{"code": code, "message": err.Error()}})
+}
+
+type bytesBuffer = bytes.Buffer
+
+func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }

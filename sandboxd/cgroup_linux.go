@@ -1,0 +1,320 @@
+package sandboxd
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupRoot is where the controllers are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// cgroup is one sandbox's group: a v2 directory, or one directory per v1
+// controller (pids, memory, cpu) on hybrid hosts.
+type cgroup struct {
+	v2   bool
+	dirs map[string]string // controller -> directory; v2 uses key ""
+}
+
+// hasV2Controllers reports whether the unified hierarchy at cgroupRoot
+// offers pids, memory and cpu.
+func hasV2Controllers() bool {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, "cgroup.controllers"))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b))
+	need := map[string]bool{"pids": true, "memory": true, "cpu": true}
+	for _, c := range f {
+		delete(need, c)
+	}
+	return len(need) == 0
+}
+
+// newCgroup creates parent/id under every controller and writes the limits.
+// On error it removes what it made.
+func newCgroup(parent, id string, l Limits) (cg *cgroup, err error) {
+	cg = &cgroup{dirs: map[string]string{}}
+	defer func() {
+		if err != nil {
+			cg.remove()
+		}
+	}()
+	if hasV2Controllers() {
+		cg.v2 = true
+		p := filepath.Join(cgroupRoot, parent)
+		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return cg, fmt.Errorf("cgroup: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(p, "cgroup.subtree_control"), []byte("+pids +memory +cpu"), 0); err != nil {
+			return cg, fmt.Errorf("cgroup: enable controllers: %w", err)
+		}
+		d := filepath.Join(p, id)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return cg, fmt.Errorf("cgroup: %w", err)
+		}
+		cg.dirs[""] = d
+		return cg, cg.setLimits(l)
+	}
+	for _, c := range []string{"pids", "memory", "cpu"} {
+		root := filepath.Join(cgroupRoot, c)
+		if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+			return cg, fmt.Errorf("cgroup: controller %s not mounted at %s (need cgroup v2 with pids, memory, cpu or v1): %w", c, root, err)
+		}
+		p := filepath.Join(root, parent)
+		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return cg, fmt.Errorf("cgroup: %w", err)
+		}
+		d := filepath.Join(p, id)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return cg, fmt.Errorf("cgroup: %w", err)
+		}
+		cg.dirs[c] = d
+	}
+	return cg, cg.setLimits(l)
+}
+
+// setLimits writes l into the group's controller files.
+func (cg *cgroup) setLimits(l Limits) error {
+	if cg.v2 {
+		return cg.write([][2]string{
+			{"pids.max", strconv.Itoa(l.Pids)},
+			{"memory.max", strconv.FormatInt(l.MemoryBytes, 10)},
+			{"memory.swap.max", "0"},
+			{"cpu.max", fmt.Sprintf("%d 100000", l.CPUMillis*100)},
+		}, "memory.swap.max")
+	}
+	mem := strconv.FormatInt(l.MemoryBytes, 10)
+	// memsw (memory+swap) must stay >= the memory limit at every step:
+	// lift it, set the limit, then bring it down to the limit (no swap).
+	return cg.write([][2]string{
+		{"pids/pids.max", strconv.Itoa(l.Pids)},
+		{"memory/memory.memsw.limit_in_bytes", "-1"},
+		{"memory/memory.limit_in_bytes", mem},
+		{"memory/memory.memsw.limit_in_bytes", mem},
+		{"memory/memory.swappiness", "0"},
+		{"cpu/cpu.cfs_period_us", "100000"},
+		{"cpu/cpu.cfs_quota_us", strconv.Itoa(l.CPUMillis * 100)},
+	}, "memory/memory.memsw.limit_in_bytes", "memory/memory.swappiness")
+}
+
+// write sets each "controller/file" (v1) or "file" (v2); files named in
+// optional may be missing (no swap accounting on this kernel).
+func (cg *cgroup) write(kv [][2]string, optional ...string) error {
+	for _, p := range kv {
+		k, v := p[0], p[1]
+		p := cg.path(k)
+		if err := os.WriteFile(p, []byte(v), 0); err != nil {
+			opt := false
+			for _, o := range optional {
+				opt = opt || o == k
+			}
+			if opt && (errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.EACCES)) {
+				continue
+			}
+			return fmt.Errorf("cgroup: write %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// path maps "controller/file" to its file.
+func (cg *cgroup) path(k string) string {
+	if cg.v2 {
+		return filepath.Join(cg.dirs[""], filepath.Base(k))
+	}
+	c, f, _ := strings.Cut(k, "/")
+	return filepath.Join(cg.dirs[c], f)
+}
+
+// startIn runs start (a fork) so that the child is born inside the group,
+// with no migration afterwards. Migrating a process takes the global
+// threadgroup lock, whose write side waits for an RCU grace period (~5-10
+// ms on small VMs); moving only the current thread (v1: "0" into tasks)
+// does not take it, and a child inherits the forking thread's groups. On
+// v2 the child is cloned straight into the group (CLONE_INTO_CGROUP via
+// set). The thread used is locked and never unlocked, so the runtime
+// discards it rather than reusing a thread that sits in a sandbox's group.
+func (cg *cgroup) startIn(set func(cgroupFD int), start func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if cg.v2 {
+			fd, err := unix.Open(cg.dirs[""], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				errc <- fmt.Errorf("cgroup: open %s: %w", cg.dirs[""], err)
+				return
+			}
+			defer unix.Close(fd)
+			set(fd)
+			errc <- start()
+			return
+		}
+		home, err := threadGroups()
+		if err != nil {
+			errc <- err
+			return
+		}
+		for _, d := range cg.dirs {
+			if err := os.WriteFile(filepath.Join(d, "tasks"), []byte("0"), 0); err != nil {
+				errc <- fmt.Errorf("cgroup: enter %s: %w", d, err)
+				return
+			}
+		}
+		err = start()
+		// Go home, so the group can be removed as soon as the sandbox
+		// is gone (the thread would otherwise linger until it exits).
+		for c := range cg.dirs {
+			if h, ok := home[c]; ok {
+				_ = os.WriteFile(filepath.Join(cgroupRoot, c, h, "tasks"), []byte("0"), 0)
+			}
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// threadGroups maps each v1 controller to this thread's group in it.
+func threadGroups() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, nil
+}
+
+// procs lists the pids in the group (from the pids controller on v1).
+func (cg *cgroup) procs() []int {
+	d := cg.dirs["pids"]
+	if cg.v2 {
+		d = cg.dirs[""]
+	}
+	b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// killAllBut SIGKILLs every process in the group except keep, repeating
+// until none is left (a process may fork while the list is read; pids.max
+// bounds how long that can go on). sandboxd itself is never a target: for
+// a moment after startIn, one of its threads is in the group.
+func (cg *cgroup) killAllBut(keep int) {
+	self := os.Getpid()
+	for range 200 {
+		n := 0
+		for _, p := range cg.procs() {
+			if p != keep && p != self {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+				n++
+			}
+		}
+		if n == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// counters reads the OOM-kill and pids-limit-hit counters.
+func (cg *cgroup) counters() (oomKills, pidsMax int64) {
+	if cg.v2 {
+		return readKey(cg.path("memory.events"), "oom_kill"), readKey(cg.path("pids.events"), "max")
+	}
+	return readKey(cg.path("memory/memory.oom_control"), "oom_kill"), readKey(cg.path("pids/pids.events"), "max")
+}
+
+// readKey returns the value of "key N" in a flat-keyed cgroup file.
+func readKey(path, key string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		k, v, ok := strings.Cut(s.Text(), " ")
+		if ok && k == key {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// remove kills everything left and removes the directories, retrying while
+// the kernel finishes tearing the processes down.
+func (cg *cgroup) remove() error {
+	if cg.v2 && cg.dirs[""] != "" {
+		_ = os.WriteFile(filepath.Join(cg.dirs[""], "cgroup.kill"), []byte("1"), 0)
+	}
+	cg.killAllBut(-1)
+	var errs []error
+	for _, d := range cg.dirs {
+		var err error
+		for range 500 {
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cgroup: remove %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sweepStale removes empty sandbox groups under parent left by a sandboxd
+// that died (its sandboxes died with it: init exits when its control
+// socket closes). Groups younger than a minute are left alone in case
+// another sandboxd is filling them right now; a group with processes
+// cannot be removed at all.
+func sweepStale(parent string) {
+	var roots []string
+	if hasV2Controllers() {
+		roots = []string{filepath.Join(cgroupRoot, parent)}
+	} else {
+		for _, c := range []string{"pids", "memory", "cpu"} {
+			roots = append(roots, filepath.Join(cgroupRoot, c, parent))
+		}
+	}
+	for _, r := range roots {
+		ents, _ := os.ReadDir(r)
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Minute {
+				_ = os.Remove(filepath.Join(r, e.Name()))
+			}
+		}
+	}
+}

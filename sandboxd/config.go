@@ -1,0 +1,198 @@
+// Package sandboxd makes sandboxes for untrusted agent code whose only way
+// out is the gateway: each sandbox is a re-exec of the sandboxd binary as a
+// minimal init inside new user, mount, pid, net, ipc, uts and cgroup
+// namespaces, on a read-only root with one writable, size-capped
+// /workspace, no capabilities, no_new_privs, a seccomp filter, Landlock and
+// cgroup limits. The init confines itself before it starts anything, so
+// every command it runs inherits the same confinement; sandboxd keeps the
+// controls (cgroups, timeouts, output caps, file transfer, events) on the
+// host side, where the code inside cannot reach them.
+package sandboxd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is sandboxd.yaml, decoded strictly.
+type Config struct {
+	// API is the Unix socket the API listens on.
+	API string `yaml:"api"`
+	// Gateway is the gateway's sandbox socket that every exit relays to.
+	Gateway string `yaml:"gateway"`
+	// StateDir holds one directory per sandbox and events.jsonl.
+	StateDir string `yaml:"state_dir"`
+	// Rootfs is the directory whose system folders are bound read-only
+	// into every sandbox ("/" = the host's).
+	Rootfs string `yaml:"rootfs"`
+	// CgroupParent names the group created under each controller's root
+	// that holds every sandbox's group.
+	CgroupParent string `yaml:"cgroup_parent"`
+	// UIDs is the host range sandbox users are mapped into.
+	UIDs UIDRange `yaml:"uids"`
+	// Limits are the defaults for a sandbox that does not say.
+	Limits Limits `yaml:"limits"`
+	// Host is reported in every identity preamble.
+	Host string `yaml:"host"`
+	// Spares is how many inits to keep forked ahead of time (namespaces
+	// made, in their cgroup, waiting for a sandbox to build): a Create
+	// then skips the fork and the runtime start-up of the init.
+	Spares int `yaml:"spares"`
+}
+
+// UIDRange is the host uid/gid range sandboxes map into: sandbox n of at
+// most Count maps its uids 0..65535 to Base+n*65536.
+type UIDRange struct {
+	Base  int `yaml:"base"`
+	Count int `yaml:"count"`
+}
+
+// Limits bound one sandbox. Zero means "use the default".
+type Limits struct {
+	Pids           int           `yaml:"pids" json:"pids,omitempty"`
+	MemoryBytes    int64         `yaml:"memory_bytes" json:"memory_bytes,omitempty"`
+	CPUMillis      int           `yaml:"cpu_millis" json:"cpu_millis,omitempty"` // 1000 = one core
+	WorkspaceBytes int64         `yaml:"workspace_bytes" json:"workspace_bytes,omitempty"`
+	TmpBytes       int64         `yaml:"tmp_bytes" json:"tmp_bytes,omitempty"`
+	OutputBytes    int           `yaml:"output_bytes" json:"output_bytes,omitempty"`
+	FileBytes      int64         `yaml:"file_bytes" json:"file_bytes,omitempty"`
+	ExecTimeout    time.Duration `yaml:"exec_timeout" json:"exec_timeout,omitempty"`
+	Lifetime       time.Duration `yaml:"lifetime" json:"lifetime,omitempty"` // 0 = until destroyed
+}
+
+// DefaultLimits are used for every zero field of Config.Limits.
+var DefaultLimits = Limits{
+	Pids:           128,
+	MemoryBytes:    256 << 20,
+	CPUMillis:      1000,
+	WorkspaceBytes: 64 << 20,
+	TmpBytes:       16 << 20,
+	OutputBytes:    1 << 20,
+	FileBytes:      16 << 20,
+	ExecTimeout:    60 * time.Second,
+}
+
+// Default is the configuration used when a key is absent.
+func Default() Config {
+	return Config{
+		API:          "/run/sluice/sandboxd.sock",
+		Gateway:      "/run/sluice/relay.sock",
+		StateDir:     "/var/lib/sluice-sandboxd",
+		Rootfs:       "/",
+		CgroupParent: "sluice-sandboxd",
+		UIDs:         UIDRange{Base: 100000, Count: 256},
+		Limits:       DefaultLimits,
+	}
+}
+
+// LoadConfig reads path strictly (unknown keys are errors) over Default
+// and validates the result.
+func LoadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	return ParseConfig(b)
+}
+
+// ParseConfig decodes b strictly over Default and validates it.
+func ParseConfig(b []byte) (Config, error) {
+	c := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	c.Limits = c.Limits.Or(DefaultLimits)
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Validate checks every key, naming it in the error.
+func (c Config) Validate() error {
+	for _, p := range []struct{ key, v string }{
+		{"api", c.API}, {"gateway", c.Gateway}, {"state_dir", c.StateDir}, {"rootfs", c.Rootfs},
+	} {
+		if p.v == "" || !filepath.IsAbs(p.v) {
+			return fmt.Errorf("config: %s: must be an absolute path, got %q", p.key, p.v)
+		}
+	}
+	if c.CgroupParent == "" || filepath.Base(c.CgroupParent) != c.CgroupParent || c.CgroupParent == ".." {
+		return fmt.Errorf("config: cgroup_parent: must be one path element, got %q", c.CgroupParent)
+	}
+	if c.UIDs.Base < 65536 {
+		return fmt.Errorf("config: uids.base: must be >= 65536 so no sandbox maps onto host system users, got %d", c.UIDs.Base)
+	}
+	if c.UIDs.Count < 1 || int64(c.UIDs.Base)+int64(c.UIDs.Count)*65536 > 1<<32-2 {
+		return fmt.Errorf("config: uids.count: %d slots do not fit above base %d", c.UIDs.Count, c.UIDs.Base)
+	}
+	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
+		return fmt.Errorf("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
+	}
+	return c.Limits.Validate("limits")
+}
+
+// Validate checks that every limit is positive and bounded; key prefixes
+// the error.
+func (l Limits) Validate(key string) error {
+	switch {
+	case l.Pids < 8 || l.Pids > 1<<20:
+		return fmt.Errorf("config: %s.pids: must be in 8..1048576, got %d", key, l.Pids)
+	case l.MemoryBytes < 16<<20:
+		return fmt.Errorf("config: %s.memory_bytes: must be >= 16 MiB, got %d", key, l.MemoryBytes)
+	case l.CPUMillis < 10:
+		return fmt.Errorf("config: %s.cpu_millis: must be >= 10, got %d", key, l.CPUMillis)
+	case l.WorkspaceBytes < 1<<20 || l.TmpBytes < 1<<20:
+		return fmt.Errorf("config: %s.workspace_bytes/tmp_bytes: must be >= 1 MiB", key)
+	case l.OutputBytes < 1:
+		return fmt.Errorf("config: %s.output_bytes: must be positive, got %d", key, l.OutputBytes)
+	case l.FileBytes < 1:
+		return fmt.Errorf("config: %s.file_bytes: must be positive, got %d", key, l.FileBytes)
+	case l.ExecTimeout <= 0:
+		return fmt.Errorf("config: %s.exec_timeout: must be positive, got %s", key, l.ExecTimeout)
+	case l.Lifetime < 0:
+		return fmt.Errorf("config: %s.lifetime: must not be negative, got %s", key, l.Lifetime)
+	}
+	return nil
+}
+
+// Or fills every zero field of l from d.
+func (l Limits) Or(d Limits) Limits {
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.CPUMillis == 0 {
+		l.CPUMillis = d.CPUMillis
+	}
+	if l.WorkspaceBytes == 0 {
+		l.WorkspaceBytes = d.WorkspaceBytes
+	}
+	if l.TmpBytes == 0 {
+		l.TmpBytes = d.TmpBytes
+	}
+	if l.OutputBytes == 0 {
+		l.OutputBytes = d.OutputBytes
+	}
+	if l.FileBytes == 0 {
+		l.FileBytes = d.FileBytes
+	}
+	if l.ExecTimeout == 0 {
+		l.ExecTimeout = d.ExecTimeout
+	}
+	if l.Lifetime == 0 {
+		l.Lifetime = d.Lifetime
+	}
+	return l
+}

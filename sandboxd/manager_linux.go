@@ -1,0 +1,642 @@
+package sandboxd
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"golang.org/x/sys/unix"
+)
+
+// Ports inside every sandbox's network namespace.
+const (
+	ProxyPort = 3128
+	DNSPort   = 53
+)
+
+// SandboxUID is the uid (and gid) code runs as inside a sandbox.
+const SandboxUID = 1000
+
+// Errors callers classify (errors.Is).
+var (
+	ErrNotFound = errors.New("sandbox not found")
+	ErrInvalid  = errors.New("invalid request")
+	ErrTooLarge = errors.New("too large")
+	ErrFull     = errors.New("no free uid range")
+	ErrDenied   = errors.New("path leaves the workspace")
+)
+
+// Exit describes one sandbox's only way out, for an ExitOpener.
+type Exit struct {
+	NetNS      string        // /proc/PID/ns/net of the sandbox's init
+	Identity   wire.Identity // the preamble every relayed connection starts with
+	Gateway    string        // the gateway's socket
+	SocketPath string        // host path of the per-sandbox socket (seen at /run/sluice/gateway.sock)
+	ProxyPort  int
+	DNSPort    int
+}
+
+// ExitOpener opens a sandbox's listeners (sandboxd/relay); the Closer
+// closes them on destroy. cmd/sandboxd wires relay.Open here.
+type ExitOpener func(ctx context.Context, e Exit) (io.Closer, error)
+
+// Options configure a Manager.
+type Options struct {
+	Config Config
+	Logger *slog.Logger
+	// Exits opens each sandbox's exits; nil leaves sandboxes with none.
+	Exits ExitOpener
+	// InitPath is the binary re-executed as init (default /proc/self/exe);
+	// it must call RunInit when its first argument is InitArg.
+	InitPath string
+}
+
+// CreateRequest asks for one sandbox.
+type CreateRequest struct {
+	Agent   string            `json:"agent"`
+	Session string            `json:"session,omitempty"`
+	User    string            `json:"user,omitempty"`
+	Limits  Limits            `json:"limits,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	// Lifetime destroys the sandbox after this long (0 = the configured
+	// default; none = until DELETE).
+	Lifetime time.Duration `json:"lifetime,omitempty"`
+}
+
+// Info describes a live sandbox.
+type Info struct {
+	ID      string    `json:"id"`
+	Agent   string    `json:"agent"`
+	Session string    `json:"session,omitempty"`
+	User    string    `json:"user,omitempty"`
+	Created time.Time `json:"created"`
+	Limits  Limits    `json:"limits"`
+	Pid     int       `json:"pid"` // host pid of the sandbox's init
+}
+
+// ExecRequest runs one command in a sandbox.
+type ExecRequest struct {
+	Argv []string
+	Env  map[string]string // added to the sandbox's environment
+	// Stdin is the command's input (nil = empty). An *os.File is passed
+	// through as is.
+	Stdin io.Reader
+	// Stdout and Stderr receive at most OutputBytes each, then a
+	// truncation marker; nil collects them into the result.
+	Stdout, Stderr io.Writer
+	Timeout        time.Duration // 0 = the sandbox's exec_timeout
+	OutputBytes    int           // 0 = the sandbox's output_bytes
+}
+
+// KilledBy says which limit ended (or hit) a command.
+type KilledBy string
+
+// The limits a command can run into.
+const (
+	KilledByNone    KilledBy = ""
+	KilledByOOM     KilledBy = "oom"
+	KilledByPids    KilledBy = "pids"
+	KilledByTimeout KilledBy = "timeout"
+)
+
+// String returns the name used in the API and events.
+func (k KilledBy) String() string { return string(k) }
+
+// ExecResult is a finished command.
+type ExecResult struct {
+	ExitCode  int      `json:"exit_code"`
+	Signal    int      `json:"signal,omitempty"`
+	Stdout    string   `json:"stdout"`
+	Stderr    string   `json:"stderr"`
+	Truncated bool     `json:"truncated"`
+	KilledBy  KilledBy `json:"killed_by,omitempty"`
+	Millis    int64    `json:"duration_ms"`
+}
+
+// TruncatedMarker ends an output stream cut at its cap.
+const TruncatedMarker = "\n[sluice: output truncated]\n"
+
+// Manager creates, runs and destroys sandboxes.
+type Manager struct {
+	cfg    Config
+	log    *slog.Logger
+	exits  ExitOpener
+	init   string
+	events *eventLog
+
+	pending   sync.WaitGroup // background cleanups
+	spares    chan *sandbox  // pre-forked inits waiting for a Create
+	refilling atomic.Bool
+	refills   sync.WaitGroup
+
+	mu     sync.Mutex
+	boxes  map[string]*sandbox
+	slots  []bool
+	closed bool
+}
+
+type sandbox struct {
+	info   Info
+	slot   int
+	dir    string
+	env    []string
+	cmd    *exec.Cmd
+	ctl    *ctlConn
+	cg     *cgroup
+	exit   io.Closer
+	timer  *time.Timer
+	execMu sync.Mutex
+	dead   bool
+}
+
+// New prepares the state directory and returns a Manager.
+func New(opts Options) (*Manager, error) {
+	if err := opts.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.InitPath == "" {
+		opts.InitPath = "/proc/self/exe"
+	}
+	// 0711: a sandbox's init (an unmapped uid on the host) must be able to
+	// reach its own directory, but not list the others.
+	if err := os.MkdirAll(opts.Config.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("sandboxd: state dir: %w", err)
+	}
+	if err := os.Chmod(opts.Config.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("sandboxd: state dir: %w", err)
+	}
+	if err := searchable(filepath.Dir(opts.Config.StateDir)); err != nil {
+		return nil, err
+	}
+	sweepStale(opts.Config.CgroupParent)
+	ev, err := openEventLog(filepath.Join(opts.Config.StateDir, "events.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev,
+		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
+		spares: make(chan *sandbox, opts.Config.Spares),
+	}, nil
+}
+
+// searchable checks that every directory from dir up to / lets others
+// search it: a sandbox's init runs as an unmapped uid on the host and must
+// reach its own directory under state_dir to build its root there.
+func searchable(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("sandboxd: state_dir: %w", err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("sandboxd: state_dir: parent %s is not searchable by others (needs o+x)", d)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
+var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// reservedEnv are set by sandboxd and cannot be overridden.
+var reservedEnv = map[string]bool{
+	"HTTP_PROXY": true, "HTTPS_PROXY": true, "http_proxy": true, "https_proxy": true,
+	"NO_PROXY": true, "no_proxy": true, "SLUICE_URL": true, "SLUICE_SANDBOX": true,
+}
+
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if !envKey.MatchString(k) || reservedEnv[k] || len(v) > 32<<10 || bytes.IndexByte([]byte(v), 0) >= 0 {
+			return fmt.Errorf("%w: env %q", ErrInvalid, k)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) baseEnv(id string, extra map[string]string) []string {
+	proxy := "http://127.0.0.1:" + strconv.Itoa(ProxyPort)
+	env := []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+		"HOME=/workspace", "TMPDIR=/tmp", "USER=sandbox", "LANG=C.UTF-8",
+		"HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy, "http_proxy=" + proxy, "https_proxy=" + proxy,
+		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1",
+		"SLUICE_URL=" + proxy, "SLUICE_SANDBOX=" + id,
+	}
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+extra[k])
+	}
+	return env
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Create builds and starts a sandbox; on any error nothing is left behind.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err error) {
+	if req.Agent == "" {
+		return Info{}, fmt.Errorf("%w: agent is required", ErrInvalid)
+	}
+	lim := req.Limits.Or(m.cfg.Limits)
+	if req.Lifetime != 0 {
+		lim.Lifetime = req.Lifetime
+	}
+	if err := lim.Validate("limits"); err != nil {
+		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := checkEnv(req.Env); err != nil {
+		return Info{}, err
+	}
+	// The identity is checked before any resource is spent (the real
+	// sandbox ID has the same shape as this placeholder).
+	probe := wire.Identity{Sandbox: "0000000000000000", Agent: req.Agent, Session: req.Session, User: req.User, Host: m.cfg.Host}
+	if err := probe.Validate(); err != nil {
+		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return Info{}, fmt.Errorf("sandboxd: create: manager closed")
+	}
+	sb := m.takeSpare()
+	if sb != nil {
+		if err := sb.cg.setLimits(lim); err != nil {
+			m.teardown(sb, true)
+			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
+		}
+	}
+	if m.cfg.Spares > 0 {
+		m.mu.Lock()
+		if !m.closed {
+			m.refills.Add(1)
+			go func() { defer m.refills.Done(); m.refill() }()
+		}
+		m.mu.Unlock()
+	}
+	defer func() {
+		if err != nil && sb != nil {
+			m.teardown(sb, false)
+		}
+	}()
+	if sb == nil {
+		if sb, err = m.fork(lim); err != nil {
+			return Info{}, err
+		}
+	}
+	id := sb.info.ID
+	ident := probe
+	ident.Sandbox = id
+	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Pid: sb.info.Pid}
+	sb.env = m.baseEnv(id, req.Env)
+	if err := m.setup(sb); err != nil {
+		return Info{}, err
+	}
+	if m.exits != nil {
+		sb.exit, err = m.exits(ctx, Exit{
+			NetNS: fmt.Sprintf("/proc/%d/ns/net", sb.info.Pid), Identity: ident, Gateway: m.cfg.Gateway,
+			SocketPath: filepath.Join(sb.dir, "run", "gateway.sock"), ProxyPort: ProxyPort, DNSPort: DNSPort,
+		})
+		if err != nil {
+			return Info{}, fmt.Errorf("sandboxd: create: open exits: %w", err)
+		}
+	}
+	m.mu.Lock()
+	m.boxes[id] = sb
+	if lim.Lifetime > 0 {
+		sb.timer = time.AfterFunc(lim.Lifetime, func() { _ = m.Destroy(id) })
+	}
+	m.mu.Unlock()
+	m.events.write(event{Event: "created", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
+	m.log.Info("sandbox created", "sandbox", id, "agent", req.Agent, "pid", sb.info.Pid)
+	return sb.info, nil
+}
+
+// fork allocates a uid slot, the state directory and the cgroup, and
+// starts an init that waits for its setup message.
+func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
+	id := newID()
+	sb := &sandbox{info: Info{ID: id, Limits: lim}, dir: filepath.Join(m.cfg.StateDir, id), slot: -1}
+	defer func() {
+		if err != nil {
+			m.teardown(sb, false)
+		}
+	}()
+	m.mu.Lock()
+	for i, used := range m.slots {
+		if !used {
+			m.slots[i], sb.slot = true, i
+			break
+		}
+	}
+	m.mu.Unlock()
+	if sb.slot < 0 {
+		return nil, ErrFull
+	}
+	for _, d := range []string{sb.dir, filepath.Join(sb.dir, "root"), filepath.Join(sb.dir, "run")} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, fmt.Errorf("sandboxd: create: %w", err)
+		}
+	}
+	if sb.cg, err = newCgroup(m.cfg.CgroupParent, id, lim); err != nil {
+		return nil, fmt.Errorf("sandboxd: create: %w", err)
+	}
+	if err := m.start(sb); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// takeSpare returns a pre-forked init, or nil.
+func (m *Manager) takeSpare() *sandbox {
+	select {
+	case sb := <-m.spares:
+		return sb
+	default:
+		return nil
+	}
+}
+
+// refill forks spares (with the default limits; Create rewrites them)
+// until cfg.Spares wait. One refill runs at a time.
+func (m *Manager) refill() {
+	if !m.refilling.CompareAndSwap(false, true) {
+		return
+	}
+	defer m.refilling.Store(false)
+	for len(m.spares) < cap(m.spares) {
+		sb, err := m.fork(m.cfg.Limits)
+		if err != nil {
+			m.log.Warn("sandboxd: spare", "err", err)
+			return
+		}
+		select {
+		case m.spares <- sb:
+		default: // a concurrent refill filled the pool
+			m.teardown(sb, false)
+			return
+		}
+	}
+}
+
+// start re-executes the binary as the sandbox's init in fresh namespaces,
+// born in the sandbox's cgroup, so nothing of the sandbox ever runs
+// outside it. The init then waits for its setup message.
+func (m *Manager) start(sb *sandbox) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sandboxd: start: %w", err)
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "ctl"), os.NewFile(uintptr(fds[1]), "ctl-init")
+	defer child.Close()
+	if sb.ctl, err = newCtlConn(parent); err != nil {
+		parent.Close()
+		return err
+	}
+	parent.Close() // newCtlConn dup'ed it
+	logf, err := os.OpenFile(filepath.Join(sb.dir, "init.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("sandboxd: start: %w", err)
+	}
+	defer logf.Close()
+	host := m.cfg.UIDs.Base + sb.slot*65536
+	cmd := &exec.Cmd{
+		Path:       m.init,
+		Args:       []string{"sandboxd", InitArg},
+		Env:        []string{"GOMAXPROCS=1"}, // init needs no parallelism; fewer threads to confine
+		Stderr:     logf,
+		ExtraFiles: []*os.File{child},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
+				syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
+			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host, Size: 65536}},
+			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host, Size: 65536}},
+			GidMappingsEnableSetgroups: true,
+			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
+			Setsid:                     true,
+		},
+	}
+	// Born in its cgroup: nothing of the sandbox ever runs outside it.
+	err = sb.cg.startIn(func(fd int) {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}, cmd.Start)
+	if err != nil {
+		return fmt.Errorf("sandboxd: start init: %w", err)
+	}
+	sb.cmd, sb.info.Pid = cmd, cmd.Process.Pid
+	return nil
+}
+
+// setup sends the init its sandbox and waits until it reports the sandbox
+// built and confined.
+func (m *Manager) setup(sb *sandbox) error {
+	err := sb.ctl.send(setupMsg{
+		Hostname: "sandbox-" + sb.info.ID[:8], Rootfs: m.cfg.Rootfs, RootDir: filepath.Join(sb.dir, "root"),
+		RunDir: filepath.Join(sb.dir, "run"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
+		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
+	})
+	if err != nil {
+		return fmt.Errorf("sandboxd: start: %w", err)
+	}
+	_ = sb.ctl.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var rep replyMsg
+	if _, err := sb.ctl.recv(&rep); err != nil {
+		return fmt.Errorf("sandboxd: start: init: %w (see %s)", err, filepath.Join(sb.dir, "init.log"))
+	}
+	_ = sb.ctl.c.SetReadDeadline(time.Time{})
+	if rep.Error != "" {
+		return fmt.Errorf("sandboxd: start: %s", rep.Error)
+	}
+	return nil
+}
+
+func (m *Manager) get(id string) (*sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.boxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return sb, nil
+}
+
+// Get describes one sandbox.
+func (m *Manager) Get(id string) (Info, error) {
+	sb, err := m.get(id)
+	if err != nil {
+		return Info{}, err
+	}
+	return sb.info, nil
+}
+
+// List describes every live sandbox, oldest first.
+func (m *Manager) List() []Info {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Info, 0, len(m.boxes))
+	for _, sb := range m.boxes {
+		out = append(out, sb.info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Destroy kills everything in the sandbox, closes its exits and removes its
+// state.
+func (m *Manager) Destroy(id string) error {
+	m.mu.Lock()
+	sb, ok := m.boxes[id]
+	delete(m.boxes, id)
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	err := m.teardown(sb, true)
+	m.events.write(event{Event: "destroyed", Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session})
+	m.log.Info("sandbox destroyed", "sandbox", id)
+	return err
+}
+
+// teardown undoes whatever part of Create happened. Once init has been
+// reaped nothing of the sandbox runs any more (the kernel kills a pid
+// namespace's processes before its init's exit is reported); with async
+// the remaining bookkeeping (cgroup directories, state files, the uid
+// slot) finishes in the background, and Close waits for it.
+func (m *Manager) teardown(sb *sandbox, async bool) error {
+	var errs []error
+	if sb.timer != nil {
+		sb.timer.Stop()
+	}
+	if sb.exit != nil {
+		errs = append(errs, sb.exit.Close())
+	}
+	if sb.cmd != nil && sb.cmd.Process != nil {
+		// Killing pid 1 of the pid namespace kills every process in it;
+		// its exit is reported once they are all gone.
+		_ = sb.cmd.Process.Kill()
+		_ = sb.cmd.Wait()
+	}
+	if sb.ctl != nil {
+		sb.ctl.Close()
+	}
+	if !async {
+		return errors.Join(append(errs, m.cleanup(sb))...)
+	}
+	m.pending.Add(1)
+	go func() {
+		defer m.pending.Done()
+		if err := m.cleanup(sb); err != nil {
+			m.log.Error("sandbox cleanup", "sandbox", sb.info.ID, "err", err)
+		}
+	}()
+	return errors.Join(errs...)
+}
+
+// cleanup removes the cgroup and the state directory and frees the slot.
+func (m *Manager) cleanup(sb *sandbox) error {
+	var errs []error
+	if sb.cg != nil {
+		errs = append(errs, sb.cg.remove())
+	}
+	if sb.dir != "" {
+		// The sandbox's mounts lived in its own mount namespace, gone with
+		// its last process; only plain files and directories remain.
+		if err := os.RemoveAll(sb.dir); err != nil {
+			errs = append(errs, fmt.Errorf("sandboxd: remove state: %w", err))
+		}
+	}
+	if sb.slot >= 0 {
+		m.mu.Lock()
+		m.slots[sb.slot] = false
+		m.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// Close destroys every sandbox.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.refills.Wait()
+	var errs []error
+	for sb := m.takeSpare(); sb != nil; sb = m.takeSpare() {
+		errs = append(errs, m.teardown(sb, false))
+	}
+	for _, in := range m.List() {
+		if err := m.Destroy(in.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	m.pending.Wait()
+	errs = append(errs, m.events.close())
+	return errors.Join(errs...)
+}
+
+// event is one line of events.jsonl.
+type event struct {
+	Time     time.Time `json:"time"`
+	Event    string    `json:"event"`
+	Sandbox  string    `json:"sandbox"`
+	Agent    string    `json:"agent,omitempty"`
+	Session  string    `json:"session,omitempty"`
+	User     string    `json:"user,omitempty"`
+	Pid      int       `json:"pid,omitempty"`
+	Argv0    string    `json:"argv0,omitempty"`
+	ExitCode *int      `json:"exit_code,omitempty"`
+	KilledBy KilledBy  `json:"killed_by,omitempty"`
+	Millis   int64     `json:"duration_ms,omitempty"`
+}
+
+// eventLog appends JSON lines outside every sandbox.
+type eventLog struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func openEventLog(path string) (*eventLog, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxd: events: %w", err)
+	}
+	return &eventLog{f: f}, nil
+}
+
+func (l *eventLog) write(e event) {
+	e.Time = time.Now().UTC()
+	b, _ := json.Marshal(e)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = l.f.Write(append(b, '\n'))
+}
+
+func (l *eventLog) close() error { return l.f.Close() }

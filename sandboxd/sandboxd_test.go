@@ -1,0 +1,169 @@
+//go:build linux
+
+package sandboxd
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfig(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		wantErr    string // substring; "" = valid
+	}{
+		{"empty uses defaults", "", ""},
+		{"full", "api: /run/x.sock\ngateway: /run/g.sock\nstate_dir: /var/lib/x\nuids: {base: 200000, count: 4}\nlimits: {pids: 64, exec_timeout: 5s}\n", ""},
+		{"unknown key", "apii: /x\n", "field apii not found"},
+		{"unknown nested key", "limits: {pid: 3}\n", "field pid not found"},
+		{"relative path", "state_dir: var/lib\n", "state_dir: must be an absolute path"},
+		{"uid base onto system users", "uids: {base: 1000, count: 1}\n", "uids.base"},
+		{"uid range overflow", "uids: {base: 100000, count: 100000}\n", "uids.count"},
+		{"pids too small", "limits: {pids: 2}\n", "limits.pids"},
+		{"cgroup parent escapes", "cgroup_parent: ../x\n", "cgroup_parent"},
+		{"negative lifetime", "limits: {lifetime: -1s}\n", "limits.lifetime"},
+		{"spares use every uid slot", "uids: {base: 100000, count: 2}\nspares: 2\n", "spares"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseConfig([]byte(tc.yaml))
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				if c.Limits.Pids == 0 || c.Limits.ExecTimeout == 0 {
+					t.Errorf("defaults not applied: %+v", c.Limits)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("got %v, want error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+	c, _ := ParseConfig([]byte("limits: {pids: 64, exec_timeout: 5s}\n"))
+	if c.Limits.Pids != 64 || c.Limits.ExecTimeout != 5*time.Second || c.Limits.MemoryBytes != DefaultLimits.MemoryBytes {
+		t.Errorf("merge: %+v", c.Limits)
+	}
+}
+
+func TestWorkspacePath(t *testing.T) {
+	cases := []struct {
+		name, path string
+		want       string // joined parts; "" = ErrInvalid
+	}{
+		{"plain", "workspace/a.txt", "a.txt"},
+		{"absolute", "/workspace/d/a.txt", "d/a.txt"},
+		{"the workspace itself", "workspace/", ""},
+		{"outside", "etc/passwd", ""},
+		{"prefix trick", "workspacex/a", ""},
+		{"dotdot", "workspace/../etc/passwd", ""},
+		{"inner dotdot", "workspace/a/../../etc", ""},
+		{"dot", "workspace/./a", ""},
+		{"double slash", "workspace//a", ""},
+		{"trailing slash", "workspace/a/", ""},
+		{"NUL", "workspace/a\x00b", ""},
+		{"long component", "workspace/" + strings.Repeat("a", 256), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			parts, err := WorkspacePath(tc.path)
+			if tc.want == "" {
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("got %v, %v; want ErrInvalid", parts, err)
+				}
+				return
+			}
+			if err != nil || strings.Join(parts, "/") != tc.want {
+				t.Fatalf("got %v, %v; want %s", parts, err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzWorkspacePath: whatever the API path, an accepted one has only plain
+// components (no way up, no empty or dot parts, no NUL).
+func FuzzWorkspacePath(f *testing.F) {
+	f.Add("workspace/a/b.txt")       // ordinary
+	f.Add("/workspace/../etc")       // traversal
+	f.Add("workspace/a//b")          // empty component
+	f.Add("workspace/\x00")          // NUL
+	f.Add("workspace/..%2f..%2fetc") // encoded traversal (already decoded by the mux; kept literal here)
+	f.Fuzz(func(t *testing.T, p string) {
+		parts, err := WorkspacePath(p)
+		if err != nil {
+			return
+		}
+		for _, c := range parts {
+			if c == "" || c == "." || c == ".." || strings.ContainsAny(c, "/\x00") {
+				t.Fatalf("accepted %q with component %q", p, c)
+			}
+		}
+	})
+}
+
+func TestCapWriter(t *testing.T) {
+	cases := []struct {
+		name      string
+		limit     int
+		writes    []string
+		want      string
+		truncated bool
+	}{
+		{"under", 10, []string{"abc", "def"}, "abcdef", false},
+		{"exact", 6, []string{"abc", "def"}, "abcdef", false},
+		{"over in one write", 4, []string{"abcdef"}, "abcd" + TruncatedMarker, true},
+		{"over across writes", 4, []string{"abc", "def", "ghi"}, "abcd" + TruncatedMarker, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			w := &capWriter{buf: &buf, limit: tc.limit}
+			for _, s := range tc.writes {
+				if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+					t.Fatalf("Write(%q) = %d, %v: the writer must look fully consumed", s, n, err)
+				}
+			}
+			if buf.String() != tc.want || w.truncated != tc.truncated {
+				t.Errorf("got %q truncated=%v, want %q truncated=%v", buf.String(), w.truncated, tc.want, tc.truncated)
+			}
+		})
+	}
+}
+
+func TestSeccompPolicyAssembles(t *testing.T) {
+	p := seccompPolicy()
+	prog, err := p.Assemble()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A BPF program is capped at 4096 instructions (BPF_MAXINSNS).
+	if len(prog) == 0 || len(prog) > 4096 {
+		t.Fatalf("%d instructions", len(prog))
+	}
+}
+
+func TestCheckEnv(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		ok   bool
+	}{
+		{"plain", map[string]string{"FOO": "bar"}, true},
+		{"proxy override", map[string]string{"HTTPS_PROXY": "http://evil"}, false},
+		{"identity override", map[string]string{"SLUICE_SANDBOX": "other"}, false},
+		{"bad key", map[string]string{"A=B": "c"}, false},
+		{"NUL value", map[string]string{"A": "b\x00c"}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkEnv(tc.env)
+			if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+				t.Errorf("got %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
