@@ -8,6 +8,7 @@ export PATH=/usr/local/go/bin:$PATH
 
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v chromium >/dev/null 2>&1 || need+=(chromium) # test/browser drives the review UI in it
 if [ ${#need[@]} -gt 0 ]; then

@@ -13,8 +13,8 @@ import (
 )
 
 // adminHandler serves people and monitoring, never sandboxes: health,
-// readiness, metrics and the audit tail. The review UI and the holds API
-// arrive with the approvals work.
+// readiness, metrics, the audit tail, the holds API (approvals.go) and,
+// when set, the review UI at "/".
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -23,7 +23,12 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.tel.handler)
 	mux.HandleFunc("GET /api/v1/audit", s.handleAuditTail)
-	mux.HandleFunc("GET /{$}", s.handleIndex)
+	s.adminHolds(mux)
+	if s.reviewUI != nil {
+		mux.Handle("/", s.reviewUI)
+	} else {
+		mux.HandleFunc("GET /{$}", s.handleIndex)
+	}
 	return mux
 }
 
@@ -104,8 +109,7 @@ var indexPage = template.Must(template.New("index").Parse(`<!doctype html>
 <p>{{.Tools}} tools loaded; policy version {{.Version}}.</p>
 <ul><li><a href="/readyz">/readyz</a></li><li><a href="/metrics">/metrics</a></li>
 <li><a href="/api/v1/audit">/api/v1/audit</a></li></ul>
-<p>The review UI for held calls is not part of this build yet: calls that policy sends to a person
-are refused with <code>approval_unavailable</code>.</p></body></html>`))
+<p>Held calls: <code>sluice approvals list</code> or <code>/api/v1/holds</code> (with an approver token).</p></body></html>`))
 
 func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
 	v := int64(0)

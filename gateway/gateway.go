@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -78,6 +79,11 @@ type Server struct {
 	audit   *audit.Log
 	store   *store.Store
 	tel     *telemetry
+	holds   *holds.Manager
+
+	adminAuth func(*http.Request) (holds.Person, bool) // the review UI's sessions
+	reviewUI  http.Handler
+	webhook   *http.Client
 
 	policyMu  sync.Mutex // serialises reloads
 	engine    atomic.Pointer[policy.Engine]
@@ -141,6 +147,20 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
+	}
+	s.webhook = &http.Client{Timeout: 10 * time.Second}
+	s.holds = s.newHolds()
+	// Before anything is served: an execution the last run left unfinished
+	// becomes outcome_unknown and is never re-sent (THREATS G2).
+	if err := s.holds.Recover(ctx); err != nil {
+		s.audit.Close()
+		s.store.Close()
+		return nil, err
+	}
+	if err := s.newReviewUI(); err != nil {
+		s.audit.Close()
+		s.store.Close()
+		return nil, err
 	}
 	return s, nil
 }
@@ -228,9 +248,11 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 		return e.Reload(ctx) // OnReload records the outcome
 	}
 	e, err := policy.New(ctx, policy.Config{
-		Rules:  s.rules(),
-		Paths:  s.cfg.Rego,
-		Logger: s.log,
+		Rules:        s.rules(),
+		Paths:        s.cfg.Rego,
+		Egress:       egressAllowlists(s.cfg),
+		ConnectPorts: s.cfg.Egress.ConnectPorts,
+		Logger:       s.log,
 		// Called for every reload, by SIGHUP or by Watch on a file change.
 		OnReload: func(ok bool, err error) {
 			s.tel.reload(ok)
@@ -280,7 +302,7 @@ func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
 			}
 		}
 	}
-	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Logger: opts.Logger}); perr != nil {
+	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: opts.Logger}); perr != nil {
 		errs = append(errs, fmt.Errorf("rego: %w", perr))
 	}
 	errs = append(errs, checkSecretRefs(ctx, cfg)...)
@@ -302,7 +324,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}}
-	listeners := []net.Listener{sl}
+	listeners := []net.Listener{strictHeads{sl}} // strict.go: framing checked before parsing
 	if s.cfg.Gateway.AdminListen != "" {
 		al, err := net.Listen("tcp", s.cfg.Gateway.AdminListen)
 		if err != nil {
@@ -319,6 +341,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		listeners = append(listeners, al)
 	}
 	go s.watchPolicy(ctx)
+	go s.holds.Run(ctx)
 	countDone := make(chan struct{})
 	go func() { defer close(countDone); s.countLoop(ctx) }()
 	defer func() { <-countDone }()

@@ -34,10 +34,19 @@ func (s *Server) sandboxHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/tools", s.handleListTools)
 	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
+	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
+	eg := s.newRawEgress() // proxy.go, dnsanswer.go
+	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such endpoint on the sandbox socket"), newRequestID())
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect || r.URL.IsAbs() {
+			eg.serveProxy(w, r) // raw egress: forward proxy and CONNECT
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // toolView is a tool as an agent sees it in GET /v1/tools.
@@ -98,8 +107,9 @@ type call struct {
 	status   int
 	cred     string // where the credential went, never its value
 	reflect  bool
-	audited  bool // the outcome is already in the audit log
-	presync  bool // the next record need only reach the file; a later one syncs
+	audited  bool       // the outcome is already in the audit log
+	presync  bool       // the next record need only reach the file; a later one syncs
+	held     *heldReply // the call was held: this is the answer
 }
 
 // handleToolCall runs the pipeline. Each stage either passes the call on or
@@ -109,6 +119,12 @@ func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.tel.tracer.Start(r.Context(), "sluice.tool_call", trace.WithAttributes(attribute.String("request_id", c.rid)))
 	defer span.End()
 	res, aerr := s.runCall(ctx, c, r)
+	if aerr == nil && c.held != nil {
+		c.status = c.held.status
+		writeRaw(w, c.held.status, c.held.body)
+		s.logCall(c, nil)
+		return
+	}
 	if aerr != nil {
 		c.status = aerr.Status
 		if err := s.record(ctx, c, "decision", aerr); err != nil {
@@ -192,7 +208,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	switch c.decision.Action {
 	case policy.Allow:
 	case policy.Ask:
-		return nil, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
+		return nil, s.holdCall(ctx, c, r, tool, args, req)
 	default:
 		msg := "blocked by policy"
 		if c.decision.Reason != "" {
@@ -201,7 +217,16 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
 	}
 
-	// Credential, attached here and never visible to the caller.
+	scr, aerr := s.credential(ctx, c, tool, up, req)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return s.send(ctx, c, up, req, scr)
+}
+
+// credential attaches the connector's credential to req, where the caller
+// never sees it, and returns the scrubber for the reply.
+func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *apiError) {
 	var scr *scrub.Scrubber
 	if cc := up.cfg.Credential; cc != nil {
 		cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
@@ -226,6 +251,11 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 			return nil, refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
 		}
 	}
+	return scr, nil
+}
+
+// send audits the decision, sends req upstream and audits the result.
+func (s *Server) send(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *apiError) {
 
 	// The decision is in the audit file before anything leaves the gateway
 	// (it survives our crash); the result's fsync makes both durable before

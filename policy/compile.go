@@ -88,12 +88,12 @@ func Capabilities() *ast.Capabilities {
 // compile builds one generation: the library and modules (tests excluded),
 // the rules as data, the prepared ModuleCandidatesQuery and the rules as the
 // engine matches them in Go.
-func compile(ctx context.Context, rules []Rule, paths []string, log *slog.Logger) (*prepared, error) {
-	pq, err := prepare(ctx, ModuleCandidatesQuery, rules, paths, log)
+func compile(ctx context.Context, cfg Config, log *slog.Logger) (*prepared, error) {
+	pq, err := prepare(ctx, ModuleCandidatesQuery, cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	data, err := rulesData(rules)
+	data, err := rulesData(cfg.Rules)
 	if err != nil {
 		return nil, err
 	}
@@ -107,12 +107,12 @@ func compile(ctx context.Context, rules []Rule, paths []string, log *slog.Logger
 // prepare compiles query against the library, the modules and the rules.
 // Results come back as AST terms (*ast.Term), not converted to Go values:
 // the engine reads the candidates where they are.
-func prepare(ctx context.Context, query string, rules []Rule, paths []string, log *slog.Logger) (rego.PreparedEvalQuery, error) {
-	mods, err := loadModules(paths, false)
+func prepare(ctx context.Context, query string, cfg Config, log *slog.Logger) (rego.PreparedEvalQuery, error) {
+	mods, err := loadModules(cfg.Paths, false)
 	if err != nil {
 		return rego.PreparedEvalQuery{}, err
 	}
-	store, err := rulesStore(rules)
+	store, err := rulesStore(cfg)
 	if err != nil {
 		return rego.PreparedEvalQuery{}, err
 	}
@@ -397,15 +397,63 @@ func asList(v any) []any {
 	return l
 }
 
-// rulesStore puts the compiled rules at data.sluice.config.rules. The store
-// keeps AST values so that reads per call convert nothing.
-func rulesStore(rules []Rule) (storage.Store, error) {
-	data, err := rulesData(rules)
+// egressData compiles the agents' egress allowlists into the shape the
+// library reads at data.sluice.config.egress (see rego/README.md):
+//
+//	agents: {agent: {"exact": {host: true}, "suffixes": [".domain"]}}
+//	ports:  {"http": [80, 443], "connect": [443, ConnectPorts...]}
+//
+// "*.domain" becomes the suffix ".domain": any name below domain, at any
+// depth, but not domain itself. Entries are lower-cased; a "*" anywhere but
+// a leading "*." is an error.
+func egressData(cfg Config) (map[string]any, error) {
+	agents := map[string]any{}
+	for agent, list := range cfg.Egress {
+		exact := map[string]any{}
+		suffixes := []any{}
+		for i, h := range list {
+			h = strings.TrimSuffix(strings.ToLower(h), ".")
+			rest, wild := strings.CutPrefix(h, "*.")
+			if rest == "" || strings.ContainsAny(rest, "*?[]{}\\!/:@ ") {
+				return nil, fmt.Errorf("policy: egress[%q][%d] %q: want a host name or *.domain", agent, i, list[i])
+			}
+			if wild {
+				suffixes = append(suffixes, "."+rest)
+			} else {
+				exact[rest] = true
+			}
+		}
+		agents[agent] = map[string]any{"exact": exact, "suffixes": suffixes}
+	}
+	connect := []any{443}
+	for _, p := range cfg.ConnectPorts {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("policy: connect port %d: want 1-65535", p)
+		}
+		if p != 443 {
+			connect = append(connect, p)
+		}
+	}
+	return map[string]any{
+		"agents": agents,
+		"ports":  map[string]any{"http": []any{80, 443}, "connect": connect},
+	}, nil
+}
+
+// rulesStore puts the compiled rules at data.sluice.config.rules and the
+// egress allowlists at data.sluice.config.egress. The store keeps AST values
+// so that reads per call convert nothing.
+func rulesStore(cfg Config) (storage.Store, error) {
+	data, err := rulesData(cfg.Rules)
+	if err != nil {
+		return nil, err
+	}
+	egress, err := egressData(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return inmem.NewFromObjectWithOpts(
-		map[string]any{"sluice": map[string]any{"config": map[string]any{"rules": data}}},
+		map[string]any{"sluice": map[string]any{"config": map[string]any{"rules": data, "egress": egress}}},
 		inmem.OptRoundTripOnWrite(false),
 		inmem.OptReturnASTValuesOnRead(true),
 	), nil

@@ -24,7 +24,7 @@ type regoDecider struct {
 
 func newRegoDecider(t testing.TB, cfg Config) *regoDecider {
 	t.Helper()
-	pq, err := prepare(context.Background(), Query, cfg.Rules, cfg.Paths, slog.New(slog.DiscardHandler))
+	pq, err := prepare(context.Background(), Query, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("prepare %s: %v", Query, err)
 	}
@@ -215,8 +215,34 @@ func diffInputs() []*Input {
 		&Input{Kind: "smtp", Tool: "w.defaults"},
 		nil,
 	)
+	// Raw egress against diffEgress: listed, unlisted, wrong port, other agent,
+	// and a tool call that must not be opened by the allowlist.
+	builder := Caller{Agent: "builder"}
+	for _, r := range []struct {
+		kind, host string
+		port       int
+		caller     Caller
+	}{
+		{"connect", "pypi.org", 443, builder},
+		{"connect", "pypi.org", 8443, builder},
+		{"connect", "pypi.org", 22, builder},
+		{"http", "pypi.org", 80, builder},
+		{"http", "pypi.org", 8443, builder},
+		{"connect", "files.pythonhosted.org", 443, builder},
+		{"connect", "pythonhosted.org", 443, builder},
+		{"connect", "evilpythonhosted.org", 443, builder},
+		{"dns", "a.b.pythonhosted.org", 0, builder},
+		{"dns", "evil.example", 0, builder},
+		{"connect", "pypi.org", 443, Caller{Agent: "other"}},
+		{"tool_call", "pypi.org", 443, builder},
+	} {
+		ins = append(ins, &Input{Kind: r.kind, Caller: r.caller, Tool: "w.defaults", Request: Request{Host: r.host, Port: r.port}})
+	}
 	return ins
 }
+
+// diffEgress is the agents' egress allowlist of the differential test.
+var diffEgress = map[string][]string{"builder": {"pypi.org", "*.pythonhosted.org"}, "empty": nil}
 
 // TestCandidatesMatchDecision holds the engine (ModuleCandidatesQuery, the
 // simple rules matched and all combined in Go) to data.sluice.main.decision combined in Rego: the same Decision, field
@@ -232,7 +258,7 @@ func TestCandidatesMatchDecision(t *testing.T) {
 			paths []string
 		}{{"no modules", nil}, {"modules", []string{dir}}} {
 			t.Run(rname+"/"+mods.name, func(t *testing.T) {
-				cfg := Config{Rules: rules, Paths: mods.paths}
+				cfg := Config{Rules: rules, Paths: mods.paths, Egress: diffEgress, ConnectPorts: []int{8443}}
 				e, ref := newEngine(t, cfg), newRegoDecider(t, cfg)
 				errs := 0
 				for _, in := range diffInputs() {

@@ -44,15 +44,25 @@ func inputValue(in *Input) (ast.Value, error) {
 		item("tool", names.term(in.Tool)),
 		item("operation", operationTerm(&in.Operation)),
 		item("args", args),
-		item("request", ast.ObjectTerm(
-			item("method", names.term(in.Request.Method)),
-			item("host", names.term(in.Request.Host)),
-			item("path", ast.StringTerm(in.Request.Path)),
-			item("query", multiTerm(in.Request.Query)),
-			item("headers", multiTerm(in.Request.Headers)),
-		)),
+		item("request", requestTerm(&in.Request)),
 		item("time", ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
 	), nil
+}
+
+// requestTerm builds input.request; port is present only when set (raw egress).
+func requestTerm(r *Request) *ast.Term {
+	items := make([][2]*ast.Term, 0, 6)
+	items = append(items,
+		item("method", names.term(r.Method)),
+		item("host", names.term(r.Host)),
+		item("path", ast.StringTerm(r.Path)),
+		item("query", multiTerm(r.Query)),
+		item("headers", multiTerm(r.Headers)),
+	)
+	if r.Port != 0 {
+		items = append(items, item("port", ast.InternedTerm(r.Port)))
+	}
+	return ast.ObjectTerm(items...)
 }
 
 // internMax bounds each cache (entries), internMaxLen the strings it keeps:
@@ -171,7 +181,7 @@ func init() {
 	for _, k := range []string{
 		"version", "kind", "caller", "sandbox", "agent", "session", "user",
 		"connector", "tool", "operation", "id", "method", "path", "risk", "tags",
-		"args", "request", "host", "query", "headers", "time",
+		"args", "request", "host", "port", "query", "headers", "time",
 	} {
 		keys[k] = ast.StringTerm(k)
 	}

@@ -32,8 +32,11 @@ import (
 // InputVersion is the version of the input document described in rego/README.md.
 const InputVersion = 1
 
-// DefaultTimeout bounds one decision when the caller's context has no deadline.
-const DefaultTimeout = 100 * time.Millisecond
+// DefaultTimeout bounds one decision when the caller's context has no
+// deadline. A decision takes microseconds; the bound is for runaway
+// policies, and is generous because a tighter one turns scheduler stalls on
+// a loaded host into spurious blocks.
+const DefaultTimeout = time.Second
 
 // Query is the decision of the shipped library, for `opa eval` and tests.
 // The engine evaluates ModuleCandidatesQuery and matches and combines in Go
@@ -119,6 +122,7 @@ type Operation struct {
 type Request struct {
 	Method  string              `json:"method"`
 	Host    string              `json:"host"`
+	Port    int                 `json:"port,omitempty"` // raw egress: the destination port
 	Path    string              `json:"path"`
 	Query   map[string][]string `json:"query"`
 	Headers map[string][]string `json:"headers"`
@@ -158,6 +162,12 @@ type Rule struct {
 type Config struct {
 	Rules []Rule   // compiled into data for the shipped library
 	Paths []string // files or directories of the security team's .rego modules
+	// Egress maps an agent name to its raw-egress allowlist (sluice.yaml
+	// agents[].egress): host names and "*.domain" patterns, compiled into
+	// data.sluice.config.egress.
+	Egress map[string][]string
+	// ConnectPorts are the ports CONNECT may reach besides 443.
+	ConnectPorts []int
 	// OnReload, if set, is called after every reload attempt (for metrics).
 	OnReload func(ok bool, err error)
 	Logger   *slog.Logger
@@ -186,11 +196,12 @@ type prepared struct {
 func New(ctx context.Context, cfg Config) (*Engine, error) {
 	cfg.Rules = append([]Rule(nil), cfg.Rules...)
 	cfg.Paths = append([]string(nil), cfg.Paths...)
+	cfg.ConnectPorts = append([]int(nil), cfg.ConnectPorts...)
 	e := &Engine{cfg: cfg, log: cfg.Logger}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
-	p, err := compile(ctx, cfg.Rules, cfg.Paths, e.log)
+	p, err := compile(ctx, cfg, e.log)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +316,7 @@ func (e *Engine) Reload(ctx context.Context) error {
 	}
 	e.reloadMu.Lock()
 	defer e.reloadMu.Unlock()
-	p, err := compile(ctx, e.cfg.Rules, e.cfg.Paths, e.log)
+	p, err := compile(ctx, e.cfg, e.log)
 	if err != nil {
 		err = fmt.Errorf("policy: reload: %w", err)
 		e.log.Error("policy: reload rejected; previous policy keeps serving",

@@ -50,7 +50,7 @@ func Test(ctx context.Context, paths []string, rules []Rule) (*TestReport, error
 	if err != nil {
 		return nil, err
 	}
-	store, err := rulesStore(rules)
+	store, err := rulesStore(Config{Rules: rules})
 	if err != nil {
 		return nil, err
 	}

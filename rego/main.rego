@@ -83,6 +83,50 @@ module_candidates contains c if {
 	c := module_candidate(name, d)
 }
 
+# egress_candidates allow raw egress (http, connect, dns) to a host on the
+# caller's agent allowlist (sluice.yaml agents[].egress, compiled by the Go
+# side into data.sluice.config.egress): an exact name, or a "*.domain"
+# pattern, kept as the suffix ".domain" (any name below the domain, not the
+# domain itself). http and connect must also name an allowed port
+# (data.sluice.config.egress.ports: 80 and 443 for http; 443 and
+# egress.connect_ports for connect). They are module candidates, so the
+# engine's Go combining sees them exactly as `decision` does; a module's
+# block still wins over them.
+egress_reason := "host on the agent's egress allowlist"
+
+egress_candidates contains c if {
+	input.kind in {"http", "connect", "dns"}
+	allow := data.sluice.config.egress.agents[input.caller.agent]
+	egress_listed(allow, input.request.host)
+	egress_port_ok
+	c := {
+		"action": "allow",
+		"reason": egress_reason,
+		"rule": "egress",
+		"approvers": [],
+		"obligations": {},
+		"key": [0, 0, "egress", egress_reason],
+	}
+}
+
+egress_listed(allow, host) if allow.exact[host] == true
+
+egress_listed(allow, host) if {
+	some s in allow.suffixes
+	endswith(host, s)
+}
+
+egress_port_ok if input.kind == "dns"
+
+egress_port_ok if {
+	input.kind in {"http", "connect"}
+	input.request.port in data.sluice.config.egress.ports[input.kind]
+}
+
+module_candidates contains c if {
+	some c in egress_candidates
+}
+
 # tool_slug is the connector slug: the part of the tool name before the first dot.
 tool_slug := substring(input.tool, 0, i) if {
 	i := indexof(input.tool, ".")

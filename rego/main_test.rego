@@ -170,3 +170,74 @@ test_module_ask_adds_approvers if {
 	d.rule == "team.review" # modules come first among equals
 	d.approvers == ["alice", "bob", "group:finance"]
 }
+
+# Raw egress: data.sluice.config.egress as the Go side writes it for
+#   agents: [{name: builder, egress: [pypi.org, "*.pythonhosted.org"]}]
+#   egress: {connect_ports: [8443]}
+egress := {
+	"agents": {"builder": {"exact": {"pypi.org": true}, "suffixes": [".pythonhosted.org"]}},
+	"ports": {"http": [80, 443], "connect": [443, 8443]},
+}
+
+raw(kind, agent, host, port) := {
+	"version": 1, "kind": kind, "caller": {"agent": agent},
+	"request": {"host": host, "port": port},
+}
+
+egress_decision(x) := d if {
+	d := main.decision with input as x
+		with data.sluice.config.rules as {"exact": {}, "by_slug": {}, "scan": [], "any": []}
+		with data.sluice.config.egress as egress
+		with data.sluice.policies as {}
+}
+
+test_egress_exact_host_allowed if {
+	d := egress_decision(raw("connect", "builder", "pypi.org", 443))
+	d.action == "allow"
+	d.rule == "egress"
+}
+
+test_egress_suffix_allows_any_depth if {
+	egress_decision(raw("connect", "builder", "files.pythonhosted.org", 443)).action == "allow"
+	egress_decision(raw("http", "builder", "a.b.pythonhosted.org", 80)).action == "allow"
+}
+
+test_egress_suffix_does_not_allow_the_domain_itself if {
+	egress_decision(raw("connect", "builder", "pythonhosted.org", 443)).action == "block"
+}
+
+test_egress_lookalike_blocked if {
+	egress_decision(raw("connect", "builder", "evilpythonhosted.org", 443)).action == "block"
+	egress_decision(raw("connect", "builder", "pypi.org.evil.example", 443)).action == "block"
+}
+
+test_egress_other_agent_blocked if {
+	d := egress_decision(raw("connect", "other", "pypi.org", 443))
+	d.action == "block"
+	d.rule == "default"
+}
+
+test_egress_ports if {
+	egress_decision(raw("connect", "builder", "pypi.org", 8443)).action == "allow"
+	egress_decision(raw("connect", "builder", "pypi.org", 22)).action == "block"
+	egress_decision(raw("http", "builder", "pypi.org", 8443)).action == "block"
+	egress_decision(raw("http", "builder", "pypi.org", 80)).action == "allow"
+}
+
+test_egress_dns_needs_no_port if {
+	egress_decision({"version": 1, "kind": "dns", "caller": {"agent": "builder"}, "request": {"host": "files.pythonhosted.org"}}).action == "allow"
+}
+
+test_egress_never_for_tool_calls if {
+	d := egress_decision({"version": 1, "kind": "tool_call", "tool": "pypi.org", "caller": {"agent": "builder"}, "request": {"host": "pypi.org", "port": 443}})
+	d.action == "block"
+}
+
+test_egress_module_block_wins if {
+	d := main.decision with input as raw("connect", "builder", "pypi.org", 443)
+		with data.sluice.config.rules as {"exact": {}, "by_slug": {}, "scan": [], "any": []}
+		with data.sluice.config.egress as egress
+		with data.sluice.policies as {"x": {"decisions": {{"action": "block", "rule": "x.no", "reason": "no"}}}}
+	d.action == "block"
+	d.rule == "x.no"
+}

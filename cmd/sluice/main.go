@@ -88,6 +88,7 @@ Start with: sluice demo`,
 		policyCmd(g),
 		secretsCmd(g),
 		auditCmd(g),
+		approvalsCmd(g),
 		demoCmd(g),
 	)
 	return root.ExecuteContext(ctx)

@@ -37,6 +37,9 @@ type Config struct {
 	Policies   []Policy    `yaml:"policies"`
 	Rego       []string    `yaml:"rego"`
 	Approvers  Approvers   `yaml:"approvers"`
+	Approvals  Approvals   `yaml:"approvals"`
+	Egress     Egress      `yaml:"egress"`
+	DNS        DNS         `yaml:"dns"`
 
 	// Dir is the directory relative paths were resolved against.
 	Dir string `yaml:"-"`
@@ -47,7 +50,12 @@ type Gateway struct {
 	SandboxSocket    string   `yaml:"sandbox_socket"`
 	TrustedRelayUIDs []uint32 `yaml:"trusted_relay_uids"`
 	HoldWait         Duration `yaml:"hold_wait"`
-	AdminListen      string   `yaml:"admin_listen"`
+	// HoldTTL is how long a held call waits for a decision before it
+	// expires (policies[].hold_ttl overrides it per rule).
+	HoldTTL Duration `yaml:"hold_ttl"`
+	// MaxPendingHolds caps one agent's pending holds; more asks are 429.
+	MaxPendingHolds int    `yaml:"max_pending_holds"`
+	AdminListen     string `yaml:"admin_listen"`
 	// MaxResponseBytes caps an upstream body; larger replies are 502 upstream_error.
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
 	// UpstreamTimeout bounds one upstream exchange.
@@ -138,6 +146,40 @@ type Policy struct {
 	Action    string   `yaml:"action"`
 	Approvers []string `yaml:"approvers"`
 	Reason    string   `yaml:"reason"`
+	// HoldTTL overrides gateway.hold_ttl for calls this (ask) rule holds.
+	HoldTTL Duration `yaml:"hold_ttl"`
+}
+
+// Egress configures raw egress through the gateway's forward proxy
+// (absolute-form HTTP and CONNECT). Which hosts an agent may reach is
+// agents[].egress; this section holds the limits.
+type Egress struct {
+	// ConnectPorts are the ports CONNECT may reach besides 443.
+	ConnectPorts []int `yaml:"connect_ports"`
+	// MaxTunnelsPerCaller caps one sandbox's concurrent tunnels and
+	// proxied requests; more are 429 rate_limited.
+	MaxTunnelsPerCaller int `yaml:"max_tunnels_per_caller"`
+	// IdleTimeout closes a tunnel with no traffic either way for this long.
+	IdleTimeout Duration `yaml:"idle_timeout"`
+	// HandshakeTimeout bounds the wait for the client's TLS ClientHello
+	// after CONNECT is answered.
+	HandshakeTimeout Duration `yaml:"handshake_timeout"`
+}
+
+// DNS configures the gateway's DNS policy answerer (POST /v1/dns).
+type DNS struct {
+	// Upstreams are the resolvers ("ip:port") allowed names are resolved
+	// with, tried in order. Empty: the answerer refuses every question.
+	Upstreams []string `yaml:"upstreams"`
+	// CacheMax bounds the answer cache (entries).
+	CacheMax int `yaml:"cache_max"`
+	// Timeout bounds one upstream query.
+	Timeout Duration `yaml:"timeout"`
+	// SubdomainThreshold is the number of distinct names under one base
+	// domain one caller may ask within SubdomainWindow before an
+	// exfiltration signal is audited.
+	SubdomainThreshold int      `yaml:"subdomain_threshold"`
+	SubdomainWindow    Duration `yaml:"subdomain_window"`
 }
 
 // Approvers configures who may approve held calls (the holds issue).
@@ -151,6 +193,18 @@ type User struct {
 	Name         string   `yaml:"name"`
 	Groups       []string `yaml:"groups"`
 	PasswordHash string   `yaml:"password_hash"`
+	// TokenSHA256 is the hex SHA-256 of this person's admin API token
+	// (`sluice approvals`, Authorization: Bearer TOKEN); empty: no token.
+	TokenSHA256 string `yaml:"token_sha256"`
+}
+
+// Approvals configures notifications about held calls.
+type Approvals struct {
+	// WebhookURL receives a Slack-compatible {"text": …} POST for every new hold.
+	WebhookURL string `yaml:"webhook_url"`
+	// PublicURL is the review UI's address as approvers reach it, for the
+	// links in notifications (default: http://ADMIN_LISTEN).
+	PublicURL string `yaml:"public_url"`
 }
 
 // OIDC is approver login through an OpenID provider.
@@ -191,9 +245,22 @@ func Defaults() *Config {
 			SandboxSocket:    "/run/sluice/relay.sock",
 			TrustedRelayUIDs: []uint32{0},
 			HoldWait:         Duration(30 * time.Second),
+			HoldTTL:          Duration(15 * time.Minute),
+			MaxPendingHolds:  100,
 			AdminListen:      "127.0.0.1:8080",
 			MaxResponseBytes: 10 << 20,
 			UpstreamTimeout:  Duration(30 * time.Second),
+		},
+		Egress: Egress{
+			MaxTunnelsPerCaller: 64,
+			IdleTimeout:         Duration(5 * time.Minute),
+			HandshakeTimeout:    Duration(10 * time.Second),
+		},
+		DNS: DNS{
+			CacheMax:           4096,
+			Timeout:            Duration(2 * time.Second),
+			SubdomainThreshold: 100,
+			SubdomainWindow:    Duration(10 * time.Minute),
 		},
 		Store:   "sqlite:/var/lib/sluice/sluice.db",
 		Audit:   Audit{Path: "/var/lib/sluice/audit.log"},
@@ -328,6 +395,7 @@ func (c *Config) resolvePaths() {
 }
 
 var (
+	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	slugRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -349,6 +417,12 @@ func (c *Config) Validate() error {
 	}
 	if g.HoldWait < 0 {
 		bad("gateway.hold_wait", "must not be negative")
+	}
+	if g.HoldTTL <= 0 {
+		bad("gateway.hold_ttl", "must be positive")
+	}
+	if g.MaxPendingHolds <= 0 {
+		bad("gateway.max_pending_holds", "must be positive")
 	}
 	if g.UpstreamTimeout <= 0 {
 		bad("gateway.upstream_timeout", "must be positive")
@@ -483,10 +557,41 @@ func (c *Config) Validate() error {
 			}
 		}
 		for j, h := range a.Egress {
-			if h == "" || strings.ContainsAny(h, " /:@\r\n") {
-				bad(fmt.Sprintf("%s.egress[%d]", k, j), "want a host name, got %q", h)
+			if !ValidEgress(h) {
+				bad(fmt.Sprintf("%s.egress[%d]", k, j), "want a lower-case host name or *.domain, got %q", h)
 			}
 		}
+	}
+	for i, p := range c.Egress.ConnectPorts {
+		if p < 1 || p > 65535 {
+			bad(fmt.Sprintf("egress.connect_ports[%d]", i), "want a port 1-65535, got %d", p)
+		}
+	}
+	if c.Egress.MaxTunnelsPerCaller < 1 {
+		bad("egress.max_tunnels_per_caller", "must be at least 1")
+	}
+	if c.Egress.IdleTimeout <= 0 {
+		bad("egress.idle_timeout", "must be positive")
+	}
+	if c.Egress.HandshakeTimeout <= 0 {
+		bad("egress.handshake_timeout", "must be positive")
+	}
+	for i, u := range c.DNS.Upstreams {
+		if ap, err := netip.ParseAddrPort(u); err != nil || ap.Port() == 0 {
+			bad(fmt.Sprintf("dns.upstreams[%d]", i), "want ip:port like 127.0.0.53:53, got %q", u)
+		}
+	}
+	if c.DNS.CacheMax < 0 {
+		bad("dns.cache_max", "must not be negative")
+	}
+	if c.DNS.Timeout <= 0 {
+		bad("dns.timeout", "must be positive")
+	}
+	if c.DNS.SubdomainThreshold < 1 {
+		bad("dns.subdomain_threshold", "must be at least 1")
+	}
+	if c.DNS.SubdomainWindow <= 0 {
+		bad("dns.subdomain_window", "must be positive")
 	}
 	for i, p := range c.Policies {
 		k := fmt.Sprintf("policies[%d]", i)
@@ -503,6 +608,11 @@ func (c *Config) Validate() error {
 			bad(k+".action", "want allow, ask or block, got %q", p.Action)
 		}
 	}
+	for i, p := range c.Policies {
+		if p.HoldTTL < 0 || (p.HoldTTL != 0 && p.Action != "ask") {
+			bad(fmt.Sprintf("policies[%d].hold_ttl", i), "only ask rules have a hold_ttl, and it must be positive")
+		}
+	}
 	for i, r := range c.Rego {
 		if r == "" {
 			bad(fmt.Sprintf("rego[%d]", i), "empty path")
@@ -512,8 +622,47 @@ func (c *Config) Validate() error {
 		if !nameRE.MatchString(u.Name) {
 			bad(fmt.Sprintf("approvers.users[%d].name", i), "not a name: %q", u.Name)
 		}
+		if u.TokenSHA256 != "" && !sha256RE.MatchString(u.TokenSHA256) {
+			bad(fmt.Sprintf("approvers.users[%d].token_sha256", i), "want 64 lowercase hex digits (sha256sum of the token)")
+		}
+	}
+	if c.Approvers.OIDC != nil && c.Approvals.PublicURL == "" {
+		bad("approvals.public_url", "must be set with approvers.oidc: the OIDC redirect URL is built from it")
+	}
+	for _, kv := range [][2]string{{"approvals.webhook_url", c.Approvals.WebhookURL}, {"approvals.public_url", c.Approvals.PublicURL}} {
+		k, v := kv[0], kv[1]
+		if v == "" {
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			bad(k, "want an http(s) URL")
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// ValidEgress reports whether h is an agents[].egress entry: a lower-case
+// DNS name ("pypi.org") or "*." followed by one ("*.pythonhosted.org", any
+// name below it, at any depth, but not the domain itself). Labels are
+// letters, digits, '-' and '_', 1-63 bytes; the name at most 253 bytes.
+func ValidEgress(h string) bool {
+	h = strings.TrimPrefix(h, "*.")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(h, ".") {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			switch b := l[i]; {
+			case 'a' <= b && b <= 'z', '0' <= b && b <= '9', b == '-', b == '_':
+			default:
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Agent returns the named agent's grants, or nil.

@@ -1,5 +1,5 @@
 // Package store keeps the gateway's state in SQLite (modernc.org/sqlite, WAL):
-// usage counters now, holds later.
+// usage counters and held calls.
 //
 // The schema evolves through numbered migrations (see migrations), recorded
 // in the schema_migrations table; Open applies the missing ones in order,
@@ -32,6 +32,28 @@ var migrations = []string{
 		PRIMARY KEY (hour, agent, tool, action)
 	) WITHOUT ROWID;
 	CREATE INDEX usage_hour ON usage (hour DESC);`,
+	// 2: held calls (gateway/holds). doc is the immutable part as JSON; the
+	// columns are what queries select on and what a decision changes.
+	`CREATE TABLE holds (
+		id              TEXT    PRIMARY KEY,
+		status          TEXT    NOT NULL,
+		agent           TEXT    NOT NULL,
+		session         TEXT    NOT NULL,
+		user            TEXT    NOT NULL,
+		tool            TEXT    NOT NULL,
+		sha256          TEXT    NOT NULL,
+		created         INTEGER NOT NULL,
+		expires         INTEGER NOT NULL,
+		doc             BLOB    NOT NULL,
+		decided_by      TEXT    NOT NULL DEFAULT '',
+		decision_reason TEXT    NOT NULL DEFAULT '',
+		decided         INTEGER NOT NULL DEFAULT 0,
+		result          BLOB
+	);
+	CREATE INDEX holds_status ON holds (status, expires);
+	CREATE INDEX holds_caller ON holds (agent, status);
+	CREATE INDEX holds_same ON holds (agent, session, user, tool, sha256, status);
+	CREATE INDEX holds_created ON holds (created DESC);`,
 }
 
 // Store is an open database. Safe for concurrent use.

@@ -1,0 +1,268 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// maxDNSMessage bounds a question on POST /v1/dns (EDNS0 sizes go to 4096).
+const maxDNSMessage = 4096
+
+// answerTTL caps the TTL the sandbox is told.
+const answerTTL = 300
+
+// serveDNS answers POST /v1/dns: one DNS question in application/dns-message,
+// decided for the caller. The answer is always 200 with a DNS message; the
+// rcode says what happened.
+func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
+	rid := newRequestID()
+	id, ok := identityFrom(r.Context())
+	if !ok {
+		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "application/dns-message" {
+		writeError(w, refuse(http.StatusUnsupportedMediaType, CodeSchemaViolation, "want Content-Type: application/dns-message"), rid)
+		return
+	}
+	raw, err := io.ReadAll(io.LimitReader(r.Body, maxDNSMessage+1))
+	if err != nil || len(raw) > maxDNSMessage {
+		writeError(w, refuse(http.StatusRequestEntityTooLarge, CodeSchemaViolation, "a DNS question is at most 4096 bytes"), rid)
+		return
+	}
+	out := e.answer(r.Context(), rid, id, raw)
+	w.Header().Set("Content-Type", "application/dns-message")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(out)
+}
+
+// answer decides one DNS question and returns the packed answer.
+//
+//   - unparsable, a response, not exactly one question, a name over 253
+//     bytes or with a byte outside letters, digits, '-' and '_' → FORMERR;
+//   - opcode other than QUERY, class other than IN, TXT, NULL, ANY, AXFR,
+//     IXFR → NOTIMP;
+//   - a name the caller's agent may not reach (policy kind "dns") → REFUSED,
+//     without asking any upstream;
+//   - A/AAAA of an allowed name → resolved upstream; any answer that is an
+//     internal or metadata address → REFUSED; upstream failure → SERVFAIL;
+//   - other types of an allowed name → NOERROR with no records.
+func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
+	c := &egressCall{rid: rid, start: time.Now(), kind: "dns",
+		caller: policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}}
+	q := new(mdns.Msg)
+	reply := func(rcode int, rrs []mdns.RR) []byte {
+		m := new(mdns.Msg)
+		if len(q.Question) == 1 {
+			m.SetReply(q)
+		} else {
+			m.Id, m.Response, m.Opcode = q.Id, true, q.Opcode
+		}
+		m.Rcode, m.RecursionAvailable, m.Answer = rcode, true, rrs
+		e.dnsAnswers.Add(ctx, 1, metric.WithAttributes(attribute.String("rcode", mdns.RcodeToString[rcode])))
+		out, err := m.Pack()
+		if err != nil {
+			m = &mdns.Msg{MsgHdr: mdns.MsgHdr{Id: q.Id, Response: true, Rcode: mdns.RcodeServerFailure}}
+			out, _ = m.Pack()
+		}
+		return out
+	}
+	if err := q.Unpack(raw); err != nil {
+		q = new(mdns.Msg)
+		if len(raw) >= 2 {
+			q.Id = uint16(raw[0])<<8 | uint16(raw[1])
+		}
+		return reply(mdns.RcodeFormatError, nil)
+	}
+	if q.Response || len(q.Question) != 1 {
+		qq := q.Question
+		q.Question = nil
+		out := reply(mdns.RcodeFormatError, nil)
+		q.Question = qq
+		return out
+	}
+	if q.Opcode != mdns.OpcodeQuery {
+		return reply(mdns.RcodeNotImplemented, nil)
+	}
+	qn := q.Question[0]
+	name, ok := dnsName(qn.Name)
+	if !ok {
+		return reply(mdns.RcodeFormatError, nil)
+	}
+	c.destHost = name
+	if qn.Qclass != mdns.ClassINET {
+		return reply(mdns.RcodeNotImplemented, nil)
+	}
+	switch qn.Qtype {
+	case mdns.TypeTXT, mdns.TypeNULL, mdns.TypeANY, mdns.TypeAXFR, mdns.TypeIXFR:
+		return reply(mdns.RcodeNotImplemented, nil)
+	}
+	e.countName(ctx, c, name)
+	if ee := e.decide(ctx, c, policy.Request{Host: name}); ee != nil || guard.NameClass(name) != guard.Public {
+		e.dnsRefusal(ctx, c, "dns_refused", "not on the egress allowlist")
+		return reply(mdns.RcodeRefused, nil)
+	}
+	if qn.Qtype != mdns.TypeA && qn.Qtype != mdns.TypeAAAA {
+		return reply(mdns.RcodeSuccess, nil)
+	}
+	if e.res == nil {
+		return reply(mdns.RcodeServerFailure, nil)
+	}
+	addrs, ttl, err := e.res.lookup(ctx, name, qn.Qtype)
+	if err != nil {
+		var rc *rcodeError
+		if errors.As(err, &rc) && rc.rcode == mdns.RcodeNameError {
+			return reply(mdns.RcodeNameError, nil)
+		}
+		e.s.log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
+		return reply(mdns.RcodeServerFailure, nil)
+	}
+	rrs := make([]mdns.RR, 0, len(addrs))
+	hdr := mdns.RR_Header{Name: qn.Name, Rrtype: qn.Qtype, Class: mdns.ClassINET, Ttl: min(ttl, answerTTL)}
+	for _, a := range addrs {
+		if err := e.dialer.Check(name, a, nil); err != nil {
+			c.destIP.Store(a.String())
+			var de *guard.DeniedError
+			reason := "answer refused"
+			if errors.As(err, &de) {
+				reason = "answer is " + de.Class.String()
+			}
+			e.dnsRefusal(ctx, c, "dns_internal_answer", reason)
+			return reply(mdns.RcodeRefused, nil)
+		}
+		if qn.Qtype == mdns.TypeA {
+			rrs = append(rrs, &mdns.A{Hdr: hdr, A: a.AsSlice()})
+		} else {
+			rrs = append(rrs, &mdns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
+		}
+	}
+	return reply(mdns.RcodeSuccess, rrs)
+}
+
+// dnsRefusal audits and logs a refused question.
+func (e *rawEgress) dnsRefusal(ctx context.Context, c *egressCall, event, why string) {
+	c.event = event
+	ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psDNS, why)
+	_ = e.record(ctx, c, event, ee.apiError, false)
+	e.logLine(c, ee)
+}
+
+// dnsName canonicalises a question name: lower case, no trailing dot, at
+// most 253 bytes, labels of 1-63 letters, digits, '-' or '_'.
+func dnsName(fqdn string) (string, bool) {
+	n := strings.ToLower(strings.TrimSuffix(fqdn, "."))
+	if n == "" || len(n) > 253 {
+		return "", false
+	}
+	for _, l := range strings.Split(n, ".") {
+		if l == "" || len(l) > 63 {
+			return "", false
+		}
+		for i := 0; i < len(l); i++ {
+			switch b := l[i]; {
+			case 'a' <= b && b <= 'z', '0' <= b && b <= '9', b == '-', b == '_':
+			default:
+				return "", false
+			}
+		}
+	}
+	return n, true
+}
+
+// baseDomain is the last two labels of name (no public-suffix list: a
+// coarse grouping is enough for a signal).
+func baseDomain(name string) string {
+	i := strings.LastIndexByte(name, '.')
+	if i < 0 {
+		return name
+	}
+	if j := strings.LastIndexByte(name[:i], '.'); j >= 0 {
+		return name[j+1:]
+	}
+	return name
+}
+
+// countName feeds the exfiltration signal and audits the crossing.
+func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
+	base := baseDomain(name)
+	if n, crossed := e.subs.add(c.caller.Sandbox, base, name, time.Now()); crossed {
+		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
+		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
+			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
+		_, _ = e.s.audit.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f))
+		e.s.log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
+	}
+}
+
+// subdomains counts, per sandbox and base domain, the distinct names asked
+// within a window. Memory is bounded: a set stops growing at the threshold.
+type subdomains struct {
+	threshold int
+	window    time.Duration
+	mu        sync.Mutex
+	m         map[[2]string]*nameSet
+}
+
+type nameSet struct {
+	since    time.Time
+	names    map[string]struct{}
+	signaled bool
+}
+
+func newSubdomains(threshold int, window time.Duration) *subdomains {
+	return &subdomains{threshold: threshold, window: window, m: map[[2]string]*nameSet{}}
+}
+
+// maxSubdomainKeys bounds the (sandbox, base domain) pairs tracked.
+const maxSubdomainKeys = 1 << 16
+
+// add records name and reports the count and whether this call crossed the
+// threshold (once per window).
+func (s *subdomains) add(sandbox, base, name string, now time.Time) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := [2]string{sandbox, base}
+	ns := s.m[k]
+	if ns == nil || now.Sub(ns.since) > s.window {
+		if ns == nil && len(s.m) >= maxSubdomainKeys {
+			for ok, v := range s.m {
+				if now.Sub(v.since) > s.window {
+					delete(s.m, ok)
+				}
+			}
+			if len(s.m) >= maxSubdomainKeys {
+				return 0, false
+			}
+		}
+		ns = &nameSet{since: now, names: map[string]struct{}{}}
+		s.m[k] = ns
+	}
+	if len(ns.names) <= s.threshold {
+		ns.names[name] = struct{}{}
+	}
+	n := len(ns.names)
+	if n > s.threshold && !ns.signaled {
+		ns.signaled = true
+		return n, true
+	}
+	return n, false
+}
+
+func auditRecord(rid, event string, f map[string]any) audit.Record {
+	return audit.Record{RequestID: rid, Event: event, Fields: f}
+}

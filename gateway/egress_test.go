@@ -1,0 +1,570 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// dnsUpstream is a real miekg/dns server on 127.0.0.1:0 answering A
+// questions from a table and counting every query it receives.
+type dnsUpstream struct {
+	addr    string
+	queries atomic.Int64
+	mu      sync.Mutex
+	asked   []string
+}
+
+func newDNSUpstream(t testing.TB, table map[string]string) *dnsUpstream {
+	t.Helper()
+	u := &dnsUpstream{}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.addr = pc.LocalAddr().String()
+	srv := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(w mdns.ResponseWriter, q *mdns.Msg) {
+		u.queries.Add(1)
+		m := new(mdns.Msg)
+		m.SetReply(q)
+		name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
+		u.mu.Lock()
+		u.asked = append(u.asked, name)
+		u.mu.Unlock()
+		ip, ok := table[name]
+		switch {
+		case name == "servfail.test":
+			m.Rcode = mdns.RcodeServerFailure
+		case !ok:
+			m.Rcode = mdns.RcodeNameError
+		case q.Question[0].Qtype == mdns.TypeA:
+			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
+			m.Answer = append(m.Answer, rr)
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return u
+}
+
+// startEgressGateway runs a gateway whose agent-a may reach *.allowed.test,
+// pkg.example and rebind.test, resolving with up.
+func startEgressGateway(t testing.TB, up *dnsUpstream, edit func(*config.Config)) *testGateway {
+	t.Helper()
+	return startGateway(t, "http://127.0.0.1:1", "", func(c *config.Config) {
+		c.Agents[0].Egress = []string{"*.allowed.test", "pkg.example", "rebind.test", "meta.test", "servfail.test", "nx.test", "allowed.test"}
+		c.DNS.Upstreams = []string{up.addr}
+		c.DNS.SubdomainThreshold = 5
+		c.Egress.ConnectPorts = []int{8443}
+		c.Egress.HandshakeTimeout = config.Duration(3 * time.Second)
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+// rawConn opens the sandbox socket as a relay would, preamble sent.
+func rawConn(t *testing.T, g *testGateway, id wire.Identity) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", g.cfg.Gateway.SandboxSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := wire.Encode(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(line); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// exchange sends raw request bytes and reads one response.
+func exchange(t *testing.T, g *testGateway, req string) (*http.Response, []byte, net.Conn, *bufio.Reader) {
+	t.Helper()
+	c := rawConn(t, g, agentA)
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read response to %q: %v", req, err)
+	}
+	var body []byte
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(req, "CONNECT") {
+		body, _ = io.ReadAll(resp.Body)
+	}
+	return resp, body, c, br
+}
+
+func errCode(body []byte) string {
+	var b errorBody
+	_ = json.Unmarshal(body, &b)
+	return string(b.Error.Code)
+}
+
+func hasEvent(t *testing.T, g *testGateway, event, host string) bool {
+	t.Helper()
+	for _, r := range auditEvents(t, g) {
+		if r.Event == event && (host == "" || r.Fields["dest_host"] == host) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestProxyRefusals covers the refusals of the forward proxy and CONNECT
+// through the real sandbox socket: nothing unlisted, internal or odd gets
+// a dial, and every refusal is 403/400/429 with the designed code, a
+// Proxy-Status header and an audit record. No case here dials anything:
+// every refused name stops before a connection is attempted.
+func TestProxyRefusals(t *testing.T) {
+	up := newDNSUpstream(t, map[string]string{
+		"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254",
+		"pkg.example": "93.184.216.34", "a.allowed.test": "93.184.216.34",
+	})
+	g := startEgressGateway(t, up, nil)
+	tests := []struct {
+		name, req, code, ps string
+		status              int
+		host                string
+	}{
+		{"unlisted host, http", "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n", "egress_denied", "http_request_denied", 403, "evil.example"},
+		{"unlisted host, CONNECT", "CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n", "egress_denied", "http_request_denied", 403, "evil.example"},
+		{"CONNECT to :22", "CONNECT pkg.example:22 HTTP/1.1\r\nHost: pkg.example:22\r\n\r\n", "egress_denied", "http_request_denied", 403, "pkg.example"},
+		{"http to a port not 80/443", "GET http://pkg.example:8080/ HTTP/1.1\r\nHost: pkg.example:8080\r\n\r\n", "egress_denied", "http_request_denied", 403, "pkg.example"},
+		// C1: loopback and private literals, in every spelling (THREATS C1-C3).
+		{"C1 loopback literal", "CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n", "egress_denied", "http_request_denied", 403, "127.0.0.1"},
+		{"C2 decimal loopback", "GET http://2130706433/ HTTP/1.1\r\nHost: 2130706433\r\n\r\n", "egress_denied", "http_request_denied", 403, "127.0.0.1"},
+		{"C2 octal loopback", "CONNECT 0177.0.0.1:443 HTTP/1.1\r\nHost: 0177.0.0.1:443\r\n\r\n", "egress_denied", "http_request_denied", 403, "127.0.0.1"},
+		{"C2 mapped IPv6 metadata", "CONNECT [::ffff:169.254.169.254]:443 HTTP/1.1\r\nHost: x\r\n\r\n", "egress_denied", "http_request_denied", 403, "::ffff:169.254.169.254"},
+		{"C3 localhost", "CONNECT localhost:443 HTTP/1.1\r\nHost: localhost:443\r\n\r\n", "egress_denied", "http_request_denied", 403, "localhost"},
+		// Rebinding: an allowed name whose DNS answer is internal (THREATS C5).
+		{"allowed name resolving to loopback", "CONNECT rebind.test:443 HTTP/1.1\r\nHost: rebind.test:443\r\n\r\n", "egress_denied", "destination_ip_prohibited", 403, "rebind.test"},
+		{"allowed name resolving to loopback, http", "GET http://rebind.test/ HTTP/1.1\r\nHost: rebind.test\r\n\r\n", "egress_denied", "destination_ip_prohibited", 403, "rebind.test"},
+		{"allowed name resolving to metadata", "CONNECT meta.test:443 HTTP/1.1\r\nHost: meta.test:443\r\n\r\n", "egress_denied", "destination_ip_prohibited", 403, "meta.test"},
+		{"https in absolute form", "GET https://pkg.example/ HTTP/1.1\r\nHost: pkg.example\r\n\r\n", "schema_violation", "http_request_denied", 400, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body, _, _ := exchange(t, g, tc.req)
+			if resp.StatusCode != tc.status || errCode(body) != tc.code {
+				t.Fatalf("got %d %s, want %d %s: %s", resp.StatusCode, errCode(body), tc.status, tc.code, body)
+			}
+			if ps := resp.Header.Get("Proxy-Status"); ps != "sluice; error="+tc.ps {
+				t.Errorf("Proxy-Status = %q, want sluice; error=%s", ps, tc.ps)
+			}
+			if tc.host != "" && !hasEvent(t, g, "decision", tc.host) {
+				t.Errorf("no audit record for %s", tc.host)
+			}
+		})
+	}
+}
+
+// TestProxyStrictParsing sends malformed requests as raw bytes (THREATS
+// F1-F4); each must be refused with a 4xx/5xx and nothing resolved or
+// dialled (the DNS upstream sees no query).
+func TestProxyStrictParsing(t *testing.T) {
+	// pkg.example is allowed but resolves to loopback: a request that got
+	// past parsing is refused by the guard, so nothing is ever dialled.
+	up := newDNSUpstream(t, map[string]string{"pkg.example": "127.0.0.1"})
+	g := startEgressGateway(t, up, nil)
+	const target = "POST http://pkg.example/upload HTTP/1.1\r\nHost: pkg.example\r\n"
+	tests := []struct{ name, req string }{
+		{"CL and TE (RFC 9112 6.3, request smuggling)", target + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+		{"conflicting Content-Length (RFC 9110 8.6)", target + "Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcde"},
+		{"duplicate Content-Length", target + "Content-Length: 4\r\nContent-Length: 4\r\n\r\nabcd"},
+		{"Transfer-Encoding xchunked (RFC 9112 6.1)", target + "Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n"},
+		{"Transfer-Encoding gzip, chunked", target + "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"},
+		{"bare LF in chunk size (CVE-2025-22871)", target + "Transfer-Encoding: chunked\r\n\r\n4\nabcd\r\n0\r\n\r\n"},
+		{"obs-fold (RFC 9112 5.2)", target + "X-A: a\r\n b\r\nContent-Length: 0\r\n\r\n"},
+		{"NUL in a value", target + "X-A: a\x00b\r\nContent-Length: 0\r\n\r\n"},
+		{"CR in a value", target + "X-A: a\rb\r\nContent-Length: 0\r\n\r\n"},
+		{"space before colon (RFC 9112 5.1)", target + "X-A : b\r\nContent-Length: 0\r\n\r\n"},
+		{"0x80 in a name", target + "X-\x80: b\r\nContent-Length: 0\r\n\r\n"},
+		{"0xff in a name", target + "X-\xff: b\r\nContent-Length: 0\r\n\r\n"},
+		{"userinfo in absolute form", "GET http://user@pkg.example/ HTTP/1.1\r\nHost: pkg.example\r\n\r\n"},
+		{"userinfo in CONNECT", "CONNECT user@pkg.example:443 HTTP/1.1\r\nHost: pkg.example:443\r\n\r\n"},
+		{"port with leading zeros", "CONNECT pkg.example:0443 HTTP/1.1\r\nHost: pkg.example:0443\r\n\r\n"},
+		{"port 007", "GET http://pkg.example:007/ HTTP/1.1\r\nHost: pkg.example:007\r\n\r\n"},
+		{"port 91337", "CONNECT pkg.example:91337 HTTP/1.1\r\nHost: pkg.example:91337\r\n\r\n"},
+		{"port -1", "CONNECT pkg.example:-1 HTTP/1.1\r\nHost: pkg.example:-1\r\n\r\n"},
+		{"CONNECT without port", "CONNECT pkg.example HTTP/1.1\r\nHost: pkg.example\r\n\r\n"},
+		{"two Host headers", "GET http://pkg.example/ HTTP/1.1\r\nHost: pkg.example\r\nHost: evil.example\r\n\r\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := up.queries.Load()
+			resp, body, _, _ := exchange(t, g, tc.req)
+			if resp.StatusCode < 400 {
+				t.Fatalf("got %d, want a refusal: %s", resp.StatusCode, body)
+			}
+			if n := up.queries.Load() - before; n != 0 {
+				t.Fatalf("the DNS upstream saw %d queries: the request got past parsing", n)
+			}
+		})
+	}
+}
+
+// clientHello returns the first TLS records a real crypto/tls client sends
+// for serverName.
+func clientHello(t testing.TB, serverName string) []byte {
+	a, b := net.Pipe()
+	go func() {
+		_ = tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: serverName == ""}).Handshake()
+		a.Close()
+	}()
+	defer b.Close()
+	_ = b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hello, _, err := readClientHello(bufio.NewReader(b))
+	if err != nil && serverName != "" {
+		t.Fatalf("read a real ClientHello: %v", err)
+	}
+	if err != nil {
+		// No SNI: return the records anyway by reading them again.
+		a2, b2 := net.Pipe()
+		go func() {
+			_ = tls.Client(a2, &tls.Config{InsecureSkipVerify: true}).Handshake()
+			a2.Close()
+		}()
+		defer b2.Close()
+		hdr := make([]byte, 5)
+		_, _ = io.ReadFull(b2, hdr)
+		body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+		_, _ = io.ReadFull(b2, body)
+		return append(hdr, body...)
+	}
+	return hello
+}
+
+// TestConnectSNI holds the ClientHello's server name to the CONNECT host:
+// a mismatch or a missing SNI closes the tunnel, audited sni_mismatch,
+// before any dial (the name resolves to a public address that is never
+// contacted).
+func TestConnectSNI(t *testing.T) {
+	up := newDNSUpstream(t, map[string]string{"pkg.example": "93.184.216.34"})
+	g := startEgressGateway(t, up, nil)
+	tests := []struct {
+		name  string
+		hello []byte
+	}{
+		{"SNI names another host", clientHello(t, "evil.example")},
+		{"no SNI", clientHello(t, "")},
+		{"not TLS", []byte("GET / HTTP/1.1\r\nHost: pkg.example\r\n\r\n")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, _, c, br := exchange(t, g, "CONNECT pkg.example:443 HTTP/1.1\r\nHost: pkg.example:443\r\n\r\n")
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("CONNECT: %d", resp.StatusCode)
+			}
+			if _, err := c.Write(tc.hello); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(br)
+			if len(b) != 0 {
+				t.Errorf("the gateway sent %d bytes instead of closing", len(b))
+			}
+			deadline := time.Now().Add(3 * time.Second)
+			for !hasEvent(t, g, "sni_mismatch", "pkg.example") {
+				if time.Now().After(deadline) {
+					t.Fatal("no sni_mismatch audit record")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestTunnelLimit: tunnels waiting for their ClientHello hold a slot; one
+// more than egress.max_tunnels_per_caller is 429 rate_limited.
+func TestTunnelLimit(t *testing.T) {
+	up := newDNSUpstream(t, map[string]string{"pkg.example": "93.184.216.34"})
+	g := startEgressGateway(t, up, func(c *config.Config) { c.Egress.MaxTunnelsPerCaller = 2 })
+	const req = "CONNECT pkg.example:443 HTTP/1.1\r\nHost: pkg.example:443\r\n\r\n"
+	for i := range 2 {
+		if resp, _, _, _ := exchange(t, g, req); resp.StatusCode != http.StatusOK {
+			t.Fatalf("tunnel %d: %d", i, resp.StatusCode)
+		}
+	}
+	resp, body, _, _ := exchange(t, g, req)
+	if resp.StatusCode != http.StatusTooManyRequests || errCode(body) != string(CodeRateLimited) {
+		t.Fatalf("third tunnel: %d %s, want 429 rate_limited", resp.StatusCode, body)
+	}
+}
+
+// TestDNSAnswerer covers POST /v1/dns through the socket (THREATS C7, C9):
+// rcodes and the number of queries the real upstream server received.
+func TestDNSAnswerer(t *testing.T) {
+	up := newDNSUpstream(t, map[string]string{
+		"a.allowed.test": "93.184.216.34", "rebind.test": "127.0.0.1", "meta.test": "169.254.169.254",
+	})
+	g := startEgressGateway(t, up, nil)
+	c := g.client(agentA)
+	ask := func(t *testing.T, raw []byte) *mdns.Msg {
+		t.Helper()
+		resp, err := c.Post("http://sluice/v1/dns", "application/dns-message", bytes.NewReader(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /v1/dns: %d %s", resp.StatusCode, b)
+		}
+		m := new(mdns.Msg)
+		if err := m.Unpack(b); err != nil {
+			t.Fatalf("answer does not parse: %v", err)
+		}
+		return m
+	}
+	q := func(name string, qtype uint16) []byte {
+		m := new(mdns.Msg)
+		m.SetQuestion(name, qtype)
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	two := new(mdns.Msg)
+	two.SetQuestion("a.allowed.test.", mdns.TypeA)
+	two.Question = append(two.Question, two.Question[0])
+	twoRaw, _ := two.Pack()
+	long := strings.Repeat("a", 63)
+	tests := []struct {
+		name    string
+		raw     []byte
+		rcode   int
+		queries int64 // upstream queries this question may cause
+		answers int
+	}{
+		{"allowed A", q("a.allowed.test.", mdns.TypeA), mdns.RcodeSuccess, 1, 1},
+		{"allowed A, cached? TTL 0 is not cached", q("a.allowed.test.", mdns.TypeA), mdns.RcodeSuccess, 1, 1},
+		{"unlisted name: refused, zero upstream queries", q("evil.example.", mdns.TypeA), mdns.RcodeRefused, 0, 0},
+		{"C9 exfiltration-shaped unlisted name", q("c2VjcmV0.evil.example.", mdns.TypeAAAA), mdns.RcodeRefused, 0, 0},
+		{"allowed name answering loopback (rebinding)", q("rebind.test.", mdns.TypeA), mdns.RcodeRefused, 1, 0},
+		{"allowed name answering metadata", q("meta.test.", mdns.TypeA), mdns.RcodeRefused, 1, 0},
+		{"upstream SERVFAIL", q("servfail.test.", mdns.TypeA), mdns.RcodeServerFailure, 1, 0},
+		{"NXDOMAIN passes through", q("nx.test.", mdns.TypeA), mdns.RcodeNameError, 1, 0},
+		{"TXT is not implemented", q("a.allowed.test.", mdns.TypeTXT), mdns.RcodeNotImplemented, 0, 0},
+		{"NULL", q("a.allowed.test.", mdns.TypeNULL), mdns.RcodeNotImplemented, 0, 0},
+		{"ANY", q("a.allowed.test.", mdns.TypeANY), mdns.RcodeNotImplemented, 0, 0},
+		{"AXFR", q("allowed.test.", mdns.TypeAXFR), mdns.RcodeNotImplemented, 0, 0},
+		{"IXFR", q("allowed.test.", mdns.TypeIXFR), mdns.RcodeNotImplemented, 0, 0},
+		{"two questions", twoRaw, mdns.RcodeFormatError, 0, 0},
+		{"garbage", []byte{0x12, 0x34, 0xff}, mdns.RcodeFormatError, 0, 0},
+		{"name over 253 bytes", q(strings.Repeat(long+".", 4)[:254]+".", mdns.TypeA), mdns.RcodeFormatError, 0, 0},
+		{"escaped dot in a label", q(`a\.b.allowed.test.`, mdns.TypeA), mdns.RcodeFormatError, 0, 0},
+		{"MX of an allowed name: empty answer", q("a.allowed.test.", mdns.TypeMX), mdns.RcodeSuccess, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := up.queries.Load()
+			m := ask(t, tc.raw)
+			if m.Rcode != tc.rcode {
+				t.Errorf("rcode %s, want %s", mdns.RcodeToString[m.Rcode], mdns.RcodeToString[tc.rcode])
+			}
+			if n := up.queries.Load() - before; n != tc.queries {
+				t.Errorf("upstream saw %d queries, want %d", n, tc.queries)
+			}
+			if len(m.Answer) != tc.answers {
+				t.Errorf("%d answers, want %d", len(m.Answer), tc.answers)
+			}
+		})
+	}
+	if !hasEvent(t, g, "dns_refused", "evil.example") || !hasEvent(t, g, "dns_internal_answer", "rebind.test") {
+		t.Error("refusals were not audited")
+	}
+	// Exfiltration signal: more unique names under one base domain than the
+	// threshold (5) is audited once.
+	for i := range 7 {
+		ask(t, q(fmt.Sprintf("x%d.exfil.example.", i), mdns.TypeA))
+	}
+	n := 0
+	for _, r := range auditEvents(t, g) {
+		if r.Event == "dns_exfiltration_signal" && r.Fields["base_domain"] == "exfil.example" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d exfiltration signals, want 1", n)
+	}
+	_ = context.Background
+}
+
+// FuzzClientHelloSNI feeds the SNI parser arbitrary handshake bytes.
+func FuzzClientHelloSNI(f *testing.F) {
+	f.Add(realHello("pkg.example"))          // a real crypto/tls ClientHello
+	f.Add(realHello(""))                     // a real ClientHello without SNI
+	f.Add([]byte{1, 0, 0, 0})                // an empty ClientHello
+	f.Add([]byte{1, 0xff, 0xff, 0xff, 3, 3}) // a length beyond the data
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, err := parseClientHelloSNI(b)
+		if err == nil && (name == "" || strings.ContainsAny(name, ":@ \x00")) {
+			t.Fatalf("accepted bad server name %q", name)
+		}
+		rec := append([]byte{0x16, 3, 1, byte(len(b) >> 8), byte(len(b))}, b...)
+		if len(b) <= 1<<14 {
+			_, _, _ = readClientHello(bufio.NewReader(bytes.NewReader(rec)))
+		}
+	})
+}
+
+// FuzzDNSName feeds question-name canonicalisation.
+func FuzzDNSName(f *testing.F) {
+	f.Add("a.allowed.test.")         // ordinary
+	f.Add(`a\.b.test.`)              // escaped dot
+	f.Add(strings.Repeat("a.", 130)) // over 253 bytes
+	f.Add("xn--bcher-kva.example.")  // punycode
+	f.Fuzz(func(t *testing.T, s string) {
+		n, ok := dnsName(s)
+		if ok && (len(n) > 253 || strings.HasSuffix(n, ".") || n != strings.ToLower(n)) {
+			t.Fatalf("dnsName(%q) = %q", s, n)
+		}
+	})
+}
+
+// TestHeadChecker runs the framing checker alone over whole connections'
+// bytes: keep-alive sequences that are fine pass, smuggling shapes fail.
+func TestHeadChecker(t *testing.T) {
+	tests := []struct {
+		name, in string
+		ok       bool
+	}{
+		{"two keep-alive requests with bodies", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n\n\n\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", true},
+		{"chunked then another request", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\n\n\r\n\r\n0\r\nX-T: 1\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", true},
+		{"CONNECT then TLS bytes", "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n\x16\x03\x01\n\n\x00", true},
+		{"smuggled second request with CL and TE", "GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false},
+		{"chunk data without CRLF", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n", false},
+		{"chunk size not hex", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", false},
+		{"obs-fold in a trailer", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: a\r\n b\r\n\r\n", false},
+		{"Content-Length with plus", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc", false},
+		{"bare LF request line", "GET / HTTP/1.1\nHost: x\r\n\r\n", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			go func() { _, _ = io.Copy(io.Discard, a) }()
+			h := &headChecker{src: strings.NewReader(tc.in), conn: b}
+			_, err := io.ReadAll(io.LimitReader(&oneByte{h}, 1<<20))
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// oneByte reads one byte at a time, so that every split point is exercised.
+type oneByte struct{ r io.Reader }
+
+func (o *oneByte) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	return o.r.Read(p)
+}
+
+// FuzzHeadChecker feeds the framing checker arbitrary connection bytes in
+// two reads; it must never panic, and a refused stream stays refused.
+func FuzzHeadChecker(f *testing.F) {
+	f.Add("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", 5)                                     // proxy request
+	f.Add("CONNECT a:443 HTTP/1.1\r\n\r\n\x16\x03", 3)                                        // tunnel
+	f.Add("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 40) // chunked
+	f.Add("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx", 1)            // duplicate CL
+	f.Fuzz(func(t *testing.T, in string, split int) {
+		a, b := net.Pipe()
+		defer a.Close()
+		go func() { _, _ = io.Copy(io.Discard, a) }()
+		h := &headChecker{src: strings.NewReader(in), conn: b}
+		if split < 0 || split > len(in) {
+			split = len(in) / 2
+		}
+		buf := make([]byte, len(in)+1)
+		_, err1 := h.Read(buf[:max(split, 1)])
+		_, err2 := h.Read(buf)
+		if err1 == errStrict && err2 != errStrict {
+			t.Fatal("a refused stream was read again")
+		}
+	})
+}
+
+// FuzzDNSAnswer feeds the answerer arbitrary messages: it must always
+// answer with a DNS message that parses and carries the question's ID.
+func FuzzDNSAnswer(f *testing.F) {
+	up := newDNSUpstream(f, map[string]string{"a.allowed.test": "93.184.216.34", "rebind.test": "127.0.0.1"})
+	g := startEgressGateway(f, up, nil)
+	eg := g.Server.newRawEgress()
+	seed := func(name string, qtype uint16) []byte {
+		m := new(mdns.Msg)
+		m.SetQuestion(name, qtype)
+		b, _ := m.Pack()
+		return b
+	}
+	f.Add(seed("a.allowed.test.", mdns.TypeA))              // allowed, resolved
+	f.Add(seed("rebind.test.", mdns.TypeA))                 // allowed, internal answer
+	f.Add(seed("evil.example.", mdns.TypeAAAA))             // refused
+	f.Add(seed("a.allowed.test.", mdns.TypeTXT))            // not implemented
+	f.Add([]byte{0xab, 0xcd})                               // header cut short
+	f.Add([]byte{0, 1, 0x81, 0x80, 0, 2, 0, 0, 0, 0, 0, 0}) // a response claiming two questions
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if len(raw) > maxDNSMessage {
+			return
+		}
+		out := eg.answer(context.Background(), "fuzz", agentA, raw)
+		m := new(mdns.Msg)
+		if err := m.Unpack(out); err != nil {
+			t.Fatalf("answer does not parse: %v", err)
+		}
+		if len(raw) >= 2 && m.Id != uint16(raw[0])<<8|uint16(raw[1]) {
+			t.Fatalf("answer ID %d, question ID %d", m.Id, uint16(raw[0])<<8|uint16(raw[1]))
+		}
+		if !m.Response {
+			t.Fatal("answer is not a response")
+		}
+	})
+}
+
+// realHello is the handshake message (no record header) of a crypto/tls
+// client's ClientHello for serverName, captured with GetConfigForClient's
+// sibling: a server that records the raw bytes and aborts.
+func realHello(serverName string) []byte {
+	a, b := net.Pipe()
+	go func() {
+		_ = tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: true}).Handshake()
+	}()
+	defer a.Close()
+	defer b.Close()
+	_ = b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		return nil
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		return nil
+	}
+	return body
+}

@@ -1,0 +1,130 @@
+// Package holds keeps calls that policy answered "ask" until a person
+// decides them, and executes an approved call exactly once.
+//
+// A hold stores the canonical request exactly as it would be sent (without
+// credentials) and its SHA-256; approval is bound to that hash. Holds live
+// in the gateway's store, so they survive a restart; an execution that was
+// started but whose outcome was never recorded is shown to people as
+// "outcome unknown" and never re-sent blindly.
+package holds
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Status is a hold's state.
+type Status string
+
+const (
+	Pending  Status = "pending"
+	Approved Status = "approved"  // approved, execution not yet started
+	Running  Status = "executing" // execution started; outcome not yet recorded
+	Done     Status = "executed"  // executed; Result holds the upstream's answer
+	Denied   Status = "denied"
+	Expired  Status = "expired"
+	Unknown  Status = "outcome_unknown" // the gateway stopped mid-execution
+	Failed   Status = "failed"          // re-evaluated to block, or the upstream failed
+)
+
+// Request is the canonical upstream request, without credentials.
+type Request struct {
+	Method  string              `json:"method"`
+	URL     string              `json:"url"`
+	Headers map[string][]string `json:"headers"`
+	Body    []byte              `json:"body,omitempty"`
+}
+
+// Caller is who the held call is for (from the relayed identity).
+type Caller struct {
+	Sandbox string `json:"sandbox"`
+	Agent   string `json:"agent"`
+	Session string `json:"session"`
+	User    string `json:"user"`
+}
+
+// Hold is one held call.
+type Hold struct {
+	ID             string    `json:"id"`
+	Status         Status    `json:"status"`
+	Tool           string    `json:"tool"`
+	Args           []byte    `json:"args"` // the canonical JSON arguments document
+	Request        Request   `json:"request"`
+	SHA256         string    `json:"sha256"`               // hex of the canonical request encoding
+	Credential     string    `json:"credential,omitempty"` // the name of what the gateway attaches, never a value
+	Caller         Caller    `json:"caller"`
+	Approvers      []string  `json:"approvers"` // "alice", "group:finance"
+	Rule           string    `json:"rule"`
+	Reason         string    `json:"reason"`
+	Created        time.Time `json:"created"`
+	Expires        time.Time `json:"expires"`
+	DecidedBy      string    `json:"decided_by,omitempty"`
+	DecisionReason string    `json:"decision_reason,omitempty"`
+	Decided        time.Time `json:"decided,omitempty"`
+	Result         *Result   `json:"result,omitempty"`
+	// RequestID is the agent's call that created the hold (audit correlation).
+	RequestID string `json:"request_id"`
+}
+
+// Terminal says whether the hold's state can no longer change.
+func (s Status) Terminal() bool {
+	switch s {
+	case Done, Denied, Expired, Unknown, Failed:
+		return true
+	}
+	return false
+}
+
+// Hash is the hex SHA-256 of the request's canonical encoding: JSON with the
+// fields in declaration order, header names in sorted order (encoding/json
+// sorts map keys) and the body in base64. Approval is bound to it.
+func (r Request) Hash() string {
+	data, err := json.Marshal(r)
+	if err != nil {
+		panic("holds: request not encodable: " + err.Error()) // a struct of strings and bytes always is
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// Result is what the agent gets once an approved hold ran (bounded size).
+type Result struct {
+	HTTPStatus int    `json:"http_status"` // the status the agent's call answers with (200, 403, 502 …)
+	Body       []byte `json:"body"`        // the JSON the agent's call answers with
+	// Truncated says the upstream's answer was larger than the result bound
+	// and Body is a refusal saying so, not the answer.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// Person is an authenticated approver (never anything from the sandbox socket).
+type Person struct {
+	Name   string
+	Groups []string
+}
+
+// Errors of the decision calls; the admin API maps them to statuses.
+var (
+	ErrNotFound     = errors.New("holds: no such hold")                                    // 404
+	ErrSelfApproval = errors.New("holds: the person a call is made for cannot approve it") // 403 self_approval_forbidden
+	ErrNotApprover  = errors.New("holds: not an approver of this hold")                    // 403 not_an_approver
+	ErrConflict     = errors.New("holds: the hold is already decided")                     // 409
+	ErrExpired      = errors.New("holds: the hold has expired")                            // 410 (UI) / approval_expired (agent)
+	// ErrTooMany is returned by Create when the agent has too many pending holds (429 rate_limited).
+	ErrTooMany = errors.New("holds: too many pending holds for this agent")
+)
+
+// Event tells subscribers that a hold changed (for the review UI's live queue).
+type Event struct {
+	Hold Hold
+	Kind string // "created", "approved", "denied", "expired", "executed", "failed", "outcome_unknown"
+}
+
+// Filter selects holds for List.
+type Filter struct {
+	Status []Status // empty: all
+	User   string   // only holds whose caller.user is this (the requester's own view)
+	Limit  int      // 0: 100
+}

@@ -1,0 +1,455 @@
+package holds
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/store"
+)
+
+// Options configures a Manager.
+type Options struct {
+	Store *store.Store
+	// Execute runs an approved hold: it evaluates policy again, attaches the
+	// credential and sends exactly h.Request, once. Its Result is what the
+	// agent gets; ok false marks the hold Failed (blocked on re-evaluation,
+	// upstream unreachable) instead of Done.
+	Execute func(ctx context.Context, h Hold) (res Result, ok bool)
+	// Audit appends an audit record for the hold; an error on "hold_created"
+	// fails the hold.
+	Audit func(ctx context.Context, event string, h Hold, fields map[string]any) error
+	// Notify is called (in its own goroutine) for every new hold: the webhook.
+	Notify func(h Hold)
+	// MaxPendingPerAgent caps an agent's pending holds (default 100).
+	MaxPendingPerAgent int
+	// MaxResultBytes bounds a stored result (default 1 MiB).
+	MaxResultBytes int
+	Logger         *slog.Logger
+	Now            func() time.Time
+}
+
+// Manager owns the holds. Safe for concurrent use.
+type Manager struct {
+	o   Options
+	now func() time.Time
+	log *slog.Logger
+
+	mu      sync.Mutex
+	waiters map[string]chan struct{} // closed when the hold changes
+	subs    map[chan Event]struct{}
+}
+
+// New returns a Manager over o.Store.
+func New(o Options) *Manager {
+	if o.MaxPendingPerAgent <= 0 {
+		o.MaxPendingPerAgent = 100
+	}
+	if o.MaxResultBytes <= 0 {
+		o.MaxResultBytes = 1 << 20
+	}
+	m := &Manager{o: o, now: o.Now, log: o.Logger, waiters: map[string]chan struct{}{}, subs: map[chan Event]struct{}{}}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	if m.o.Audit == nil {
+		m.o.Audit = func(context.Context, string, Hold, map[string]any) error { return nil }
+	}
+	return m
+}
+
+// doc is the immutable part of a hold, stored as JSON.
+type doc struct {
+	Tool       string   `json:"tool"`
+	Args       []byte   `json:"args"`
+	Request    Request  `json:"request"`
+	Credential string   `json:"credential,omitempty"`
+	Caller     Caller   `json:"caller"`
+	Approvers  []string `json:"approvers"`
+	Rule       string   `json:"rule"`
+	Reason     string   `json:"reason"`
+	RequestID  string   `json:"request_id"`
+}
+
+func fromRow(r store.HoldRow) (Hold, error) {
+	var d doc
+	if err := json.Unmarshal(r.Doc, &d); err != nil {
+		return Hold{}, fmt.Errorf("holds: hold %s: stored document: %w", r.ID, err)
+	}
+	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
+		Credential: d.Credential, Caller: d.Caller, Approvers: d.Approvers, Rule: d.Rule, Reason: d.Reason,
+		Created: r.Created, Expires: r.Expires, DecidedBy: r.DecidedBy, DecisionReason: r.DecisionReason, Decided: r.Decided,
+		RequestID: d.RequestID}
+	if r.Result != nil {
+		h.Result = &Result{}
+		if err := json.Unmarshal(r.Result, h.Result); err != nil {
+			return Hold{}, fmt.Errorf("holds: hold %s: stored result: %w", r.ID, err)
+		}
+	}
+	return h, nil
+}
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Create persists h as a new pending hold, unless this caller already has a
+// pending hold for the same tool and request hash: then that one is
+// returned and created is false (a re-sent call is idempotent). The
+// caller sets everything but ID, Status, SHA256 and Created; Expires must
+// be set. A store failure is returned as is: the call must not be allowed.
+func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
+	h.SHA256 = h.Request.Hash()
+	st := m.o.Store
+	c := h.Caller
+	old, ok, err := st.FindHold(ctx, c.Agent, c.Session, c.User, h.Tool, h.SHA256, []string{string(Pending), string(Running)})
+	if err != nil {
+		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
+	}
+	if ok {
+		o, err := fromRow(old)
+		return o, false, err
+	}
+	n, err := st.CountHolds(ctx, c.Agent, []string{string(Pending)})
+	if err != nil {
+		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
+	}
+	if n >= m.o.MaxPendingPerAgent {
+		return Hold{}, false, ErrTooMany
+	}
+	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
+	d, err := json.Marshal(doc{Tool: h.Tool, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
+		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID})
+	if err != nil {
+		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
+	}
+	if err := st.InsertHold(ctx, store.HoldRow{ID: h.ID, Status: string(Pending), Agent: c.Agent, Session: c.Session, User: c.User,
+		Tool: h.Tool, SHA256: h.SHA256, Created: h.Created, Expires: h.Expires, Doc: d}); err != nil {
+		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
+	}
+	if err := m.o.Audit(ctx, "hold_created", h, map[string]any{"expires": h.Expires.Format(time.RFC3339)}); err != nil {
+		_, _ = st.FinishHold(context.WithoutCancel(ctx), h.ID, string(Pending), string(Failed), nil)
+		return Hold{}, false, fmt.Errorf("holds: create: audit: %w", err)
+	}
+	m.publish(h, "created")
+	if m.o.Notify != nil {
+		go m.o.Notify(h)
+	}
+	return h, true, nil
+}
+
+// Get returns one hold. A pending hold past its expiry is expired first.
+func (m *Manager) Get(ctx context.Context, id string) (Hold, error) {
+	r, err := m.o.Store.GetHold(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return Hold{}, ErrNotFound
+	}
+	if err != nil {
+		return Hold{}, fmt.Errorf("holds: get: %w", err)
+	}
+	h, err := fromRow(r)
+	if err != nil {
+		return Hold{}, err
+	}
+	if h.Status == Pending && !m.now().Before(h.Expires) {
+		m.ExpireDue(ctx)
+		return m.get(ctx, id)
+	}
+	return h, nil
+}
+
+func (m *Manager) get(ctx context.Context, id string) (Hold, error) {
+	r, err := m.o.Store.GetHold(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return Hold{}, ErrNotFound
+	}
+	if err != nil {
+		return Hold{}, fmt.Errorf("holds: get: %w", err)
+	}
+	return fromRow(r)
+}
+
+// List returns holds, newest first.
+func (m *Manager) List(ctx context.Context, f Filter) ([]Hold, error) {
+	m.ExpireDue(ctx)
+	q := store.HoldQuery{User: f.User, Limit: f.Limit}
+	for _, s := range f.Status {
+		q.Statuses = append(q.Statuses, string(s))
+	}
+	rows, err := m.o.Store.ListHolds(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("holds: list: %w", err)
+	}
+	out := make([]Hold, 0, len(rows))
+	for _, r := range rows {
+		h, err := fromRow(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// CanApprove says whether p may decide h: never the person the call is made
+// for (ErrSelfApproval, whatever else p is), otherwise only a person the
+// decision names, by name or as "group:G" (ErrNotApprover).
+func (m *Manager) CanApprove(h Hold, p Person) error {
+	if p.Name == "" {
+		return ErrNotApprover
+	}
+	if h.Caller.User != "" && p.Name == h.Caller.User {
+		return ErrSelfApproval
+	}
+	for _, a := range h.Approvers {
+		if g, ok := strings.CutPrefix(a, "group:"); ok {
+			if g != "" && slices.Contains(p.Groups, g) {
+				return nil
+			}
+		} else if a == p.Name {
+			return nil
+		}
+	}
+	return ErrNotApprover
+}
+
+// decide checks p against the hold and flips it from pending to `to`
+// atomically; it returns the hold as it was and ErrConflict when another
+// decision won.
+func (m *Manager) decide(ctx context.Context, id string, p Person, reason string, to Status) (Hold, error) {
+	h, err := m.Get(ctx, id)
+	if err != nil {
+		return Hold{}, err
+	}
+	if err := m.CanApprove(h, p); err != nil {
+		return h, err
+	}
+	switch {
+	case h.Status == Expired:
+		return h, ErrExpired
+	case h.Status != Pending:
+		return h, ErrConflict
+	}
+	now := m.now().UTC()
+	ok, err := m.o.Store.DecideHold(ctx, id, string(to), p.Name, reason, now)
+	if err != nil {
+		return h, fmt.Errorf("holds: decide: %w", err)
+	}
+	if !ok {
+		cur, gerr := m.Get(ctx, id)
+		if gerr == nil && cur.Status == Expired {
+			return cur, ErrExpired
+		}
+		return cur, ErrConflict
+	}
+	h.Status, h.DecidedBy, h.DecisionReason, h.Decided = to, p.Name, reason, now
+	return h, nil
+}
+
+// Approve approves a pending hold for p and executes it, exactly once:
+// the flip from pending to executing is one conditional UPDATE, so of
+// concurrent approvals (or an approval racing a denial) one wins and the
+// others get ErrConflict. It returns the hold after execution.
+func (m *Manager) Approve(ctx context.Context, id string, p Person, reason string) (Hold, error) {
+	h, err := m.decide(ctx, id, p, reason, Running)
+	if err != nil {
+		return h, err
+	}
+	// The decision is made; finish it even if the approver goes away.
+	ctx = context.WithoutCancel(ctx)
+	if err := m.o.Audit(ctx, "hold_approved", h, map[string]any{"by": p.Name, "decision_reason": reason}); err != nil {
+		m.log.Error("holds: approval not audited; the hold is not executed", "hold", id, "err", err)
+		return m.finish(ctx, h, Failed, Result{HTTPStatus: 503, Body: refusalBody("audit_unavailable", "the audit log cannot be written; the approved call was not sent", h.RequestID)}, "failed")
+	}
+	m.publish(h, "approved")
+	res, ok := m.o.Execute(ctx, h)
+	if len(res.Body) > m.o.MaxResultBytes {
+		res = Result{HTTPStatus: 502, Truncated: true, Body: refusalBody("upstream_error",
+			fmt.Sprintf("the approved call was sent, but its reply is larger than the %d bytes a hold keeps", m.o.MaxResultBytes), h.RequestID)}
+	}
+	status, kind := Done, "executed"
+	if !ok {
+		status, kind = Failed, "failed"
+	}
+	return m.finish(ctx, h, status, res, kind)
+}
+
+func (m *Manager) finish(ctx context.Context, h Hold, status Status, res Result, kind string) (Hold, error) {
+	data, err := json.Marshal(res)
+	if err != nil {
+		return h, fmt.Errorf("holds: result: %w", err)
+	}
+	if _, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(status), data); err != nil {
+		// The store lost the outcome; at the next start the hold shows
+		// outcome_unknown, which is the truth.
+		return h, fmt.Errorf("holds: record result: %w", err)
+	}
+	h.Status, h.Result = status, &res
+	if err := m.o.Audit(ctx, "hold_executed", h, map[string]any{"status": res.HTTPStatus, "outcome": string(status)}); err != nil {
+		m.log.Error("holds: execution not audited", "hold", h.ID, "err", err)
+	}
+	m.publish(h, kind)
+	return h, nil
+}
+
+// Deny denies a pending hold for p with reason.
+func (m *Manager) Deny(ctx context.Context, id string, p Person, reason string) (Hold, error) {
+	h, err := m.decide(ctx, id, p, reason, Denied)
+	if err != nil {
+		return h, err
+	}
+	if err := m.o.Audit(context.WithoutCancel(ctx), "hold_denied", h, map[string]any{"by": p.Name, "decision_reason": reason}); err != nil {
+		m.log.Error("holds: denial not audited", "hold", id, "err", err)
+	}
+	m.publish(h, "denied")
+	return h, nil
+}
+
+// Wait returns the hold once it is terminal (executed, denied, expired,
+// failed, outcome unknown) or when ctx ends, whichever is first; then it
+// returns the hold as it is and no error.
+func (m *Manager) Wait(ctx context.Context, id string) (Hold, error) {
+	// Reads are not cut short by ctx: when the wait ends the caller still
+	// gets the hold's state.
+	rctx := context.WithoutCancel(ctx)
+	for {
+		ch := m.waiter(id)
+		h, err := m.Get(rctx, id)
+		if err != nil || h.Status.Terminal() {
+			return h, err
+		}
+		d := time.Hour
+		if h.Status == Pending {
+			d = h.Expires.Sub(m.now()) + time.Millisecond
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return m.Get(rctx, id)
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (m *Manager) waiter(id string) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch, ok := m.waiters[id]
+	if !ok {
+		ch = make(chan struct{})
+		m.waiters[id] = ch
+	}
+	return ch
+}
+
+// Subscribe returns the stream of hold changes; it is closed when ctx
+// ends. A subscriber that does not keep up misses events (never blocks
+// the gateway) and should re-list.
+func (m *Manager) Subscribe(ctx context.Context) <-chan Event {
+	ch := make(chan Event, 64)
+	m.mu.Lock()
+	m.subs[ch] = struct{}{}
+	m.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		m.mu.Lock()
+		delete(m.subs, ch)
+		close(ch)
+		m.mu.Unlock()
+	}()
+	return ch
+}
+
+func (m *Manager) publish(h Hold, kind string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ch, ok := m.waiters[h.ID]; ok {
+		close(ch)
+		delete(m.waiters, h.ID)
+	}
+	for s := range m.subs {
+		select {
+		case s <- Event{Hold: h, Kind: kind}:
+		default:
+		}
+	}
+}
+
+// ExpireDue expires every pending hold past its expiry (audited
+// "hold_expired"). Errors are logged: the next call tries again.
+func (m *Manager) ExpireDue(ctx context.Context) {
+	ids, err := m.o.Store.ExpireHolds(ctx, m.now().UTC())
+	if err != nil {
+		m.log.Warn("holds: expiry", "err", err)
+		return
+	}
+	for _, id := range ids {
+		h, err := m.get(ctx, id)
+		if err != nil {
+			continue
+		}
+		if err := m.o.Audit(ctx, "hold_expired", h, nil); err != nil {
+			m.log.Error("holds: expiry not audited", "hold", id, "err", err)
+		}
+		m.publish(h, "expired")
+	}
+}
+
+// Recover runs at startup, before anything is served: a hold that was
+// executing when the gateway stopped may or may not have reached the
+// upstream, so it becomes outcome_unknown (audited) for a person to look
+// at; it is never re-sent. Pending holds stay pending (or expire).
+func (m *Manager) Recover(ctx context.Context) error {
+	ids, err := m.o.Store.MarkHolds(ctx, string(Running), string(Unknown))
+	if err != nil {
+		return fmt.Errorf("holds: recover: %w", err)
+	}
+	for _, id := range ids {
+		h, err := m.get(ctx, id)
+		if err != nil {
+			return fmt.Errorf("holds: recover: %w", err)
+		}
+		if err := m.o.Audit(ctx, "hold_outcome_unknown", h, nil); err != nil {
+			return fmt.Errorf("holds: recover: audit: %w", err)
+		}
+		m.log.Warn("holds: the gateway stopped while this approved call was being sent; its outcome is unknown and it is not re-sent", "hold", id)
+	}
+	m.ExpireDue(ctx)
+	return nil
+}
+
+// Run expires holds as they come due, until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.ExpireDue(ctx)
+		}
+	}
+}
+
+// refusalBody is the JSON of a refusal as the agent sees it.
+func refusalBody(code, msg, rid string) []byte {
+	b, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg, "request_id": rid}})
+	return b
+}

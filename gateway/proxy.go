@@ -1,0 +1,805 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// Proxy-Status error types (RFC 9209 section 2.3) used in refusals.
+const (
+	psDenied     = "http_request_denied"
+	psIPDenied   = "destination_ip_prohibited"
+	psDNS        = "dns_error"
+	psConnect    = "connection_refused"
+	psTLS        = "tls_protocol_error"
+	proxyStatusN = "sluice"
+)
+
+// rawEgress is the forward proxy (absolute-form HTTP and CONNECT) and the
+// DNS answerer of the sandbox socket. Raw egress is decided by policy
+// (kinds http, connect, dns), dialled through the guard with no
+// allow_private — it never reaches an internal address — and audited like
+// a tool call.
+type rawEgress struct {
+	s         *Server
+	dialer    *guard.Dialer
+	res       *resolver // nil without dns.upstreams
+	transport *http.Transport
+	ports     map[int]bool // CONNECT ports
+	idle      time.Duration
+	hello     time.Duration
+
+	mu      sync.Mutex
+	tunnels map[string]int // open tunnels and proxied requests per sandbox
+
+	subs *subdomains
+
+	tunnelGauge metric.Int64UpDownCounter
+	dnsAnswers  metric.Int64Counter
+	exfil       metric.Int64Counter
+}
+
+// newRawEgress provisions raw egress. With dns.upstreams configured the
+// proxy's guarded dialer resolves with the same resolver as the DNS
+// answerer; otherwise with the gateway's dialer's resolver.
+func (s *Server) newRawEgress() *rawEgress {
+	cfg := s.cfg
+	e := &rawEgress{
+		s:       s,
+		dialer:  s.dialer,
+		ports:   map[int]bool{443: true},
+		idle:    cfg.Egress.IdleTimeout.Std(),
+		hello:   cfg.Egress.HandshakeTimeout.Std(),
+		tunnels: map[string]int{},
+		subs:    newSubdomains(cfg.DNS.SubdomainThreshold, cfg.DNS.SubdomainWindow.Std()),
+	}
+	for _, p := range cfg.Egress.ConnectPorts {
+		e.ports[p] = true
+	}
+	if len(cfg.DNS.Upstreams) > 0 {
+		e.res = newResolver(cfg.DNS.Upstreams, cfg.DNS.Timeout.Std(), cfg.DNS.CacheMax)
+		e.dialer = guard.New(guard.Options{Resolver: e.res})
+	}
+	e.transport = &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return e.dialer.DialContext(ctx, network, addr, nil) // never allow_private
+		},
+		DisableCompression:     true, // pass the client's own Accept-Encoding through
+		MaxIdleConns:           256,
+		MaxIdleConnsPerHost:    16,
+		IdleConnTimeout:        90 * time.Second,
+		ResponseHeaderTimeout:  cfg.Gateway.UpstreamTimeout.Std(),
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	m := s.tel.provider.Meter("sluice/gateway/egress")
+	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
+	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
+	e.exfil, _ = m.Int64Counter("sluice.dns.exfiltration_signals", metric.WithDescription("Callers that asked for more unique names under one base domain than dns.subdomain_threshold."))
+	return e
+}
+
+// egressCall is one proxied request, tunnel or DNS question.
+type egressCall struct {
+	rid      string
+	start    time.Time
+	kind     string
+	caller   policy.Caller
+	destHost string
+	port     int
+	destIP   atomicString
+	decision policy.Decision
+	decided  bool
+	status   int
+	event    string // an extra audit event for the refusal (sni_mismatch …)
+	bytesUp  atomic.Int64
+	bytesDn  atomic.Int64
+}
+
+// egressError is a refusal of raw egress: the JSON error plus the RFC 9209
+// Proxy-Status error type.
+type egressError struct {
+	*apiError
+	proxyStatus string
+}
+
+func egressRefuse(status int, code Code, ps, msg string) *egressError {
+	return &egressError{apiError: refuse(status, code, msg), proxyStatus: ps}
+}
+
+// serveProxy handles absolute-form requests and CONNECT.
+func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
+	c := &egressCall{rid: newRequestID(), start: time.Now(), kind: "http"}
+	if r.Method == http.MethodConnect {
+		c.kind = "connect"
+	}
+	id, ok := identityFrom(r.Context())
+	if !ok {
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeIdentityRequired, psDenied, "bug: connection has no identity"))
+		return
+	}
+	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	if c.kind == "connect" {
+		e.connect(w, r, c, id)
+		return
+	}
+	e.forward(w, r, c, id)
+}
+
+// acquire takes a tunnel slot for the caller's sandbox.
+func (e *rawEgress) acquire(id wire.Identity) (release func(), ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.tunnels[id.Sandbox] >= e.s.cfg.Egress.MaxTunnelsPerCaller {
+		return nil, false
+	}
+	e.tunnels[id.Sandbox]++
+	e.tunnelGauge.Add(context.Background(), 1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.mu.Lock()
+			if e.tunnels[id.Sandbox]--; e.tunnels[id.Sandbox] <= 0 {
+				delete(e.tunnels, id.Sandbox)
+			}
+			e.mu.Unlock()
+			e.tunnelGauge.Add(context.Background(), -1)
+		})
+	}, true
+}
+
+// checkProxyRequest applies the framing checks Go's server leaves to the
+// handler (THREATS F1-F4): one Content-Length at most, never together with
+// Transfer-Encoding, no userinfo, no fragment, plain http only (https goes
+// through CONNECT).
+func checkProxyRequest(r *http.Request) error {
+	if len(r.Header.Values("Content-Length")) > 1 {
+		return errors.New("more than one Content-Length")
+	}
+	if len(r.TransferEncoding) > 0 && len(r.Header.Values("Content-Length")) > 0 {
+		return errors.New("both Transfer-Encoding and Content-Length")
+	}
+	if len(r.TransferEncoding) > 1 || len(r.TransferEncoding) == 1 && r.TransferEncoding[0] != "chunked" {
+		return errors.New("unsupported Transfer-Encoding")
+	}
+	if r.URL.User != nil || strings.Contains(r.URL.Host, "@") {
+		return errors.New("userinfo in the request target")
+	}
+	if r.URL.Fragment != "" {
+		return errors.New("fragment in the request target")
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			for i := 0; i < len(v); i++ {
+				if b := v[i]; b < 0x20 && b != '\t' || b == 0x7f {
+					return fmt.Errorf("control character in header %s", k)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// parseTarget canonicalises an absolute-form or CONNECT target.
+func parseTarget(authority, defaultPort string) (host string, port int, err error) {
+	h, p, err := guard.ParseAuthority(authority, defaultPort)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("bug(): port %q passed ParseAuthority: %w", p, err)
+	}
+	return h, n, nil
+}
+
+// decide asks policy about c and turns a non-allow into a refusal.
+func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
+	in := &policy.Input{Version: policy.InputVersion, Kind: c.kind, Caller: c.caller, Request: req, Time: time.Now().UTC()}
+	c.decision, c.decided = e.s.Decide(ctx, in), true
+	e.s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.decision.Action.String()), attribute.String("rule", c.decision.Rule)))
+	if c.decision.Action == policy.Allow {
+		return nil
+	}
+	msg := fmt.Sprintf("%s is not on agent %q's egress allowlist", req.Host, c.caller.Agent)
+	if c.decision.Rule != "default" {
+		msg = "blocked by policy"
+		if c.decision.Reason != "" {
+			msg += ": " + c.decision.Reason
+		}
+	}
+	if c.decision.Action == policy.Ask {
+		msg = "raw egress cannot be held for approval; it was not sent"
+	}
+	return egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, msg)
+}
+
+// forward proxies one absolute-form request.
+func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCall, id wire.Identity) {
+	ctx := r.Context()
+	if err := checkProxyRequest(r); err != nil {
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "malformed proxy request: "+err.Error()))
+		return
+	}
+	if r.URL.Scheme != "http" {
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "only http:// is proxied in absolute form; use CONNECT for https"))
+		return
+	}
+	host, port, err := parseTarget(r.URL.Host, "80")
+	if err != nil {
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "bad request target: "+err.Error()))
+		return
+	}
+	c.destHost, c.port = host, port
+	release, ok := e.acquire(id)
+	if !ok {
+		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, CodeRateLimited, psDenied, "too many open tunnels and proxied requests for this sandbox"))
+		return
+	}
+	defer release()
+	hdr := r.Header.Clone()
+	stripHopByHop(hdr)
+	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	if ee := e.record(ctx, c, "decision", nil, true); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	authority := net.JoinHostPort(host, strconv.Itoa(port))
+	if port == 80 {
+		authority = host
+		if strings.Contains(host, ":") {
+			authority = "[" + host + "]"
+		}
+	}
+	out := r.Clone(httptraceEgress(ctx, c))
+	out.RequestURI = ""
+	out.URL.Host = authority
+	out.URL.User = nil
+	out.Host = authority
+	out.Header = hdr
+	if r.ContentLength == 0 {
+		out.Body = nil
+	}
+	resp, err := e.transport.RoundTrip(out)
+	if err != nil {
+		e.refuse(w, c, dialRefusal(c, err))
+		return
+	}
+	defer resp.Body.Close()
+	stripHopByHop(resp.Header)
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	c.status = resp.StatusCode
+	w.WriteHeader(resp.StatusCode)
+	n, _ := io.Copy(w, resp.Body)
+	c.bytesDn.Add(n)
+	_ = e.record(context.WithoutCancel(ctx), c, "result", nil, false)
+	e.logLine(c, nil)
+}
+
+// dialRefusal maps a guarded dial's failure to a refusal.
+func dialRefusal(c *egressCall, err error) *egressError {
+	var de *guard.DeniedError
+	if errors.As(err, &de) {
+		if de.Addr.IsValid() {
+			c.destIP.Store(de.Addr.String())
+		}
+		ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psIPDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
+		ee.cause = err
+		return ee
+	}
+	var dnsErr *net.DNSError
+	var rc *rcodeError
+	if errors.As(err, &dnsErr) || errors.As(err, &rc) || errors.Is(err, errNoUpstream) {
+		ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psDNS, "the destination's name could not be resolved")
+		ee.cause = err
+		return ee
+	}
+	ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the destination could not be reached")
+	ee.cause = err
+	return ee
+}
+
+// hopByHop are removed from both directions (RFC 9110 7.6.1), with every
+// Proxy-* header: the proxy never forwards or adds credentials of its own.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func stripHopByHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				h.Del(f)
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+	for k := range h {
+		if strings.HasPrefix(strings.ToLower(k), "proxy-") {
+			delete(h, k)
+		}
+	}
+}
+
+// connect serves CONNECT host:port: port and policy first, then the
+// destination is resolved and every address classified (403 before any
+// 200), then the tunnel is answered, the client's ClientHello read and its
+// SNI held to the CONNECT host, and only then exactly the classified
+// address is dialled and the hello replayed to it.
+func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCall, id wire.Identity) {
+	ctx := r.Context()
+	// The request target as sent (authority-form, RFC 9112 3.2.3), not Go's
+	// parse of it: userinfo, a path or a second authority are refused here.
+	host, port, err := parseTarget(r.RequestURI, "")
+	if err != nil {
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "bad CONNECT target: "+err.Error()))
+		return
+	}
+	c.destHost, c.port = host, port
+	if !e.ports[port] {
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, fmt.Sprintf("CONNECT to port %d is not allowed (443 and egress.connect_ports only)", port)))
+		return
+	}
+	release, ok := e.acquire(id)
+	if !ok {
+		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, CodeRateLimited, psDenied, "too many open tunnels for this sandbox"))
+		return
+	}
+	defer release()
+	if ee := e.decide(ctx, c, policy.Request{Method: http.MethodConnect, Host: host, Port: port}); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	addr, err := e.classify(ctx, host)
+	if err != nil {
+		e.refuse(w, c, dialRefusal(c, err))
+		return
+	}
+	c.destIP.Store(addr.String())
+	if ee := e.record(ctx, c, "decision", nil, true); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, CodeUpstreamError, psDenied, "bug(): connection cannot be taken over"))
+		return
+	}
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	c.status = http.StatusOK
+	_ = conn.SetDeadline(time.Now().Add(e.hello))
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		return
+	}
+	hello, sni, err := readClientHello(brw.Reader)
+	actx := context.WithoutCancel(ctx)
+	if err == nil && sni != host {
+		err = fmt.Errorf("SNI %q is not the CONNECT host", sni)
+	}
+	if err != nil {
+		c.event = "sni_mismatch"
+		ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psTLS, "the TLS ClientHello does not name the CONNECT host")
+		ee.cause = err
+		_ = e.record(actx, c, "sni_mismatch", ee.apiError, false)
+		e.logLine(c, ee)
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, e.s.cfg.Gateway.UpstreamTimeout.Std())
+	up, err := e.dialer.DialContext(dctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String(), nil)
+	cancel()
+	if err != nil {
+		ee := dialRefusal(c, err)
+		_ = e.record(actx, c, "result", ee.apiError, false)
+		e.logLine(c, ee)
+		return
+	}
+	defer up.Close()
+	_ = conn.SetDeadline(time.Time{})
+	if _, err := up.Write(hello); err != nil {
+		return
+	}
+	c.bytesUp.Add(int64(len(hello)))
+	splice(conn, brw.Reader, up, e.idle, &c.bytesUp, &c.bytesDn)
+	_ = e.record(actx, c, "result", nil, false)
+	e.logLine(c, nil)
+}
+
+// classify resolves host once and checks every address; one refused
+// address refuses the name. It returns the address to dial.
+func (e *rawEgress) classify(ctx context.Context, host string) (netip.Addr, error) {
+	if c := guard.NameClass(host); c != guard.Public {
+		return netip.Addr{}, &guard.DeniedError{Host: host, Class: c}
+	}
+	var addrs []netip.Addr
+	if ip, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{ip}
+	} else {
+		var lookup guard.Resolver = net.DefaultResolver
+		if e.res != nil {
+			lookup = e.res
+		}
+		lctx, cancel := context.WithTimeout(ctx, e.s.cfg.Gateway.UpstreamTimeout.Std())
+		defer cancel()
+		addrs, err = lookup.LookupNetIP(lctx, "ip", host)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+	}
+	if len(addrs) == 0 {
+		return netip.Addr{}, &net.DNSError{Err: "no addresses", Name: host, IsNotFound: true}
+	}
+	for _, a := range addrs {
+		if err := e.dialer.Check(host, a, nil); err != nil {
+			return netip.Addr{}, err
+		}
+	}
+	// Prefer IPv4: the namespaces sluice runs in often have no IPv6 route.
+	for _, a := range addrs {
+		if a.Unmap().Is4() {
+			return a.Unmap(), nil
+		}
+	}
+	return addrs[0], nil
+}
+
+// splice copies both ways until either side closes or nothing moves in
+// either direction for idle.
+func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration, upN, dnN *atomic.Int64) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	cp := func(dst, src net.Conn, r io.Reader, n *atomic.Int64) {
+		buf := make([]byte, 32<<10)
+		for {
+			_ = src.SetReadDeadline(time.Now().Add(idle))
+			k, err := r.Read(buf)
+			if k > 0 {
+				last.Store(time.Now().UnixNano())
+				_ = dst.SetWriteDeadline(time.Now().Add(idle))
+				if _, werr := dst.Write(buf[:k]); werr != nil {
+					return
+				}
+				n.Add(int64(k))
+			}
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < idle {
+					continue // the other direction is busy
+				}
+				return
+			}
+		}
+	}
+	done := make(chan struct{}, 2)
+	go func() { cp(up, client, clientR, upN); closeWrite(up); done <- struct{}{} }()
+	go func() { cp(client, up, up, dnN); closeWrite(client); done <- struct{}{} }()
+	<-done
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	type cw interface{ CloseWrite() error }
+	if x, ok := c.(cw); ok {
+		_ = x.CloseWrite()
+		return
+	}
+	if ic, ok := c.(*identConn); ok {
+		closeWrite(ic.Conn)
+		return
+	}
+	_ = c.Close()
+}
+
+// refuse answers a refusal before any tunnel exists, audited.
+func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError) {
+	c.status = ee.Status
+	if aerr := e.record(context.Background(), c, "decision", ee.apiError, false); aerr != nil {
+		ee = aerr
+	}
+	e.logLine(c, ee)
+	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
+	w.Header().Set("Connection", "close")
+	writeError(w, ee.apiError, c.rid)
+}
+
+// record appends c's audit record. presync only writes (the result's
+// fsync makes it durable); a record that cannot be written refuses.
+func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, refusal *apiError, presync bool) *egressError {
+	f := map[string]any{
+		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
+		"kind": c.kind, "dest_host": c.destHost,
+	}
+	if c.port != 0 {
+		f["port"] = c.port
+	}
+	if ip := c.destIP.Load(); ip != "" {
+		f["resolved_ip"] = ip
+	}
+	if c.decided {
+		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason
+	}
+	if c.status != 0 {
+		f["status"] = c.status
+	}
+	if refusal != nil {
+		f["code"] = string(refusal.Code)
+	}
+	if event == "result" {
+		f["duration_ms"] = time.Since(c.start).Milliseconds()
+		f["bytes_up"], f["bytes_down"] = c.bytesUp.Load(), c.bytesDn.Load()
+	}
+	appendFn := e.s.audit.Append
+	if presync {
+		appendFn = e.s.audit.AppendWritten
+	}
+	if _, err := appendFn(ctx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
+		e.s.tel.audits.Add(ctx, 1)
+		e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
+		ee := egressRefuse(http.StatusServiceUnavailable, CodeAuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
+		ee.cause = err
+		return ee
+	}
+	return nil
+}
+
+// logLine writes the one canonical decision line of a request or tunnel.
+func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
+	decision, reason := "", c.decision.Reason
+	if c.decided {
+		decision = c.decision.Action.String()
+	}
+	level := slog.LevelInfo
+	if ee != nil {
+		reason = string(ee.Code)
+		if c.event != "" {
+			reason = c.event
+		}
+		if ee.cause != nil {
+			reason += ": " + ee.cause.Error()
+		}
+		if ee.Status >= 500 {
+			level = slog.LevelWarn
+		}
+	}
+	e.s.log.LogAttrs(context.Background(), level, "egress",
+		slog.String("request_id", c.rid),
+		slog.String("kind", c.kind),
+		slog.String("decision", decision),
+		slog.String("reason", reason),
+		slog.String("rule", c.decision.Rule),
+		slog.String("agent", c.caller.Agent),
+		slog.String("session", c.caller.Session),
+		slog.String("user", c.caller.User),
+		slog.String("sandbox", c.caller.Sandbox),
+		slog.String("dest_host", c.destHost),
+		slog.Int("port", c.port),
+		slog.String("resolved_ip", c.destIP.Load()),
+		slog.Int("status", c.status),
+		slog.Int64("bytes_up", c.bytesUp.Load()),
+		slog.Int64("bytes_down", c.bytesDn.Load()),
+		slog.Float64("duration_ms", float64(time.Since(c.start).Microseconds())/1000),
+	)
+}
+
+// readClientHello reads one TLS ClientHello (possibly over several
+// records) and returns the bytes read, to be replayed upstream, and its
+// one server name. A missing, empty, repeated or unparsable SNI is an error.
+func readClientHello(r *bufio.Reader) ([]byte, string, error) {
+	var raw, hs []byte
+	for {
+		hdr := make([]byte, 5)
+		if _, err := io.ReadFull(r, hdr); err != nil {
+			return nil, "", fmt.Errorf("client hello: read record: %w", err)
+		}
+		if hdr[0] != 0x16 || hdr[1] != 3 {
+			return nil, "", errors.New("client hello: not a TLS handshake record")
+		}
+		n := int(hdr[3])<<8 | int(hdr[4])
+		if n == 0 || n > 1<<14 {
+			return nil, "", errors.New("client hello: bad record length")
+		}
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, "", fmt.Errorf("client hello: read record: %w", err)
+		}
+		raw = append(append(raw, hdr...), body...)
+		hs = append(hs, body...)
+		if len(hs) >= 4 {
+			want := 4 + (int(hs[1])<<16 | int(hs[2])<<8 | int(hs[3]))
+			if want > 64<<10 {
+				return nil, "", errors.New("client hello: too long")
+			}
+			if len(hs) >= want {
+				sni, err := parseClientHelloSNI(hs[:want])
+				return raw, sni, err
+			}
+		}
+		if len(raw) > 64<<10 {
+			return nil, "", errors.New("client hello: too long")
+		}
+	}
+}
+
+// parseClientHelloSNI parses a ClientHello handshake message (RFC 8446
+// 4.1.2) and returns its server_name (RFC 6066 3), canonicalised like a
+// CONNECT host.
+func parseClientHelloSNI(m []byte) (string, error) {
+	bad := func(what string) (string, error) { return "", errors.New("client hello: " + what) }
+	p := cursor(m)
+	typ, ok := p.u8()
+	if !ok || typ != 1 {
+		return bad("not a ClientHello")
+	}
+	body, ok := p.u24Bytes()
+	if !ok || len(p) != 0 {
+		return bad("bad handshake length")
+	}
+	if _, ok := body.bytes(2 + 32); !ok { // legacy_version, random
+		return bad("truncated")
+	}
+	if _, ok := body.u8Bytes(); !ok { // legacy_session_id
+		return bad("truncated session id")
+	}
+	if _, ok := body.u16Bytes(); !ok { // cipher_suites
+		return bad("truncated cipher suites")
+	}
+	if _, ok := body.u8Bytes(); !ok { // legacy_compression_methods
+		return bad("truncated compression methods")
+	}
+	exts, ok := body.u16Bytes()
+	if !ok {
+		return bad("no extensions")
+	}
+	var name string
+	found := false
+	for len(exts) > 0 {
+		typ, ok1 := exts.u16()
+		data, ok2 := exts.u16Bytes()
+		if !ok1 || !ok2 {
+			return bad("truncated extension")
+		}
+		if typ != 0 {
+			continue
+		}
+		if found {
+			return bad("two server_name extensions")
+		}
+		found = true
+		list, ok := data.u16Bytes()
+		if !ok || len(data) != 0 {
+			return bad("malformed server_name")
+		}
+		for len(list) > 0 {
+			nt, ok1 := list.u8()
+			hn, ok2 := list.u16Bytes()
+			if !ok1 || !ok2 {
+				return bad("malformed server_name list")
+			}
+			if nt != 0 {
+				continue
+			}
+			if name != "" {
+				return bad("more than one host name in server_name")
+			}
+			if len(hn) == 0 {
+				return bad("empty server name")
+			}
+			name = string(hn)
+		}
+	}
+	if name == "" {
+		return bad("no server name")
+	}
+	host, _, err := guard.ParseAuthority(name, "443")
+	if err != nil || strings.Contains(name, ":") {
+		return bad("server name is not a host name")
+	}
+	return host, nil
+}
+
+// cursor reads big-endian fields off a byte slice.
+type cursor []byte
+
+func (c *cursor) bytes(n int) ([]byte, bool) {
+	if n < 0 || len(*c) < n {
+		return nil, false
+	}
+	b := (*c)[:n]
+	*c = (*c)[n:]
+	return b, true
+}
+
+func (c *cursor) u8() (int, bool) {
+	b, ok := c.bytes(1)
+	if !ok {
+		return 0, false
+	}
+	return int(b[0]), true
+}
+
+func (c *cursor) u16() (int, bool) {
+	b, ok := c.bytes(2)
+	if !ok {
+		return 0, false
+	}
+	return int(b[0])<<8 | int(b[1]), true
+}
+
+func (c *cursor) u8Bytes() (cursor, bool) {
+	n, ok := c.u8()
+	if !ok {
+		return nil, false
+	}
+	b, ok := c.bytes(n)
+	return b, ok
+}
+
+func (c *cursor) u16Bytes() (cursor, bool) {
+	n, ok := c.u16()
+	if !ok {
+		return nil, false
+	}
+	b, ok := c.bytes(n)
+	return b, ok
+}
+
+func (c *cursor) u24Bytes() (cursor, bool) {
+	b, ok := c.bytes(3)
+	if !ok {
+		return nil, false
+	}
+	return c.bytes(int(b[0])<<16 | int(b[1])<<8 | int(b[2]))
+}
+
+// httptraceEgress records the address actually dialled for a proxied request.
+func httptraceEgress(ctx context.Context, c *egressCall) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if info.Conn == nil {
+				return
+			}
+			if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
+				c.destIP.Store(host)
+			}
+		},
+	})
+}
+
+// egressAllowlists maps each agent to its agents[].egress list for policy.
+func egressAllowlists(cfg *config.Config) map[string][]string {
+	m := make(map[string][]string, len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		m[a.Name] = a.Egress
+	}
+	return m
+}

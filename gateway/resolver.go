@@ -1,0 +1,197 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mdns "github.com/miekg/dns"
+)
+
+// maxCacheTTL caps how long an answer is cached, whatever its TTL says.
+const maxCacheTTL = 5 * time.Minute
+
+// errNoUpstream is returned when no DNS upstream is configured.
+var errNoUpstream = errors.New("resolver: no dns.upstreams configured")
+
+// rcodeError is an upstream answer that is not NOERROR (NXDOMAIN, SERVFAIL…).
+type rcodeError struct{ rcode int }
+
+func (e *rcodeError) Error() string {
+	return "resolver: upstream answered " + mdns.RcodeToString[e.rcode]
+}
+
+// resolver is the gateway-side resolver of raw egress: the DNS answerer and
+// the proxy's guarded dialer both resolve with it, so the address the proxy
+// dials is one the answerer would also have classified. It asks the
+// configured upstreams in order with a miekg/dns client and caches answers
+// by TTL in a bounded map.
+type resolver struct {
+	upstreams []string
+	timeout   time.Duration
+	max       int
+	queries   atomic.Int64 // upstream queries sent, for tests and metrics
+
+	mu    sync.Mutex
+	cache map[cacheKey]cacheEntry
+}
+
+type cacheKey struct {
+	name  string
+	qtype uint16
+}
+
+type cacheEntry struct {
+	addrs   []netip.Addr
+	ttl     uint32
+	expires time.Time
+}
+
+func newResolver(upstreams []string, timeout time.Duration, max int) *resolver {
+	return &resolver{upstreams: upstreams, timeout: timeout, max: max, cache: map[cacheKey]cacheEntry{}}
+}
+
+// lookup returns the A or AAAA addresses of name (a canonical name without
+// the trailing dot) and the smallest TTL among them. CNAME chains are
+// followed by the upstream; only address records are kept. An answer that
+// is not NOERROR is *rcodeError.
+func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]netip.Addr, uint32, error) {
+	k := cacheKey{name, qtype}
+	now := time.Now()
+	r.mu.Lock()
+	if e, ok := r.cache[k]; ok && now.Before(e.expires) {
+		r.mu.Unlock()
+		return e.addrs, uint32(e.expires.Sub(now) / time.Second), nil
+	}
+	r.mu.Unlock()
+	if len(r.upstreams) == 0 {
+		return nil, 0, errNoUpstream
+	}
+	q := new(mdns.Msg)
+	q.SetQuestion(mdns.Fqdn(name), qtype)
+	q.RecursionDesired = true
+	var errs []error
+	for _, up := range r.upstreams {
+		in, err := r.exchange(ctx, q, up)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if in.Rcode != mdns.RcodeSuccess {
+			if in.Rcode == mdns.RcodeNameError {
+				return nil, 0, &rcodeError{in.Rcode}
+			}
+			errs = append(errs, &rcodeError{in.Rcode})
+			continue
+		}
+		var addrs []netip.Addr
+		ttl := uint32(maxCacheTTL / time.Second)
+		for _, rr := range in.Answer {
+			var a netip.Addr
+			switch v := rr.(type) {
+			case *mdns.A:
+				a, _ = netip.AddrFromSlice(v.A.To4())
+			case *mdns.AAAA:
+				a, _ = netip.AddrFromSlice(v.AAAA.To16())
+			default:
+				continue
+			}
+			if rr.Header().Rrtype != qtype || !a.IsValid() {
+				continue
+			}
+			addrs = append(addrs, a)
+			ttl = min(ttl, rr.Header().Ttl)
+		}
+		if len(addrs) == 0 {
+			ttl = 0 // NODATA is not cached: a later answer may exist
+		}
+		r.store(k, addrs, ttl)
+		return addrs, ttl, nil
+	}
+	return nil, 0, fmt.Errorf("resolver: %s: %w", name, errors.Join(errs...))
+}
+
+func (r *resolver) exchange(ctx context.Context, q *mdns.Msg, up string) (*mdns.Msg, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	r.queries.Add(1)
+	c := &mdns.Client{Net: "udp", Timeout: r.timeout}
+	in, _, err := c.ExchangeContext(ctx, q, up)
+	if err == nil && in.Truncated {
+		r.queries.Add(1)
+		c.Net = "tcp"
+		in, _, err = c.ExchangeContext(ctx, q, up)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolver: ask %s: %w", up, err)
+	}
+	if in.Id != q.Id || len(in.Question) != 1 || !strings.EqualFold(in.Question[0].Name, q.Question[0].Name) {
+		return nil, fmt.Errorf("resolver: ask %s: answer does not match the question", up)
+	}
+	return in, nil
+}
+
+// store caches an answer for its TTL (capped); TTL 0 is not cached. When
+// full, expired entries go first, then arbitrary ones.
+func (r *resolver) store(k cacheKey, addrs []netip.Addr, ttl uint32) {
+	if ttl == 0 || r.max <= 0 {
+		return
+	}
+	d := min(time.Duration(ttl)*time.Second, maxCacheTTL)
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.cache) >= r.max {
+		for ck, e := range r.cache {
+			if !now.Before(e.expires) {
+				delete(r.cache, ck)
+			}
+		}
+		for ck := range r.cache {
+			if len(r.cache) < r.max {
+				break
+			}
+			delete(r.cache, ck)
+		}
+	}
+	r.cache[k] = cacheEntry{addrs: addrs, ttl: ttl, expires: now.Add(d)}
+}
+
+// LookupNetIP resolves host for the guarded dialer: A for ip4, AAAA for
+// ip6, both for ip. A name with no address is an error.
+func (r *resolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	var types []uint16
+	switch network {
+	case "ip":
+		types = []uint16{mdns.TypeA, mdns.TypeAAAA}
+	case "ip4":
+		types = []uint16{mdns.TypeA}
+	case "ip6":
+		types = []uint16{mdns.TypeAAAA}
+	default:
+		return nil, fmt.Errorf("resolver: network %q", network)
+	}
+	var out []netip.Addr
+	var errs []error
+	for _, t := range types {
+		a, _, err := r.lookup(ctx, host, t)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, a...)
+	}
+	if len(out) == 0 {
+		if len(errs) == 0 {
+			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+		}
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}

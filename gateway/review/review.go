@@ -1,0 +1,647 @@
+// Package review is the web UI where people decide held calls: sign-in
+// (local users with bcrypt hashes, or OIDC), a live queue of pending holds,
+// a hold's page showing exactly what would be sent, approve and deny forms,
+// history and an audit view.
+//
+// Everything a hold carries came from the agent and is hostile: pages are
+// html/template (contextual escaping), invisible and bidi characters are
+// shown as markers, huge values are cut with an expand control. The server
+// decides who may approve (Holds.CanApprove before showing controls, and
+// Holds.Approve refuses anyway); every POST carries a per-session CSRF
+// token; pages are served with a strict CSP and no inline script.
+package review
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/holds"
+)
+
+// Holds is what the UI needs of the holds manager (*holds.Manager).
+type Holds interface {
+	List(ctx context.Context, f holds.Filter) ([]holds.Hold, error)
+	Get(ctx context.Context, id string) (holds.Hold, error)
+	Approve(ctx context.Context, id string, by holds.Person, reason string) (holds.Hold, error)
+	Deny(ctx context.Context, id string, by holds.Person, reason string) (holds.Hold, error)
+	Subscribe(ctx context.Context) <-chan holds.Event
+	CanApprove(h holds.Hold, p holds.Person) error
+}
+
+// OIDC configures sign-in through an OpenID provider (authorization-code
+// flow with state, nonce and PKCE).
+type OIDC struct {
+	Issuer       string
+	ClientID     string
+	ClientSecret string
+	// RedirectURL is this UI's callback as the provider knows it:
+	// "https://sluice.example/oidc/callback".
+	RedirectURL string
+	// UsernameClaim names the person (default "preferred_username"); it is
+	// what approver lists in policy name.
+	UsernameClaim string
+	// GroupsClaim lists the person's groups (default "groups").
+	GroupsClaim string
+	// HTTPClient talks to the provider (default http.DefaultClient).
+	HTTPClient *http.Client
+}
+
+// Options configures New.
+type Options struct {
+	Holds Holds         // required
+	Users []config.User // local approver accounts (bcrypt password hashes)
+	OIDC  *OIDC         // optional
+	Log   *slog.Logger  // default: discard
+	Audit func(ctx context.Context, event string, fields map[string]any) error
+	// AuditTail returns the newest n audit records for the audit view (optional).
+	AuditTail func(n int) ([]json.RawMessage, error)
+	Now       func() time.Time // default time.Now
+	// SessionTTL and SessionIdle bound a session (defaults 8h and 30m).
+	SessionTTL, SessionIdle time.Duration
+	// SecureCookies forces the Secure attribute (for TLS terminated in front
+	// of the gateway); cookies are always Secure on a TLS request.
+	SecureCookies bool
+	// LoginFailures failures per LoginWindow lock a user name (defaults 5, 15m).
+	LoginFailures int
+	LoginWindow   time.Duration
+}
+
+// UI is the review web UI; mount it at "/" on the admin listener.
+type UI struct {
+	opt      Options
+	log      *slog.Logger
+	users    map[string]config.User
+	sess     *sessions
+	limit    *limiter
+	oidc     *oidcFlow
+	pages    map[string]*template.Template
+	mux      *http.ServeMux
+	static   http.Handler
+	dummyPWH []byte
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// csp allows only this origin's files: no inline script or style, no
+// framing, forms only to this origin.
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
+	"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+const sessionCookie = "sluice_session"
+
+// New builds the UI.
+func New(opt Options) (*UI, error) {
+	if opt.Holds == nil {
+		return nil, errors.New("review: options: Holds is required")
+	}
+	if opt.Log == nil {
+		opt.Log = slog.New(slog.DiscardHandler)
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.Audit == nil {
+		opt.Audit = func(context.Context, string, map[string]any) error { return nil }
+	}
+	if opt.SessionTTL <= 0 {
+		opt.SessionTTL = 8 * time.Hour
+	}
+	if opt.SessionIdle <= 0 {
+		opt.SessionIdle = 30 * time.Minute
+	}
+	if opt.LoginFailures <= 0 {
+		opt.LoginFailures = 5
+	}
+	if opt.LoginWindow <= 0 {
+		opt.LoginWindow = 15 * time.Minute
+	}
+	u := &UI{
+		opt:   opt,
+		log:   opt.Log,
+		users: map[string]config.User{},
+		sess:  &sessions{m: map[string]*session{}, ttl: opt.SessionTTL, idle: opt.SessionIdle},
+		limit: &limiter{fails: map[string][]time.Time{}, max: opt.LoginFailures, window: opt.LoginWindow},
+		pages: map[string]*template.Template{},
+	}
+	for i, us := range opt.Users {
+		if us.Name == "" {
+			return nil, fmt.Errorf("review: users[%d]: empty name", i)
+		}
+		if _, err := bcrypt.Cost([]byte(us.PasswordHash)); err != nil {
+			return nil, fmt.Errorf("review: users[%d] (%s): password_hash is not bcrypt: %w", i, us.Name, err)
+		}
+		u.users[us.Name] = us
+	}
+	// Unknown names are checked against this hash, so a failed login takes
+	// as long whether or not the account exists.
+	cost := bcrypt.DefaultCost
+	for _, us := range u.users {
+		cost, _ = bcrypt.Cost([]byte(us.PasswordHash))
+		break
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte(randomToken()), cost)
+	if err != nil {
+		return nil, fmt.Errorf("review: dummy hash: %w", err)
+	}
+	u.dummyPWH = h
+	if opt.OIDC != nil {
+		if u.oidc, err = newOIDCFlow(*opt.OIDC); err != nil {
+			return nil, err
+		}
+	}
+	funcs := template.FuncMap{
+		"visible": visible,
+		"long":    long,
+		"pretty":  prettyJSON,
+		"age":     func(t time.Time) string { return ago(opt.Now().Sub(t)) },
+		"until": func(t time.Time) string {
+			d := t.Sub(opt.Now())
+			if d <= 0 {
+				return "expired " + ago(-d) + " ago"
+			}
+			return "in " + ago(d)
+		},
+		"stamp": func(t time.Time) string {
+			if t.IsZero() {
+				return ""
+			}
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		},
+		"sortedHeaders": sortedHeaders,
+	}
+	for _, name := range []string{"login", "queue", "hold", "history", "audit", "error", "redirect", "queuefrag"} {
+		t, err := template.New("base.html").Funcs(funcs).ParseFS(templateFS, "templates/base.html", "templates/queuelist.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("review: template %s: %w", name, err)
+		}
+		u.pages[name] = t
+	}
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, fmt.Errorf("bug(): review: static: %w", err)
+	}
+	u.static = http.StripPrefix("/ui/static/", http.FileServerFS(sub))
+
+	m := http.NewServeMux()
+	m.HandleFunc("GET /ui/static/", u.handleStatic)
+	m.HandleFunc("GET /login", u.handleLoginPage)
+	m.HandleFunc("POST /login", u.handleLogin)
+	m.HandleFunc("GET /oidc/login", u.handleOIDCLogin)
+	m.HandleFunc("GET /oidc/callback", u.handleOIDCCallback)
+	m.HandleFunc("POST /logout", u.authed(u.handleLogout))
+	m.HandleFunc("GET /{$}", u.authed(u.handleQueue))
+	m.HandleFunc("GET /ui/queue", u.authed(u.handleQueueFragment))
+	m.HandleFunc("GET /ui/events", u.authed(u.handleEvents))
+	m.HandleFunc("GET /holds/{id}", u.authed(u.handleHold))
+	m.HandleFunc("POST /holds/{id}/approve", u.authed(u.handleDecide(true)))
+	m.HandleFunc("POST /holds/{id}/deny", u.authed(u.handleDecide(false)))
+	m.HandleFunc("GET /history", u.authed(u.handleHistory))
+	m.HandleFunc("GET /audit", u.authed(u.handleAudit))
+	u.mux = m
+	return u, nil
+}
+
+// ServeHTTP sets the security headers every answer carries, refuses
+// cross-origin POSTs, and routes.
+func (u *UI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", csp)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "same-origin") // not no-referrer: that makes browsers send "Origin: null" on our own POSTs
+	h.Set("Cache-Control", "no-store")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	if r.Method == http.MethodPost && !sameOrigin(r) {
+		u.fail(w, r, nil, http.StatusForbidden, "Cross-origin request refused.")
+		return
+	}
+	u.mux.ServeHTTP(w, r)
+}
+
+// sameOrigin is a second line behind CSRF tokens: a browser's POST names its
+// origin, and it must be this host.
+func sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" || o == "null" {
+		return o == "" // a browser that sends no Origin still needs the token
+	}
+	ou, err := url.Parse(o)
+	return err == nil && ou.Host == r.Host
+}
+
+func (u *UI) handleStatic(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-cache")
+	u.static.ServeHTTP(w, r)
+}
+
+// authed runs h with the request's session, or sends the browser to login.
+func (u *UI) authed(h func(http.ResponseWriter, *http.Request, *session)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var s *session
+		if c, err := r.Cookie(sessionCookie); err == nil {
+			s = u.sess.get(c.Value, u.opt.Now())
+		}
+		if s == nil {
+			if r.Method == http.MethodGet && r.URL.Path != "/ui/events" && r.URL.Path != "/ui/queue" {
+				http.Redirect(w, r, "/login", http.StatusSeeOther)
+				return
+			}
+			u.fail(w, r, nil, http.StatusUnauthorized, "Not signed in, or the session expired.")
+			return
+		}
+		if r.Method == http.MethodPost {
+			if err := r.ParseForm(); err != nil {
+				u.fail(w, r, s, http.StatusBadRequest, "Malformed form.")
+				return
+			}
+			if !tokenEqual(r.PostForm.Get("csrf"), s.csrf) {
+				u.log.Warn("review: csrf token missing or wrong", "user", s.person.Name, "path", r.URL.Path)
+				u.fail(w, r, s, http.StatusForbidden, "Missing or wrong form token (CSRF). Reload the page and try again.")
+				return
+			}
+		}
+		h(w, r, s)
+	}
+}
+
+// page is what every template gets.
+type page struct {
+	Title   string
+	Me      *holds.Person
+	CSRF    string
+	Nav     string
+	OIDC    bool
+	Message string
+	Data    any
+}
+
+func (u *UI) render(w http.ResponseWriter, status int, name string, p page) {
+	t := u.pages[name]
+	var b strings.Builder
+	if err := t.ExecuteTemplate(&b, "page", p); err != nil {
+		u.log.Error("review: render", "page", name, "err", err.Error())
+		http.Error(w, "internal error rendering the page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+func (u *UI) fail(w http.ResponseWriter, r *http.Request, s *session, status int, msg string) {
+	p := page{Title: http.StatusText(status), Message: msg, Data: status}
+	if s != nil {
+		p.Me, p.CSRF = &s.person, s.csrf
+	}
+	u.render(w, status, "error", p)
+}
+
+func (u *UI) page(s *session, title, nav string, data any) page {
+	return page{Title: title, Me: &s.person, CSRF: s.csrf, Nav: nav, Data: data}
+}
+
+// --- sign-in ---
+
+func (u *UI) handleLoginPage(w http.ResponseWriter, r *http.Request) {
+	u.loginForm(w, r, http.StatusOK, "")
+}
+
+// loginForm renders the form with a fresh pre-session CSRF token in a
+// cookie and the form (double submit): a login POST from another site
+// cannot carry it.
+func (u *UI) loginForm(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	tok := randomToken()
+	http.SetCookie(w, u.cookie(r, "sluice_login", tok, http.SameSiteStrictMode, 600))
+	u.render(w, status, "login", page{Title: "Sign in", CSRF: tok, OIDC: u.oidc != nil, Message: msg})
+}
+
+func (u *UI) cookie(r *http.Request, name, value string, ss http.SameSite, maxAge int) *http.Cookie {
+	c := cookie(r, name, value, ss, maxAge)
+	c.Secure = c.Secure || u.opt.SecureCookies
+	return c
+}
+
+func (u *UI) handleLogin(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		u.fail(w, r, nil, http.StatusBadRequest, "Malformed form.")
+		return
+	}
+	c, err := r.Cookie("sluice_login")
+	if err != nil || !tokenEqual(r.PostForm.Get("csrf"), c.Value) {
+		u.fail(w, r, nil, http.StatusForbidden, "Missing or wrong form token (CSRF). Reload the sign-in page.")
+		return
+	}
+	name, pw := r.PostForm.Get("username"), r.PostForm.Get("password")
+	now := u.opt.Now()
+	if len(name) > 256 || len(pw) > 1024 {
+		u.loginForm(w, r, http.StatusBadRequest, "Name or password too long.")
+		return
+	}
+	if !u.limit.allowed(name, now) {
+		u.audit(r.Context(), "ui.login_refused", map[string]any{"user": name, "reason": "rate_limited"})
+		u.loginForm(w, r, http.StatusTooManyRequests, "Too many failed attempts for this name; wait and try again.")
+		return
+	}
+	us, ok := u.users[name]
+	hash := u.dummyPWH
+	if ok {
+		hash = []byte(us.PasswordHash)
+	}
+	if bcrypt.CompareHashAndPassword(hash, []byte(pw)) != nil || !ok {
+		u.limit.fail(name, now)
+		u.audit(r.Context(), "ui.login_failed", map[string]any{"user": name, "method": "password"})
+		u.loginForm(w, r, http.StatusUnauthorized, "Wrong name or password.")
+		return
+	}
+	u.limit.reset(name)
+	u.startSession(w, r, holds.Person{Name: us.Name, Groups: slices.Clone(us.Groups)}, "password")
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+func (u *UI) startSession(w http.ResponseWriter, r *http.Request, p holds.Person, method string) {
+	if c, err := r.Cookie(sessionCookie); err == nil { // no fixation: a new ID every sign-in
+		u.sess.remove(c.Value)
+	}
+	s := u.sess.create(p, method, u.opt.Now())
+	http.SetCookie(w, u.cookie(r, sessionCookie, s.id, http.SameSiteStrictMode, int(u.opt.SessionTTL/time.Second)))
+	http.SetCookie(w, u.cookie(r, "sluice_login", "", http.SameSiteStrictMode, -1))
+	u.audit(r.Context(), "ui.login", map[string]any{"user": p.Name, "groups": p.Groups, "method": method})
+}
+
+func (u *UI) handleLogout(w http.ResponseWriter, r *http.Request, s *session) {
+	u.sess.remove(s.id)
+	http.SetCookie(w, u.cookie(r, sessionCookie, "", http.SameSiteStrictMode, -1))
+	u.audit(r.Context(), "ui.logout", map[string]any{"user": s.person.Name})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+func (u *UI) audit(ctx context.Context, event string, f map[string]any) {
+	if err := u.opt.Audit(ctx, event, f); err != nil {
+		u.log.Error("review: audit", "event", event, "err", err.Error())
+	}
+}
+
+// --- holds ---
+
+// view is one hold as the pages show it, with what this person may do.
+type view struct {
+	holds.Hold
+	Mine       bool   // the person is the requester (caller.user)
+	CanApprove bool   // the server's answer, not the page's guess
+	Why        string // why not, when CanApprove is false
+}
+
+// visibleTo decides whether a person may see a hold at all: its approvers
+// and its requester may; others get 404, as if it did not exist.
+func (u *UI) visibleTo(h holds.Hold, p holds.Person) (view, bool) {
+	v := view{Hold: h, Mine: h.Caller.User != "" && h.Caller.User == p.Name}
+	err := u.opt.Holds.CanApprove(h, p)
+	switch {
+	case err == nil && !v.Mine:
+		v.CanApprove = true
+	case v.Mine || errors.Is(err, holds.ErrSelfApproval):
+		v.Mine = true
+		v.Why = "You are the person this call is made for, so someone else must approve it."
+	default:
+		return v, false
+	}
+	return v, true
+}
+
+func (u *UI) listFor(ctx context.Context, p holds.Person, f holds.Filter) ([]view, error) {
+	hs, err := u.opt.Holds.List(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]view, 0, len(hs))
+	for _, h := range hs {
+		if v, ok := u.visibleTo(h, p); ok {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+func (u *UI) pending(ctx context.Context, p holds.Person) ([]view, error) {
+	return u.listFor(ctx, p, holds.Filter{Status: []holds.Status{holds.Pending}, Limit: 500})
+}
+
+func (u *UI) handleQueue(w http.ResponseWriter, r *http.Request, s *session) {
+	vs, err := u.pending(r.Context(), s.person)
+	if err != nil {
+		u.storeFail(w, r, s, err)
+		return
+	}
+	u.render(w, http.StatusOK, "queue", u.page(s, "Pending", "queue", vs))
+}
+
+// handleQueueFragment is the queue's list alone, fetched by the page's
+// script when the event stream says something changed.
+func (u *UI) handleQueueFragment(w http.ResponseWriter, r *http.Request, s *session) {
+	vs, err := u.pending(r.Context(), s.person)
+	if err != nil {
+		u.storeFail(w, r, s, err)
+		return
+	}
+	u.render(w, http.StatusOK, "queuefrag", u.page(s, "", "", vs))
+}
+
+func (u *UI) storeFail(w http.ResponseWriter, r *http.Request, s *session, err error) {
+	u.log.Error("review: holds", "err", err.Error())
+	u.fail(w, r, s, http.StatusServiceUnavailable, "The holds store is unavailable; try again shortly.")
+}
+
+func (u *UI) handleHold(w http.ResponseWriter, r *http.Request, s *session) {
+	h, err := u.opt.Holds.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		u.decisionFail(w, r, s, err)
+		return
+	}
+	v, ok := u.visibleTo(h, s.person)
+	if !ok {
+		u.fail(w, r, s, http.StatusNotFound, "No such hold.")
+		return
+	}
+	u.render(w, http.StatusOK, "hold", u.page(s, "Hold "+h.ID, "", v))
+}
+
+func (u *UI) handleDecide(approve bool) func(http.ResponseWriter, *http.Request, *session) {
+	return func(w http.ResponseWriter, r *http.Request, s *session) {
+		id := r.PathValue("id")
+		reason := strings.TrimSpace(r.PostForm.Get("reason"))
+		if len(reason) > 2000 {
+			u.fail(w, r, s, http.StatusBadRequest, "The reason is too long (at most 2000 bytes).")
+			return
+		}
+		var err error
+		if approve {
+			_, err = u.opt.Holds.Approve(r.Context(), id, s.person, reason)
+		} else {
+			_, err = u.opt.Holds.Deny(r.Context(), id, s.person, reason)
+		}
+		if err != nil {
+			u.log.Info("review: decision refused", "user", s.person.Name, "hold", id, "approve", approve, "err", err.Error())
+			u.decisionFail(w, r, s, err)
+			return
+		}
+		http.Redirect(w, r, "/holds/"+url.PathEscape(id), http.StatusSeeOther)
+	}
+}
+
+// decisionFail maps the holds errors to pages with the designed status.
+func (u *UI) decisionFail(w http.ResponseWriter, r *http.Request, s *session, err error) {
+	switch {
+	case errors.Is(err, holds.ErrSelfApproval):
+		u.fail(w, r, s, http.StatusForbidden, "You cannot approve or deny a call made for you (self_approval_forbidden).")
+	case errors.Is(err, holds.ErrNotApprover):
+		u.fail(w, r, s, http.StatusForbidden, "You are not an approver of this hold (not_an_approver).")
+	case errors.Is(err, holds.ErrNotFound):
+		u.fail(w, r, s, http.StatusNotFound, "No such hold.")
+	case errors.Is(err, holds.ErrConflict):
+		u.fail(w, r, s, http.StatusConflict, "This hold was already decided.")
+	case errors.Is(err, holds.ErrExpired):
+		u.fail(w, r, s, http.StatusGone, "This hold expired before it was decided.")
+	default:
+		u.storeFail(w, r, s, err)
+	}
+}
+
+func (u *UI) handleHistory(w http.ResponseWriter, r *http.Request, s *session) {
+	f := holds.Filter{Status: []holds.Status{holds.Approved, holds.Running, holds.Done, holds.Denied, holds.Expired, holds.Unknown, holds.Failed}, Limit: 200}
+	vs, err := u.listFor(r.Context(), s.person, f)
+	if err != nil {
+		u.storeFail(w, r, s, err)
+		return
+	}
+	u.render(w, http.StatusOK, "history", u.page(s, "History", "history", vs))
+}
+
+// auditRow is one audit record, pretty-printed.
+type auditRow struct{ Doc []Seg }
+
+func (u *UI) handleAudit(w http.ResponseWriter, r *http.Request, s *session) {
+	var rows []auditRow
+	if u.opt.AuditTail != nil {
+		recs, err := u.opt.AuditTail(200)
+		if err != nil {
+			u.log.Error("review: audit tail", "err", err.Error())
+			u.fail(w, r, s, http.StatusServiceUnavailable, "The audit log cannot be read right now.")
+			return
+		}
+		for i := len(recs) - 1; i >= 0; i-- { // newest first
+			rows = append(rows, auditRow{Doc: prettyJSON(recs[i])})
+		}
+	}
+	u.render(w, http.StatusOK, "audit", u.page(s, "Audit", "audit", rows))
+}
+
+// handleEvents streams "changed" events for holds this person may see, so
+// the queue updates without reloading. It ends with the session.
+func (u *UI) handleEvents(w http.ResponseWriter, r *http.Request, s *session) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		u.fail(w, r, s, http.StatusInternalServerError, "Streaming unsupported.")
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	ch := u.opt.Holds.Subscribe(ctx)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprint(w, "retry: 3000\n\n")
+	fl.Flush()
+	tick := time.NewTicker(15 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if !u.sess.alive(s.id, u.opt.Now()) {
+				return
+			}
+			fmt.Fprint(w, ": keepalive\n\n")
+			fl.Flush()
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			if _, vis := u.visibleTo(ev.Hold, s.person); !vis {
+				continue
+			}
+			b, _ := json.Marshal(map[string]string{"id": ev.Hold.ID, "kind": ev.Kind})
+			fmt.Fprintf(w, "event: changed\ndata: %s\n\n", b)
+			fl.Flush()
+		}
+	}
+}
+
+// --- helpers for templates ---
+
+type header struct {
+	Name   string
+	Values []string
+}
+
+func sortedHeaders(h map[string][]string) []header {
+	out := make([]header, 0, len(h))
+	for k, v := range h {
+		out = append(out, header{k, v})
+	}
+	slices.SortFunc(out, func(a, b header) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func ago(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	default:
+		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+}
+
+// Person authenticates a request by its UI session cookie, for the admin
+// JSON API (gateway.Server.SetAdminAuth). A state-changing request must also
+// carry the session's CSRF token in the X-CSRF-Token header and come from
+// this origin; otherwise it is not authenticated.
+func (u *UI) Person(r *http.Request) (holds.Person, bool) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return holds.Person{}, false
+	}
+	s := u.sess.get(c.Value, u.opt.Now())
+	if s == nil {
+		return holds.Person{}, false
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	default:
+		if !sameOrigin(r) || !tokenEqual(r.Header.Get("X-CSRF-Token"), s.csrf) {
+			return holds.Person{}, false
+		}
+	}
+	p := s.person
+	p.Groups = slices.Clone(p.Groups)
+	return p, true
+}

@@ -1,0 +1,301 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// egressIP is the "public" address of the test's upstreams. It is assigned
+// to the namespace's own loopback device: the namespace has no other
+// interface, so a packet to it never leaves the namespace. The guard
+// classifies it as public, which is what raw egress needs to get through.
+const egressIP = "11.0.0.1"
+
+// egressWorld is a namespace with an HTTP and a TLS upstream on egressIP,
+// a miekg/dns resolver on the namespace loopback, and a gateway whose
+// agent-a may reach pkg.test and rebind.test (which resolves to loopback).
+type egressWorld struct {
+	e        *env
+	g        *gateway
+	ca       *x509.CertPool
+	httpConn atomic.Int64 // connections accepted by the upstreams
+	tlsConn  atomic.Int64
+	dnsQ     atomic.Int64
+}
+
+func newEgressWorld(t *testing.T) *egressWorld {
+	t.Helper()
+	e := newEnv(t)
+	w := &egressWorld{e: e}
+	if out, err := exec.Command("ip", "-n", e.ns.name, "addr", "add", egressIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	cert, pool := testCA(t, "pkg.test")
+	w.ca = pool
+	var hl, tl net.Listener
+	var pc net.PacketConn
+	if err := e.ns.do(func() (err error) {
+		if hl, err = net.Listen("tcp", egressIP+":80"); err != nil {
+			return err
+		}
+		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
+		return err
+	}); err != nil {
+		t.Fatalf("listen in %s: %v", e.ns.name, err)
+	}
+	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Proxy-Authorization") != "" || r.Header.Get("Proxy-Connection") != "" {
+			http.Error(rw, "proxy header forwarded", http.StatusTeapot)
+			return
+		}
+		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
+	})
+	hs := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
+	ts := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(countingListener{hl, &w.httpConn}) }()
+	go func() {
+		_ = ts.Serve(tls.NewListener(countingListener{tl, &w.tlsConn}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	}()
+	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "rebind.test": "127.0.0.1"}
+	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+		w.dnsQ.Add(1)
+		m := new(mdns.Msg)
+		m.SetReply(q)
+		name := strings.TrimSuffix(q.Question[0].Name, ".")
+		ip, ok := table[name]
+		switch {
+		case !ok:
+			m.Rcode = mdns.RcodeNameError
+		case q.Question[0].Qtype == mdns.TypeA:
+			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
+			m.Answer = []mdns.RR{rr}
+		}
+		_ = rw.WriteMsg(m)
+	})}
+	go func() { _ = ds.ActivateAndServe() }()
+	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ds.Shutdown() })
+
+	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%30000)
+	doc := map[string]any{
+		"gateway": map[string]any{
+			"sandbox_socket": filepath.Join(e.dir, "egress.sock"), "trusted_relay_uids": []int{0},
+			"admin_listen": admin, "upstream_timeout": "5s",
+		},
+		"store": "sqlite:" + filepath.Join(e.dir, "egress.db"),
+		"audit": map[string]any{"path": filepath.Join(e.dir, "egress-audit.log")},
+		"secrets": map[string]any{"backend": "local", "local": map[string]any{
+			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
+		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "rebind.test"}}},
+		"egress": map[string]any{"max_tunnels_per_caller": 4},
+		"dns":    map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(e.dir, "egress.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.g = e.startGateway(path, admin)
+	return w
+}
+
+// testCA makes a CA and a leaf for host signed by it.
+func testCA(t *testing.T, host string) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+}
+
+// proxyClient uses the gateway as its HTTP proxy over the sandbox socket.
+func (w *egressWorld) proxyClient(t *testing.T, id wire.Identity) *http.Client {
+	line, err := wire.Encode(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyURL, _ := url.Parse("http://sluice-proxy")
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		Proxy:             http.ProxyURL(proxyURL),
+		DisableKeepAlives: true,
+		TLSClientConfig:   &tls.Config{RootCAs: w.ca},
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "unix", w.g.sock)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := c.Write(line); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		},
+	}}
+}
+
+// rawConnect sends CONNECT target and returns the status line's code and
+// the Proxy-Status header.
+func (w *egressWorld) rawConnect(t *testing.T, target string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("unix", w.g.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	line, _ := wire.Encode(agentA)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "%sCONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", line, target, target)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("CONNECT %s: %v", target, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("Proxy-Status")
+}
+
+// TestEgressThroughTheGateway: an allowed host works through the proxy,
+// in plain HTTP and over CONNECT with a real TLS client verifying the
+// upstream's certificate; an unlisted host, an internal answer and a port
+// outside the list are refused with no connection to any upstream.
+func TestEgressThroughTheGateway(t *testing.T) {
+	requireHost(t)
+	w := newEgressWorld(t)
+	c := w.proxyClient(t, agentA)
+
+	t.Run("allowed host, plain HTTP", func(t *testing.T) {
+		resp, err := c.Get("http://pkg.test/simple/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "hello from pkg.test /simple/" {
+			t.Fatalf("got %d %q", resp.StatusCode, b)
+		}
+	})
+	t.Run("allowed host, CONNECT and TLS verified with the test CA", func(t *testing.T) {
+		resp, err := c.Get("https://pkg.test/files/x.whl")
+		if err != nil {
+			t.Fatalf("%v\n%s", err, w.g.stderr.Bytes())
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "hello from pkg.test /files/x.whl" || resp.TLS == nil {
+			t.Fatalf("got %d %q", resp.StatusCode, b)
+		}
+		if w.tlsConn.Load() != 1 {
+			t.Errorf("TLS upstream accepted %d connections, want 1", w.tlsConn.Load())
+		}
+	})
+	t.Run("audit names the host and the address dialled", func(t *testing.T) {
+		// The tunnel's result is written when both sides have closed.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			found := false
+			recs := w.g.auditRecords()
+			for _, r := range recs {
+				f, _ := r["fields"].(map[string]any)
+				if r["event"] == "result" && f["kind"] == "connect" && f["dest_host"] == "pkg.test" && f["resolved_ip"] == egressIP {
+					found = true
+				}
+			}
+			if found {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no connect result record for pkg.test at %s: %v", egressIP, recs)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
+	before := w.httpConn.Load() + w.tlsConn.Load()
+	t.Run("unlisted host is refused", func(t *testing.T) {
+		q := w.dnsQ.Load()
+		resp, err := c.Get("http://evil.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), `"egress_denied"`) ||
+			resp.Header.Get("Proxy-Status") != "sluice; error=http_request_denied" {
+			t.Fatalf("got %d %s %q", resp.StatusCode, b, resp.Header.Get("Proxy-Status"))
+		}
+		if w.dnsQ.Load() != q {
+			t.Error("an unlisted host was resolved")
+		}
+	})
+	t.Run("unlisted host over CONNECT is refused", func(t *testing.T) {
+		if code, ps := w.rawConnect(t, "evil.test:443"); code != 403 || ps != "sluice; error=http_request_denied" {
+			t.Fatalf("got %d %q", code, ps)
+		}
+	})
+	t.Run("CONNECT to port 22 is refused", func(t *testing.T) {
+		if code, _ := w.rawConnect(t, "pkg.test:22"); code != 403 {
+			t.Fatalf("got %d", code)
+		}
+	})
+	t.Run("allowed name answering loopback is refused (rebinding)", func(t *testing.T) {
+		if code, ps := w.rawConnect(t, "rebind.test:443"); code != 403 || ps != "sluice; error=destination_ip_prohibited" {
+			t.Fatalf("got %d %q", code, ps)
+		}
+	})
+	t.Run("C1 literal addresses are refused", func(t *testing.T) {
+		for _, target := range []string{"127.0.0.1:443", "[::1]:443", "2130706433:443", egressIP + ":443"} {
+			if code, _ := w.rawConnect(t, target); code != 403 {
+				t.Errorf("CONNECT %s: %d", target, code)
+			}
+		}
+	})
+	if after := w.httpConn.Load() + w.tlsConn.Load(); after != before {
+		t.Errorf("refused requests opened %d upstream connections", after-before)
+	}
+}
