@@ -1,0 +1,156 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	sandboxOnce                  sync.Once
+	sandboxdBin, agentBin, sbErr = "", "", error(nil)
+)
+
+// buildSandboxBins builds sandboxd and the in-sandbox agent, static
+// (CGO_ENABLED=0: sandboxd's init applies privilege changes to every thread,
+// which AllThreadsSyscall refuses under cgo), into a directory the sandbox's
+// unmapped uid can traverse.
+func buildSandboxBins(t *testing.T) {
+	t.Helper()
+	sandboxOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sluice-e2e-sbx-bin-")
+		if err != nil {
+			sbErr = err
+			return
+		}
+		if sbErr = os.Chmod(dir, 0o711); sbErr != nil {
+			return
+		}
+		sandboxdBin, agentBin = filepath.Join(dir, "sandboxd"), filepath.Join(dir, "agent")
+		gomod, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			sbErr = err
+			return
+		}
+		root := filepath.Dir(strings.TrimSpace(string(gomod)))
+		for out, pkg := range map[string]string{sandboxdBin: "./cmd/sandboxd", agentBin: "./test/e2e/testdata/agent"} {
+			cmd := exec.Command("go", "build", "-o", out, pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if b, err := cmd.CombinedOutput(); err != nil {
+				sbErr = err
+				t.Logf("build %s: %s", pkg, b)
+				return
+			}
+		}
+	})
+	if sbErr != nil {
+		t.Fatalf("build sandbox binaries: %v", sbErr)
+	}
+}
+
+// TestSandboxReachesGatewayWithItsIdentity runs code inside a real sandbox
+// made by sandboxd: its calls through 127.0.0.1:3128 and through
+// /run/sluice/gateway.sock reach the real gateway as exactly the identity
+// sandboxd relayed (agent, session, user), get the upstream's answer without
+// the credential, and a connection to a listener on the host's loopback fails.
+func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
+	e := newEnv(t)
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("kernel lacks user namespaces")
+	}
+	buildSandboxBins(t)
+	cfg, admin := e.writeConfig(e.mainConfig())
+	e.setSecret(cfg)
+	g := e.startGateway(cfg, admin)
+
+	// A listener on the host's loopback that must stay unreachable (A1).
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	var hostAccepts sync.WaitGroup
+	accepted := make(chan struct{}, 8)
+	hostAccepts.Add(1)
+	go func() {
+		defer hostAccepts.Done()
+		for {
+			c, err := host.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+
+	state, err := os.MkdirTemp("", "sluice-e2e-sbx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.sock,
+		"--agent", "agent-a", "--session", "sess-42", "--user", "alice",
+		"--copy", agentBin+":/workspace/agent", "--timeout", "60s",
+		"--", "/workspace/agent", "tickets.list_tickets", host.Addr().String())
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	e.keep(out.Bytes())
+	lines := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		lines[k] = v
+	}
+	for _, way := range []string{"tcp", "unix"} {
+		if !strings.HasPrefix(lines[way], "200 ") || !strings.Contains(lines[way], `"status":200`) {
+			t.Errorf("%s from inside the sandbox: %q, want 200 with the upstream's answer", way, lines[way])
+		}
+	}
+	if !strings.HasPrefix(lines["escape"], "error ") {
+		t.Errorf("connect to the host's loopback from inside: %q, want an error", lines["escape"])
+	}
+	select {
+	case <-accepted:
+		t.Error("the host loopback listener accepted a connection from the sandbox")
+	default:
+	}
+
+	// The gateway saw exactly the relayed identity on both calls.
+	var calls int
+	for _, m := range g.logLines() {
+		if m["msg"] != "tool_call" || m["tool"] != "tickets.list_tickets" {
+			continue
+		}
+		calls++
+		if m["agent"] != "agent-a" || m["session"] != "sess-42" || m["user"] != "alice" || m["decision"] != "allow" {
+			t.Errorf("decision line %v: want agent-a / sess-42 / alice, allowed", m)
+		}
+		if sb, _ := m["sandbox"].(string); sb == "" {
+			t.Errorf("decision line %v has no sandbox id", m)
+		}
+	}
+	if calls != 2 {
+		t.Errorf("gateway logged %d list_tickets calls, want 2 (tcp and unix)", calls)
+	}
+	if n := len(e.up.requests()); n != 2 {
+		t.Errorf("upstream saw %d requests, want 2", n)
+	}
+}
