@@ -578,7 +578,9 @@ func (u *UI) handleEvents(w http.ResponseWriter, r *http.Request, s *session) {
 			if !u.sess.alive(s.id, u.opt.Now()) {
 				return
 			}
-			fmt.Fprint(w, ": keepalive\n\n")
+			// Also a resync: the manager drops events for a subscriber that
+			// falls behind, so the page re-lists at least this often.
+			fmt.Fprint(w, "event: changed\ndata: {}\n\n")
 			fl.Flush()
 		case ev, ok := <-ch:
 			if !ok {

@@ -660,3 +660,43 @@ func TestSecureCookieOverTLS(t *testing.T) {
 	}
 	t.Fatalf("no session cookie (status %d)", r.StatusCode)
 }
+
+func TestDenyAndExpired(t *testing.T) {
+	e := newEnv(t, nil)
+	alice := e.browser()
+	tok := alice.login("alice", "alice-pw")
+	t.Run("deny with a reason", func(t *testing.T) {
+		h := e.hold(`{"id":1}`)
+		r, _ := alice.post("/holds/"+h.ID+"/deny", url.Values{"csrf": {tok}, "reason": {"not today"}}, nil)
+		if r.StatusCode != http.StatusSeeOther {
+			t.Fatalf("status %d", r.StatusCode)
+		}
+		got, _ := e.mgr.Get(context.Background(), h.ID)
+		if got.Status != holds.Denied || got.DecidedBy != "alice" || got.DecisionReason != "not today" {
+			t.Fatalf("hold %+v", got)
+		}
+		_, page := alice.get("/holds/" + h.ID)
+		if strings.Contains(page, `id="approve"`) || !strings.Contains(page, "not today") {
+			t.Fatal("decided hold page still offers approval or lacks the reason")
+		}
+	})
+	t.Run("approve after expiry is 410", func(t *testing.T) {
+		h, _, err := e.mgr.Create(context.Background(), holds.Hold{Tool: "t.x", Args: []byte(`{}`),
+			Request: holds.Request{Method: "GET", URL: "https://api.example/x"}, Caller: holds.Caller{Agent: "a", User: "bob"},
+			Approvers: []string{"alice"}, Expires: time.Now().Add(50 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		r, body := alice.post("/holds/"+h.ID+"/approve", url.Values{"csrf": {tok}}, nil)
+		if r.StatusCode != http.StatusGone || !strings.Contains(body, "expired") {
+			t.Fatalf("status %d", r.StatusCode)
+		}
+	})
+	t.Run("unknown hold is 404", func(t *testing.T) {
+		r, _ := alice.post("/holds/nope/approve", url.Values{"csrf": {tok}}, nil)
+		if r.StatusCode != http.StatusNotFound {
+			t.Fatalf("status %d", r.StatusCode)
+		}
+	})
+}

@@ -1,0 +1,6 @@
+// Package browser drives the review web UI in a real Chromium (Debian's
+// chromium, through chromedp) against a real in-process gateway: an agent's
+// ask call is held, people sign in, watch it arrive live and decide it.
+// The tests skip, saying so, when /usr/bin/chromium is missing; test.sh
+// installs it.
+package browser
