@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sluice-gw/sluice/gateway"
 	"github.com/sluice-gw/sluice/gateway/config"
@@ -71,7 +73,7 @@ status is non-zero if any answer is not the expected one.`,
 // writeDemoFiles writes the demo's spec, config and a sample policy input
 // into dir and returns the config's path. The connector's base_url is
 // upstream; relayUID is the uid the gateway trusts to send the preamble.
-func writeDemoFiles(dir, upstream string, relayUID int) (string, error) {
+func writeDemoFiles(dir, upstream string, relayUID int, appr demoApprover) (string, error) {
 	spec, err := demoFS.ReadFile("demo/" + demoSpec)
 	if err != nil {
 		return "", fmt.Errorf("bug(): embedded demo spec: %w", err)
@@ -121,6 +123,18 @@ policies:
   - match: "*"
     action: block
 `, relayUID, demoSpec, upstream, demoSecret, demoIdentity.Agent)
+	if appr.Name != "" {
+		cfg += fmt.Sprintf(`approvers:
+  # The demo's approver: logs in to the review UI with the password in
+  # approver-password (bcrypt here), and the demo's script approves through
+  # the admin API with a token whose SHA-256 is below.
+  users:
+    - name: %s
+      groups: [finance]
+      password_hash: %q
+      token_sha256: %s
+`, appr.Name, appr.PasswordHash, appr.TokenSHA256)
+	}
 	path := filepath.Join(dir, "sluice.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return "", err
@@ -292,6 +306,24 @@ func agentCall(ctx context.Context, c *http.Client, method, path, body string) (
 	return reply{status: resp.StatusCode, body: b}, nil
 }
 
+// adminPost sends a JSON POST to the admin API as the bearer of token and
+// returns the status.
+func adminPost(ctx context.Context, url, token, body string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
 // toolNames pulls tool names out of GET /v1/tools, whether the list is the
 // document itself or under "tools".
 func toolNames(body []byte) []string {
@@ -332,6 +364,37 @@ func (d *demoRun) check(ok bool, step, got, want string) {
 	d.failed = append(d.failed, step)
 }
 
+// demoApprover is the person the demo configures to decide held calls.
+type demoApprover struct {
+	Name, PasswordHash, TokenSHA256 string
+	token, passwordFile             string // the script's API token; where the UI password is
+}
+
+// newDemoApprover makes the approver's random password (written 0600 into
+// dir, never printed) and API token (kept in memory for the script).
+func newDemoApprover(dir string) (demoApprover, error) {
+	var pw, tok [16]byte
+	if _, err := rand.Read(pw[:]); err != nil {
+		return demoApprover{}, err
+	}
+	if _, err := rand.Read(tok[:]); err != nil {
+		return demoApprover{}, err
+	}
+	password := hex.EncodeToString(pw[:])
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.DefaultCost)
+	if err != nil {
+		return demoApprover{}, err
+	}
+	a := demoApprover{Name: "fran", PasswordHash: string(hash), token: hex.EncodeToString(tok[:]),
+		passwordFile: filepath.Join(dir, "approver-password")}
+	sum := sha256.Sum256([]byte(a.token))
+	a.TokenSHA256 = hex.EncodeToString(sum[:])
+	if err := os.WriteFile(a.passwordFile, []byte(password+"\n"), 0o600); err != nil {
+		return demoApprover{}, err
+	}
+	return a, nil
+}
+
 func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 	if dir == "" {
 		var err error
@@ -359,7 +422,11 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 	}
 	defer up.Close()
 
-	cfgPath, err := writeDemoFiles(dir, up.URL(), os.Getuid())
+	appr, err := newDemoApprover(dir)
+	if err != nil {
+		return fmt.Errorf("demo: approver: %w", err)
+	}
+	cfgPath, err := writeDemoFiles(dir, up.URL(), os.Getuid(), appr)
 	if err != nil {
 		return fmt.Errorf("demo: write files: %w", err)
 	}
@@ -425,18 +492,19 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 	fmt.Fprintf(w, "  secret     %q in the local store (%s); the agent never sees it\n", demoSecret, cfg.Secrets.Local.Path)
 	fmt.Fprintf(w, "  gateway    socket %s, admin %s\n", cfg.Gateway.SandboxSocket, admin)
 	fmt.Fprintf(w, "  policy     list/get allow, create_refund ask (group:finance), everything else block\n\n")
-	fmt.Fprintf(w, "The agent is a scripted stand-in for sandboxed code (sandboxd, which builds sandboxes\n")
-	fmt.Fprintf(w, "and relays them, is its own issue): it dials the socket, sends the identity preamble\n")
-	fmt.Fprintf(w, "sandboxd would send (sandbox %s, agent %s) and speaks HTTP.\n\n", demoIdentity.Sandbox, demoIdentity.Agent)
+	fmt.Fprintf(w, "The agent is a scripted stand-in for sandboxed code: it dials the socket, sends the\n")
+	fmt.Fprintf(w, "identity preamble sandboxd's relay sends (sandbox %s, agent %s) and speaks HTTP.\n", demoIdentity.Sandbox, demoIdentity.Agent)
+	fmt.Fprintf(w, "(Real code in a real sandbox: `sandboxd run --gateway %s --agent %s -- CMD`, as root.)\n\n", cfg.Gateway.SandboxSocket, demoIdentity.Agent)
 
 	agent, err := agentClient(cfg.Gateway.SandboxSocket, demoIdentity)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	d := &demoRun{w: w}
-	d.steps(ctx, agent, up, key, admin)
+	d.steps(ctx, agent, up, key, admin, appr)
 
-	fmt.Fprintf(w, "\nadmin      %s/metrics  %s/healthz\n", admin, admin)
+	fmt.Fprintf(w, "\nreview UI  %s/  (log in as %s; the password is in %s)\n", admin, appr.Name, appr.passwordFile)
+	fmt.Fprintf(w, "admin      %s/metrics  %s/healthz\n", admin, admin)
 	fmt.Fprintf(w, "logs       %s (one JSON decision line per call)\n", logPath)
 	fmt.Fprintf(w, "audit      %s\n", cfg.Audit.Path)
 	fmt.Fprintf(w, "           verify it: sluice audit verify --config %s\n", cfgPath)
@@ -449,6 +517,10 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 	}
 
 	if keep && len(d.failed) == 0 {
+		// Leave one call held for a person to decide in the review UI.
+		if r, err := agentCall(ctx, agent, "POST", "/v1/tools/tickets.create_refund", `{"body":{"ticket_id":"T-3","amount_cents":990,"reason":"late delivery"}}`); err == nil && r.status == 202 {
+			fmt.Fprintf(w, "\nA second refund is held now: open %s/, log in as %s and approve or deny it.\n", admin, appr.Name)
+		}
 		fmt.Fprintf(w, "\nThe gateway and the upstream keep running; Ctrl-C stops them.\n")
 		<-ctx.Done()
 	}
@@ -474,7 +546,7 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 }
 
 // steps runs the scripted agent's calls and checks each answer.
-func (d *demoRun) steps(ctx context.Context, agent *http.Client, up *demoUpstream, key, admin string) {
+func (d *demoRun) steps(ctx context.Context, agent *http.Client, up *demoUpstream, key, admin string, appr demoApprover) {
 	w := d.w
 	leak := func(r reply) bool { return bytes.Contains(r.body, []byte(key)) }
 
@@ -525,32 +597,47 @@ func (d *demoRun) steps(ctx context.Context, agent *http.Client, up *demoUpstrea
 
 	fmt.Fprintf(w, "4. POST /v1/tools/tickets.create_refund  policy: ask (approvers group:finance)\n")
 	r, err = agentCall(ctx, agent, "POST", "/v1/tools/tickets.create_refund", `{"body":{"ticket_id":"T-2","amount_cents":1500,"reason":"double charge"}}`)
+	var hold struct {
+		Hold struct {
+			ID, Status, Poll string
+		} `json:"hold"`
+	}
 	if err != nil {
-		d.check(false, "ask call", err.Error(), "503 approval_unavailable")
+		d.check(false, "ask call", err.Error(), "202 held for approval")
 	} else {
 		keyed, _ := up.seen("POST /refunds")
-		switch {
-		case r.status == 202:
-			// Once holds land the call is held and waits for an approver.
-			var h struct {
-				Hold struct {
-					ID, Status, Poll string
-				} `json:"hold"`
+		_ = json.Unmarshal(r.body, &hold)
+		d.check(r.status == 202 && hold.Hold.Status == "pending" && keyed == 0 && !leak(r), "ask call",
+			fmt.Sprintf("%d held for approval: hold %s %s; the upstream saw %d refund(s)", r.status, hold.Hold.ID, hold.Hold.Status, keyed),
+			"202 with a pending hold and no upstream call")
+	}
+
+	fmt.Fprintf(w, "5. %s (group finance) approves hold %s; the agent polls %s\n", appr.Name, hold.Hold.ID, hold.Hold.Poll)
+	if hold.Hold.ID == "" {
+		d.check(false, "approval", "no hold to approve", "an approved hold")
+	} else {
+		st, err := adminPost(ctx, admin+"/api/v1/holds/"+hold.Hold.ID+"/approve", appr.token, `{"reason":"refund checked against the ledger"}`)
+		if err != nil {
+			d.check(false, "approval", err.Error(), "200")
+		} else {
+			d.check(st == 200, "approval", fmt.Sprintf("%d: approved through the admin API (a person's token; never the sandbox socket)", st), "200")
+		}
+		r, err = agentCall(ctx, agent, "GET", hold.Hold.Poll+"?wait=10s", "")
+		if err != nil {
+			d.check(false, "held call result", err.Error(), "200")
+		} else {
+			var out struct {
+				Status int `json:"status"`
 			}
-			_ = json.Unmarshal(r.body, &h)
-			d.check(h.Hold.Status == "pending" && keyed == 0, "ask call",
-				fmt.Sprintf("202 held for approval: hold %s %s, poll %s; approve it at %s/", h.Hold.ID, h.Hold.Status, h.Hold.Poll, admin),
-				"a pending hold and no upstream call")
-		default:
-			d.check(r.status == 503 && r.code() == "approval_unavailable" && keyed == 0 && !leak(r), "ask call",
-				fmt.Sprintf("%d %s; the upstream saw %d refund(s)", r.status, r.code(), keyed),
-				"503 approval_unavailable and no upstream call")
-			fmt.Fprintf(w, "        held calls and the review UI are not built yet (the holds issue): until\n")
-			fmt.Fprintf(w, "        then an ask is refused, never allowed.\n")
+			_ = json.Unmarshal(r.body, &out)
+			keyed, unkeyed := up.seen("POST /refunds")
+			d.check(r.status == 200 && out.Status == 201 && keyed == 1 && unkeyed == 0 && !leak(r), "held call result",
+				fmt.Sprintf("%d: the stored request ran once, upstream answered %d; the upstream saw %d keyed refund(s)", r.status, out.Status, keyed),
+				"200 with the upstream's 201 and exactly one keyed refund")
 		}
 	}
 
-	fmt.Fprintf(w, "5. GET  %s/healthz (admin listener; never reachable from a sandbox)\n", admin)
+	fmt.Fprintf(w, "6. GET  %s/healthz (admin listener; never reachable from a sandbox)\n", admin)
 	hc := &http.Client{Timeout: 10 * time.Second}
 	hreq, err := http.NewRequestWithContext(ctx, "GET", admin+"/healthz", nil)
 	var hr *http.Response

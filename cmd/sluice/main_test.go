@@ -35,7 +35,7 @@ func cli(t *testing.T, stdin string, args ...string) (stdout, stderr string, err
 // and returns the config's path.
 func demoConfig(t *testing.T) string {
 	t.Helper()
-	path, err := writeDemoFiles(t.TempDir(), "http://127.0.0.1:9", os.Getuid())
+	path, err := writeDemoFiles(t.TempDir(), "http://127.0.0.1:9", os.Getuid(), demoApprover{})
 	if err != nil {
 		t.Fatalf("writeDemoFiles: %v", err)
 	}
