@@ -30,6 +30,7 @@ import (
 // Proxy-Status error types (RFC 9209 section 2.3) used in refusals.
 const (
 	psDenied     = "http_request_denied"
+	psBadRequest = "http_request_error"
 	psIPDenied   = "destination_ip_prohibited"
 	psDNS        = "dns_error"
 	psConnect    = "connection_refused"
@@ -240,16 +241,16 @@ func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Reques
 func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCall, id wire.Identity) {
 	ctx := r.Context()
 	if err := checkProxyRequest(r); err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "malformed proxy request: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed proxy request: "+err.Error()))
 		return
 	}
 	if r.URL.Scheme != "http" {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "only http:// is proxied in absolute form; use CONNECT for https"))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "only http:// is proxied in absolute form; use CONNECT for https"))
 		return
 	}
 	host, port, err := parseTarget(r.URL.Host, "80")
 	if err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "bad request target: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "bad request target: "+err.Error()))
 		return
 	}
 	c.destHost, c.port = host, port
@@ -299,7 +300,9 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	w.WriteHeader(resp.StatusCode)
 	n, _ := io.Copy(w, resp.Body)
 	c.bytesDn.Add(n)
-	_ = e.record(context.WithoutCancel(ctx), c, "result", nil, false)
+	// The answer has been relayed: the result's fsync gates nothing, so it
+	// is not waited for (the decision was written before the dial).
+	go func() { _ = e.record(context.WithoutCancel(ctx), c, "result", nil, false) }()
 	e.logLine(c, nil)
 }
 
@@ -359,7 +362,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	// parse of it: userinfo, a path or a second authority are refused here.
 	host, port, err := parseTarget(r.RequestURI, "")
 	if err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psDenied, "bad CONNECT target: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "bad CONNECT target: "+err.Error()))
 		return
 	}
 	c.destHost, c.port = host, port
@@ -474,37 +477,44 @@ func (e *rawEgress) classify(ctx context.Context, host string) (netip.Addr, erro
 }
 
 // splice copies both ways until either side closes or nothing moves in
-// either direction for idle.
+// either direction for idle. A watchdog closes both connections when idle;
+// the copies themselves set no deadlines (one timer per tunnel rather than
+// two deadline updates per read).
 func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration, upN, dnN *atomic.Int64) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
-	cp := func(dst, src net.Conn, r io.Reader, n *atomic.Int64) {
+	cp := func(dst net.Conn, r io.Reader, n *atomic.Int64) {
 		buf := make([]byte, 32<<10)
 		for {
-			_ = src.SetReadDeadline(time.Now().Add(idle))
 			k, err := r.Read(buf)
 			if k > 0 {
 				last.Store(time.Now().UnixNano())
-				_ = dst.SetWriteDeadline(time.Now().Add(idle))
 				if _, werr := dst.Write(buf[:k]); werr != nil {
 					return
 				}
 				n.Add(int64(k))
 			}
 			if err != nil {
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < idle {
-					continue // the other direction is busy
-				}
 				return
 			}
 		}
 	}
 	done := make(chan struct{}, 2)
-	go func() { cp(up, client, clientR, upN); closeWrite(up); done <- struct{}{} }()
-	go func() { cp(client, up, up, dnN); closeWrite(client); done <- struct{}{} }()
-	<-done
-	<-done
+	go func() { cp(up, clientR, upN); closeWrite(up); done <- struct{}{} }()
+	go func() { cp(client, up, dnN); closeWrite(client); done <- struct{}{} }()
+	tick := time.NewTicker(max(idle/4, time.Millisecond))
+	defer tick.Stop()
+	for finished := 0; finished < 2; {
+		select {
+		case <-done:
+			finished++
+		case <-tick.C:
+			if time.Since(time.Unix(0, last.Load())) >= idle {
+				client.Close()
+				up.Close()
+			}
+		}
+	}
 }
 
 func closeWrite(c net.Conn) {

@@ -47,6 +47,8 @@ type egressWorld struct {
 	httpConn atomic.Int64 // connections accepted by the upstreams
 	tlsConn  atomic.Int64
 	dnsQ     atomic.Int64
+	loopConn atomic.Int64 // connections to 127.0.0.1:443, where nothing may arrive
+	flips    atomic.Int64 // A questions for flip.test
 }
 
 func newEgressWorld(t *testing.T) *egressWorld {
@@ -56,15 +58,18 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	if out, err := exec.Command("ip", "-n", e.ns.name, "addr", "add", egressIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
 		t.Fatalf("ip addr add: %v: %s", err, out)
 	}
-	cert, pool := testCA(t, "pkg.test")
+	cert, pool := testCA(t, "pkg.test", "flip.test")
 	w.ca = pool
-	var hl, tl net.Listener
+	var hl, tl, ll net.Listener
 	var pc net.PacketConn
 	if err := e.ns.do(func() (err error) {
 		if hl, err = net.Listen("tcp", egressIP+":80"); err != nil {
 			return err
 		}
 		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
+			return err
+		}
+		if ll, err = net.Listen("tcp", "127.0.0.1:443"); err != nil {
 			return err
 		}
 		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
@@ -85,6 +90,10 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	go func() {
 		_ = ts.Serve(tls.NewListener(countingListener{tl, &w.tlsConn}, &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
+	ls := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		_ = ls.Serve(tls.NewListener(countingListener{ll, &w.loopConn}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	}()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "rebind.test": "127.0.0.1"}
 	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		w.dnsQ.Add(1)
@@ -92,6 +101,13 @@ func newEgressWorld(t *testing.T) *egressWorld {
 		m.SetReply(q)
 		name := strings.TrimSuffix(q.Question[0].Name, ".")
 		ip, ok := table[name]
+		if name == "flip.test" && q.Question[0].Qtype == mdns.TypeA {
+			// TTL 0, public first, then loopback: DNS rebinding.
+			ip, ok = egressIP, true
+			if w.flips.Add(1) > 1 {
+				ip = "127.0.0.1"
+			}
+		}
 		switch {
 		case !ok:
 			m.Rcode = mdns.RcodeNameError
@@ -102,7 +118,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 		_ = rw.WriteMsg(m)
 	})}
 	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ds.Shutdown() })
+	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ls.Close(); _ = ds.Shutdown() })
 
 	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%30000)
 	doc := map[string]any{
@@ -114,7 +130,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 		"audit": map[string]any{"path": filepath.Join(e.dir, "egress-audit.log")},
 		"secrets": map[string]any{"backend": "local", "local": map[string]any{
 			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
-		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "rebind.test"}}},
+		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "rebind.test", "flip.test"}}},
 		"egress": map[string]any{"max_tunnels_per_caller": 4},
 		"dns":    map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
 	}
@@ -131,7 +147,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 }
 
 // testCA makes a CA and a leaf for host signed by it.
-func testCA(t *testing.T, host string) (tls.Certificate, *x509.CertPool) {
+func testCA(t *testing.T, hosts ...string) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice test CA"},
@@ -143,7 +159,7 @@ func testCA(t *testing.T, host string) (tls.Certificate, *x509.CertPool) {
 	}
 	ca, _ := x509.ParseCertificate(caDER)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
@@ -298,4 +314,78 @@ func TestEgressThroughTheGateway(t *testing.T) {
 	if after := w.httpConn.Load() + w.tlsConn.Load(); after != before {
 		t.Errorf("refused requests opened %d upstream connections", after-before)
 	}
+
+	// THREATS C5: a TTL-0 name that answers a public address, then
+	// loopback. The tunnel dials exactly the address classified; the next
+	// one is refused; nothing ever reaches 127.0.0.1:443.
+	t.Run("TTL-0 rebinding", func(t *testing.T) {
+		tlsBefore := w.tlsConn.Load()
+		resp, err := c.Get("https://flip.test/first")
+		if err != nil {
+			t.Fatalf("first request: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if w.tlsConn.Load() != tlsBefore+1 {
+			t.Errorf("first request did not reach the public upstream")
+		}
+		if _, err := c.Get("https://flip.test/second"); err == nil {
+			t.Error("second request went through after the name flipped to loopback")
+		}
+		if w.flips.Load() < 2 {
+			t.Errorf("flip.test was asked %d times: the second request did not resolve again", w.flips.Load())
+		}
+		if n := w.loopConn.Load(); n != 0 {
+			t.Errorf("%d connections reached 127.0.0.1:443", n)
+		}
+	})
+}
+
+// TestEgressThroughput measures keep-alive requests per second through the
+// proxy against the same upstream dialled directly from the namespace, for
+// plain HTTP and for HTTPS over one CONNECT tunnel. It only runs with
+// SLUICE_BENCH=1 (numbers for the README, not a pass/fail gate).
+func TestEgressThroughput(t *testing.T) {
+	requireHost(t)
+	if os.Getenv("SLUICE_BENCH") == "" {
+		t.Skip("set SLUICE_BENCH=1 to measure")
+	}
+	w := newEgressWorld(t)
+	line, _ := wire.Encode(agentA)
+	proxyURL, _ := url.Parse("http://sluice-proxy")
+	viaProxy := &http.Client{Transport: &http.Transport{
+		Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: w.ca}, MaxIdleConnsPerHost: 1,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "unix", w.g.sock)
+			if err == nil {
+				_, err = c.Write(line)
+			}
+			return c, err
+		},
+	}}
+	direct := &http.Client{Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: w.ca}, MaxIdleConnsPerHost: 1,
+		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+			_, port, _ := net.SplitHostPort(addr)
+			err = w.e.ns.do(func() (err error) { c, err = net.Dial("tcp", egressIP+":"+port); return err })
+			return c, err
+		},
+	}}
+	rps := func(c *http.Client, u string) float64 {
+		const n = 2000
+		start := time.Now()
+		for range n {
+			resp, err := c.Get(u)
+			if err != nil {
+				t.Fatalf("%s: %v", u, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return n / time.Since(start).Seconds()
+	}
+	pd, pp := rps(direct, "http://pkg.test/x"), rps(viaProxy, "http://pkg.test/x")
+	cd, cp := rps(direct, "https://pkg.test/x"), rps(viaProxy, "https://pkg.test/x")
+	t.Logf("plain HTTP keep-alive: direct %.0f req/s, via proxy %.0f req/s (%.2fx)", pd, pp, pp/pd)
+	t.Logf("HTTPS over CONNECT keep-alive: direct %.0f req/s, via tunnel %.0f req/s (%.2fx)", cd, cp, cp/cd)
 }
