@@ -27,7 +27,11 @@ go vet ./...
 echo "== go test"
 short=()
 [ -n "${SHORT:-}" ] && short=(-short)
-go test -race -count=1 -timeout 30m "${short[@]}" ./...
+# Unit and package tests first, two packages at a time; then the suites in
+# test/ (real binaries, namespaces, sandboxes, Chromium) one package at a
+# time, so their timing-sensitive steps do not compete with each other.
+go test -race -count=1 -timeout 30m "${short[@]}" $(go list ./... | grep -v '/test/')
+go test -race -count=1 -timeout 30m -p 1 "${short[@]}" ./test/...
 
 echo "== demo (the README's first command)"
 go run ./cmd/sluice demo

@@ -251,7 +251,7 @@ func (r *rig) ask(args string) (<-chan result, context.CancelFunc) {
 // pending waits until the store has n pending holds and returns them.
 func (r *rig) pending(n int) []holds.Hold {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		hs, err := r.gw.Holds().List(context.Background(), holds.Filter{Status: []holds.Status{holds.Pending}})
 		if err != nil {
@@ -279,7 +279,7 @@ func (r *rig) signIn(name, pw string) *person {
 	r.t.Helper()
 	ctx, cancel := chromedp.NewContext(r.browser, chromedp.WithNewBrowserContext())
 	r.t.Cleanup(cancel)
-	ctx, tcancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, tcancel := context.WithTimeout(ctx, 180*time.Second)
 	r.t.Cleanup(tcancel)
 	p := &person{ctx: ctx, r: r, name: name, dialogs: make(chan string, 10)}
 	// Any alert, confirm or prompt is a script injection that ran: record it.
@@ -386,7 +386,7 @@ func TestApproverWatchesHoldArriveAndApproves(t *testing.T) {
 		if res.err != nil || res.status != 200 || !strings.Contains(res.body, `"status":201`) || !strings.Contains(res.body, `"refund":"r-1"`) {
 			t.Fatalf("agent's call: %d %q %v", res.status, res.body, res.err)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the agent's waiting call did not complete after approval")
 	}
 	got, err := r.gw.Holds().Get(context.Background(), h.ID)
