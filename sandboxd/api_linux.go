@@ -110,6 +110,28 @@ func (m *Manager) Handler() http.Handler {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		_, _ = w.Write(buf.Bytes())
 	})
+	mux.HandleFunc("POST /v1/pin", func(w http.ResponseWriter, r *http.Request) {
+		var b PinRequest
+		if !decode(w, r, &b) {
+			return
+		}
+		in, err := m.Pin(r.Context(), b)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		reply(w, http.StatusCreated, in)
+	})
+	mux.HandleFunc("GET /v1/pins", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK, m.Pins())
+	})
+	mux.HandleFunc("DELETE /v1/pins/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if err := m.Unpin(r.PathValue("id")); err != nil {
+			fail(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return mux
 }
 
@@ -145,6 +167,8 @@ func fail(w http.ResponseWriter, err error) {
 		code, status = "too_large", http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrDenied):
 		code, status = "forbidden", http.StatusForbidden
+	case errors.Is(err, ErrConflict):
+		code, status = "conflict", http.StatusConflict
 	case errors.Is(err, ErrFull):
 		code, status = "no_capacity", http.StatusServiceUnavailable
 	}

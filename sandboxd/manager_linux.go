@@ -146,10 +146,12 @@ type Manager struct {
 	refilling atomic.Bool
 	refills   sync.WaitGroup
 
-	mu     sync.Mutex
-	boxes  map[string]*sandbox
-	slots  []bool
-	closed bool
+	mu      sync.Mutex
+	boxes   map[string]*sandbox
+	slots   []bool
+	pins    map[string]*pinEntry // by pin id
+	pinning map[nsKey]bool       // namespaces pinned or being pinned
+	closed  bool
 }
 
 type sandbox struct {
@@ -196,6 +198,7 @@ func New(opts Options) (*Manager, error) {
 	return &Manager{
 		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev,
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
+		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
 		spares: make(chan *sandbox, opts.Config.Spares),
 	}, nil
 }
@@ -582,7 +585,7 @@ func (m *Manager) cleanup(sb *sandbox) error {
 	return errors.Join(errs...)
 }
 
-// Close destroys every sandbox.
+// Close destroys every sandbox and unpins every pinned namespace.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	m.closed = true
@@ -594,6 +597,11 @@ func (m *Manager) Close() error {
 	}
 	for _, in := range m.List() {
 		if err := m.Destroy(in.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range m.Pins() {
+		if err := m.Unpin(p.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, err)
 		}
 	}
@@ -611,6 +619,7 @@ type event struct {
 	Session  string    `json:"session,omitempty"`
 	User     string    `json:"user,omitempty"`
 	Pid      int       `json:"pid,omitempty"`
+	NetNS    string    `json:"netns,omitempty"`
 	Argv0    string    `json:"argv0,omitempty"`
 	ExitCode *int      `json:"exit_code,omitempty"`
 	KilledBy KilledBy  `json:"killed_by,omitempty"`

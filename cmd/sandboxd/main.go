@@ -1,17 +1,22 @@
 // Package main is the sandboxd command: `sandboxd serve` runs the daemon
 // that makes sandboxes (API on a Unix socket), `sandboxd run -- CMD` makes
-// one, runs CMD in it and destroys it. The same binary, re-executed with a
-// hidden first argument, is each sandbox's init.
+// one, runs CMD in it and destroys it, and `sandboxd pin` / `sandboxd
+// unpin` ask a running daemon to pin (or unpin) a namespace another runtime
+// made. The same binary, re-executed with a hidden first argument, is each
+// sandbox's init.
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -161,12 +166,127 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	f.StringArrayVar(&envs, "env", nil, "KEY=VALUE for the command (repeatable)")
 	f.StringVar(&stateDir, "state-dir", "", "override state_dir")
 	f.StringVar(&gw, "gateway", "", "override gateway socket")
-	root.AddCommand(serve, runCmd)
+
+	var (
+		pr      sandboxd.PinRequest
+		apiSock string
+	)
+	pinCmd := &cobra.Command{
+		Use:   "pin (--netns PATH | --pid N) --agent A [--session S] [--user U]",
+		Short: "pin a namespace another runtime made: only lo, nftables drop, the gateway as its one exit; prints the pin id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := newAPIClient(cfgPath, apiSock)
+			if err != nil {
+				return err
+			}
+			body, err := json.Marshal(pr)
+			if err != nil {
+				return fmt.Errorf("pin: %w", err)
+			}
+			var in sandboxd.PinInfo
+			if err := c.do(ctx, http.MethodPost, "/v1/pin", body, http.StatusCreated, &in); err != nil {
+				return fmt.Errorf("pin: %w", err)
+			}
+			fmt.Fprintln(stdout, in.ID)
+			return nil
+		},
+	}
+	f = pinCmd.Flags()
+	f.StringVar(&pr.NetNS, "netns", "", "network namespace path (e.g. /run/netns/NAME)")
+	f.IntVar(&pr.PID, "pid", 0, "or a process whose network namespace is pinned")
+	f.StringVar(&pr.Agent, "agent", "", "agent name (identity, required)")
+	f.StringVar(&pr.Session, "session", "", "session (identity)")
+	f.StringVar(&pr.User, "user", "", "user the agent acts for (identity)")
+	f.StringVar(&apiSock, "api", "", "override the daemon's API socket (config api)")
+	pinCmd.MarkFlagsMutuallyExclusive("netns", "pid")
+	pinCmd.MarkFlagsOneRequired("netns", "pid")
+	_ = pinCmd.MarkFlagRequired("agent")
+
+	unpinCmd := &cobra.Command{
+		Use:   "unpin ID",
+		Short: "close a pinned namespace's listeners (the namespace stays closed)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newAPIClient(cfgPath, apiSock)
+			if err != nil {
+				return err
+			}
+			if err := c.do(ctx, http.MethodDelete, "/v1/pins/"+url.PathEscape(args[0]), nil, http.StatusNoContent, nil); err != nil {
+				return fmt.Errorf("unpin: %w", err)
+			}
+			return nil
+		},
+	}
+	unpinCmd.Flags().StringVar(&apiSock, "api", "", "override the daemon's API socket (config api)")
+	root.AddCommand(serve, runCmd, pinCmd, unpinCmd)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	return code, err
+}
+
+// apiClient talks to a running daemon over its API socket.
+type apiClient struct {
+	sock string
+	hc   *http.Client
+}
+
+func newAPIClient(cfgPath, sock string) (*apiClient, error) {
+	if sock == "" {
+		cfg, err := loadConfig(cfgPath)
+		if err != nil {
+			return nil, err
+		}
+		sock = cfg.API
+	}
+	return &apiClient{sock: sock, hc: &http.Client{
+		Timeout: 2 * time.Minute,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}},
+	}}, nil
+}
+
+// do sends one request and decodes the answer into out; any other status
+// than want is an error carrying the daemon's code and message.
+func (c *apiClient) do(ctx context.Context, method, path string, body []byte, want int, out any) error {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://sandboxd"+path, r)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("api %s: %w", c.sock, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("api %s: %w", c.sock, err)
+	}
+	if resp.StatusCode != want {
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
+			return fmt.Errorf("%s (%d %s)", e.Error.Message, resp.StatusCode, e.Error.Code)
+		}
+		return fmt.Errorf("api answered %s", resp.Status)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("api answer: %w", err)
+		}
+	}
+	return nil
 }
 
 // copyIn puts a host file into the sandbox, keeping its exec bit.

@@ -1,0 +1,208 @@
+package sandboxd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-gw/sluice/sandboxd/pin"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// ErrConflict is returned when a namespace is already pinned.
+var ErrConflict = errors.New("already pinned")
+
+// PinRequest asks to pin a network namespace another runtime made (a
+// container, a pod). Exactly one of NetNS and PID is set.
+type PinRequest struct {
+	NetNS   string `json:"netns,omitempty"` // e.g. /run/netns/NAME
+	PID     int    `json:"pid,omitempty"`   // or a process in the namespace
+	Agent   string `json:"agent"`
+	Session string `json:"session,omitempty"`
+	User    string `json:"user,omitempty"`
+}
+
+// PinInfo describes a pinned namespace. ID is also the identity's sandbox
+// field for every connection relayed from it.
+type PinInfo struct {
+	ID      string    `json:"id"`
+	NetNS   string    `json:"netns"`
+	Agent   string    `json:"agent"`
+	Session string    `json:"session,omitempty"`
+	User    string    `json:"user,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+// nsKey identifies a namespace by its nsfs inode, so the same namespace
+// named by a path and by a pid is one namespace.
+type nsKey struct{ dev, ino uint64 }
+
+type pinEntry struct {
+	info PinInfo
+	key  nsKey
+	p    *pin.Pinned
+}
+
+// Pin closes a namespace made by another runtime to everything but
+// loopback and opens the relay's listeners inside it (sandboxd/pin). The
+// namespace is opened once and handed to pin by its fd, so a pid reused
+// between the checks and the pin cannot redirect it. Pinning sandboxd's
+// own namespace is ErrInvalid; pinning a pinned namespace is ErrConflict.
+func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
+	path, err := req.path()
+	if err != nil {
+		return PinInfo{}, err
+	}
+	id := "pin-" + newID()
+	if req.Agent == "" {
+		return PinInfo{}, fmt.Errorf("%w: agent is required", ErrInvalid)
+	}
+	ident := wire.Identity{Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Host: m.cfg.Host}
+	if err := ident.Validate(); err != nil {
+		return PinInfo{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	ns, err := os.Open(path)
+	if err != nil {
+		return PinInfo{}, fmt.Errorf("%w: %s: %w", ErrInvalid, req.field(), err)
+	}
+	defer ns.Close()
+	key, err := checkPinTarget(ns)
+	if err != nil {
+		return PinInfo{}, fmt.Errorf("%w: %s: %w", ErrInvalid, req.field(), err)
+	}
+
+	// Reserve the namespace before the slow part, so two concurrent pins
+	// of it cannot both proceed.
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		return PinInfo{}, errors.New("sandboxd: pin: manager closed")
+	case m.pinning[key]:
+		m.mu.Unlock()
+		return PinInfo{}, fmt.Errorf("%w: %s %s", ErrConflict, req.field(), path)
+	}
+	m.pinning[key] = true
+	m.mu.Unlock()
+	ok := false
+	defer func() {
+		if !ok {
+			m.mu.Lock()
+			delete(m.pinning, key)
+			m.mu.Unlock()
+		}
+	}()
+
+	p, err := pin.Pin(ctx, pin.Options{
+		NetNS: "/proc/self/fd/" + strconv.Itoa(int(ns.Fd())), Identity: ident, Gateway: m.cfg.Gateway,
+		ProxyPort: ProxyPort, DNSPort: DNSPort, Logger: m.log,
+	})
+	if err != nil {
+		return PinInfo{}, fmt.Errorf("sandboxd: pin %s: %w", path, err)
+	}
+	info := PinInfo{ID: id, NetNS: path, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC()}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		_ = p.Close()
+		return PinInfo{}, errors.New("sandboxd: pin: manager closed")
+	}
+	m.pins[id] = &pinEntry{info: info, key: key, p: p}
+	m.mu.Unlock()
+	ok = true
+	m.events.write(event{Event: "pinned", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, NetNS: path})
+	m.log.Info("namespace pinned", "sandbox", id, "netns", path, "agent", req.Agent)
+	return info, nil
+}
+
+func (r PinRequest) field() string {
+	if r.PID != 0 {
+		return "pid"
+	}
+	return "netns"
+}
+
+// path checks the request's target and returns the namespace path.
+func (r PinRequest) path() (string, error) {
+	switch {
+	case r.NetNS != "" && r.PID != 0:
+		return "", fmt.Errorf("%w: netns, pid: set one, not both", ErrInvalid)
+	case r.NetNS != "":
+		if !filepath.IsAbs(r.NetNS) {
+			return "", fmt.Errorf("%w: netns: must be an absolute path, got %q", ErrInvalid, r.NetNS)
+		}
+		return r.NetNS, nil
+	case r.PID < 0:
+		return "", fmt.Errorf("%w: pid: must be positive, got %d", ErrInvalid, r.PID)
+	case r.PID > 0:
+		return "/proc/" + strconv.Itoa(r.PID) + "/ns/net", nil
+	default:
+		return "", fmt.Errorf("%w: netns or pid is required", ErrInvalid)
+	}
+}
+
+// checkPinTarget refuses anything but a network namespace other than
+// sandboxd's own (pin checks again; this gives the API a 400 and a key).
+func checkPinTarget(ns *os.File) (nsKey, error) {
+	typ, err := unix.IoctlRetInt(int(ns.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil {
+		return nsKey{}, fmt.Errorf("not a namespace: %w", err)
+	}
+	if typ != unix.CLONE_NEWNET {
+		return nsKey{}, errors.New("not a network namespace")
+	}
+	var st, own unix.Stat_t
+	if err := unix.Fstat(int(ns.Fd()), &st); err != nil {
+		return nsKey{}, fmt.Errorf("stat: %w", err)
+	}
+	if err := unix.Stat("/proc/self/ns/net", &own); err != nil {
+		return nsKey{}, fmt.Errorf("stat own netns: %w", err)
+	}
+	if st.Dev == own.Dev && st.Ino == own.Ino {
+		return nsKey{}, errors.New("refusing to pin sandboxd's own network namespace")
+	}
+	return nsKey{dev: st.Dev, ino: st.Ino}, nil
+}
+
+// Pins describes every pinned namespace, oldest first.
+func (m *Manager) Pins() []PinInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]PinInfo, 0, len(m.pins))
+	for _, e := range m.pins {
+		out = append(out, e.info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Unpin closes a pinned namespace's listeners and every connection relayed
+// from it. The namespace stays closed (its ruleset and removed interfaces
+// stay as they are): unpinning never reopens it.
+func (m *Manager) Unpin(id string) error {
+	m.mu.Lock()
+	e, ok := m.pins[id]
+	delete(m.pins, id)
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: pin %q", ErrNotFound, id)
+	}
+	err := e.p.Close()
+	// Only once the listeners are closed may the namespace be pinned again.
+	m.mu.Lock()
+	delete(m.pinning, e.key)
+	m.mu.Unlock()
+	m.events.write(event{Event: "unpinned", Sandbox: id, Agent: e.info.Agent, Session: e.info.Session, User: e.info.User, NetNS: e.info.NetNS})
+	m.log.Info("namespace unpinned", "sandbox", id, "netns", e.info.NetNS)
+	if err != nil {
+		return fmt.Errorf("sandboxd: unpin %s: %w", id, err)
+	}
+	return nil
+}
