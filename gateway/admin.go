@@ -24,6 +24,7 @@ func (s *Server) adminHandler() http.Handler {
 	mux.Handle("GET /metrics", s.tel.handler)
 	mux.HandleFunc("GET /api/v1/audit", s.handleAuditTail)
 	s.adminHolds(mux)
+	s.adminIntercept(mux) // intercept.go
 	if s.reviewUI != nil {
 		mux.Handle("/", s.reviewUI)
 	} else {

@@ -80,6 +80,7 @@ type Server struct {
 	store   *store.Store
 	tel     *telemetry
 	holds   *holds.Manager
+	icpt    *interceptor // nil without egress.intercept / egress.placeholders (intercept.go)
 
 	adminAuth func(*http.Request) (holds.Person, bool) // the review UI's sessions
 	reviewUI  http.Handler
@@ -140,6 +141,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		if s.creds, err = openCredentials(cfg); err != nil {
 			return nil, err
 		}
+	}
+	if s.icpt, err = newInterceptor(cfg); err != nil {
+		return nil, err
 	}
 	if s.audit, err = audit.Open(cfg.Audit.Path); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)

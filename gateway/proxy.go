@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -254,6 +255,13 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	c.destHost, c.port = host, port
+	if e.s.icpt.credentialed(host) {
+		// THREATS D5: a placeholder never crosses plain http, so a host
+		// with a secret bound to it is reached over CONNECT only.
+		c.event = "plaintext_credentialed_host"
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, "a secret is bound to "+host+"; plain http:// to it is refused, use https"))
+		return
+	}
 	release, ok := e.acquire(id)
 	if !ok {
 		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, CodeRateLimited, psDenied, "too many open tunnels and proxied requests for this sandbox"))
@@ -415,6 +423,28 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psTLS, "the TLS ClientHello does not name the CONNECT host")
 		ee.cause = err
 		_ = e.record(actx, c, "sni_mismatch", ee.apiError, false)
+		e.logLine(c, ee)
+		return
+	}
+	if e.s.icpt.intercepts(host, c.decision) {
+		// TLS interception (intercept.go): every request in the tunnel is
+		// decided, credentialed and audited on its own.
+		c.event = "intercepted"
+		// Read past the server's bufio.Reader: its connReader would take
+		// the inner server's read-deadline aborts for a dead connection
+		// and cancel ctx.
+		buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
+		ierr := e.intercept(ctx, c, conn, io.MultiReader(bytes.NewReader(hello), bytes.NewReader(buffered), conn), addr)
+		var ee *egressError
+		if ierr != nil {
+			ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psTLS, "the intercepted tunnel could not be set up")
+			ee.cause = ierr
+		}
+		var ref *apiError
+		if ee != nil {
+			ref = ee.apiError
+		}
+		_ = e.record(actx, c, "result", ref, false)
 		e.logLine(c, ee)
 		return
 	}

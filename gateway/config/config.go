@@ -164,6 +164,36 @@ type Egress struct {
 	// HandshakeTimeout bounds the wait for the client's TLS ClientHello
 	// after CONNECT is answered.
 	HandshakeTimeout Duration `yaml:"handshake_timeout"`
+	// Intercept terminates TLS inside CONNECT tunnels to chosen hosts, so
+	// each request in them is decided, and placeholders substituted, on
+	// its own.
+	Intercept Intercept `yaml:"intercept"`
+	// Placeholders bind secrets to raw egress: the sandbox carries an
+	// opaque placeholder that the gateway replaces with the secret only in
+	// one header of intercepted requests to the bound hosts.
+	Placeholders []Placeholder `yaml:"placeholders"`
+}
+
+// Intercept configures TLS interception of CONNECT tunnels.
+type Intercept struct {
+	// Hosts are intercepted: exact names or "*.domain" (like agents[].egress).
+	Hosts []string `yaml:"hosts"`
+	// CADir holds the interception CA (created at first start) and the
+	// placeholder key; the gateway refuses keys readable by others.
+	CADir string `yaml:"ca_dir"`
+	// UpstreamCAFile, when set, is the PEM bundle upstream certificates
+	// are verified with instead of the system roots (tests, private PKI).
+	UpstreamCAFile string `yaml:"upstream_ca_file"`
+}
+
+// Placeholder binds the secret Secret to raw egress toward Hosts, in the
+// request header Header, whose value must be Prefix followed by the
+// placeholder.
+type Placeholder struct {
+	Secret string   `yaml:"secret"`
+	Hosts  []string `yaml:"hosts"`
+	Header string   `yaml:"header"`
+	Prefix string   `yaml:"prefix"`
 }
 
 // DNS configures the gateway's DNS policy answerer (POST /v1/dns).
@@ -255,6 +285,7 @@ func Defaults() *Config {
 			MaxTunnelsPerCaller: 64,
 			IdleTimeout:         Duration(5 * time.Minute),
 			HandshakeTimeout:    Duration(10 * time.Second),
+			Intercept:           Intercept{CADir: "/var/lib/sluice/ca"},
 		},
 		DNS: DNS{
 			CacheMax:           4096,
@@ -386,6 +417,8 @@ func (c *Config) resolvePaths() {
 	if rest, ok := strings.CutPrefix(c.Store, "sqlite:"); ok && rest != ":memory:" {
 		c.Store = "sqlite:" + c.abs(rest)
 	}
+	c.Egress.Intercept.CADir = c.abs(c.Egress.Intercept.CADir)
+	c.Egress.Intercept.UpstreamCAFile = c.abs(c.Egress.Intercept.UpstreamCAFile)
 	for i := range c.Connectors {
 		c.Connectors[i].Spec = c.abs(c.Connectors[i].Spec)
 	}
@@ -395,11 +428,12 @@ func (c *Config) resolvePaths() {
 }
 
 var (
-	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	slugRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-	headerRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-	matchRE  = regexp.MustCompile(`^[A-Za-z0-9_.*?-]+$`)
+	sha256RE     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	slugRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	headerNameRE = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,128}$`)
+	nameRE       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+	headerRE     = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	matchRE      = regexp.MustCompile(`^[A-Za-z0-9_.*?-]+$`)
 )
 
 // Validate checks every value and names the key of the first bad one.
@@ -575,6 +609,38 @@ func (c *Config) Validate() error {
 	}
 	if c.Egress.HandshakeTimeout <= 0 {
 		bad("egress.handshake_timeout", "must be positive")
+	}
+	for i, h := range c.Egress.Intercept.Hosts {
+		if !ValidEgress(h) {
+			bad(fmt.Sprintf("egress.intercept.hosts[%d]", i), "want a lower-case host name or *.domain, got %q", h)
+		}
+	}
+	if len(c.Egress.Intercept.Hosts) > 0 && c.Egress.Intercept.CADir == "" {
+		bad("egress.intercept.ca_dir", "must be set when egress.intercept.hosts is")
+	}
+	phSeen := map[string]bool{}
+	for i, p := range c.Egress.Placeholders {
+		k := fmt.Sprintf("egress.placeholders[%d]", i)
+		if !nameRE.MatchString(p.Secret) || strings.Contains(p.Secret, ":") {
+			bad(k+".secret", "want a secret name, got %q", p.Secret)
+		} else if phSeen[p.Secret] {
+			bad(k+".secret", "%q is bound twice", p.Secret)
+		}
+		phSeen[p.Secret] = true
+		if len(p.Hosts) == 0 {
+			bad(k+".hosts", "name at least one host")
+		}
+		for j, h := range p.Hosts {
+			if !ValidEgress(h) {
+				bad(fmt.Sprintf("%s.hosts[%d]", k, j), "want a lower-case host name or *.domain, got %q", h)
+			}
+		}
+		if !headerNameRE.MatchString(p.Header) {
+			bad(k+".header", "want a header name, got %q", p.Header)
+		}
+		if strings.ContainsAny(p.Prefix, "\r\n\x00") {
+			bad(k+".prefix", "must not contain control characters")
+		}
 	}
 	for i, u := range c.DNS.Upstreams {
 		if ap, err := netip.ParseAddrPort(u); err != nil || ap.Port() == 0 {

@@ -1,0 +1,528 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/mitm"
+	"github.com/sluice-gw/sluice/gateway/scrub"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// PlaceholderPrefix starts every placeholder: sluice:secret:NAME:RANDOM.
+const PlaceholderPrefix = "sluice:secret:"
+
+// Audit events of placeholders seen where they are not substituted.
+const (
+	evHostMismatch   = "placeholder_host_mismatch"
+	evNotSubstituted = "placeholder_not_substituted"
+)
+
+// interceptor is TLS interception of chosen CONNECT hosts and the
+// placeholders bound to raw egress (egress.intercept, egress.placeholders).
+type interceptor struct {
+	ca    *mitm.Authority
+	hosts []string
+	roots *x509.CertPool // nil: the system roots
+	phs   []binding
+}
+
+// binding is one egress.placeholders entry with its placeholder.
+type binding struct {
+	cfg   config.Placeholder
+	token string
+}
+
+// newInterceptor loads (creating at first start) the CA and the
+// placeholder key under egress.intercept.ca_dir. Nil when neither
+// interception nor placeholders are configured.
+func newInterceptor(cfg *config.Config) (*interceptor, error) {
+	ic := cfg.Egress.Intercept
+	if len(ic.Hosts) == 0 && len(cfg.Egress.Placeholders) == 0 {
+		return nil, nil
+	}
+	ca, err := mitm.LoadOrCreate(ic.CADir, mitm.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("egress.intercept.ca_dir: %w", err)
+	}
+	key, err := mitm.LoadOrCreateHMACKey(ic.CADir)
+	if err != nil {
+		return nil, fmt.Errorf("egress.intercept.ca_dir: %w", err)
+	}
+	in := &interceptor{ca: ca, hosts: ic.Hosts}
+	if ic.UpstreamCAFile != "" {
+		pemData, err := os.ReadFile(ic.UpstreamCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("egress.intercept.upstream_ca_file: %w", err)
+		}
+		in.roots = x509.NewCertPool()
+		if !in.roots.AppendCertsFromPEM(pemData) {
+			return nil, errors.New("egress.intercept.upstream_ca_file: no PEM certificate in the file")
+		}
+	}
+	for _, p := range cfg.Egress.Placeholders {
+		in.phs = append(in.phs, binding{cfg: p, token: placeholderFor(key, p.Secret)})
+	}
+	return in, nil
+}
+
+// placeholderFor derives NAME's placeholder: stable per deployment (the
+// key lives beside the CA), so sandboxd can be told it ahead of time, and
+// unguessable without the key.
+func placeholderFor(key []byte, name string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("sluice placeholder v1\x00" + name))
+	return PlaceholderPrefix + name + ":" + hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// hostListed reports whether host is in list (exact names or "*.domain",
+// which matches names under domain).
+func hostListed(list []string, host string) bool {
+	for _, h := range list {
+		if h == host {
+			return true
+		}
+		if d, ok := strings.CutPrefix(h, "*."); ok && strings.HasSuffix(host, "."+d) {
+			return true
+		}
+	}
+	return false
+}
+
+// intercepts reports whether a tunnel to host is terminated: the host is
+// in egress.intercept.hosts or the connect decision carries the
+// obligation intercept: true.
+func (in *interceptor) intercepts(host string, d policy.Decision) bool {
+	if in == nil {
+		return false
+	}
+	if v, ok := d.Obligations["intercept"].(bool); ok && v {
+		return true
+	}
+	return hostListed(in.hosts, host)
+}
+
+// credentialed reports whether any placeholder is bound to host.
+func (in *interceptor) credentialed(host string) bool {
+	if in == nil {
+		return false
+	}
+	for _, b := range in.phs {
+		if hostListed(b.cfg.Hosts, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// plan is what to do with the placeholders of one request.
+type plan struct {
+	subst  *binding // the binding substituted in its header, if any
+	events []string // audit events for placeholders left alone
+}
+
+// errPlaceholderCRLF is D6: a placeholder next to a CR or LF.
+var errPlaceholderCRLF = errors.New("a placeholder is next to a CR or LF")
+
+// planFor finds every placeholder in hdr and the request target and
+// decides which one, if any, is substituted: only the declared header's
+// value, exactly prefix+placeholder, toward a bound host.
+func (in *interceptor) planFor(host string, hdr http.Header, target string) (plan, error) {
+	var p plan
+	if in == nil {
+		return p, nil
+	}
+	unescaped, err := url.PathUnescape(target)
+	if err != nil {
+		unescaped = target
+	}
+	for i := range in.phs {
+		b := &in.phs[i]
+		bound := hostListed(b.cfg.Hosts, host)
+		elsewhere := func() {
+			if bound {
+				p.events = append(p.events, evNotSubstituted)
+			} else {
+				p.events = append(p.events, evHostMismatch)
+			}
+		}
+		if strings.Contains(target, b.token) || strings.Contains(unescaped, b.token) {
+			if strings.ContainsAny(unescaped, "\r\n") {
+				return p, errPlaceholderCRLF
+			}
+			elsewhere()
+		}
+		for k, vs := range hdr {
+			for _, v := range vs {
+				if !strings.Contains(v, b.token) {
+					continue
+				}
+				if strings.ContainsAny(v, "\r\n") {
+					return p, errPlaceholderCRLF
+				}
+				if bound && http.CanonicalHeaderKey(b.cfg.Header) == k && len(vs) == 1 && v == b.cfg.Prefix+b.token && p.subst == nil {
+					p.subst = b
+					continue
+				}
+				elsewhere()
+			}
+		}
+	}
+	return p, nil
+}
+
+// tokenDetector passes a body through and notes which placeholders went
+// by, across read boundaries.
+type tokenDetector struct {
+	r      io.ReadCloser
+	tokens []string
+	tail   []byte
+	seen   []atomic.Bool
+	done   func() // called once, at EOF or Close
+	once   sync.Once
+}
+
+func newTokenDetector(r io.ReadCloser, in *interceptor, done func()) *tokenDetector {
+	d := &tokenDetector{r: r, seen: make([]atomic.Bool, len(in.phs)), done: done}
+	for _, b := range in.phs {
+		d.tokens = append(d.tokens, b.token)
+	}
+	return d
+}
+
+func (d *tokenDetector) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	if n > 0 {
+		buf := append(d.tail, p[:n]...)
+		keep := 0
+		for i, t := range d.tokens {
+			if bytes.Contains(buf, []byte(t)) {
+				d.seen[i].Store(true)
+			}
+			keep = max(keep, len(t)-1)
+		}
+		if len(buf) > keep {
+			buf = buf[len(buf)-keep:]
+		}
+		d.tail = append(d.tail[:0], buf...)
+	}
+	if err != nil && d.done != nil {
+		d.once.Do(d.done)
+	}
+	return n, err
+}
+
+func (d *tokenDetector) Close() error {
+	err := d.r.Close()
+	if d.done != nil {
+		d.once.Do(d.done)
+	}
+	return err
+}
+
+// events returns the audit events of the placeholders the body carried.
+func (d *tokenDetector) events(in *interceptor, host string) []string {
+	var ev []string
+	for i := range d.seen {
+		if !d.seen[i].Load() {
+			continue
+		}
+		if hostListed(in.phs[i].cfg.Hosts, host) {
+			ev = append(ev, evNotSubstituted)
+		} else {
+			ev = append(ev, evHostMismatch)
+		}
+	}
+	return ev
+}
+
+// replayConn reads the bytes already consumed (the ClientHello) first.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// oneConnListener hands out one connection, then blocks until it is closed.
+type oneConnListener struct {
+	conn net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.conn })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
+
+// intercept terminates the tunnel's TLS with a leaf for the CONNECT host
+// and serves every HTTP request in it through interceptRequest. Upstream
+// connections go to exactly the classified address, over TLS verified
+// against the system roots (or egress.intercept.upstream_ca_file).
+func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn, r io.Reader, addr netip.Addr) error {
+	in := e.s.icpt
+	leaf, err := in.ca.Leaf(tunnel.destHost)
+	if err != nil {
+		return err
+	}
+	tconn := tls.Server(&replayConn{Conn: conn, r: r}, &tls.Config{
+		Certificates: []tls.Certificate{*leaf},
+		NextProtos:   []string{"http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	})
+	hctx, cancel := context.WithTimeout(ctx, e.hello)
+	err = tconn.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("intercept: handshake: %w", err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	dialAddr := netip.AddrPortFrom(addr, uint16(tunnel.port)).String()
+	tr := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return e.dialer.DialContext(ctx, "tcp", dialAddr, nil) // never allow_private
+		},
+		TLSClientConfig:        &tls.Config{RootCAs: in.roots, ServerName: tunnel.destHost, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    e.hello,
+		DisableCompression:     true,
+		MaxIdleConnsPerHost:    2,
+		IdleConnTimeout:        e.idle,
+		ResponseHeaderTimeout:  e.s.cfg.Gateway.UpstreamTimeout.Std(),
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	defer tr.CloseIdleConnections()
+	ln := &oneConnListener{conn: tconn, done: make(chan struct{})}
+	var closed sync.Once
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			e.interceptRequest(w, r, tunnel, tr)
+		}),
+		ReadHeaderTimeout: e.hello,
+		IdleTimeout:       e.idle,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				closed.Do(func() { close(ln.done) })
+			}
+		},
+	}
+	_ = srv.Serve(ln)
+	return nil
+}
+
+// interceptRequest decides and sends one request of an intercepted tunnel.
+func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport) {
+	ctx := r.Context()
+	in := e.s.icpt
+	c := &egressCall{rid: newRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
+	c.destIP.Store(tunnel.destIP.Load())
+	if err := checkProxyRequest(r); err != nil {
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed request: "+err.Error()))
+		return
+	}
+	if !strings.HasPrefix(r.RequestURI, "/") {
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "only origin-form request targets are served inside a tunnel"))
+		return
+	}
+	if h, p, err := parseTarget(r.Host, strconv.Itoa(tunnel.port)); err != nil || h != tunnel.destHost || p != tunnel.port {
+		c.event = "host_mismatch"
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, "the Host header does not name the CONNECT host"))
+		return
+	}
+	hdr := r.Header.Clone()
+	stripHopByHop(hdr)
+	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: c.destHost, Port: c.port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	pl, err := in.planFor(c.destHost, hdr, r.RequestURI)
+	if err != nil {
+		c.event = "placeholder_crlf"
+		ee := egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed request: "+err.Error())
+		e.refuse(w, c, ee)
+		return
+	}
+	var scr *scrub.Scrubber
+	if b := pl.subst; b != nil {
+		sec, err := e.s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: b.cfg.Secret, Caller: c.caller})
+		if err != nil {
+			ee := egressRefuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, psDenied, "the secret bound to this placeholder is unavailable")
+			ee.cause = err
+			e.refuse(w, c, ee)
+			return
+		}
+		v := sec.Reveal()
+		if len(v) == 0 || bytes.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			c.event = "secret_crlf"
+			e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "the secret bound to this placeholder cannot be sent in a header"))
+			return
+		}
+		scr = scrub.New(v)
+		if scr.Ignored() > 0 {
+			e.refuse(w, c, egressRefuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, psDenied, "the secret bound to this placeholder is too short to be protected"))
+			return
+		}
+		hdr.Set(b.cfg.Header, b.cfg.Prefix+string(v))
+		hdr.Del("Accept-Encoding") // the reply must be readable to be scrubbed
+	}
+	if ee := e.record(ctx, c, "decision", nil, true); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	for _, ev := range pl.events {
+		if ee := e.record(ctx, c, ev, nil, true); ee != nil {
+			e.refuse(w, c, ee)
+			return
+		}
+	}
+	authority := c.destHost
+	if c.port != 443 {
+		authority = net.JoinHostPort(c.destHost, strconv.Itoa(c.port))
+	}
+	out := r.Clone(httptraceEgress(ctx, c))
+	out.RequestURI = ""
+	out.URL.Scheme, out.URL.Host, out.URL.User = "https", authority, nil
+	out.Host = authority
+	out.Header = hdr
+	if r.ContentLength == 0 {
+		out.Body = nil
+	} else if len(in.phs) > 0 {
+		// The body streams upstream; the placeholders it carried are
+		// audited once it has been read to the end (or abandoned).
+		var det *tokenDetector
+		det = newTokenDetector(r.Body, in, func() {
+			for _, ev := range det.events(in, c.destHost) {
+				_ = e.record(context.WithoutCancel(ctx), c, ev, nil, false)
+			}
+		})
+		out.Body = det
+	}
+	resp, err := tr.RoundTrip(out)
+	if err != nil {
+		ee := dialRefusal(c, err)
+		c.status = ee.Status
+		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.apiError, false)
+		e.logLine(c, ee)
+		w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
+		writeError(w, ee.apiError, c.rid)
+		return
+	}
+	defer resp.Body.Close()
+	stripHopByHop(resp.Header)
+	reflected := false
+	var body []byte
+	if scr != nil {
+		if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+			e.upstreamFailed(w, c, "the upstream reply is encoded ("+ce+") and cannot be checked for the secret")
+			return
+		}
+		limit := e.s.cfg.Gateway.MaxResponseBytes
+		body, err = io.ReadAll(io.LimitReader(resp.Body, limit+1))
+		if err != nil || int64(len(body)) > limit {
+			e.upstreamFailed(w, c, fmt.Sprintf("the upstream reply could not be read whole (limit %d bytes) to be checked for the secret", limit))
+			return
+		}
+		hf := scr.Header(resp.Header)
+		var bf bool
+		body, bf = scr.Bytes(body)
+		reflected = hf || bf
+		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	c.status = resp.StatusCode
+	if reflected {
+		e.s.tel.reflected.Add(ctx, 1)
+		if ee := e.record(ctx, c, "secret_reflected", nil, false); ee != nil {
+			e.refuse(w, c, ee)
+			return
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if scr != nil {
+		n, _ := w.Write(body)
+		c.bytesDn.Add(int64(n))
+	} else {
+		n, _ := io.Copy(w, resp.Body)
+		c.bytesDn.Add(n)
+	}
+	// As in forward: the decision was written before the dial and the
+	// answer is relayed, so the result's fsync gates nothing.
+	go func() { _ = e.record(context.WithoutCancel(ctx), c, "result", nil, false) }()
+	e.logLine(c, nil)
+}
+
+// upstreamFailed answers 502 for a reply that cannot be relayed safely.
+func (e *rawEgress) upstreamFailed(w http.ResponseWriter, c *egressCall, msg string) {
+	ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, msg)
+	c.status = ee.Status
+	_ = e.record(context.Background(), c, "result", ee.apiError, false)
+	e.logLine(c, ee)
+	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
+	writeError(w, ee.apiError, c.rid)
+}
+
+// placeholderView is one entry of GET /api/v1/placeholders.
+type placeholderView struct {
+	Secret      string   `json:"secret"`
+	Placeholder string   `json:"placeholder"`
+	Hosts       []string `json:"hosts"`
+	Header      string   `json:"header"`
+	Prefix      string   `json:"prefix,omitempty"`
+}
+
+// adminIntercept routes GET /ca.pem (the interception CA's certificate,
+// for sandbox trust stores) and GET /api/v1/placeholders (what sandboxd
+// puts in a sandbox's environment) on the admin listener.
+func (s *Server) adminIntercept(mux *http.ServeMux) {
+	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
+		if s.icpt == nil {
+			writeError(w, refuse(http.StatusNotFound, CodeNotFound, "TLS interception is not configured"), newRequestID())
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-pem-file")
+		_, _ = w.Write(s.icpt.ca.CertPEM())
+	})
+	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
+		views := []placeholderView{}
+		if s.icpt != nil {
+			for _, b := range s.icpt.phs {
+				views = append(views, placeholderView{Secret: b.cfg.Secret, Placeholder: b.token, Hosts: b.cfg.Hosts, Header: b.cfg.Header, Prefix: b.cfg.Prefix})
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"placeholders": views})
+	})
+}

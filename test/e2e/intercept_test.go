@@ -1,0 +1,490 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// seenReq is what the intercepting world's TLS upstream received.
+type seenReq struct {
+	host, path, auth, body string
+}
+
+// interceptWorld: a TLS upstream on egressIP serving api.test (a secret is
+// bound to it), other.test (intercepted, nothing bound) and plain.test
+// (not intercepted), and a gateway that intercepts the first two.
+type interceptWorld struct {
+	e           *env
+	g           *gateway
+	upstreamCA  *x509.CertPool // the upstream's own CA
+	gatewayCA   *x509.CertPool // from GET /ca.pem
+	placeholder string
+
+	mu   sync.Mutex
+	seen []seenReq
+}
+
+func (w *interceptWorld) requests() []seenReq {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]seenReq(nil), w.seen...)
+}
+
+// upstreamPKI makes a CA (returned as PEM and pool) and a leaf for hosts.
+func upstreamPKI(t *testing.T, hosts ...string) (tls.Certificate, []byte, *x509.CertPool) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "upstream test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool
+}
+
+func newInterceptWorld(t *testing.T) *interceptWorld {
+	t.Helper()
+	e := newEnv(t)
+	w := &interceptWorld{e: e}
+	if out, err := runIP(e, "addr", "add", egressIP+"/32", "dev", "lo"); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	cert, caPEM, pool := upstreamPKI(t, "api.test", "other.test", "plain.test")
+	w.upstreamCA = pool
+	caFile := filepath.Join(e.dir, "upstream-ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var tl net.Listener
+	var pc net.PacketConn
+	if err := e.ns.do(func() (err error) {
+		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
+		return err
+	}); err != nil {
+		t.Fatalf("listen in %s: %v", e.ns.name, err)
+	}
+	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.mu.Lock()
+		w.seen = append(w.seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b)})
+		w.mu.Unlock()
+		if r.URL.Path == "/echo" {
+			rw.Header().Set("X-Echo", r.Header.Get("Authorization"))
+			fmt.Fprintf(rw, "you sent %s", r.Header.Get("Authorization"))
+			return
+		}
+		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
+	})
+	ts := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = ts.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}})) }()
+	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+		m := new(mdns.Msg)
+		m.SetReply(q)
+		switch name := strings.TrimSuffix(q.Question[0].Name, "."); {
+		case name != "api.test" && name != "other.test" && name != "plain.test":
+			m.Rcode = mdns.RcodeNameError
+		case q.Question[0].Qtype == mdns.TypeA:
+			rr, _ := mdns.NewRR(fmt.Sprintf("%s 60 IN A %s", q.Question[0].Name, egressIP))
+			m.Answer = []mdns.RR{rr}
+		}
+		_ = rw.WriteMsg(m)
+	})}
+	go func() { _ = ds.ActivateAndServe() }()
+	t.Cleanup(func() { _ = ts.Close(); _ = ds.Shutdown() })
+
+	if err := os.MkdirAll(filepath.Join(e.dir, "policies"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.dir, "policies", "admin.rego"), []byte(`package sluice.policies.team
+
+decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin paths are off limits"} if {
+	input.kind == "http"
+	startswith(input.request.path, "/admin")
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Below the ephemeral range (32768+), where the namespace's other
+	// listeners on port 0 land.
+	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%10000)
+	doc := map[string]any{
+		"gateway": map[string]any{
+			"sandbox_socket": filepath.Join(e.dir, "icpt.sock"), "trusted_relay_uids": []int{0},
+			"admin_listen": admin, "upstream_timeout": "5s",
+		},
+		"store": "sqlite:" + filepath.Join(e.dir, "icpt.db"),
+		"audit": map[string]any{"path": filepath.Join(e.dir, "icpt-audit.log")},
+		"secrets": map[string]any{"backend": "local", "local": map[string]any{
+			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
+		"rego":   []string{filepath.Join(e.dir, "policies")},
+		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"api.test", "other.test", "plain.test"}}},
+		"egress": map[string]any{
+			"intercept": map[string]any{"hosts": []string{"api.test", "*.other.test", "other.test"},
+				"ca_dir": filepath.Join(e.dir, "ca"), "upstream_ca_file": caFile},
+			"placeholders": []map[string]any{{"secret": "gh-token", "hosts": []string{"api.test"}, "header": "Authorization", "prefix": "Bearer "}},
+		},
+		"dns": map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(e.dir, "icpt.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := sluice(t, e.secret+"\n", "secrets", "set", "gh-token", "--scope", "project", "--config", path); err != nil {
+		t.Fatalf("sluice secrets set: %v\n%s", err, out)
+	}
+	w.g = e.startGateway(path, admin)
+
+	code, body, err := w.g.adminGet("/ca.pem")
+	if err != nil || code != 200 {
+		t.Fatalf("GET /ca.pem: %d %v %s", code, err, body)
+	}
+	w.gatewayCA = x509.NewCertPool()
+	if !w.gatewayCA.AppendCertsFromPEM(body) {
+		t.Fatalf("GET /ca.pem is not a PEM certificate: %q", body)
+	}
+	code, body, err = w.g.adminGet("/api/v1/placeholders")
+	if err != nil || code != 200 {
+		t.Fatalf("GET /api/v1/placeholders: %d %v %s", code, err, body)
+	}
+	var ph struct {
+		Placeholders []struct{ Secret, Placeholder string } `json:"placeholders"`
+	}
+	if err := json.Unmarshal(body, &ph); err != nil || len(ph.Placeholders) != 1 || ph.Placeholders[0].Secret != "gh-token" {
+		t.Fatalf("placeholders: %v %s", err, body)
+	}
+	w.placeholder = ph.Placeholders[0].Placeholder
+	if !strings.HasPrefix(w.placeholder, "sluice:secret:gh-token:") || strings.Contains(w.placeholder, e.secret) {
+		t.Fatalf("placeholder %q", w.placeholder)
+	}
+	return w
+}
+
+func runIP(e *env, args ...string) ([]byte, error) {
+	return exec.Command("ip", append([]string{"-n", e.ns.name}, args...)...).CombinedOutput()
+}
+
+// client is a sandbox client through the gateway's proxy trusting roots.
+func (w *interceptWorld) client(t *testing.T, roots *x509.CertPool) *http.Client {
+	line, err := wire.Encode(agentA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyURL, _ := url.Parse("http://sluice-proxy")
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		Proxy:             http.ProxyURL(proxyURL),
+		DisableKeepAlives: true,
+		TLSClientConfig:   &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "unix", w.g.sock)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := c.Write(line); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		},
+	}}
+}
+
+// do sends one request and returns the response with its body read (and
+// kept for the D9 check).
+func (w *interceptWorld) do(t *testing.T, c *http.Client, method, u, body string, hdr http.Header, host string) (*http.Response, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
+	if host != "" {
+		req.Host = host
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", method, u, err, w.g.stderr.Bytes())
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	w.e.keep(b)
+	for _, vs := range resp.Header {
+		for _, v := range vs {
+			w.e.keep([]byte(v))
+		}
+	}
+	return resp, string(b)
+}
+
+// awaitAudit waits for an audit record of event whose fields match.
+func (w *interceptWorld) awaitAudit(t *testing.T, event string, match map[string]any) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		for _, r := range w.g.auditRecords() {
+			if r["event"] != event {
+				continue
+			}
+			f, _ := r["fields"].(map[string]any)
+			ok := true
+			for k, v := range match {
+				if fmt.Sprint(f[k]) != fmt.Sprint(v) {
+					ok = false
+				}
+			}
+			if ok {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s audit record with %v", event, match)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func countEvent(recs []map[string]any, event, host string) int {
+	n := 0
+	for _, r := range recs {
+		f, _ := r["fields"].(map[string]any)
+		if r["event"] == event && f["dest_host"] == host {
+			n++
+		}
+	}
+	return n
+}
+
+// TestInterception: TLS interception with host-bound placeholders.
+func TestInterception(t *testing.T) {
+	requireHost(t)
+	w := newInterceptWorld(t)
+	c := w.client(t, w.gatewayCA)
+	bearer := http.Header{"Authorization": {"Bearer " + w.placeholder}}
+
+	t.Run("CA key is 0600", func(t *testing.T) {
+		st, err := os.Stat(filepath.Join(w.e.dir, "ca", "ca.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Fatalf("ca.key mode %04o", st.Mode().Perm())
+		}
+	})
+	t.Run("bound host and header get the real secret", func(t *testing.T) {
+		resp, body := w.do(t, c, "GET", "https://api.test/user", "", bearer, "")
+		if resp.StatusCode != 200 || body != "hello from api.test /user" {
+			t.Fatalf("got %d %q", resp.StatusCode, body)
+		}
+		if resp.TLS == nil || resp.TLS.PeerCertificates[0].Issuer.CommonName != "sluice egress interception CA" {
+			t.Fatalf("the client did not see the gateway's leaf")
+		}
+		reqs := w.requests()
+		if last := reqs[len(reqs)-1]; last.auth != "Bearer "+w.e.secret || last.path != "/user" {
+			t.Fatalf("upstream saw path %q, Authorization with the secret: %v", last.path, last.auth == "Bearer "+w.e.secret)
+		}
+	})
+	t.Run("another host gets the placeholder unchanged", func(t *testing.T) {
+		resp, _ := w.do(t, c, "GET", "https://other.test/x", "", bearer, "")
+		if resp.StatusCode != 200 {
+			t.Fatalf("got %d", resp.StatusCode)
+		}
+		reqs := w.requests()
+		if last := reqs[len(reqs)-1]; last.host != "other.test" || last.auth != "Bearer "+w.placeholder {
+			t.Fatalf("other.test saw host %q auth %q", last.host, last.auth)
+		}
+		w.awaitAudit(t, "placeholder_host_mismatch", map[string]any{"dest_host": "other.test", "kind": "http"})
+	})
+	t.Run("placeholder in the body goes out unchanged", func(t *testing.T) {
+		payload := `{"token":"` + w.placeholder + `"}`
+		resp, _ := w.do(t, c, "POST", "https://api.test/upload", payload, nil, "")
+		if resp.StatusCode != 200 {
+			t.Fatalf("got %d", resp.StatusCode)
+		}
+		reqs := w.requests()
+		if last := reqs[len(reqs)-1]; last.body != payload {
+			t.Fatalf("upstream body %q", last.body)
+		}
+		w.awaitAudit(t, "placeholder_not_substituted", map[string]any{"dest_host": "api.test"})
+	})
+	t.Run("placeholder in the query goes out unchanged", func(t *testing.T) {
+		resp, _ := w.do(t, c, "GET", "https://api.test/q?t="+url.QueryEscape(w.placeholder), "", nil, "")
+		if resp.StatusCode != 200 {
+			t.Fatalf("got %d", resp.StatusCode)
+		}
+		reqs := w.requests()
+		if last := reqs[len(reqs)-1]; !strings.Contains(last.path, "gh-token") || strings.Contains(last.path, w.e.secret) {
+			t.Fatalf("upstream path %q", last.path)
+		}
+	})
+	t.Run("D6 CR/LF next to a placeholder is 400 and never sent", func(t *testing.T) {
+		before := len(w.requests())
+		resp, body := w.do(t, c, "GET", "https://api.test/q?t="+url.QueryEscape(w.placeholder)+"%0d%0aX-Evil:%201", "", nil, "")
+		if resp.StatusCode != 400 || !strings.Contains(body, `"schema_violation"`) {
+			t.Fatalf("got %d %s", resp.StatusCode, body)
+		}
+		if n := len(w.requests()) - before; n != 0 {
+			t.Fatalf("%d requests reached the upstream", n)
+		}
+	})
+	t.Run("keep-alive: several requests in one intercepted tunnel", func(t *testing.T) {
+		kc := w.client(t, w.gatewayCA)
+		kc.Transport.(*http.Transport).DisableKeepAlives = false
+		defer kc.CloseIdleConnections()
+		before := countEvent(w.g.auditRecords(), "decision", "api.test")
+		for i := range 3 {
+			resp, body := w.do(t, kc, "GET", fmt.Sprintf("https://api.test/k%d", i), "", bearer, "")
+			if resp.StatusCode != 200 || body != fmt.Sprintf("hello from api.test /k%d", i) {
+				t.Fatalf("request %d: %d %q\n%s", i, resp.StatusCode, body, w.g.stderr.Bytes())
+			}
+		}
+		// One decision for the CONNECT and one per request.
+		if n := countEvent(w.g.auditRecords(), "decision", "api.test") - before; n != 4 {
+			t.Fatalf("%d decision records, want 4 (1 tunnel + 3 requests)", n)
+		}
+	})
+	t.Run("blocked path in the tunnel is 403 and never sent", func(t *testing.T) {
+		before := len(w.requests())
+		resp, body := w.do(t, c, "GET", "https://api.test/admin/users", "", bearer, "")
+		if resp.StatusCode != 403 || !strings.Contains(body, `"egress_denied"`) {
+			t.Fatalf("got %d %s", resp.StatusCode, body)
+		}
+		if n := len(w.requests()) - before; n != 0 {
+			t.Fatalf("%d requests reached the upstream", n)
+		}
+		w.awaitAudit(t, "decision", map[string]any{"dest_host": "api.test", "kind": "http", "decision": "block", "rule": "team.no_admin"})
+	})
+	t.Run("Host header other than the CONNECT host is 403", func(t *testing.T) {
+		before := len(w.requests())
+		resp, _ := w.do(t, c, "GET", "https://api.test/user", "", bearer, "other.test")
+		if resp.StatusCode != 403 {
+			t.Fatalf("got %d", resp.StatusCode)
+		}
+		if n := len(w.requests()) - before; n != 0 {
+			t.Fatalf("%d requests reached the upstream", n)
+		}
+	})
+	t.Run("echoed secret is scrubbed and audited", func(t *testing.T) {
+		resp, body := w.do(t, c, "GET", "https://api.test/echo", "", bearer, "")
+		if resp.StatusCode != 200 || strings.Contains(body, w.e.secret) || strings.Contains(resp.Header.Get("X-Echo"), w.e.secret) {
+			t.Fatalf("got %d; secret in the reply: %v", resp.StatusCode, strings.Contains(body, w.e.secret))
+		}
+		if !strings.HasPrefix(body, "you sent Bearer ") {
+			t.Fatalf("body %q", body)
+		}
+		w.awaitAudit(t, "secret_reflected", map[string]any{"dest_host": "api.test"})
+	})
+	t.Run("D5 plain http to a credentialed host is 403", func(t *testing.T) {
+		before := len(w.requests())
+		resp, body := w.do(t, c, "GET", "http://api.test/user", "", bearer, "")
+		if resp.StatusCode != 403 || !strings.Contains(body, `"egress_denied"`) {
+			t.Fatalf("got %d %s", resp.StatusCode, body)
+		}
+		if n := len(w.requests()) - before; n != 0 {
+			t.Fatalf("%d requests reached the upstream", n)
+		}
+	})
+	t.Run("interception off: the client sees the upstream's certificate", func(t *testing.T) {
+		resp, body := w.do(t, w.client(t, w.upstreamCA), "GET", "https://plain.test/p", "", nil, "")
+		if resp.StatusCode != 200 || body != "hello from plain.test /p" {
+			t.Fatalf("got %d %q", resp.StatusCode, body)
+		}
+		if iss := resp.TLS.PeerCertificates[0].Issuer.CommonName; iss != "upstream test CA" {
+			t.Fatalf("issuer %q", iss)
+		}
+	})
+	t.Run("the secret was sent only to api.test", func(t *testing.T) {
+		for _, r := range w.requests() {
+			if strings.Contains(r.auth+r.body+r.path, w.e.secret) && r.host != "api.test" {
+				t.Errorf("the secret reached %s", r.host)
+			}
+		}
+		if n := countEvent(w.g.auditRecords(), "placeholder_host_mismatch", "api.test"); n != 0 {
+			t.Errorf("%d host mismatches audited for the bound host", n)
+		}
+	})
+}
+
+// TestInterceptThroughput measures keep-alive HTTPS requests per second
+// through one tunnel: passed through, intercepted, and intercepted with a
+// placeholder substituted (reply buffered and scrubbed). SLUICE_BENCH=1 only.
+func TestInterceptThroughput(t *testing.T) {
+	requireHost(t)
+	if os.Getenv("SLUICE_BENCH") == "" {
+		t.Skip("set SLUICE_BENCH=1 to measure")
+	}
+	w := newInterceptWorld(t)
+	rps := func(roots *x509.CertPool, u string, hdr http.Header) float64 {
+		c := w.client(t, roots)
+		c.Transport.(*http.Transport).DisableKeepAlives = false
+		defer c.CloseIdleConnections()
+		const n = 1000
+		start := time.Now()
+		for range n {
+			req, _ := http.NewRequest("GET", u, nil)
+			req.Header = hdr.Clone()
+			resp, err := c.Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("%s: %v", u, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return n / time.Since(start).Seconds()
+	}
+	pass := rps(w.upstreamCA, "https://plain.test/x", http.Header{})
+	icpt := rps(w.gatewayCA, "https://other.test/x", http.Header{})
+	subst := rps(w.gatewayCA, "https://api.test/x", http.Header{"Authorization": {"Bearer " + w.placeholder}})
+	t.Logf("HTTPS keep-alive over one tunnel: pass-through %.0f req/s, intercepted %.0f req/s (%.2fx), with placeholder %.0f req/s (%.2fx)", pass, icpt, icpt/pass, subst, subst/pass)
+}
