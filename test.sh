@@ -31,7 +31,13 @@ short=()
 # test/ (real binaries, namespaces, sandboxes, Chromium) one package at a
 # time, so their timing-sensitive steps do not compete with each other.
 go test -race -count=1 -timeout 30m "${short[@]}" $(go list ./... | grep -v '/test/')
+rm -rf test/report/cases # the report shows only what this run recorded
 go test -race -count=1 -timeout 30m -p 1 "${short[@]}" ./test/...
+
+echo "== attack-and-fault report (test/report/attack.md)"
+# The suites recorded each THREATS case they asserted; this writes the
+# report and fails if any recorded case failed.
+go run ./test/report
 
 echo "== demo (the README's first command)"
 go run ./cmd/sluice demo

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // identityGateway is a gateway stand-in on a Unix socket: it reads the
@@ -266,7 +267,10 @@ func TestPinExisting(t *testing.T) {
 	}
 
 	t.Run("peer unreachable after pin", func(t *testing.T) {
+		c := casebook.Expect(t, "A1", "pinned namespace (made by another runtime) dials its veth peer, which answered before the pin",
+			"ENETUNREACH, EPERM or a timeout")
 		err := helloFrom(nsPath, server)
+		c.Observef("%v", err)
 		var ne net.Error
 		if !errors.Is(err, syscall.ENETUNREACH) && !errors.Is(err, syscall.EPERM) && !(errors.As(err, &ne) && ne.Timeout()) {
 			t.Fatalf("dial %s after pin = %v, want ENETUNREACH, EPERM or a timeout", server, err)

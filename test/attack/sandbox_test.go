@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 var (
@@ -235,7 +237,9 @@ func TestSandboxEscape(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.threat+"/"+tc.name, func(t *testing.T) {
+			c := casebook.Expect(t, tc.threat, tc.name+" (in a fresh sandbox)", strings.Join(tc.want, " or "))
 			r := runHostile(t, nil, tc.args...)
+			c.Observe(verdict(r))
 			for _, w := range tc.want {
 				if r.stdout == w {
 					return
@@ -354,7 +358,10 @@ func hasEvent(evs []map[string]any, name string) bool {
 func TestResourceExhaustion(t *testing.T) {
 	need(t)
 	t.Run("B1/fork bomb stops at pids.max", func(t *testing.T) {
+		c := casebook.Expect(t, "B1", "fork bomb under --pids 64; control: fork-exec under the same limit",
+			"errno=EAGAIN after 0<n<64 forks, killed_by=pids, a pids_limit event; control ok")
 		r := runHostile(t, []string{"--pids", "64"}, "forkbomb")
+		c.Observef("%s; %s", verdict(r), eventNames(r.state))
 		var n int
 		if _, err := fmt.Sscanf(r.stdout, "errno=EAGAIN n=%d", &n); err != nil {
 			t.Fatalf("got %q, want errno=EAGAIN n=N", r.stdout)
@@ -369,9 +376,13 @@ func TestResourceExhaustion(t *testing.T) {
 		if ctl.stdout != "ok" {
 			t.Errorf("control: fork under the limit: %q", ctl.stdout)
 		}
+		c.Observef("%s; %s; control %s", verdict(r), eventNames(r.state), ctl.stdout)
 	})
 	t.Run("B2/memory bomb is OOM-killed inside only", func(t *testing.T) {
+		c := casebook.Expect(t, "B2", "memory bomb under --memory 64MiB",
+			"exit 137, killed_by=oom, oom and destroyed events")
 		r := runHostile(t, []string{"--memory", strconv.Itoa(64 << 20)}, "membomb")
+		c.Observef("%s; %s", verdict(r), eventNames(r.state))
 		if r.code != 137 || !strings.Contains(r.stderr, "killed_by=oom") {
 			t.Fatalf("exit %d stderr %q, want 137 and killed_by=oom", r.code, r.stderr)
 		}
@@ -383,7 +394,10 @@ func TestResourceExhaustion(t *testing.T) {
 	t.Run("B3/sleep past the deadline is killed, nothing left", func(t *testing.T) {
 		tag := strconv.Itoa(os.Getpid() % 100000)
 		start := time.Now()
+		c := casebook.Expect(t, "B3", "sleep with a detached grandchild past a 1s deadline",
+			"killed within 10s: exit 137, killed_by=timeout, a timeout event, no process left")
 		r := runHostile(t, []string{"--timeout", "1s"}, "sleep", tag)
+		c.Observef("%s after %s; %s", verdict(r), time.Since(start).Round(100*time.Millisecond), eventNames(r.state))
 		if d := time.Since(start); d > 10*time.Second {
 			t.Errorf("took %s for a 1s deadline", d)
 		}
@@ -393,12 +407,16 @@ func TestResourceExhaustion(t *testing.T) {
 		if !hasEvent(events(t, r.state), "timeout") {
 			t.Error("no timeout event")
 		}
-		if p := findProc("1000" + tag); p != 0 {
+		left := findProc("1000" + tag)
+		c.Observef("%s; %s; leftover grandchild pid %d (0 = none)", verdict(r), eventNames(r.state), left)
+		if p := left; p != 0 {
 			t.Errorf("detached grandchild %d still running", p)
 		}
 	})
 	t.Run("B4/stdout flood is truncated with the marker", func(t *testing.T) {
 		const limit = 65536
+		c := casebook.Expect(t, "B4", "8 MiB to stdout under --output-bytes 65536; control: 4096 bytes",
+			"at most 65536 bytes ending with [sluice: output truncated]; control returned whole")
 		r := runHostile(t, []string{"--output-bytes", strconv.Itoa(limit)}, "flood", strconv.Itoa(8<<20))
 		const marker = "[sluice: output truncated]"
 		if !strings.HasSuffix(r.stdout, marker) || len(r.stdout) > limit+len(marker)+2 {
@@ -408,13 +426,55 @@ func TestResourceExhaustion(t *testing.T) {
 		if strings.Contains(ctl.stdout, marker) || len(ctl.stdout) != 4096 {
 			t.Errorf("control: 4096 bytes under the cap came back as %d bytes", len(ctl.stdout))
 		}
+		c.Observef("%d bytes ending %q; control %d bytes", len(r.stdout), tail(r.stdout), len(ctl.stdout))
 	})
 	t.Run("B5/filling the workspace stops at ENOSPC", func(t *testing.T) {
+		c := casebook.Expect(t, "B5", "fill an 8 MiB workspace", "errno=ENOSPC")
 		r := runHostile(t, []string{"--workspace", strconv.Itoa(8 << 20)}, "fill")
+		c.Observe(verdict(r))
 		if r.stdout != "errno=ENOSPC" {
 			t.Errorf("got %q, want errno=ENOSPC", r.stdout)
 		}
 	})
+}
+
+// verdict is what the helper printed, with the exit status and the
+// killed_by= reason sandboxd wrote, for the report.
+func verdict(r runResult) string {
+	v := r.stdout
+	if len(v) > 240 {
+		v = v[:240] + "…"
+	}
+	if v == "" {
+		v = "(no output)"
+	}
+	if r.code != 0 {
+		v += fmt.Sprintf(", exit %d", r.code)
+	}
+	for _, f := range strings.Fields(r.stderr) {
+		if strings.HasPrefix(f, "killed_by=") {
+			v += ", " + f
+			break
+		}
+	}
+	return v
+}
+
+// eventNames lists the events sandboxd wrote for a run, for the report.
+// It never fails the test: the assertions on events are the tests' own.
+func eventNames(state string) string {
+	b, err := os.ReadFile(filepath.Join(state, "events.jsonl"))
+	if err != nil {
+		return "no events file"
+	}
+	var names []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var e struct{ Event string }
+		if json.Unmarshal([]byte(l), &e) == nil && e.Event != "" {
+			names = append(names, e.Event)
+		}
+	}
+	return "events " + strings.Join(names, ",")
 }
 
 func tail(s string) string {

@@ -29,6 +29,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // egressIP is the "public" address of the test's upstreams. It is assigned
@@ -120,7 +121,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	go func() { _ = ds.ActivateAndServe() }()
 	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ls.Close(); _ = ds.Shutdown() })
 
-	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%30000)
+	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%10000)
 	doc := map[string]any{
 		"gateway": map[string]any{
 			"sandbox_socket": filepath.Join(e.dir, "egress.sock"), "trusted_relay_uids": []int{0},
@@ -274,6 +275,8 @@ func TestEgressThroughTheGateway(t *testing.T) {
 
 	before := w.httpConn.Load() + w.tlsConn.Load()
 	t.Run("unlisted host is refused", func(t *testing.T) {
+		cb := casebook.Expect(t, "C8", "GET http://evil.test/ (not on the agent's egress list) through the sandbox proxy",
+			"403 egress_denied with Proxy-Status http_request_denied, and no DNS query (policy before resolution)")
 		q := w.dnsQ.Load()
 		resp, err := c.Get("http://evil.test/")
 		if err != nil {
@@ -281,6 +284,7 @@ func TestEgressThroughTheGateway(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		cb.Observef("%d %q, DNS queries +%d", resp.StatusCode, resp.Header.Get("Proxy-Status"), w.dnsQ.Load()-q)
 		if resp.StatusCode != 403 || !strings.Contains(string(b), `"egress_denied"`) ||
 			resp.Header.Get("Proxy-Status") != "sluice; error=http_request_denied" {
 			t.Fatalf("got %d %s %q", resp.StatusCode, b, resp.Header.Get("Proxy-Status"))
@@ -295,18 +299,31 @@ func TestEgressThroughTheGateway(t *testing.T) {
 		}
 	})
 	t.Run("CONNECT to port 22 is refused", func(t *testing.T) {
-		if code, _ := w.rawConnect(t, "pkg.test:22"); code != 403 {
+		cb := casebook.Expect(t, "C5", "CONNECT pkg.test:22 (allowed host, port outside connect_ports)", "403, no upstream connection")
+		code, ps := w.rawConnect(t, "pkg.test:22")
+		cb.Observef("%d %q", code, ps)
+		if code != 403 {
 			t.Fatalf("got %d", code)
 		}
 	})
 	t.Run("allowed name answering loopback is refused (rebinding)", func(t *testing.T) {
-		if code, ps := w.rawConnect(t, "rebind.test:443"); code != 403 || ps != "sluice; error=destination_ip_prohibited" {
+		cb := casebook.Expect(t, "C3", "CONNECT rebind.test:443, an allowed name whose DNS answer is 127.0.0.1",
+			"403 with Proxy-Status destination_ip_prohibited (refused after resolution)")
+		code, ps := w.rawConnect(t, "rebind.test:443")
+		cb.Observef("%d %q", code, ps)
+		if code != 403 || ps != "sluice; error=destination_ip_prohibited" {
 			t.Fatalf("got %d %q", code, ps)
 		}
 	})
 	t.Run("C1 literal addresses are refused", func(t *testing.T) {
+		cb := casebook.Expect(t, "C2", "CONNECT to literal 127.0.0.1:443, [::1]:443, 2130706433:443 and the allowed host's own IP",
+			"403 for each")
+		var got []string
+		defer func() { cb.Observe(strings.Join(got, ", ")) }()
 		for _, target := range []string{"127.0.0.1:443", "[::1]:443", "2130706433:443", egressIP + ":443"} {
-			if code, _ := w.rawConnect(t, target); code != 403 {
+			code, _ := w.rawConnect(t, target)
+			got = append(got, fmt.Sprintf("%s %d", target, code))
+			if code != 403 {
 				t.Errorf("CONNECT %s: %d", target, code)
 			}
 		}
@@ -320,6 +337,13 @@ func TestEgressThroughTheGateway(t *testing.T) {
 	// one is refused; nothing ever reaches 127.0.0.1:443.
 	t.Run("TTL-0 rebinding", func(t *testing.T) {
 		tlsBefore := w.tlsConn.Load()
+		cb := casebook.Expect(t, "C4", "flip.test answers a public address with TTL 0, then 127.0.0.1",
+			"first request reaches the public upstream; the second resolves again and fails; 0 connections to 127.0.0.1:443")
+		var second error
+		defer func() {
+			cb.Observef("public upstream TLS connections +%d, second request error: %v, resolutions %d, loopback connections %d",
+				w.tlsConn.Load()-tlsBefore, second, w.flips.Load(), w.loopConn.Load())
+		}()
 		resp, err := c.Get("https://flip.test/first")
 		if err != nil {
 			t.Fatalf("first request: %v", err)
@@ -329,7 +353,8 @@ func TestEgressThroughTheGateway(t *testing.T) {
 		if w.tlsConn.Load() != tlsBefore+1 {
 			t.Errorf("first request did not reach the public upstream")
 		}
-		if _, err := c.Get("https://flip.test/second"); err == nil {
+		_, second = c.Get("https://flip.test/second")
+		if second == nil {
 			t.Error("second request went through after the name flipped to loopback")
 		}
 		if w.flips.Load() < 2 {

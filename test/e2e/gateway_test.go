@@ -14,12 +14,14 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // mainGateway starts the main configuration with its secret set.
@@ -138,6 +140,14 @@ func TestRefusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before, beforeAcc := len(e.up.requests()), e.up.accepts.Load()
 			r := g.call(t, tc.id, tc.tool, tc.args)
+			if tc.code == "approval_unavailable" {
+				c := casebook.Expect(t, "G8", "Ask call ("+tc.tool+") with no approval service configured",
+					"503 approval_unavailable, decision ask, nothing upstream")
+				defer func() {
+					c.Observef("%d %s, upstream requests +%d, connections +%d", r.Status, r.Code,
+						len(e.up.requests())-before, e.up.accepts.Load()-beforeAcc)
+				}()
+			}
 			expect(t, r, tc.status, tc.code)
 			wantReqs := before
 			if tc.status == 200 {
@@ -200,8 +210,14 @@ func TestSchemaViolations(t *testing.T) {
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
+			c := casebook.Expect(t, "F7", tc.name+": "+tc.tool+" "+tc.args,
+				"400 schema_violation naming "+strconv.Quote(tc.field)+", no policy decision, nothing upstream")
 			before, acc := len(e.up.requests()), e.up.accepts.Load()
 			r := g.call(t, agentA, tc.tool, tc.args)
+			defer func() {
+				c.Observef("%d %s %q, upstream requests +%d, connections +%d", r.Status, r.Code, r.Message,
+					len(e.up.requests())-before, e.up.accepts.Load()-acc)
+			}()
 			expect(t, r, http.StatusBadRequest, "schema_violation")
 			if tc.field != "" && !strings.Contains(r.Message, tc.field) {
 				t.Errorf("message %q does not name %q", r.Message, tc.field)
@@ -232,10 +248,17 @@ func TestSchemaViolations(t *testing.T) {
 	}
 	for _, tc := range traversal {
 		t.Run("path "+tc.name, func(t *testing.T) {
+			c := casebook.Expect(t, "F7", "path parameter "+tc.name+": id "+strconv.Quote(tc.id),
+				"400 schema_violation and nothing upstream, or 200 with the id as one escaped segment under /tickets/")
 			before := len(e.up.requests())
 			args, _ := json.Marshal(map[string]any{"path": map[string]string{"id": tc.id}})
 			r := g.call(t, agentA, "tickets.get_ticket", string(args))
 			reqs := e.up.requests()[before:]
+			if len(reqs) == 1 {
+				c.Observef("%d %s, upstream got %q", r.Status, r.Code, reqs[0].RequestURI)
+			} else {
+				c.Observef("%d %s, %d upstream requests", r.Status, r.Code, len(reqs))
+			}
 			t.Logf("id %q: %d %s", tc.id, r.Status, r.Code)
 			switch r.Status {
 			case http.StatusBadRequest:
@@ -353,7 +376,10 @@ func TestEgressGuard(t *testing.T) {
 
 	for i, tc := range cases {
 		t.Run(tc.slug, func(t *testing.T) {
+			c := casebook.Expect(t, strings.ToUpper(tc.slug[:2]), tc.cite+": connector base_url "+tc.baseURL,
+				"403 egress_denied before any dial (0 upstream connections), or refused by validate naming the base_url")
 			if out, ok := refusedAtConfig[i]; ok {
+				c.Observef("refused at config: %s", firstLine(out, fmt.Sprintf("connectors[%d].base_url", i)))
 				t.Logf("%s (%s): refused at config: %s", tc.baseURL, tc.cite, out)
 				if !strings.Contains(out, fmt.Sprintf("connectors[%d].base_url", i)) {
 					t.Errorf("config error does not name connectors[%d].base_url", i)
@@ -361,6 +387,7 @@ func TestEgressGuard(t *testing.T) {
 				return
 			}
 			r := g.call(t, agentA, tc.slug+".list_tickets", `{}`)
+			c.Observef("%d %s, upstream connections %d", r.Status, r.Code, e.up.accepts.Load())
 			if r.Status != http.StatusForbidden || r.Code != "egress_denied" {
 				t.Fatalf("%s (%s): got %d %q, want 403 egress_denied; body %s", tc.baseURL, tc.cite, r.Status, r.Code, r.Body)
 			}
@@ -378,12 +405,27 @@ func TestEgressGuard(t *testing.T) {
 	}
 
 	t.Run("control with allow_private", func(t *testing.T) {
+		c := casebook.Expect(t, "C2", "control: connector at http://127.0.0.1 admitted by allow_private 127.0.0.0/8",
+			"200, exactly 1 upstream connection (the refusals above are the guard's)")
 		r := g.call(t, agentA, "control.list_tickets", `{}`)
+		c.Observef("%d, upstream connections %d", r.Status, e.up.accepts.Load())
 		expect(t, r, http.StatusOK, "")
 		if n := e.up.accepts.Load(); n != 1 {
 			t.Errorf("upstream accepted %d connections, want 1", n)
 		}
 	})
+}
+
+// firstLine is the first line of out that contains sub (else out's first
+// line), for the report.
+func firstLine(out, sub string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for _, l := range lines {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return lines[0]
 }
 
 func mapKeys(m map[int]string) map[int]bool {
@@ -400,8 +442,31 @@ func mapKeys(m map[int]string) map[int]bool {
 func TestCredentialEcho(t *testing.T) {
 	t.Parallel()
 	e, g := mainGateway(t)
+	d3 := casebook.Expect(t, "D3", "upstream reflects the injected X-Api-Key in its body and headers (plain and base64)",
+		"reply scrubbed to "+scrub.Replacement+", no form of the secret in the reply, audit secret_reflected")
+	d9 := casebook.Expect(t, "D9", "grep the audit log and the gateway log for every form of the secret after an echo",
+		"0 hits")
 
 	r := g.call(t, agentA, "tickets.echo_auth", `{}`)
+	defer func() {
+		hits := func(b []byte) int {
+			n := 0
+			for _, f := range e.secretForms() {
+				if bytes.Contains(b, []byte(f)) {
+					n++
+				}
+			}
+			return n
+		}
+		var reflected bool
+		for _, rec := range g.auditRecords() {
+			reflected = reflected || (rec["event"] == "secret_reflected" && rec["request_id"] == r.RequestID)
+		}
+		d3.Observef("%d, reply carries %s: %v, secret forms in reply: %d, audit secret_reflected: %v",
+			r.Status, scrub.Replacement, bytes.Contains(r.Raw, []byte(scrub.Replacement)), hits(r.Raw), reflected)
+		audit, _ := os.ReadFile(g.audit)
+		d9.Observef("secret forms in audit log: %d, in gateway log: %d", hits(audit), hits(g.stderr.Bytes()))
+	}()
 	expect(t, r, http.StatusOK, "")
 	reqs := e.up.requests()
 	if len(reqs) != 1 || reqs[0].Header.Get("X-Api-Key") != e.secret {
@@ -462,6 +527,8 @@ func TestAuditDiskFull(t *testing.T) {
 			t.Errorf("umount %s: %v: %s", fs, err, out)
 		}
 	})
+	g5 := casebook.Expect(t, "G5", "audit log on a full 64k tmpfs, then space returns",
+		"allowed call 503 audit_unavailable, nothing upstream, /readyz 503; after space returns 200 and the chain verifies")
 	c := e.mainConfig()
 	c.AuditPath = filepath.Join(fs, "audit.log")
 	cfg, admin := e.writeConfig(c)
@@ -523,13 +590,19 @@ func TestAuditDiskFull(t *testing.T) {
 
 	before, acc := len(e.up.requests()), e.up.accepts.Load()
 	r := g.call(t, agentA, "tickets.list_tickets", `{}`)
+	full := fmt.Sprintf("disk full: %d %s, upstream requests +%d, connections +%d", r.Status, r.Code,
+		len(e.up.requests())-before, e.up.accepts.Load()-acc)
+	g5.Observe(full)
 	expect(t, r, http.StatusServiceUnavailable, "audit_unavailable")
 	if len(e.up.requests()) != before || e.up.accepts.Load() != acc {
 		t.Fatalf("upstream was reached while the audit log could not be written")
 	}
-	if st, body, err := g.adminGet("/readyz"); err != nil || st != http.StatusServiceUnavailable {
+	st, body, err := g.adminGet("/readyz")
+	if err != nil || st != http.StatusServiceUnavailable {
 		t.Errorf("/readyz while audit is failing: %d %s %v, want 503", st, body, err)
 	}
+	full += fmt.Sprintf(", /readyz %d", st)
+	g5.Observe(full)
 
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
@@ -541,9 +614,12 @@ func TestAuditDiskFull(t *testing.T) {
 	if len(e.up.requests()) != before+1 {
 		t.Errorf("upstream requests %d, want %d", len(e.up.requests()), before+1)
 	}
+	verr := "ok"
 	if out, err := sluice(t, "", "audit", "verify", "--config", cfg); err != nil {
+		verr = err.Error()
 		t.Errorf("audit verify after recovery: %v\n%s", err, out)
 	}
+	g5.Observef("%s; after space returned: %d, audit verify %s", full, r.Status, verr)
 	audit, _ := os.ReadFile(c.AuditPath)
 	if bytes.Contains(audit, []byte(e.secret)) {
 		t.Errorf("audit log contains the secret")
@@ -603,11 +679,14 @@ func TestAuditTamper(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			c := casebook.Expect(t, "D10", "tamper with the exported audit log: "+tc.name,
+				fmt.Sprintf("sluice audit verify exits non-zero naming line %d", tc.wantLine))
 			p := filepath.Join(e.dir, "tampered-"+strings.ReplaceAll(tc.name, " ", "-")+".log")
 			if err := os.WriteFile(p, bytes.Join(tc.tamper(), nil), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			out, err := sluice(t, "", "audit", "verify", "--config", cfg, "--file", p)
+			c.Observef("%v: %s", err, firstLine(out, "line "))
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
 				t.Fatalf("audit verify accepted a tampered log: %v\n%s", err, out)
@@ -671,6 +750,8 @@ decisions contains d if {
 		return n
 	}
 	rejected := countMsg("reload rejected") + countMsg("reload failed")
+	g6 := casebook.Expect(t, "G6", "SIGHUP with a Rego module that has a syntax error, then a valid one",
+		"reload rejected with rego_parse_error and the file:line, old policy keeps serving (200), error counted; the valid module then blocks")
 
 	write("package sluice.policies.team\n\ndecisions contains d if {\n\tinput.tool ==\n")
 	g.signal(syscall.SIGHUP)
@@ -686,6 +767,8 @@ decisions contains d if {
 		t.Errorf("reload rejection does not carry OPA's code and location: %v", line)
 	}
 	r := g.call(t, agentA, "tickets.list_tickets", `{}`)
+	rejection := fmt.Sprintf("rejected: %v; next call %d", strings.Contains(errText, "rego_parse_error") && strings.Contains(errText, "team.rego:"), r.Status)
+	g6.Observe(rejection)
 	expect(t, r, http.StatusOK, "")
 	_, metrics, err := g.adminGet("/metrics")
 	if err != nil {
@@ -700,6 +783,8 @@ decisions contains d if {
 	if !counted {
 		t.Errorf("/metrics has no sluice_policy_reloads{result=\"error\"} line")
 	}
+	rejection += fmt.Sprintf("; error counted: %v", counted)
+	g6.Observe(rejection)
 
 	reloaded := countMsg("policy: reloaded")
 	write(`package sluice.policies.team
@@ -712,6 +797,7 @@ decisions contains {"action": "block", "rule": "team.no_listing", "reason": "lis
 	g.awaitLog(t, "policy: reloaded", func(map[string]any) bool { return countMsg("policy: reloaded") > reloaded })
 	before := len(e.up.requests())
 	r = g.call(t, agentA, "tickets.list_tickets", `{}`)
+	g6.Observef("%s; after the valid reload: %d %s", rejection, r.Status, r.Code)
 	expect(t, r, http.StatusForbidden, "policy_block")
 	if len(e.up.requests()) != before {
 		t.Errorf("upstream reached for a blocked call")
@@ -727,7 +813,9 @@ func TestIdentity(t *testing.T) {
 	e, g := mainGateway(t)
 
 	t.Run("no preamble", func(t *testing.T) {
+		c := casebook.Expect(t, "A10", "request on the gateway socket with no identity preamble", "400 identity_required, connection closed")
 		out, closed := g.rawExchange(t, []byte("GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"))
+		c.Observef("%s, closed %v", statusLine(out), closed)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 ") || !strings.Contains(out, `"identity_required"`) {
 			t.Errorf("got %q, want 400 identity_required", out)
 		}
@@ -737,7 +825,9 @@ func TestIdentity(t *testing.T) {
 	})
 
 	t.Run("malformed preamble", func(t *testing.T) {
+		c := casebook.Expect(t, "A10", "identity preamble with a duplicate agent key (agent-a, then agent-b)", "400 identity_required, connection closed")
 		out, closed := g.rawExchange(t, []byte("SLUICE-IDENTITY {\"sandbox\":\"sb-1\",\"agent\":\"agent-a\",\"agent\":\"agent-b\"}\nGET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"))
+		c.Observef("%s, closed %v", statusLine(out), closed)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 ") || !strings.Contains(out, `"identity_required"`) || !closed {
 			t.Errorf("duplicate-key preamble: got %q (closed %v), want 400 identity_required and close", out, closed)
 		}
@@ -749,14 +839,18 @@ func TestIdentity(t *testing.T) {
 		c.TrustedUIDs = []uint32{4242} // root, the test, is then untrusted
 		cfg, admin := e.writeConfig(c)
 		ug := e.startGateway(cfg, admin)
+		cb := casebook.Expect(t, "A10", "a well-formed preamble from a peer uid the gateway does not trust", "403 untrusted_peer and close; a tool call reaches nothing upstream")
 		line, _ := wire.Encode(agentA)
 		out, closed := ug.rawExchange(t, append(line, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"...))
+		first := fmt.Sprintf("%s, closed %v", statusLine(out), closed)
+		cb.Observe(first)
 		if !strings.HasPrefix(out, "HTTP/1.1 403 ") || !strings.Contains(out, `"untrusted_peer"`) || !closed {
 			t.Errorf("got %q (closed %v), want 403 untrusted_peer and close", out, closed)
 		}
 		before := len(e.up.requests())
 		call := "POST /v1/tools/tickets.list_tickets HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 		out, _ = ug.rawExchange(t, append(line, call...))
+		cb.Observef("%s; tool call %s, upstream requests +%d", first, statusLine(out), len(e.up.requests())-before)
 		if !strings.HasPrefix(out, "HTTP/1.1 403 ") || !strings.Contains(out, `"untrusted_peer"`) {
 			t.Errorf("tool call from an untrusted peer: got %q, want 403 untrusted_peer", out)
 		}
@@ -772,9 +866,12 @@ func TestIdentity(t *testing.T) {
 			"X-Sluice-Agent":    {"agent-a"},
 			"Sluice-Identity":   {wire.Prefix + string(spoof)},
 		}
+		c := casebook.Expect(t, "A10", "agent-b sends X-Sluice-Identity, X-Sluice-Agent and Sluice-Identity headers claiming agent-a",
+			"headers ignored: 403 not_granted as agent-b, nothing upstream")
 		before := len(e.up.requests())
 		r := g.do(t, agentB, http.MethodPost, "/v1/tools/tickets.list_tickets",
 			`{"headers":{"X-Sluice-Agent":"agent-a"}}`, hdr)
+		c.Observef("%d %s, upstream requests +%d", r.Status, r.Code, len(e.up.requests())-before)
 		expect(t, r, http.StatusForbidden, "not_granted")
 		if len(e.up.requests()) != before {
 			t.Errorf("upstream reached with a spoofed identity")
@@ -783,19 +880,36 @@ func TestIdentity(t *testing.T) {
 	})
 
 	t.Run("admin routes not on sandbox socket", func(t *testing.T) {
+		c := casebook.Expect(t, "A10", "approval, audit, metrics and health routes requested over the sandbox socket",
+			"404 not_found for all 9 routes; control: /healthz answers 200 on the admin listener")
+		var got []string
+		defer func() { c.Observe(strings.Join(got, ", ")) }()
 		for _, rt := range []struct{ method, path string }{
 			{"GET", "/api/v1/holds"}, {"GET", "/api/v1/holds/x"}, {"POST", "/api/v1/holds/x/approve"},
 			{"POST", "/api/v1/holds/x/deny"}, {"GET", "/api/v1/audit"}, {"GET", "/metrics"},
 			{"GET", "/healthz"}, {"GET", "/readyz"}, {"GET", "/"},
 		} {
 			r := g.do(t, agentA, rt.method, rt.path, "", nil)
+			got = append(got, fmt.Sprintf("%s %s %d %s", rt.method, rt.path, r.Status, r.Code))
 			if r.Status != http.StatusNotFound || r.Code != "not_found" {
 				t.Errorf("%s %s over the sandbox socket: %d %q, want 404 not_found", rt.method, rt.path, r.Status, r.Code)
 			}
 		}
 		// Control: the routes exist, on the admin listener.
-		if st, _, err := g.adminGet("/healthz"); err != nil || st != http.StatusOK {
+		st, _, err := g.adminGet("/healthz")
+		got = append(got, fmt.Sprintf("admin /healthz %d", st))
+		if err != nil || st != http.StatusOK {
 			t.Errorf("admin /healthz: %d %v", st, err)
 		}
 	})
+}
+
+// statusLine is the first line of a raw HTTP answer, for the report.
+func statusLine(out string) string {
+	l, _, _ := strings.Cut(out, "\r\n")
+	if b := strings.Index(out, `"code":"`); b >= 0 {
+		code, _, _ := strings.Cut(out[b+len(`"code":"`):], `"`)
+		l += " " + code
+	}
+	return l
 }

@@ -427,8 +427,9 @@ func (e *env) writeConfig(c gwConfig) (path, admin string) {
 	if c.AuditPath == "" {
 		c.AuditPath = filepath.Join(e.dir, c.Name+"-audit.log")
 	}
-	// The namespace is private, so a random high port cannot collide.
-	admin = fmt.Sprintf("127.0.0.1:%d", 20000+mrand.IntN(30000))
+	// The namespace is private, and 20000-29999 lies below the kernel's
+	// ephemeral range (32768+), so no outgoing socket can hold the port.
+	admin = fmt.Sprintf("127.0.0.1:%d", 20000+mrand.IntN(10000))
 	doc := map[string]any{
 		"gateway": map[string]any{
 			"sandbox_socket":     filepath.Join(e.dir, c.Name+".sock"),

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // withApprovers rewrites the config at path: the refund rule asks
@@ -92,6 +95,15 @@ func TestHoldSurvivesKill9(t *testing.T) {
 	withApprovers(t, cfg, token)
 	e.setSecret(cfg)
 	g := e.startGateway(cfg, admin)
+	g1 := casebook.Expect(t, "G1", "kill -9 of the gateway with a held Ask call, then restart and approve",
+		"after restart the poll is still 202 pending, nothing upstream; approval executes exactly once with the credential")
+	e3 := casebook.Expect(t, "E3", "approve the same hold twice (after a restart)",
+		"first approve executes, second 409, exactly one upstream request")
+	var obs []string
+	defer func() {
+		g1.Observe(strings.Join(obs, "; "))
+		e3.Observef("%s; upstream requests %d", strings.Join(obs[min(len(obs), 1):], "; "), len(e.up.requests()))
+	}()
 
 	r := g.call(t, agentA, "tickets.create_refund", `{"body":{"amount":5,"reason":"dup"}}`)
 	var held struct {
@@ -107,17 +119,24 @@ func TestHoldSurvivesKill9(t *testing.T) {
 	if n := len(e.up.requests()); n != 0 {
 		t.Fatalf("%d upstream requests before approval", n)
 	}
-	if p := g.do(t, agentA, http.MethodGet, held.Hold.Poll, "", nil); p.Status != http.StatusAccepted {
+	p := g.do(t, agentA, http.MethodGet, held.Hold.Poll, "", nil)
+	obs = append(obs, fmt.Sprintf("ask %d, after kill -9 and restart poll %d with %d upstream requests", r.Status, p.Status, len(e.up.requests())))
+	if p.Status != http.StatusAccepted {
 		t.Fatalf("poll after restart: %d %s, want 202 (still pending)", p.Status, p.Body)
 	}
 	st, body := g.adminDo(t, http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", token, `{"reason":"ok"}`)
+	hold, _ := body["hold"].(map[string]any)
+	obs = append(obs, fmt.Sprintf("approve %d %v", st, hold["status"]))
 	if st != http.StatusOK || body["hold"].(map[string]any)["status"] != "executed" {
 		t.Fatalf("approve after restart: %d %v", st, body)
 	}
-	if st, _ := g.adminDo(t, http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", token, ""); st != http.StatusConflict {
-		t.Fatalf("second approve: %d, want 409", st)
+	st2, _ := g.adminDo(t, http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", token, "")
+	obs = append(obs, fmt.Sprintf("second approve %d", st2))
+	if st2 != http.StatusConflict {
+		t.Fatalf("second approve: %d, want 409", st2)
 	}
-	p := g.do(t, agentA, http.MethodGet, held.Hold.Poll+"?wait=5s", "", nil)
+	p = g.do(t, agentA, http.MethodGet, held.Hold.Poll+"?wait=5s", "", nil)
+	obs = append(obs, fmt.Sprintf("poll %d with upstream status %d", p.Status, p.Result.Status))
 	if p.Status != http.StatusOK || p.Result.Status != 200 || !strings.Contains(string(p.Result.Body), `"refund":"ok"`) {
 		t.Fatalf("poll after approval: %d %s", p.Status, p.Body)
 	}

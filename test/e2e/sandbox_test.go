@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 var (
@@ -124,6 +126,9 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 			t.Errorf("%s from inside the sandbox: %q, want 200 with the upstream's answer", way, lines[way])
 		}
 	}
+	cb := casebook.Expect(t, "A1", "agent code in a sandbox made by sandboxd dials a listener on the host's loopback ("+host.Addr().String()+")",
+		"an error inside the sandbox, no accept on the host; control: the same code reaches the gateway over tcp and unix")
+	cb.Observef("escape: %s; control tcp %.40q, unix %.40q", lines["escape"], lines["tcp"], lines["unix"])
 	if !strings.HasPrefix(lines["escape"], "error ") {
 		t.Errorf("connect to the host's loopback from inside: %q, want an error", lines["escape"])
 	}
