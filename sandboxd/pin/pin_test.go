@@ -153,6 +153,18 @@ func newPeer(t *testing.T, sbxName string) peer {
 	return p
 }
 
+// eventually retries fn until it succeeds or d has passed.
+func eventually(d time.Duration, fn func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := fn()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func hello(ns, addr string) error {
 	c, err := dialIn(ns, "tcp", addr)
 	if err != nil {
@@ -200,8 +212,11 @@ func TestPin(t *testing.T) {
 			p := newPeer(t, name)
 
 			// Control: before pinning the peer answers on both families.
+			// A fresh veth may drop the first packets while its link
+			// comes up (IPv6 neighbour discovery especially), so the
+			// control retries; the refusals after pinning do not.
 			for _, a := range []string{p.v4, p.v6} {
-				if err := hello(nsPath, a); err != nil {
+				if err := eventually(10*time.Second, func() error { return hello(nsPath, a) }); err != nil {
 					t.Fatalf("control: peer %s unreachable before pinning: %v", a, err)
 				}
 			}
@@ -378,7 +393,7 @@ func TestRulesetAlone(t *testing.T) {
 	name, nsPath := newNetNS(t, "sluice-pin")
 	peer := newPeer(t, name)
 	for _, a := range []string{peer.v4, peer.v6} {
-		if err := hello(nsPath, a); err != nil {
+		if err := eventually(10*time.Second, func() error { return hello(nsPath, a) }); err != nil {
 			t.Fatalf("control: peer %s unreachable before the ruleset: %v", a, err)
 		}
 	}

@@ -251,7 +251,14 @@ func TestPinExisting(t *testing.T) {
 	name, nsPath, server := pinNetNS(t)
 	d := startDaemon(t)
 
-	if err := helloFrom(nsPath, server); err != nil {
+	// A fresh veth may drop the first packets while its link comes up, so
+	// the control retries briefly; the refusals after pinning do not.
+	err := helloFrom(nsPath, server)
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		err = helloFrom(nsPath, server)
+	}
+	if err != nil {
 		t.Fatalf("control: the peer server %s is unreachable before pinning: %v", server, err)
 	}
 	if _, err := dialFrom(nsPath, "127.0.0.1:3128"); !errors.Is(err, syscall.ECONNREFUSED) {
