@@ -11,6 +11,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v chromium >/dev/null 2>&1 || need+=(chromium) # test/browser drives the review UI in it
+command -v curl >/dev/null 2>&1 || need+=(curl) # test/e2e runs Debian's curl inside a sandbox
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -207,6 +208,61 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 		e.s.log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
+	label, _, _ := strings.Cut(name, ".")
+	if h, high := highEntropyLabel(label); high {
+		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base), attribute.String("signal", "label_entropy")))
+		if e.subs.flagEntropy(c.caller.Sandbox, base, time.Now()) {
+			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
+				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
+				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
+			_, _ = e.s.audit.Append(ctx, auditRecord(c.rid, "dns_high_entropy", f))
+			e.s.log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
+		}
+	}
+}
+
+// The label-entropy exfiltration signal: a leftmost label of at least
+// entropyMinLabel bytes whose Shannon entropy is at least entropyBits bits
+// per byte looks like encoded data (base32/base64 of 24+ bytes reach it
+// almost always; natural names such as "release-assets-githubusercontent"
+// stay near 3.6; hex-encoded data reaches it only from ~48 characters, the
+// unique-names signal covers that). Every such question counts in
+// sluice.dns.exfiltration_signals{signal=label_entropy}; one dns_high_entropy
+// audit record is written per sandbox and base domain per
+// dns.subdomain_window, so a stream of them cannot flood the audit log.
+const (
+	entropyMinLabel = 20
+	entropyBits     = 3.8
+)
+
+// labelEntropy is the Shannon entropy of label in bits per byte.
+func labelEntropy(label string) float64 {
+	if label == "" {
+		return 0
+	}
+	var counts [256]int
+	for i := 0; i < len(label); i++ {
+		counts[label[i]]++
+	}
+	n := float64(len(label))
+	h := 0.0
+	for _, c := range counts {
+		if c > 0 {
+			p := float64(c) / n
+			h -= p * math.Log2(p)
+		}
+	}
+	return h
+}
+
+// highEntropyLabel returns label's entropy and whether it crosses the signal.
+func highEntropyLabel(label string) (float64, bool) {
+	if len(label) < entropyMinLabel {
+		return 0, false
+	}
+	h := labelEntropy(label)
+	return h, h >= entropyBits
 }
 
 // subdomains counts, per sandbox and base domain, the distinct names asked
@@ -222,6 +278,20 @@ type nameSet struct {
 	since    time.Time
 	names    map[string]struct{}
 	signaled bool
+	entropy  bool // a dns_high_entropy record was written in this window
+}
+
+// flagEntropy reports whether this is the first high-entropy question of
+// the (sandbox, base domain) pair's current window; add has made the set.
+func (s *subdomains) flagEntropy(sandbox, base string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ns := s.m[[2]string{sandbox, base}]
+	if ns == nil || now.Sub(ns.since) > s.window || ns.entropy {
+		return false
+	}
+	ns.entropy = true
+	return true
 }
 
 func newSubdomains(threshold int, window time.Duration) *subdomains {

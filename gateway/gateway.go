@@ -310,6 +310,7 @@ func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
 		errs = append(errs, fmt.Errorf("rego: %w", perr))
 	}
 	errs = append(errs, checkSecretRefs(ctx, cfg)...)
+	errs = append(errs, dohAllowlistProblems(cfg)...)
 	return errors.Join(errs...)
 }
 

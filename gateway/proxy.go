@@ -99,7 +99,7 @@ func (s *Server) newRawEgress() *rawEgress {
 	m := s.tel.provider.Meter("sluice/gateway/egress")
 	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
 	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
-	e.exfil, _ = m.Int64Counter("sluice.dns.exfiltration_signals", metric.WithDescription("Callers that asked for more unique names under one base domain than dns.subdomain_threshold."))
+	e.exfil, _ = m.Int64Counter("sluice.dns.exfiltration_signals", metric.WithDescription("DNS exfiltration signals: callers that asked for more unique names under one base domain than dns.subdomain_threshold, and (signal=label_entropy) questions whose leftmost label has high entropy."))
 	return e
 }
 
@@ -255,6 +255,10 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	c.destHost, c.port = host, port
+	if ee := refuseDoH(c); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
 	if e.s.icpt.credentialed(host) {
 		// THREATS D5: a placeholder never crosses plain http, so a host
 		// with a secret bound to it is reached over CONNECT only.
@@ -374,6 +378,10 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	c.destHost, c.port = host, port
+	if ee := refuseDoH(c); ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
 	if !e.ports[port] {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, fmt.Sprintf("CONNECT to port %d is not allowed (443 and egress.connect_ports only)", port)))
 		return
@@ -587,6 +595,8 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 	}
 	if c.decided {
 		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason
+	} else if c.event != "" {
+		f["reason"] = c.event // a refusal before policy (doh_refused …)
 	}
 	if c.status != 0 {
 		f["status"] = c.status

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -45,6 +46,11 @@ type Config struct {
 	// made, in their cgroup, waiting for a sandbox to build): a Create
 	// then skips the fork and the runtime start-up of the init.
 	Spares int `yaml:"spares"`
+	// GatewayAdmin is the URL of the gateway's admin listener (optional).
+	// When set, every Create fetches the interception CA and the
+	// placeholders from it and puts them into the sandbox (trust.go); a
+	// failed fetch fails the Create.
+	GatewayAdmin string `yaml:"gateway_admin"`
 }
 
 // UIDRange is the host uid/gid range sandboxes map into: sandbox n of at
@@ -138,6 +144,9 @@ func (c Config) Validate() error {
 	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
 		return fmt.Errorf("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
 	}
+	if err := checkGatewayAdmin(c.GatewayAdmin); err != nil {
+		return err
+	}
 	return c.Limits.Validate("limits")
 }
 
@@ -195,4 +204,17 @@ func (l Limits) Or(d Limits) Limits {
 		l.Lifetime = d.Lifetime
 	}
 	return l
+}
+
+// checkGatewayAdmin validates the gateway_admin key: empty, or an http(s)
+// URL with a host and nothing but a path.
+func checkGatewayAdmin(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("config: gateway_admin: want the http(s) URL of the gateway's admin listener, got %q", s)
+	}
+	return nil
 }

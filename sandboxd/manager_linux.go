@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -291,6 +292,24 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	if closed {
 		return Info{}, fmt.Errorf("sandboxd: create: manager closed")
 	}
+	var trust *gatewayTrust
+	if m.cfg.GatewayAdmin != "" {
+		for _, k := range trustEnv {
+			if _, ok := req.Env[k]; ok {
+				return Info{}, fmt.Errorf("%w: env %q is set from gateway_admin", ErrInvalid, k)
+			}
+		}
+		for k := range req.Env {
+			if strings.HasPrefix(k, "SLUICE_SECRET_") {
+				return Info{}, fmt.Errorf("%w: env %q is set from gateway_admin", ErrInvalid, k)
+			}
+		}
+		// Before any resource is spent: no sandbox without what
+		// interception needs (fail closed).
+		if trust, err = fetchGatewayTrust(ctx, m.cfg.GatewayAdmin); err != nil {
+			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
+		}
+	}
 	sb := m.takeSpare()
 	if sb != nil {
 		if err := sb.cg.setLimits(lim); err != nil {
@@ -320,7 +339,21 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	ident := probe
 	ident.Sandbox = id
 	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Pid: sb.info.Pid}
-	sb.env = m.baseEnv(id, req.Env)
+	env := req.Env
+	if trust != nil {
+		tenv, err := trust.install(filepath.Join(sb.dir, "run"), m.cfg.Rootfs)
+		if err != nil {
+			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
+		}
+		env = make(map[string]string, len(req.Env)+len(tenv))
+		for k, v := range req.Env {
+			env[k] = v
+		}
+		for k, v := range tenv {
+			env[k] = v
+		}
+	}
+	sb.env = m.baseEnv(id, env)
 	if err := m.setup(sb); err != nil {
 		return Info{}, err
 	}

@@ -1,0 +1,254 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"go.yaml.in/yaml/v3"
+)
+
+// curlCA makes a CA (returned as PEM, for curl's --cacert) and a leaf for
+// hosts signed by it.
+func curlCA(t *testing.T, hosts ...string) (tls.Certificate, []byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice curl test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+}
+
+// TestCurlInSandboxThroughProxy runs Debian's curl inside a real sandbox
+// made by `sandboxd run`, whose only way out is the gateway running in a
+// network namespace with a TLS and an HTTP upstream on egressIP and a
+// miekg/dns resolver (issue 6: "the same through curl inside a sandbox").
+// Through the proxy (127.0.0.1:3128 inside) curl reaches the allowed host
+// over CONNECT with the upstream's real certificate (interception off)
+// and over plain http; an unlisted host gets 403 egress_denied; a DoH
+// endpoint gets 403 doh_refused; and the upstream's address without the
+// proxy cannot be connected to from inside the sandbox, by address or by
+// name (the name resolves through the gateway's DNS answerer, which
+// answers it: the sandbox's network namespace has only lo). The gateway's audit log has
+// the allowed and refused records; only allowed requests reach the upstream.
+func TestCurlInSandboxThroughProxy(t *testing.T) {
+	// Debian's curl; the host's /usr is bound read-only into the sandbox.
+	const curl = "/usr/bin/curl"
+	if _, err := os.Stat(curl); err != nil {
+		t.Skip("curl not installed (Debian package curl; test.sh installs it)")
+	}
+	e := newEnv(t)
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("kernel lacks user namespaces")
+	}
+	buildSandboxBins(t)
+	if out, err := exec.Command("ip", "-n", e.ns.name, "addr", "add", egressIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	cert, caPEM := curlCA(t, "pkg.test")
+	var tlsConns, httpConns, dnsQ atomic.Int64
+	var reqs atomic.Int64
+	var hl, tl net.Listener
+	var pc net.PacketConn
+	if err := e.ns.do(func() (err error) {
+		if hl, err = net.Listen("tcp", egressIP+":80"); err != nil {
+			return err
+		}
+		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
+		return err
+	}); err != nil {
+		t.Fatalf("listen in %s: %v", e.ns.name, err)
+	}
+	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		reqs.Add(1)
+		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
+	})
+	hs := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
+	ts := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(countingListener{hl, &httpConns}) }()
+	go func() {
+		_ = ts.Serve(tls.NewListener(countingListener{tl, &tlsConns}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	}()
+	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "dns.google": egressIP}
+	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+		dnsQ.Add(1)
+		m := new(mdns.Msg)
+		m.SetReply(q)
+		ip, ok := table[strings.TrimSuffix(q.Question[0].Name, ".")]
+		switch {
+		case !ok:
+			m.Rcode = mdns.RcodeNameError
+		case q.Question[0].Qtype == mdns.TypeA:
+			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
+			m.Answer = []mdns.RR{rr}
+		}
+		_ = rw.WriteMsg(m)
+	})}
+	go func() { _ = ds.ActivateAndServe() }()
+	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ds.Shutdown() })
+
+	admin := fmt.Sprintf("127.0.0.1:%d", 30000+time.Now().Nanosecond()%10000)
+	doc := map[string]any{
+		"gateway": map[string]any{
+			"sandbox_socket": filepath.Join(e.dir, "curl.sock"), "trusted_relay_uids": []int{0},
+			"admin_listen": admin, "upstream_timeout": "5s",
+		},
+		"store": "sqlite:" + filepath.Join(e.dir, "curl.db"),
+		"audit": map[string]any{"path": filepath.Join(e.dir, "curl-audit.log")},
+		"secrets": map[string]any{"backend": "local", "local": map[string]any{
+			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
+		// dns.google is listed on purpose: the proxy refuses it anyway.
+		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "dns.google"}}},
+		"egress": map[string]any{"max_tunnels_per_caller": 4},
+		"dns":    map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(e.dir, "curl.yaml")
+	if err := os.WriteFile(cfgPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := e.startGateway(cfgPath, admin)
+	caFile := filepath.Join(e.dir, "upstream-ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// One sandbox, one script: each step prints "<name> <curl exit> <codes> <body>".
+	const proxy = "http://127.0.0.1:3128"
+	script := strings.Join([]string{
+		`step() { name=$1; shift; out=$(` + curl + ` -sS --max-time 10 "$@" 2>/tmp/err); rc=$?; out=$(printf '%s' "$out" | tr '\n' ' '); printf '%s %s %s|%s\n' "$name" "$rc" "$out" "$(tr '\n' ' ' </tmp/err)"; }`,
+		`step allowed-https -w ' %{http_connect} %{http_code}' --cacert /workspace/ca.pem -x ` + proxy + ` https://pkg.test/x`,
+		`step allowed-http -w ' %{http_code}' -x ` + proxy + ` http://pkg.test/y`,
+		`step denied-https -w ' %{http_connect} %{http_code}' --cacert /workspace/ca.pem -x ` + proxy + ` https://evil.test/`,
+		`step denied-http -w ' %{http_code}' -x ` + proxy + ` http://evil.test/`,
+		`step doh -w ' %{http_connect} %{http_code}' --cacert /workspace/ca.pem -x ` + proxy + ` https://dns.google/dns-query`,
+		`step direct-ip --noproxy '*' --connect-timeout 3 -w ' %{http_code}' --cacert /workspace/ca.pem https://` + egressIP + `/`,
+		`step direct-name --noproxy '*' --connect-timeout 3 -w ' %{http_code}' --cacert /workspace/ca.pem https://pkg.test/`,
+	}, "\n")
+	state, err := os.MkdirTemp("", "sluice-e2e-curl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.sock,
+		"--agent", "agent-a", "--session", "curl", "--copy", caFile+":/workspace/ca.pem", "--timeout", "90s",
+		"--", "/bin/sh", "-c", script)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	t.Logf("inside the sandbox:\n%s", out.String())
+	steps := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		steps[k] = v
+	}
+	tests := []struct {
+		step, prefix, contains string
+	}{
+		// curl exit 0; body; CONNECT 200, then the upstream's 200.
+		{"allowed-https", "0 hello from pkg.test /x 200 200", ""},
+		{"allowed-http", "0 hello from pkg.test /y 200", ""},
+		// curl 56: the proxy answered CONNECT with 403.
+		{"denied-https", "56 ", "403"},
+		{"denied-http", "0 ", `"egress_denied"`},
+		{"doh", "56 ", "403"},
+		// curl 7: could not connect (no route: the sandbox has only lo).
+		{"direct-ip", "7 ", ""},
+		{"direct-name", "7 ", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.step, func(t *testing.T) {
+			got, ok := steps[tc.step]
+			if !ok {
+				t.Fatalf("no output for %s", tc.step)
+			}
+			if !strings.HasPrefix(got, tc.prefix) || !strings.Contains(got, tc.contains) {
+				t.Errorf("%s: %q, want prefix %q containing %q", tc.step, got, tc.prefix, tc.contains)
+			}
+		})
+	}
+	if got := steps["denied-http"]; !strings.Contains(got, " 403|") {
+		t.Errorf("denied-http: %q, want status 403", got)
+	}
+	for _, s := range []string{"direct-ip", "direct-name"} {
+		if got := steps[s]; !strings.Contains(got, "unreachable") && !strings.Contains(got, "Failed to connect") {
+			t.Errorf("%s: %q, want a connect failure", s, got)
+		}
+	}
+	// Only the two allowed requests reached the upstreams.
+	if n := reqs.Load(); n != 2 {
+		t.Errorf("upstreams served %d requests, want 2 (allowed-https, allowed-http)", n)
+	}
+	if n := tlsConns.Load(); n != 1 {
+		t.Errorf("TLS upstream accepted %d connections, want 1", n)
+	}
+	// The audit log: the allowed CONNECT and the refusals, for the sandbox's identity.
+	want := map[string]bool{"allow pkg.test connect": false, "block evil.test connect": false, "block evil.test http": false, "doh_refused dns.google connect": false}
+	for _, r := range g.auditRecords() {
+		f, _ := r["fields"].(map[string]any)
+		if r["event"] != "decision" || f == nil || f["agent"] != "agent-a" || f["session"] != "curl" {
+			continue
+		}
+		key := fmt.Sprintf("%v %v %v", f["decision"], f["dest_host"], f["kind"])
+		if f["reason"] == "doh_refused" {
+			key = fmt.Sprintf("doh_refused %v %v", f["dest_host"], f["kind"])
+		}
+		if _, ok := want[key]; ok {
+			want[key] = true
+		}
+	}
+	for k, seen := range want {
+		if !seen {
+			t.Errorf("no audit decision record %q", k)
+		}
+	}
+}
