@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+
+	"github.com/sluice-gw/sluice/gateway/holds"
 )
 
 // adminHandler serves people and monitoring, never sandboxes: health,
@@ -22,7 +24,11 @@ func (s *Server) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.tel.handler)
-	mux.HandleFunc("GET /api/v1/audit", s.handleAuditTail)
+	// The audit tail names callers, tools and destinations: people only,
+	// authenticated like the holds API (an approver's token or UI session).
+	mux.HandleFunc("GET /api/v1/audit", s.withPerson(func(w http.ResponseWriter, r *http.Request, _ holds.Person) {
+		s.handleAuditTail(w, r)
+	}))
 	s.adminHolds(mux)
 	s.adminIntercept(mux) // intercept.go
 	if s.reviewUI != nil {

@@ -438,3 +438,25 @@ func TestReviewUIMounted(t *testing.T) {
 		t.Fatalf("API without credentials: %d %s", r.status, r.raw)
 	}
 }
+
+// TestAuditAPINeedsAPerson: the audit tail names callers, tools and
+// destinations, so the admin listener serves it only to an authenticated
+// person.
+func TestAuditAPINeedsAPerson(t *testing.T) {
+	up := newUpstream(t)
+	g := startHolds(t, up, "", nil)
+	if r := doCall(t, g.client(agentA), "tickets.list_tickets", `{}`); r.status != 200 {
+		t.Fatalf("control call: %d %s", r.status, r.raw)
+	}
+	if r := g.admin(t, "", "GET", "/api/v1/audit", ""); r.status != http.StatusUnauthorized {
+		t.Fatalf("audit without a token: %d %s, want 401", r.status, r.raw)
+	}
+	if r := g.admin(t, "tok-wrong", "GET", "/api/v1/audit", ""); r.status != http.StatusUnauthorized {
+		t.Fatalf("audit with a wrong token: %d %s, want 401", r.status, r.raw)
+	}
+	r := g.admin(t, "tok-bob", "GET", "/api/v1/audit?limit=5", "")
+	recs, _ := r.body["records"].([]any)
+	if r.status != 200 || len(recs) == 0 || len(recs) > 5 {
+		t.Fatalf("audit with bob's token: %d, %d records: %s", r.status, len(recs), r.raw)
+	}
+}
