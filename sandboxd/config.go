@@ -11,6 +11,7 @@ package sandboxd
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -176,33 +177,15 @@ func (l Limits) Validate(key string) error {
 
 // Or fills every zero field of l from d.
 func (l Limits) Or(d Limits) Limits {
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.CPUMillis == 0 {
-		l.CPUMillis = d.CPUMillis
-	}
-	if l.WorkspaceBytes == 0 {
-		l.WorkspaceBytes = d.WorkspaceBytes
-	}
-	if l.TmpBytes == 0 {
-		l.TmpBytes = d.TmpBytes
-	}
-	if l.OutputBytes == 0 {
-		l.OutputBytes = d.OutputBytes
-	}
-	if l.FileBytes == 0 {
-		l.FileBytes = d.FileBytes
-	}
-	if l.ExecTimeout == 0 {
-		l.ExecTimeout = d.ExecTimeout
-	}
-	if l.Lifetime == 0 {
-		l.Lifetime = d.Lifetime
-	}
+	l.Pids = cmp.Or(l.Pids, d.Pids)
+	l.MemoryBytes = cmp.Or(l.MemoryBytes, d.MemoryBytes)
+	l.CPUMillis = cmp.Or(l.CPUMillis, d.CPUMillis)
+	l.WorkspaceBytes = cmp.Or(l.WorkspaceBytes, d.WorkspaceBytes)
+	l.TmpBytes = cmp.Or(l.TmpBytes, d.TmpBytes)
+	l.OutputBytes = cmp.Or(l.OutputBytes, d.OutputBytes)
+	l.FileBytes = cmp.Or(l.FileBytes, d.FileBytes)
+	l.ExecTimeout = cmp.Or(l.ExecTimeout, d.ExecTimeout)
+	l.Lifetime = cmp.Or(l.Lifetime, d.Lifetime)
 	return l
 }
 

@@ -167,3 +167,17 @@ func TestCheckEnv(t *testing.T) {
 		})
 	}
 }
+
+func TestLimitsOrKeepsSetFieldsAndFillsZeros(t *testing.T) {
+	d := Limits{Pids: 128, MemoryBytes: 1 << 28, CPUMillis: 1000, WorkspaceBytes: 1 << 26, TmpBytes: 1 << 24,
+		OutputBytes: 1 << 20, FileBytes: 1 << 24, ExecTimeout: time.Minute, Lifetime: time.Hour}
+	got := Limits{Pids: 5, ExecTimeout: time.Second}.Or(d)
+	want := d
+	want.Pids, want.ExecTimeout = 5, time.Second
+	if got != want {
+		t.Fatalf("Or = %+v, want %+v", got, want)
+	}
+	if (Limits{}).Or(d) != d {
+		t.Fatal("zero limits should take every default")
+	}
+}
