@@ -16,6 +16,12 @@ import (
 // candidates cost several times the rest of the evaluation.
 const ModuleCandidatesQuery = "data.sluice.main.module_candidates"
 
+// PolicyCandidatesQuery is what the engine evaluates for a tool call: the
+// modules' decisions only. main.rego's egress candidates apply to kinds
+// http, connect and dns, so for a tool call the two queries agree, and the
+// smaller one skips evaluating the allowlist rules on the hot path.
+const PolicyCandidatesQuery = "data.sluice.main.policy_candidates"
+
 // Field names of a candidate, built once.
 var (
 	keyAction      = ast.StringTerm("action")

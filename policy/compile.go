@@ -93,6 +93,10 @@ func compile(ctx context.Context, cfg Config, log *slog.Logger) (*prepared, erro
 	if err != nil {
 		return nil, err
 	}
+	pqTool, err := prepare(ctx, PolicyCandidatesQuery, cfg, nil)
+	if err != nil {
+		return nil, err
+	}
 	data, err := rulesData(cfg.Rules)
 	if err != nil {
 		return nil, err
@@ -101,7 +105,7 @@ func compile(ctx context.Context, cfg Config, log *slog.Logger) (*prepared, erro
 	if err != nil {
 		return nil, err
 	}
-	return &prepared{pq: pq, rules: table}, nil
+	return &prepared{pq: pq, pqTool: pqTool, rules: table}, nil
 }
 
 // prepare compiles query against the library, the modules and the rules.
@@ -248,6 +252,9 @@ func reservedPackage(m *ast.Module) (Problem, bool) {
 // warnMissingDecisions logs packages under sluice.policies that define no
 // `decisions` rule: their rules are never collected.
 func warnMissingDecisions(mods map[string]*ast.Module, log *slog.Logger) {
+	if log == nil {
+		return // the second query of a generation: warned once already
+	}
 	pkgs := map[string]bool{}
 	for _, m := range mods {
 		path := m.Package.Path

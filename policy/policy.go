@@ -186,8 +186,9 @@ type Engine struct {
 
 // prepared is one compiled generation of the policy.
 type prepared struct {
-	pq    rego.PreparedEvalQuery // ModuleCandidatesQuery
-	rules *simpleTable
+	pq     rego.PreparedEvalQuery // ModuleCandidatesQuery
+	pqTool rego.PreparedEvalQuery // PolicyCandidatesQuery, for kind tool_call
+	rules  *simpleTable
 }
 
 // New compiles the shipped library, the rules and the modules. On a compile
@@ -262,7 +263,11 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, cancel.Cancel)()
 	}
-	rs, err := p.pq.Eval(ctx, rego.EvalParsedInput(val), rego.EvalExternalCancel(cancel), evalNoMetrics)
+	q := p.pq
+	if in.Kind == "tool_call" {
+		q = p.pqTool
+	}
+	rs, err := q.Eval(ctx, rego.EvalParsedInput(val), rego.EvalExternalCancel(cancel), evalNoMetrics)
 	if err != nil {
 		timedOut := timer != nil && !timer.Stop() // Stop reports false once the timer fired
 		d = policyError(evalReason(ctx, timedOut, err))

@@ -76,11 +76,20 @@ specific contains c if {
 	some c in module_candidates
 }
 
-# module_candidates are the decisions of the modules, as candidates.
-module_candidates contains c if {
+# policy_candidates are the decisions of the sluice.policies.* modules, as
+# candidates. For tool calls they are all of module_candidates (the egress
+# allowlists below decide raw egress only), so the gateway evaluates just
+# this rule for a tool call.
+policy_candidates contains c if {
 	some name
 	some d in data.sluice.policies[name].decisions
 	c := module_candidate(name, d)
+}
+
+# module_candidates are every candidate that does not come from a simple
+# rule: the modules' decisions and the egress allowlists'.
+module_candidates contains c if {
+	some c in policy_candidates
 }
 
 # egress_candidates allow raw egress (http, connect, dns) to a host on the
