@@ -467,6 +467,12 @@ func TestHeadChecker(t *testing.T) {
 		{"obs-fold in a trailer", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: a\r\n b\r\n\r\n", false},
 		{"Content-Length with plus", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc", false},
 		{"bare LF request line", "GET / HTTP/1.1\nHost: x\r\n\r\n", false},
+		// Nothing on the sandbox socket answers 101: a request naming
+		// Upgrade stays HTTP, and the head after it is checked.
+		{"Upgrade header then a smuggled request", "GET /a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false},
+		{"Upgrade header then a good request", "GET /a HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", true},
+		{"PRI method in HTTP/1.1 then a smuggled request", "PRI /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", false},
+		{"HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -612,4 +618,46 @@ func TestSpliceIdleTimeout(t *testing.T) {
 			t.Fatalf("splice returned after %v with %d bytes down, want ≥ %v and 16", d, n2.Load(), 3*idle)
 		}
 	})
+}
+
+// TestStrictAfterUpgrade: a request that names Upgrade is answered as
+// plain HTTP (nothing on the sandbox socket switches protocols), so the
+// next request on the same connection is still checked byte for byte. Go's
+// server alone would join the obs-fold and serve it.
+func TestStrictAfterUpgrade(t *testing.T) {
+	g := startGateway(t, "http://127.0.0.1:1", "", nil)
+	tests := []struct{ name, first string }{
+		{"Upgrade websocket", "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"},
+		{"Upgrade h2c", "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nUpgrade: h2c\r\n\r\n"},
+		{"PRI method", "PRI /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, g, agentA)
+			br := bufio.NewReader(c)
+			if _, err := io.WriteString(c, tc.first); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("first response: %v", err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusSwitchingProtocols || resp.Close {
+				t.Fatalf("first response %d (close=%v): want a kept-alive HTTP answer", resp.StatusCode, resp.Close)
+			}
+			if _, err := io.WriteString(c, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nX-A: a\r\n b\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("second response: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadRequest || errCode(body) != string(CodeSchemaViolation) || !strings.Contains(string(body), "obs-fold") {
+				t.Fatalf("second request: %d %s, want 400 schema_violation naming obs-fold", resp.StatusCode, body)
+			}
+		})
+	}
 }

@@ -48,7 +48,7 @@ const (
 	stChunkData                   // skipping remain bytes of chunk data
 	stChunkCRLF                   // expecting the CRLF after chunk data
 	stTrailer                     // reading trailer lines until an empty one
-	stPass                        // a tunnel or an upgrade: no more HTTP
+	stPass                        // after a CONNECT: tunnel bytes, no more HTTP
 	stFailed
 )
 
@@ -196,8 +196,10 @@ func (h *headChecker) head(head []byte) error {
 		return errors.New("bad request line")
 	}
 	method, _, _ := strings.Cut(reqLine, " ")
+	// An Upgrade header does not end HTTP here: nothing on the sandbox
+	// socket answers 101 (the forward proxy strips Upgrade as hop-by-hop),
+	// so the connection stays HTTP and the next head is checked like any.
 	var cls, tes []string
-	upgrade := false
 	for _, fl := range lines[1:] {
 		if err := checkFieldLine([]byte(fl)); err != nil {
 			return err
@@ -209,8 +211,6 @@ func (h *headChecker) head(head []byte) error {
 			cls = append(cls, value)
 		case "transfer-encoding":
 			tes = append(tes, value)
-		case "upgrade":
-			upgrade = true
 		}
 	}
 	switch {
@@ -222,8 +222,11 @@ func (h *headChecker) head(head []byte) error {
 		return errors.New("unsupported Transfer-Encoding (RFC 9112 6.1)")
 	}
 	switch {
-	case method == "CONNECT" || upgrade || method == "PRI":
-		h.state = stPass // a tunnel follows, or the server refuses it
+	case method == "CONNECT" || reqLine == "PRI * HTTP/2.0":
+		// A tunnel follows (its bytes are TLS, not HTTP: they are spliced,
+		// never parsed) or the server refuses and closes: every refusal of
+		// a CONNECT is answered with Connection: close.
+		h.state = stPass
 	case len(tes) == 1:
 		h.state = stChunkLine
 	case len(cls) == 1:
