@@ -30,6 +30,7 @@ func (s *Server) adminHandler() http.Handler {
 		s.handleAuditTail(w, r)
 	}))
 	s.adminHolds(mux)
+	s.adminSessions(mux)  // sessions.go
 	s.adminIntercept(mux) // intercept.go
 	if s.reviewUI != nil {
 		mux.Handle("/", s.reviewUI)

@@ -347,6 +347,10 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 }
 
 func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *apiError) {
+	// A hold created while its session was being ended is never sent.
+	if aerr := s.sessionRefusal(ctx, h.Caller.Session); aerr != nil {
+		return nil, aerr
+	}
 	tool, ok := s.catalog.Tool(h.Tool)
 	if !ok {
 		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q any more", h.Tool))

@@ -143,6 +143,10 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	if aerr := e.s.sessionRefusal(r.Context(), id.Session); aerr != nil { // sessions.go
+		e.refuse(w, c, &egressError{apiError: aerr, proxyStatus: psDenied})
+		return
+	}
 	if c.kind == "connect" {
 		e.connect(w, r, c, id)
 		return

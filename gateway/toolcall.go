@@ -156,6 +156,12 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	}
 	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
 	c.tool = r.PathValue("tool")
+	// An ended session is refused here; when its state cannot be read,
+	// nothing is sent (below) and an ask's hold re-checks at execution.
+	sessErr := s.sessionRefusal(ctx, id.Session)
+	if sessErr != nil && sessErr.Code == CodeSessionEnded {
+		return nil, sessErr
+	}
 
 	// Tool and grant.
 	tool, ok := s.catalog.Tool(c.tool)
@@ -207,6 +213,9 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	s.count(id.Agent, tool.Name, c.decision.Action.String())
 	switch c.decision.Action {
 	case policy.Allow:
+		if sessErr != nil {
+			return nil, sessErr
+		}
 	case policy.Ask:
 		return nil, s.holdCall(ctx, c, r, tool, args, req)
 	default:

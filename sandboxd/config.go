@@ -52,6 +52,11 @@ type Config struct {
 	// placeholders from it and puts them into the sandbox (trust.go); a
 	// failed fetch fails the Create.
 	GatewayAdmin string `yaml:"gateway_admin"`
+	// GatewaySessionTokenFile holds the token (its SHA-256 is in the
+	// gateway's gateway.session_tokens_sha256) with which Destroy ends the
+	// sandbox's session on gateway_admin (optional; needs gateway_admin).
+	// The file is read at each Destroy, so the token can be rotated.
+	GatewaySessionTokenFile string `yaml:"gateway_session_token_file"`
 }
 
 // UIDRange is the host uid/gid range sandboxes map into: sandbox n of at
@@ -147,6 +152,14 @@ func (c Config) Validate() error {
 	}
 	if err := checkGatewayAdmin(c.GatewayAdmin); err != nil {
 		return err
+	}
+	if f := c.GatewaySessionTokenFile; f != "" {
+		if !filepath.IsAbs(f) {
+			return fmt.Errorf("config: gateway_session_token_file: must be an absolute path, got %q", f)
+		}
+		if c.GatewayAdmin == "" {
+			return errors.New("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
+		}
 	}
 	return c.Limits.Validate("limits")
 }

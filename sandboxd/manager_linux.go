@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -559,7 +561,76 @@ func (m *Manager) Destroy(id string) error {
 	err := m.teardown(sb, true)
 	m.events.write(event{Event: "destroyed", Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session})
 	m.log.Info("sandbox destroyed", "sandbox", id)
+	m.endSession(sb.info)
 	return err
+}
+
+// sessionEndTimeout bounds the POST that ends a destroyed sandbox's session.
+const sessionEndTimeout = 5 * time.Second
+
+// endSession tells the gateway that a destroyed sandbox's session ended
+// (POST gateway_admin/api/v1/sessions/{session}/end with the token of
+// gateway_session_token_file), so its pending holds expire and anything
+// still carrying the session is refused. It runs only when both keys are
+// set, the sandbox has a session and no other live sandbox carries it. A
+// failure is logged and recorded as the event session_end_failed; it never
+// fails the Destroy: the sandbox is gone either way, and an operator can
+// still end the session with sluice sessions end.
+func (m *Manager) endSession(info Info) {
+	if m.cfg.GatewayAdmin == "" || m.cfg.GatewaySessionTokenFile == "" || info.Session == "" {
+		return
+	}
+	m.mu.Lock()
+	for _, o := range m.boxes {
+		if o.info.Session == info.Session {
+			m.mu.Unlock()
+			return
+		}
+	}
+	m.mu.Unlock()
+	ev := event{Event: "session_ended", Sandbox: info.ID, Agent: info.Agent, Session: info.Session, User: info.User}
+	if err := postSessionEnd(m.cfg.GatewayAdmin, m.cfg.GatewaySessionTokenFile, info.Session); err != nil {
+		m.log.Warn("sandbox session not ended at the gateway", "sandbox", info.ID, "session", info.Session, "err", err)
+		ev.Event, ev.Error = "session_end_failed", err.Error()
+	}
+	m.events.write(ev)
+}
+
+// postSessionEnd ends session on the gateway's admin listener at base.
+// Errors name the step and never carry the token.
+func postSessionEnd(base, tokenFile, session string) error {
+	b, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return fmt.Errorf("end session: gateway_session_token_file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return errors.New("end session: gateway_session_token_file: empty")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sessionEndTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		strings.TrimSuffix(base, "/")+"/api/v1/sessions/"+url.PathEscape(session)+"/end", nil)
+	if err != nil {
+		return fmt.Errorf("end session: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	// No proxy from the environment, no redirects: the token goes only to
+	// the configured admin listener.
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("end session: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("end session: status %d: %.200s", resp.StatusCode, body)
+	}
+	return nil
 }
 
 // teardown undoes whatever part of Create happened. Once init has been
@@ -657,6 +728,7 @@ type event struct {
 	ExitCode *int      `json:"exit_code,omitempty"`
 	KilledBy KilledBy  `json:"killed_by,omitempty"`
 	Millis   int64     `json:"duration_ms,omitempty"`
+	Error    string    `json:"error,omitempty"`
 }
 
 // eventLog appends JSON lines outside every sandbox.

@@ -89,6 +89,7 @@ Start with: sluice demo`,
 		secretsCmd(g),
 		auditCmd(g),
 		approvalsCmd(g),
+		sessionsCmd(g),
 		demoCmd(g),
 	)
 	return root.ExecuteContext(ctx)

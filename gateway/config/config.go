@@ -60,6 +60,9 @@ type Gateway struct {
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
 	// UpstreamTimeout bounds one upstream exchange.
 	UpstreamTimeout Duration `yaml:"upstream_timeout"`
+	// SessionTokensSHA256 are hex SHA-256s of tokens that machine callers
+	// (sandboxd) present to end sessions on the admin API.
+	SessionTokensSHA256 []string `yaml:"session_tokens_sha256"`
 }
 
 // Audit configures the audit log.
@@ -457,6 +460,11 @@ func (c *Config) Validate() error {
 	}
 	if g.MaxPendingHolds <= 0 {
 		bad("gateway.max_pending_holds", "must be positive")
+	}
+	for i, h := range g.SessionTokensSHA256 {
+		if !sha256RE.MatchString(h) {
+			bad(fmt.Sprintf("gateway.session_tokens_sha256[%d]", i), "want 64 lowercase hex digits (sha256sum of the token)")
+		}
 	}
 	if g.UpstreamTimeout <= 0 {
 		bad("gateway.upstream_timeout", "must be positive")

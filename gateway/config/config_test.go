@@ -86,6 +86,8 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"duration", "gateway: { hold_wait: soon }\n", "not a duration"},
 		{"uids", "gateway: { trusted_relay_uids: [] }\n", "gateway.trusted_relay_uids"},
 		{"admin", "gateway: { admin_listen: ':8080' }\n", "gateway.admin_listen"},
+		{"session token not hex", "gateway: { session_tokens_sha256: [not-a-hash] }\n", "gateway.session_tokens_sha256[0]"},
+		{"session token upper case", "gateway: { session_tokens_sha256: ['" + strings.Repeat("A", 64) + "'] }\n", "gateway.session_tokens_sha256[0]"},
 		{"store", "store: mysql://x\n", "store"},
 		{"slug", "connectors: [{ slug: Billing, spec: a.yaml }]\n", "connectors[0].slug"},
 		{"dup slug", "connectors: [{ slug: a, spec: a.yaml }, { slug: a, spec: b.yaml }]\n", "connectors[1].slug"},

@@ -1,5 +1,5 @@
 // Package store keeps the gateway's state in SQLite (modernc.org/sqlite, WAL):
-// usage counters and held calls.
+// usage counters, held calls and ended sessions.
 //
 // The schema evolves through numbered migrations (see migrations), recorded
 // in the schema_migrations table; Open applies the missing ones in order,
@@ -54,6 +54,15 @@ var migrations = []string{
 	CREATE INDEX holds_caller ON holds (agent, status);
 	CREATE INDEX holds_same ON holds (agent, session, user, tool, sha256, status);
 	CREATE INDEX holds_created ON holds (created DESC);`,
+	// 3: ended sessions (gateway/sessions.go). holds is the JSON list of
+	// the hold ids the end expired.
+	`CREATE TABLE ended_sessions (
+		session  TEXT    PRIMARY KEY,
+		ended    INTEGER NOT NULL,
+		ended_by TEXT    NOT NULL,
+		holds    TEXT    NOT NULL DEFAULT '[]'
+	) WITHOUT ROWID;
+	CREATE INDEX holds_session ON holds (session, status);`,
 }
 
 // Store is an open database. Safe for concurrent use.

@@ -1,0 +1,185 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/store"
+)
+
+// The refusal codes of an ended session (README: "Error codes").
+const (
+	// CodeSessionEnded: the caller's session was ended (sluice sessions
+	// end, or sandboxd destroying its sandbox); nothing is sent for it.
+	CodeSessionEnded Code = "session_ended"
+	// CodeSessionUnavailable: whether the session has ended could not be
+	// read; the call is refused rather than sent.
+	CodeSessionUnavailable Code = "session_unavailable"
+)
+
+// maxSessionIDLen bounds a session id on the admin API.
+const maxSessionIDLen = 256
+
+// SessionEnder revokes what a session was given when the session ends.
+// When the credential source (Options.Credentials, or the configured
+// secrets backend) implements it, POST /api/v1/sessions/{session}/end calls
+// EndSession after the session is recorded as ended and its pending holds
+// are expired. This is where the Vault backend plugs lease revocation in
+// (issue 5); no backend implements it yet, so today ending a session refuses
+// its later calls and expires its holds, and revokes nothing.
+//
+// EndSession runs on every end request, a repeat included, so it must be
+// idempotent. An error answers the request 502 revocation_failed (the
+// session stays ended); the caller retries.
+type SessionEnder interface {
+	EndSession(ctx context.Context, session string) error
+}
+
+// sessionRefusal refuses a call whose identity carries an ended session;
+// a store failure refuses too (fail closed). A call without a session is
+// never refused here.
+func (s *Server) sessionRefusal(ctx context.Context, session string) *apiError {
+	if session == "" {
+		return nil
+	}
+	ended, err := s.store.SessionEnded(ctx, session)
+	if err != nil {
+		e := refuse(http.StatusServiceUnavailable, CodeSessionUnavailable, "whether this session has ended cannot be read; the call was not sent")
+		e.cause = err
+		return e
+	}
+	if ended {
+		return refuse(http.StatusForbidden, CodeSessionEnded, "this session has ended; nothing more is sent for it")
+	}
+	return nil
+}
+
+// adminSessions routes the sessions API of the admin listener.
+func (s *Server) adminSessions(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/v1/sessions/{session}/end", s.handleEndSession)
+}
+
+// sessionCaller authenticates who may end sessions: a machine caller with
+// a token whose SHA-256 is in gateway.session_tokens_sha256 (named
+// "session_token[i]"), or an approver (token or review UI session).
+func (s *Server) sessionCaller(r *http.Request) (string, bool) {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && tok != "" {
+		sum := sha256.Sum256([]byte(tok))
+		got := []byte(hex.EncodeToString(sum[:]))
+		found := -1
+		for i, h := range s.cfg.Gateway.SessionTokensSHA256 {
+			if subtle.ConstantTimeCompare(got, []byte(h)) == 1 && found < 0 {
+				found = i
+			}
+		}
+		if found >= 0 {
+			return fmt.Sprintf("session_token[%d]", found), true
+		}
+	}
+	if p, ok := s.adminPerson(r); ok && p.Name != "" {
+		return p.Name, true
+	}
+	return "", false
+}
+
+// validSessionID accepts what an identity preamble could carry and a
+// person could type: printable, no spaces, bounded.
+func validSessionID(id string) bool {
+	if id == "" || len(id) > maxSessionIDLen {
+		return false
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// sessionEndView is the answer to an end: the same for a repeat.
+type sessionEndView struct {
+	Session string    `json:"session"`
+	Ended   time.Time `json:"ended"`
+	EndedBy string    `json:"ended_by"`
+	Holds   []string  `json:"holds_expired"`
+}
+
+// handleEndSession is POST /api/v1/sessions/{session}/end: the session is
+// recorded as ended (later tool calls and proxy requests carrying it are
+// refused 403 session_ended), its pending holds expire (a waiting agent
+// gets 403 approval_expired; an approval after this finds the hold
+// expired), the end is audited "session_ended" with who ended it, and the
+// credential source's SessionEnder, if any, revokes. Idempotent: a repeat
+// answers 200 with the first end's time and name.
+func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+	rid := newRequestID()
+	by, ok := s.sessionCaller(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+		writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", "an approver token or a session token is required"), rid)
+		return
+	}
+	session := r.PathValue("session")
+	if !validSessionID(session) {
+		writeError(w, refuse(http.StatusBadRequest, "bad_request", fmt.Sprintf("a session id is 1..%d printable characters without spaces", maxSessionIDLen)), rid)
+		return
+	}
+	// The end is finished even if the caller goes away.
+	ctx := context.WithoutCancel(r.Context())
+	storeErr := func(err error) {
+		s.log.Error("sessions: end", "session", session, "err", err)
+		writeError(w, refuse(http.StatusServiceUnavailable, CodeSessionUnavailable, "the session could not be ended: the store is unavailable"), rid)
+	}
+	now := time.Now().UTC()
+	// Ended first, so no new call of the session gets through while its
+	// holds are being expired; a hold created in between is refused when
+	// approved (runHeld checks the session too).
+	end, first, err := s.store.EndSession(ctx, session, by, now)
+	if err != nil {
+		storeErr(err)
+		return
+	}
+	ids, err := s.store.CutSessionHolds(ctx, session, now)
+	if err != nil {
+		storeErr(err)
+		return
+	}
+	if len(ids) > 0 {
+		if end, err = s.store.AddSessionHolds(ctx, session, ids); err != nil {
+			storeErr(err)
+			return
+		}
+	}
+	if s.holds != nil {
+		// Moves the cut holds to expired (audited hold_expired) and wakes
+		// their waiting agents.
+		s.holds.ExpireDue(ctx)
+	}
+	if _, err := s.audit.Append(ctx, audit.Record{RequestID: rid, Event: "session_ended", Fields: map[string]any{
+		"session": session, "by": by, "repeat": !first, "holds": ids, "ended": end.Ended.Format(time.RFC3339Nano),
+	}}); err != nil {
+		s.log.Error("sessions: end not audited", "session", session, "err", err)
+		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the session is ended but the audit log cannot be written; retry"), rid)
+		return
+	}
+	if se, ok := s.creds.(SessionEnder); ok {
+		if err := se.EndSession(ctx, session); err != nil {
+			s.log.Error("sessions: revocation failed; the session stays ended", "session", session, "err", err)
+			writeError(w, refuse(http.StatusBadGateway, "revocation_failed", "the session is ended but its credentials could not be revoked; retry"), rid)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"session": viewSessionEnd(end), "request_id": rid})
+}
+
+func viewSessionEnd(e store.SessionEnd) sessionEndView {
+	return sessionEndView{Session: e.Session, Ended: e.Ended, EndedBy: e.EndedBy, Holds: e.Holds}
+}

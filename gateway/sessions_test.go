@@ -1,0 +1,216 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/holds"
+)
+
+// TestEndSession ends a session that has a pending hold and an agent
+// waiting on it: the hold expires and the agent gets 403 approval_expired,
+// later tool calls and proxy requests of the session are 403 session_ended
+// with nothing reaching the upstream, another session is unaffected, and a
+// repeat end answers the same.
+func TestEndSession(t *testing.T) {
+	up := newUpstream(t)
+	g := startHolds(t, up, "", func(c *config.Config) {
+		c.Gateway.SessionTokensSHA256 = []string{tokenHash("tok-sandboxd")}
+	})
+	c := g.client(agentA)
+	otherID := agentA
+	otherID.Session = "s-2"
+	other := g.client(otherID)
+
+	r := doCall(t, c, "tickets.create_refund", refund)
+	id, st := holdOf(t, r)
+	if r.status != 202 || st != "pending" {
+		t.Fatalf("ask: %d %s, want 202 pending", r.status, r.raw)
+	}
+	ro := doCall(t, other, "tickets.create_refund", refund)
+	otherHold, _ := holdOf(t, ro)
+	if ro.status != 202 {
+		t.Fatalf("control ask: %d %s", ro.status, ro.raw)
+	}
+
+	t.Run("unauthenticated is 401 and ends nothing", func(t *testing.T) {
+		for _, tc := range []struct{ name, token string }{{"no token", ""}, {"wrong token", "wrong"}, {"hash as token", tokenHash("tok-sandboxd")}} {
+			t.Run(tc.name, func(t *testing.T) {
+				if r := g.admin(t, tc.token, "POST", "/api/v1/sessions/s-1/end", ""); r.status != 401 || r.code() != "unauthenticated" {
+					t.Fatalf("%d %s, want 401 unauthenticated", r.status, r.raw)
+				}
+			})
+		}
+		if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != 200 {
+			t.Fatalf("call after refused end: %d %s, want 200", r.status, r.raw)
+		}
+	})
+	t.Run("a malformed session id is 400", func(t *testing.T) {
+		if r := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/"+strings.Repeat("x", maxSessionIDLen+1)+"/end", ""); r.status != 400 {
+			t.Fatalf("%d %s, want 400", r.status, r.raw)
+		}
+	})
+	before := up.requests.Load()
+
+	// The agent long-polls its hold while the session is ended.
+	got := make(chan reply, 1)
+	go func() { got <- poll(t, c, id, "30s") }()
+	time.Sleep(100 * time.Millisecond)
+	er := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/s-1/end", "")
+	end, _ := er.body["session"].(map[string]any)
+	if er.status != 200 || end["ended_by"] != "session_token[0]" || end["session"] != "s-1" {
+		t.Fatalf("end: %d %s, want 200 ended by session_token[0]", er.status, er.raw)
+	}
+	if hs, _ := end["holds_expired"].([]any); len(hs) != 1 || hs[0] != id {
+		t.Fatalf("end expired %v, want [%s]", end["holds_expired"], id)
+	}
+	t.Run("the waiting agent gets 403 approval_expired", func(t *testing.T) {
+		select {
+		case pr := <-got:
+			if pr.status != http.StatusForbidden || pr.code() != string(CodeApprovalExpired) {
+				t.Fatalf("poll: %d %s, want 403 approval_expired", pr.status, pr.raw)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiting agent was not answered")
+		}
+	})
+	t.Run("the expired hold cannot be approved", func(t *testing.T) {
+		if r := g.admin(t, "tok-bob", "POST", "/api/v1/holds/"+id+"/approve", `{"reason":"ok"}`); r.status != http.StatusGone {
+			t.Fatalf("approve: %d %s, want 410", r.status, r.raw)
+		}
+	})
+	t.Run("later calls of the session are refused", func(t *testing.T) {
+		tests := []struct{ name, tool, args string }{
+			{"allowed tool", "tickets.list_tickets", `{}`},
+			{"ask tool", "tickets.create_refund", `{"body":{"amount":7,"reason":"new"}}`},
+			{"unknown tool", "nope.nothing", `{}`},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				if r := doCall(t, c, tc.tool, tc.args); r.status != http.StatusForbidden || r.code() != string(CodeSessionEnded) {
+					t.Fatalf("%d %s, want 403 session_ended", r.status, r.raw)
+				}
+			})
+		}
+		t.Run("proxy request", func(t *testing.T) {
+			resp, body, _, _ := exchange(t, g, "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+			if resp.StatusCode != http.StatusForbidden || errCode(body) != string(CodeSessionEnded) {
+				t.Fatalf("%d %s, want 403 session_ended", resp.StatusCode, body)
+			}
+			if ps := resp.Header.Get("Proxy-Status"); !strings.Contains(ps, "error=") {
+				t.Errorf("Proxy-Status = %q", ps)
+			}
+		})
+		if n := up.requests.Load(); n != before {
+			t.Fatalf("the upstream saw %d requests after the end", n-before)
+		}
+	})
+	t.Run("a hold created while ending is never sent", func(t *testing.T) {
+		// As if the call passed the check just before the end and was held
+		// just after the holds were expired.
+		h, _, err := g.Holds().Create(context.Background(), holds.Hold{
+			Tool: "tickets.create_refund", Args: []byte(`{"body":{"amount":9}}`),
+			Request:   holds.Request{Method: "POST", URL: up.URL + "/refunds", Headers: map[string][]string{}},
+			Caller:    holds.Caller{Sandbox: agentA.Sandbox, Agent: agentA.Agent, Session: agentA.Session, User: agentA.User},
+			Approvers: []string{"group:finance"}, Rule: "policies[3]", Expires: time.Now().Add(time.Hour), RequestID: "r-race",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := g.admin(t, "tok-bob", "POST", "/api/v1/holds/"+h.ID+"/approve", `{"reason":"ok"}`)
+		res, _ := r.body["hold"].(map[string]any)["result"].(map[string]any)
+		if _, st := holdOf(t, r); r.status != 200 || st != "failed" || !strings.Contains(r.raw, string(CodeSessionEnded)) || res["http_status"] != float64(403) {
+			t.Fatalf("approve: %d %s, want failed with 403 session_ended", r.status, r.raw)
+		}
+		if n := up.requests.Load(); n != before {
+			t.Fatalf("the upstream saw %d requests", n-before)
+		}
+	})
+	t.Run("another session is unaffected", func(t *testing.T) {
+		if r := doCall(t, other, "tickets.list_tickets", `{}`); r.status != 200 {
+			t.Fatalf("other session call: %d %s, want 200", r.status, r.raw)
+		}
+		if r := poll(t, other, otherHold, "0s"); r.status != http.StatusAccepted {
+			t.Fatalf("other session's hold: %d %s, want 202 pending", r.status, r.raw)
+		}
+	})
+	t.Run("ending again answers the same", func(t *testing.T) {
+		for _, tok := range []string{"tok-sandboxd", "tok-carol"} {
+			r := g.admin(t, tok, "POST", "/api/v1/sessions/s-1/end", "")
+			again, _ := r.body["session"].(map[string]any)
+			if r.status != 200 || again["ended"] != end["ended"] || again["ended_by"] != end["ended_by"] ||
+				len(again["holds_expired"].([]any)) != 1 {
+				t.Fatalf("repeat by %s: %d %s, want %v", tok, r.status, r.raw, end)
+			}
+		}
+	})
+	t.Run("the ends are audited with who ended", func(t *testing.T) {
+		var by []string
+		expired, refusals := false, 0
+		for _, rec := range auditEvents(t, g) {
+			switch {
+			case rec.Event == "session_ended" && rec.Fields["session"] == "s-1":
+				by = append(by, rec.Fields["by"].(string))
+			case rec.Event == "hold_expired" && rec.Fields["hold"] == id:
+				expired = true
+			case rec.Event == "decision" && rec.Fields["session"] == "s-1" && rec.Fields["code"] == string(CodeSessionEnded):
+				refusals++
+			}
+		}
+		if !slices.Equal(by, []string{"session_token[0]", "session_token[0]", "carol"}) || !expired {
+			t.Fatalf("session_ended by %v, hold_expired %v", by, expired)
+		}
+		// Three tool calls and one proxy request were refused.
+		if refusals != 4 {
+			t.Fatalf("%d audited session_ended refusals, want 4", refusals)
+		}
+	})
+}
+
+// TestSessionStateUnreadable: when the store cannot say whether a session
+// has ended, nothing is sent for it (fail closed).
+func TestSessionStateUnreadable(t *testing.T) {
+	up := newUpstream(t)
+	g := startHolds(t, up, "", nil)
+	c := g.client(agentA)
+	if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != 200 {
+		t.Fatalf("before: %d %s", r.status, r.raw)
+	}
+	before := up.requests.Load()
+	g.store.Close()
+	tests := []struct {
+		name, tool, args string
+		status           int
+		code             Code
+	}{
+		{"allowed call", "tickets.list_tickets", `{}`, http.StatusServiceUnavailable, CodeSessionUnavailable},
+		// An ask cannot be held without the store either.
+		{"ask call", "tickets.create_refund", refund, http.StatusServiceUnavailable, CodeApprovalUnavailable},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if r := doCall(t, c, tc.tool, tc.args); r.status != tc.status || r.code() != string(tc.code) {
+				t.Fatalf("%d %s, want %d %s", r.status, r.raw, tc.status, tc.code)
+			}
+		})
+	}
+	t.Run("proxy request", func(t *testing.T) {
+		resp, body, _, _ := exchange(t, g, "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+		if resp.StatusCode != http.StatusServiceUnavailable || errCode(body) != string(CodeSessionUnavailable) {
+			t.Fatalf("%d %s, want 503 session_unavailable", resp.StatusCode, body)
+		}
+	})
+	t.Run("ending is 503", func(t *testing.T) {
+		if r := g.admin(t, "tok-bob", "POST", "/api/v1/sessions/s-1/end", ""); r.status != http.StatusServiceUnavailable || r.code() != string(CodeSessionUnavailable) {
+			t.Fatalf("%d %s, want 503 session_unavailable", r.status, r.raw)
+		}
+	})
+	if n := up.requests.Load(); n != before {
+		t.Fatalf("%d upstream requests with the store closed", n-before)
+	}
+}
