@@ -47,7 +47,7 @@ type egressWorld struct {
 	flips    atomic.Int64 // A questions for flip.test
 }
 
-func newEgressWorld(t *testing.T) *egressWorld {
+func newEgressWorld(t testing.TB) *egressWorld {
 	t.Helper()
 	e := newEnv(t)
 	w := &egressWorld{e: e}
@@ -143,7 +143,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 }
 
 // proxyClient uses the gateway as its HTTP proxy over the sandbox socket.
-func (w *egressWorld) proxyClient(t *testing.T, id wire.Identity) *http.Client {
+func (w *egressWorld) proxyClient(t testing.TB, id wire.Identity) *http.Client {
 	line, err := wire.Encode(id)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func (w *egressWorld) proxyClient(t *testing.T, id wire.Identity) *http.Client {
 
 // rawConnect sends CONNECT target and returns the status line's code and
 // the Proxy-Status header.
-func (w *egressWorld) rawConnect(t *testing.T, target string) (int, string) {
+func (w *egressWorld) rawConnect(t testing.TB, target string) (int, string) {
 	t.Helper()
 	c, err := net.Dial("unix", w.g.sock)
 	if err != nil {
@@ -334,53 +334,4 @@ func TestEgressThroughTheGateway(t *testing.T) {
 			t.Errorf("%d connections reached 127.0.0.1:443", n)
 		}
 	})
-}
-
-// TestEgressThroughput measures keep-alive requests per second through the
-// proxy against the same upstream dialled directly from the namespace, for
-// plain HTTP and for HTTPS over one CONNECT tunnel. It only runs with
-// SLUICE_BENCH=1 (numbers for the README, not a pass/fail gate).
-func TestEgressThroughput(t *testing.T) {
-	requireHost(t)
-	if os.Getenv("SLUICE_BENCH") == "" {
-		t.Skip("set SLUICE_BENCH=1 to measure")
-	}
-	w := newEgressWorld(t)
-	line, _ := wire.Encode(agentA)
-	proxyURL, _ := url.Parse("http://sluice-proxy")
-	viaProxy := &http.Client{Transport: &http.Transport{
-		Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: w.ca}, MaxIdleConnsPerHost: 1,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "unix", w.g.sock)
-			if err == nil {
-				_, err = c.Write(line)
-			}
-			return c, err
-		},
-	}}
-	direct := &http.Client{Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: w.ca}, MaxIdleConnsPerHost: 1,
-		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
-			_, port, _ := net.SplitHostPort(addr)
-			err = w.e.ns.do(func() (err error) { c, err = net.Dial("tcp", egressIP+":"+port); return err })
-			return c, err
-		},
-	}}
-	rps := func(c *http.Client, u string) float64 {
-		const n = 2000
-		start := time.Now()
-		for range n {
-			resp, err := c.Get(u)
-			if err != nil {
-				t.Fatalf("%s: %v", u, err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return n / time.Since(start).Seconds()
-	}
-	pd, pp := rps(direct, "http://pkg.test/x"), rps(viaProxy, "http://pkg.test/x")
-	cd, cp := rps(direct, "https://pkg.test/x"), rps(viaProxy, "https://pkg.test/x")
-	t.Logf("plain HTTP keep-alive: direct %.0f req/s, via proxy %.0f req/s (%.2fx)", pd, pp, pp/pd)
-	t.Logf("HTTPS over CONNECT keep-alive: direct %.0f req/s, via tunnel %.0f req/s (%.2fx)", cd, cp, cp/cd)
 }

@@ -82,7 +82,7 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-func requireHost(t *testing.T) {
+func requireHost(t testing.TB) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip(skipReason)
@@ -114,7 +114,7 @@ fd00::1 ula.test
 127.0.0.1 upstream.test
 `
 
-func newNetns(t *testing.T) *netns {
+func newNetns(t testing.TB) *netns {
 	t.Helper()
 	n := &netns{name: "sluice-e2e-" + randHex(4)}
 	if out, err := exec.Command("ip", "netns", "add", n.name).CombinedOutput(); err != nil {
@@ -213,7 +213,7 @@ func (l countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-func newUpstream(t *testing.T, ns *netns) *upstream {
+func newUpstream(t testing.TB, ns *netns) *upstream {
 	t.Helper()
 	u := &upstream{}
 	var ln net.Listener
@@ -272,7 +272,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the secret the connector uses. Every reply the tests read is kept so the
 // D9 check at cleanup can grep it with the logs for the secret.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	ns     *netns
 	up     *upstream
 	dir    string
@@ -283,7 +283,7 @@ type env struct {
 	gws     []*gateway
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	requireHost(t)
 	// A short path: the socket path must fit sun_path (108 bytes).
@@ -385,7 +385,7 @@ type gwConfig struct {
 	Rego        []string
 }
 
-func specPath(t *testing.T) string {
+func specPath(t testing.TB) string {
 	p, err := filepath.Abs("testdata/tickets.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -470,7 +470,7 @@ func (e *env) writeConfig(c gwConfig) (path, admin string) {
 
 // sluice runs the CLI (outside the namespace; it opens no socket) and
 // returns its combined output and exit error.
-func sluice(t *testing.T, stdin string, args ...string) (string, error) {
+func sluice(t testing.TB, stdin string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -874,7 +874,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 
 // upstreamPKI makes a test CA (returned as PEM and as a pool) and a leaf
 // for hosts signed by it, for the TLS upstreams of the egress suites.
-func upstreamPKI(t *testing.T, hosts ...string) (tls.Certificate, []byte, *x509.CertPool) {
+func upstreamPKI(t testing.TB, hosts ...string) (tls.Certificate, []byte, *x509.CertPool) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "upstream test CA"},
