@@ -23,24 +23,11 @@ func TestApprovals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := func(tok string) string { s := sha256.Sum256([]byte(tok)); return hex.EncodeToString(s[:]) }
 	cfg.Approvers.Users = []config.User{
-		{Name: "bob", Groups: []string{"finance"}, TokenSHA256: sum("tok-bob")},
-		{Name: "carol", TokenSHA256: sum("tok-carol")},
+		{Name: "bob", Groups: []string{"finance"}, TokenSHA256: tokenSHA256("tok-bob")},
+		{Name: "carol", TokenSHA256: tokenSHA256("tok-carol")},
 	}
-	srv, err := gateway.New(context.Background(), cfg, gateway.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; srv.Close() })
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatal(err)
-	}
+	srv := startAdminGateway(t, cfg)
 	mk := func(amount string) string {
 		h, _, err := srv.Holds().Create(context.Background(), holds.Hold{
 			Tool: "tickets.create_refund", Args: []byte(`{"body":{"amount_cents":` + amount + `}}`),
@@ -115,4 +102,30 @@ func TestCleanMakesControlsVisible(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startAdminGateway serves cfg in-process for the CLI tests that talk to
+// the admin API, and stops it when the test ends.
+func startAdminGateway(t *testing.T, cfg *config.Config) *gateway.Server {
+	t.Helper()
+	srv, err := gateway.New(context.Background(), cfg, gateway.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; srv.Close() })
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// tokenSHA256 is what approvers.users[].token_sha256 holds for tok.
+func tokenSHA256(tok string) string {
+	s := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(s[:])
 }

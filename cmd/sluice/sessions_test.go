@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sluice-gw/sluice/gateway"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 )
@@ -23,22 +19,9 @@ func TestSessionsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := func(tok string) string { s := sha256.Sum256([]byte(tok)); return hex.EncodeToString(s[:]) }
-	cfg.Approvers.Users = []config.User{{Name: "bob", Groups: []string{"finance"}, TokenSHA256: sum("tok-bob")}}
-	cfg.Gateway.SessionTokensSHA256 = []string{sum("tok-sandboxd")}
-	srv, err := gateway.New(context.Background(), cfg, gateway.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; srv.Close() })
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatal(err)
-	}
+	cfg.Approvers.Users = []config.User{{Name: "bob", Groups: []string{"finance"}, TokenSHA256: tokenSHA256("tok-bob")}}
+	cfg.Gateway.SessionTokensSHA256 = []string{tokenSHA256("tok-sandboxd")}
+	srv := startAdminGateway(t, cfg)
 	h, _, err := srv.Holds().Create(context.Background(), holds.Hold{
 		Tool: "tickets.create_refund", Args: []byte(`{}`),
 		Request:   holds.Request{Method: "POST", URL: cfg.Connectors[0].BaseURL + "/refunds"},
