@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/sandboxd/wire/wiretest"
 )
 
 func needTools(t *testing.T) {
@@ -66,36 +67,13 @@ func dialIn(ns, network, addr string) (net.Conn, error) {
 
 // rawGateway reads the preamble and answers with the identity as JSON.
 func rawGateway(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "gw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "gw.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				id, err := wire.Read(bufio.NewReader(c))
-				if err != nil {
-					fmt.Fprintf(c, "bad preamble: %v", err)
-					return
-				}
-				json.NewEncoder(c).Encode(id)
-			}()
+	return wiretest.Gateway(t, func(c net.Conn, _ *bufio.Reader, id wire.Identity, err error) {
+		if err != nil {
+			fmt.Fprintf(c, "bad preamble: %v", err)
+			return
 		}
-	}()
-	return path
+		json.NewEncoder(c).Encode(id)
+	})
 }
 
 // peer is a namespace joined to the sandbox's by a veth pair, with a TCP

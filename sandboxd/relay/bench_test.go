@@ -6,44 +6,21 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/sandboxd/wire/wiretest"
 )
 
 // echoGateway reads the preamble and echoes everything after it.
 func echoGateway(tb testing.TB) string {
-	dir, err := os.MkdirTemp("", "gw")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "echo.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := wire.Read(br); err != nil {
-					return
-				}
-				io.Copy(c, br)
-			}()
+	return wiretest.Gateway(tb, func(c net.Conn, br *bufio.Reader, _ wire.Identity, err error) {
+		if err == nil {
+			io.Copy(c, br)
 		}
-	}()
-	return path
+	})
 }
 
 // benchTargets returns a dialer through the relay (from inside a fresh

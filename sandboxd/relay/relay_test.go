@@ -24,6 +24,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/sandboxd/wire/wiretest"
 )
 
 // needRoot skips unless the test can make network namespaces.
@@ -309,31 +310,13 @@ func TestRelayHalfClose(t *testing.T) {
 	// A raw gateway: after the preamble it reads to EOF, then answers with
 	// the byte count: the answer only comes back if the client's
 	// half-close reached it and the other direction stayed open.
-	dir, _ := os.MkdirTemp("", "gw")
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	gwPath := filepath.Join(dir, "raw.sock")
-	l, err := net.Listen("unix", gwPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := wire.Read(br); err != nil {
-					return
-				}
-				n, _ := io.Copy(io.Discard, br)
-				fmt.Fprintf(c, "got %d\n", n)
-			}()
+	gwPath := wiretest.Gateway(t, func(c net.Conn, br *bufio.Reader, _ wire.Identity, err error) {
+		if err != nil {
+			return
 		}
-	}()
+		n, _ := io.Copy(io.Discard, br)
+		fmt.Fprintf(c, "got %d\n", n)
+	})
 	openRelay(t, Options{NetNS: ns, Identity: wire.Identity{Sandbox: "s", Agent: "a"}, Gateway: gwPath})
 	c, err := dialIn(t, ns, "tcp", "127.0.0.1:3128")
 	if err != nil {

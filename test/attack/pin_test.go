@@ -22,41 +22,26 @@ import (
 
 	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/sandboxd/wire/wiretest"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // identityGateway is a gateway stand-in on a Unix socket: it reads the
 // SLUICE-IDENTITY preamble, then one HTTP request, and answers 200 with the
-// identity it saw as JSON.
-func identityGateway(t *testing.T, path string) {
+// identity it saw as JSON. It returns the socket's path.
+func identityGateway(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				id, err := wire.Read(br)
-				if err != nil {
-					fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-					return
-				}
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				b, _ := json.Marshal(id)
-				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(b), b)
-			}()
+	return wiretest.Gateway(t, func(c net.Conn, br *bufio.Reader, id wire.Identity, err error) {
+		if err != nil {
+			fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+			return
 		}
-	}()
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		b, _ := json.Marshal(id)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(b), b)
+	})
 }
 
 // daemon is a running `sandboxd serve` with its API client.
@@ -71,8 +56,7 @@ func startDaemon(t *testing.T) *daemon {
 	t.Helper()
 	st := stateDir(t)
 	d := &daemon{api: filepath.Join(st, "api.sock"), cfg: filepath.Join(st, "sandboxd.yaml"), state: filepath.Join(st, "state")}
-	gw := filepath.Join(st, "gw.sock")
-	identityGateway(t, gw)
+	gw := identityGateway(t)
 	if err := os.WriteFile(d.cfg, []byte(fmt.Sprintf("api: %s\nstate_dir: %s\ngateway: %s\n", d.api, d.state, gw)), 0o600); err != nil {
 		t.Fatal(err)
 	}
