@@ -505,8 +505,12 @@ type placeholderView struct {
 }
 
 // adminIntercept routes GET /ca.pem (the interception CA's certificate,
-// for sandbox trust stores) and GET /api/v1/placeholders (what sandboxd
-// puts in a sandbox's environment) on the admin listener.
+// for sandbox trust stores; public: it is a certificate) and GET
+// /api/v1/placeholders (what sandboxd puts in a sandbox's environment) on
+// the admin listener. The placeholders are not secret values, but they are
+// what the gateway swaps for one toward a bound host, so only sandboxd (a
+// token of gateway.session_tokens_sha256) or an approver may read them:
+// anyone else is 401 unauthenticated.
 func (s *Server) adminIntercept(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
 		if s.icpt == nil {
@@ -517,6 +521,11 @@ func (s *Server) adminIntercept(mux *http.ServeMux) {
 		_, _ = w.Write(s.icpt.ca.CertPEM())
 	})
 	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.sessionCaller(r); !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+			writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", "an approver token or a session token is required"), newRequestID())
+			return
+		}
 		views := []placeholderView{}
 		if s.icpt != nil {
 			for _, b := range s.icpt.phs {

@@ -29,7 +29,8 @@ type Config struct {
 	API string `yaml:"api"`
 	// Gateway is the gateway's sandbox socket that every exit relays to.
 	Gateway string `yaml:"gateway"`
-	// StateDir holds one directory per sandbox and events.jsonl.
+	// StateDir holds events.jsonl, a lock, and sandboxes/ with one directory
+	// per sandbox (a tmpfs sandboxd mounts there).
 	StateDir string `yaml:"state_dir"`
 	// Rootfs is the directory whose system folders are bound read-only
 	// into every sandbox ("/" = the host's).
@@ -43,9 +44,11 @@ type Config struct {
 	Limits Limits `yaml:"limits"`
 	// Host is reported in every identity preamble.
 	Host string `yaml:"host"`
-	// Spares is how many inits to keep forked ahead of time (namespaces
-	// made, in their cgroup, waiting for a sandbox to build): a Create
-	// then skips the fork and the runtime start-up of the init.
+	// Spares is how many sandboxes to keep built ahead of time with the
+	// default limits (fresh namespaces, uid range, cgroup and root, already
+	// confined; each serves one Create and is never reused): a Create whose
+	// workspace and tmp sizes are the defaults then only rewrites the
+	// cgroup limits and opens the exits. Others are built on demand.
 	Spares int `yaml:"spares"`
 	// GatewayAdmin is the URL of the gateway's admin listener (optional).
 	// When set, every Create fetches the interception CA and the
@@ -53,9 +56,11 @@ type Config struct {
 	// failed fetch fails the Create.
 	GatewayAdmin string `yaml:"gateway_admin"`
 	// GatewaySessionTokenFile holds the token (its SHA-256 is in the
-	// gateway's gateway.session_tokens_sha256) with which Destroy ends the
-	// sandbox's session on gateway_admin (optional; needs gateway_admin).
-	// The file is read at each Destroy, so the token can be rotated.
+	// gateway's gateway.session_tokens_sha256) with which Destroy and
+	// unpin end the sandbox's session on gateway_admin, and with which
+	// Create reads the placeholders (GET /api/v1/placeholders answers 401
+	// without it). Optional; needs gateway_admin. The file is read at each
+	// use, so the token can be rotated.
 	GatewaySessionTokenFile string `yaml:"gateway_session_token_file"`
 }
 

@@ -56,6 +56,15 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	var childFDs [3]*os.File
 	if f, ok := req.Stdin.(*os.File); ok {
 		childFDs[0] = f
+	} else if req.Stdin == nil {
+		// Empty input: the host's /dev/null, read-only (no pipe, no
+		// goroutine to feed it).
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			return ExecResult{}, fmt.Errorf("sandboxd: exec: %w", err)
+		}
+		childFDs[0] = f
+		closers = append(closers, f)
 	} else {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -64,9 +73,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		childFDs[0] = r
 		closers = append(closers, r)
 		go func() {
-			if req.Stdin != nil {
-				_, _ = io.Copy(w, req.Stdin)
-			}
+			_, _ = io.Copy(w, req.Stdin)
 			w.Close()
 		}()
 	}

@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,7 +24,10 @@ const InitArg = "__sluice-sandbox-init"
 // ctlFD is the control socket's descriptor in the init.
 const ctlFD = 3
 
-var errClosed = errors.New("closed")
+var (
+	errClosed = errors.New("closed")
+	errGroups = errors.New("init must start without supplementary groups")
+)
 
 // RunInit is the sandbox's pid 1. It builds the sandbox from the setup
 // message, confines itself (and so every process it will start), then
@@ -35,13 +39,22 @@ func RunInit() {
 	runtime.LockOSThread()
 	unix.CloseOnExec(ctlFD)
 	_ = unix.CloseRange(ctlFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
-	c, err := newCtlConn(os.NewFile(ctlFD, "control"))
+	c, err := newInitCtlConn(ctlFD)
 	if err != nil {
 		os.Exit(120)
 	}
 	var s setupMsg
 	if _, err := c.recv(&s); err != nil {
 		os.Exit(121)
+	}
+	// The network first: once lo is up sandboxd opens the sandbox's
+	// listeners in its namespace while this process builds the root.
+	if err := setupNet(s); err != nil {
+		_ = c.send(replyMsg{Error: err.Error()})
+		os.Exit(122)
+	}
+	if err := c.send(replyMsg{NetReady: true}); err != nil {
+		os.Exit(123)
 	}
 	if err := setupSandbox(s); err != nil {
 		_ = c.send(replyMsg{Error: err.Error()})
@@ -52,6 +65,9 @@ func RunInit() {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP,
 		syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM)
 	r := newReaper()
+	// Started with GOGC=off: no collection during the build. From here
+	// on it serves execs for as long as the sandbox lives, and collects.
+	debug.SetGCPercent(100)
 	if err := c.send(replyMsg{}); err != nil {
 		os.Exit(123)
 	}
@@ -183,14 +199,16 @@ func (r *reaper) wait(pid int) syscall.WaitStatus {
 	return <-ch
 }
 
-// setupSandbox builds the root, pivots into it and confines this process.
-func setupSandbox(s setupMsg) error {
+// setupNet names the host and brings lo up.
+func setupNet(s setupMsg) error {
 	if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
 		return fmt.Errorf("init: hostname: %w", err)
 	}
-	if err := loopbackUp(); err != nil {
-		return err
-	}
+	return loopbackUp()
+}
+
+// setupSandbox builds the root, pivots into it and confines this process.
+func setupSandbox(s setupMsg) error {
 	if err := buildRoot(s); err != nil {
 		return err
 	}
@@ -476,12 +494,21 @@ func confine(s setupMsg) error {
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return fmt.Errorf("init: rlimit core: %w", err)
 	}
-	// syscall.Set* apply to every thread of the process (CGO_ENABLED=0).
-	if err := syscall.Setgroups(nil); err != nil {
-		return fmt.Errorf("init: setgroups: %w", err)
+	// The init was started with setgroups(0) (SysProcAttr.Credential
+	// with no Groups) and nothing sets them since; threads inherit them.
+	// Verified, not set again: setting them would be one more
+	// all-threads call (a stop of the world and a signal to each thread).
+	if gs, err := unix.Getgroups(); err != nil || len(gs) != 0 {
+		return fmt.Errorf("init: supplementary groups %v: %w", gs, errors.Join(err, errGroups))
 	}
-	if err := syscall.Setresgid(s.GID, s.GID, s.GID); err != nil {
-		return fmt.Errorf("init: setgid: %w", err)
+	// syscall.Set* apply to every thread of the process (CGO_ENABLED=0).
+	// sandboxd starts the init with the sandbox's gid already (every
+	// thread inherits it), which saves one all-threads call; any other gid
+	// is set here.
+	if r, e, sv := unix.Getresgid(); r != s.GID || e != s.GID || sv != s.GID {
+		if err := syscall.Setresgid(s.GID, s.GID, s.GID); err != nil {
+			return fmt.Errorf("init: setgid: %w", err)
+		}
 	}
 	if err := syscall.Setresuid(s.UID, s.UID, s.UID); err != nil {
 		return fmt.Errorf("init: setuid: %w", err)
@@ -494,7 +521,7 @@ func confine(s setupMsg) error {
 	if err := restrictLandlock(s); err != nil {
 		return err
 	}
-	if err := loadSeccomp(); err != nil {
+	if err := loadSeccomp(s.Seccomp); err != nil {
 		return err
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {

@@ -15,12 +15,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -143,11 +141,13 @@ type Manager struct {
 	exits  ExitOpener
 	init   string
 	events *eventLog
+	state  *stateDir
 
-	pending   sync.WaitGroup // background cleanups
-	spares    chan *sandbox  // pre-forked inits waiting for a Create
-	refilling atomic.Bool
-	refills   sync.WaitGroup
+	pending sync.WaitGroup // background destroys and cleanups
+	spares  chan *sandbox  // sandboxes built ahead, waiting for a Create
+	refills sync.WaitGroup
+	// refillDone is closed when the running refill ends (nil: none runs).
+	refillDone chan struct{}
 
 	mu      sync.Mutex
 	boxes   map[string]*sandbox
@@ -167,6 +167,7 @@ type sandbox struct {
 	cg     *cgroup
 	exit   io.Closer
 	timer  *time.Timer
+	built  bool // setup done: built and confined
 	execMu sync.Mutex
 	dead   bool
 }
@@ -193,17 +194,27 @@ func New(opts Options) (*Manager, error) {
 	if err := searchable(filepath.Dir(opts.Config.StateDir)); err != nil {
 		return nil, err
 	}
-	sweepStale(opts.Config.CgroupParent)
-	ev, err := openEventLog(filepath.Join(opts.Config.StateDir, "events.jsonl"))
+	if _, err := seccompProgram(); err != nil {
+		return nil, fmt.Errorf("sandboxd: %w", err)
+	}
+	sd, err := openStateDir(opts.Config.StateDir, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{
-		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev,
+	sweepStale(opts.Config.CgroupParent)
+	ev, err := openEventLog(filepath.Join(opts.Config.StateDir, "events.jsonl"))
+	if err != nil {
+		sd.close()
+		return nil, err
+	}
+	m := &Manager{
+		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev, state: sd,
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
 		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
 		spares: make(chan *sandbox, opts.Config.Spares),
-	}, nil
+	}
+	m.startRefill()
+	return m, nil
 }
 
 // searchable checks that every directory from dir up to / lets others
@@ -224,7 +235,27 @@ func searchable(dir string) error {
 	}
 }
 
-var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+// envKey matches a valid variable name: [A-Za-z_][A-Za-z0-9_] of at most
+// 128 bytes. It is not a regexp: this package's initialisation runs in
+// every sandbox's init too, and compiling one there costs start-up time.
+var envKey envName
+
+type envName struct{}
+
+// MatchString reports whether k is a valid variable name.
+func (envName) MatchString(k string) bool {
+	if k == "" || len(k) > 128 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9' {
+			continue
+		}
+		return false
+	}
+	return true
+}
 
 // reservedEnv are set by sandboxd and cannot be overridden.
 var reservedEnv = map[string]bool{
@@ -308,34 +339,23 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		}
 		// Before any resource is spent: no sandbox without what
 		// interception needs (fail closed).
-		if trust, err = fetchGatewayTrust(ctx, m.cfg.GatewayAdmin); err != nil {
+		if trust, err = fetchGatewayTrustWith(ctx, m.cfg.GatewayAdmin, m.cfg.GatewaySessionTokenFile); err != nil {
 			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
 		}
 	}
-	sb := m.takeSpare()
-	if sb != nil {
-		if err := sb.cg.setLimits(lim); err != nil {
-			m.teardown(sb, true)
-			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
-		}
-	}
-	if m.cfg.Spares > 0 {
-		m.mu.Lock()
-		if !m.closed {
-			m.refills.Add(1)
-			go func() { defer m.refills.Done(); m.refill() }()
-		}
-		m.mu.Unlock()
-	}
+	sb := m.takeSpare(ctx, lim)
+	m.startRefill()
 	defer func() {
 		if err != nil && sb != nil {
 			m.teardown(sb, false)
 		}
 	}()
-	if sb == nil {
-		if sb, err = m.fork(lim); err != nil {
-			return Info{}, err
+	if sb != nil {
+		if err := sb.cg.setLimits(lim); err != nil {
+			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
 		}
+	} else if sb, err = m.fork(lim); err != nil {
+		return Info{}, err
 	}
 	id := sb.info.ID
 	ident := probe
@@ -343,6 +363,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Pid: sb.info.Pid}
 	env := req.Env
 	if trust != nil {
+		// run/ is bound into the sandbox: files written here now appear
+		// at /run/sluice also in a sandbox built ahead.
 		tenv, err := trust.install(filepath.Join(sb.dir, "run"), m.cfg.Rootfs)
 		if err != nil {
 			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
@@ -356,19 +378,34 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		}
 	}
 	sb.env = m.baseEnv(id, env)
-	if err := m.setup(sb); err != nil {
-		return Info{}, err
-	}
-	if m.exits != nil {
-		sb.exit, err = m.exits(ctx, Exit{
+	openExits := func() error {
+		if m.exits == nil {
+			return nil
+		}
+		x, err := m.exits(ctx, Exit{
 			NetNS: fmt.Sprintf("/proc/%d/ns/net", sb.info.Pid), Identity: ident, Gateway: m.cfg.Gateway,
 			SocketPath: filepath.Join(sb.dir, "run", "gateway.sock"), ProxyPort: ProxyPort, DNSPort: DNSPort,
 		})
 		if err != nil {
-			return Info{}, fmt.Errorf("sandboxd: create: open exits: %w", err)
+			return fmt.Errorf("sandboxd: create: open exits: %w", err)
 		}
+		sb.exit = x
+		return nil
+	}
+	if sb.built {
+		err = openExits()
+	} else {
+		// The exits open while the init builds its root.
+		err = m.setup(sb, openExits)
+	}
+	if err != nil {
+		return Info{}, err
 	}
 	m.mu.Lock()
+	if m.closed { // Close ran meanwhile: it will not see this sandbox
+		m.mu.Unlock()
+		return Info{}, fmt.Errorf("sandboxd: create: manager closed")
+	}
 	m.boxes[id] = sb
 	if lim.Lifetime > 0 {
 		sb.timer = time.AfterFunc(lim.Lifetime, func() { _ = m.Destroy(id) })
@@ -383,7 +420,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 // starts an init that waits for its setup message.
 func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 	id := newID()
-	sb := &sandbox{info: Info{ID: id, Limits: lim}, dir: filepath.Join(m.cfg.StateDir, id), slot: -1}
+	sb := &sandbox{info: Info{ID: id, Limits: lim}, dir: filepath.Join(m.state.boxes, id), slot: -1}
 	defer func() {
 		if err != nil {
 			m.teardown(sb, false)
@@ -414,8 +451,38 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 	return sb, nil
 }
 
-// takeSpare returns a pre-forked init, or nil.
-func (m *Manager) takeSpare() *sandbox {
+// spareFits reports whether a sandbox built ahead with the default limits
+// can serve lim: the sizes of its tmpfs mounts are fixed when it is built;
+// the cgroup limits are rewritten when it is taken.
+func (m *Manager) spareFits(lim Limits) bool {
+	return lim.WorkspaceBytes == m.cfg.Limits.WorkspaceBytes && lim.TmpBytes == m.cfg.Limits.TmpBytes
+}
+
+// takeSpare returns a sandbox built ahead that fits lim, or nil. When none
+// is waiting but one is being built, it waits for that one: it is further
+// along than a fork started now would be.
+func (m *Manager) takeSpare(ctx context.Context, lim Limits) *sandbox {
+	if cap(m.spares) == 0 || !m.spareFits(lim) {
+		return nil
+	}
+	select {
+	case sb := <-m.spares:
+		return sb
+	default:
+	}
+	m.mu.Lock()
+	done := m.refillDone
+	m.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case sb := <-m.spares:
+		return sb
+	case <-done:
+	case <-ctx.Done():
+		return nil
+	}
 	select {
 	case sb := <-m.spares:
 		return sb
@@ -424,25 +491,53 @@ func (m *Manager) takeSpare() *sandbox {
 	}
 }
 
-// refill forks spares (with the default limits; Create rewrites them)
-// until cfg.Spares wait. One refill runs at a time.
-func (m *Manager) refill() {
-	if !m.refilling.CompareAndSwap(false, true) {
+// startRefill starts a refill unless one runs or the manager is closed.
+func (m *Manager) startRefill() {
+	if cap(m.spares) == 0 {
 		return
 	}
-	defer m.refilling.Store(false)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.refillDone != nil {
+		return
+	}
+	done := make(chan struct{})
+	m.refillDone = done
+	m.refills.Add(1)
+	go func() {
+		defer m.refills.Done()
+		m.refill()
+		m.mu.Lock()
+		m.refillDone = nil
+		m.mu.Unlock()
+		close(done)
+	}()
+}
+
+// refill builds spares until cfg.Spares wait: each is a complete sandbox
+// (fresh namespaces, its own uid range, cgroup and root, confined) built
+// with the default limits, waiting only for its exits and its owner.
+// Create rewrites the cgroup limits and opens the exits; a spare serves one
+// sandbox and is never reused. Only startRefill runs it, one at a time.
+func (m *Manager) refill() {
 	for len(m.spares) < cap(m.spares) {
+		m.mu.Lock()
+		closed := m.closed
+		m.mu.Unlock()
+		if closed {
+			return
+		}
 		sb, err := m.fork(m.cfg.Limits)
+		if err == nil {
+			if err = m.setup(sb, nil); err != nil {
+				m.teardown(sb, false)
+			}
+		}
 		if err != nil {
 			m.log.Warn("sandboxd: spare", "err", err)
 			return
 		}
-		select {
-		case m.spares <- sb:
-		default: // a concurrent refill filled the pool
-			m.teardown(sb, false)
-			return
-		}
+		m.spares <- sb // only this goroutine adds, and there is room
 	}
 }
 
@@ -461,6 +556,7 @@ func (m *Manager) start(sb *sandbox) error {
 		return err
 	}
 	parent.Close() // newCtlConn dup'ed it
+	sb.ctl.max = maxReply
 	logf, err := os.OpenFile(filepath.Join(sb.dir, "init.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("sandboxd: start: %w", err)
@@ -468,9 +564,12 @@ func (m *Manager) start(sb *sandbox) error {
 	defer logf.Close()
 	host := m.cfg.UIDs.Base + sb.slot*65536
 	cmd := &exec.Cmd{
-		Path:       m.init,
-		Args:       []string{"sandboxd", InitArg},
-		Env:        []string{"GOMAXPROCS=1"}, // init needs no parallelism; fewer threads to confine
+		Path: m.init,
+		Args: []string{"sandboxd", InitArg},
+		// The init needs no parallelism (fewer threads to confine) and
+		// no collection while it builds the sandbox (RunInit turns the
+		// collector on before it serves execs).
+		Env:        []string{"GOMAXPROCS=1", "GOGC=off"},
 		Stderr:     logf,
 		ExtraFiles: []*os.File{child},
 		SysProcAttr: &syscall.SysProcAttr{
@@ -479,8 +578,13 @@ func (m *Manager) start(sb *sandbox) error {
 			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host, Size: 65536}},
 			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host, Size: 65536}},
 			GidMappingsEnableSetgroups: true,
-			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
-			Setsid:                     true,
+			// Root of its user namespace (it mounts), but already in the
+			// sandbox's group: confine then only checks the gid, one
+			// all-threads call fewer. Files and tmpfs roots the init makes
+			// are group-owned by it with group permissions no wider than
+			// other's (read, search), so this opens nothing.
+			Credential: &syscall.Credential{Uid: 0, Gid: SandboxUID},
+			Setsid:     true,
 		},
 	}
 	// Born in its cgroup: nothing of the sandbox ever runs outside it.
@@ -495,9 +599,14 @@ func (m *Manager) start(sb *sandbox) error {
 }
 
 // setup sends the init its sandbox and waits until it reports the sandbox
-// built and confined.
-func (m *Manager) setup(sb *sandbox) error {
-	err := sb.ctl.send(setupMsg{
+// built and confined. onNet, if set, runs as soon as the init reports lo
+// up, alongside the rest of the build; setup returns its error too.
+func (m *Manager) setup(sb *sandbox, onNet func() error) (err error) {
+	prog, err := seccompProgram()
+	if err != nil {
+		return fmt.Errorf("sandboxd: start: %w", err)
+	}
+	err = sb.ctl.send(setupMsg{Seccomp: prog,
 		Hostname: "sandbox-" + sb.info.ID[:8], Rootfs: m.cfg.Rootfs, RootDir: filepath.Join(sb.dir, "root"),
 		RunDir: filepath.Join(sb.dir, "run"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
 		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
@@ -506,15 +615,37 @@ func (m *Manager) setup(sb *sandbox) error {
 		return fmt.Errorf("sandboxd: start: %w", err)
 	}
 	_ = sb.ctl.c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	var rep replyMsg
-	if _, err := sb.ctl.recv(&rep); err != nil {
-		return fmt.Errorf("sandboxd: start: init: %w (see %s)", err, filepath.Join(sb.dir, "init.log"))
+	defer func() { _ = sb.ctl.c.SetReadDeadline(time.Time{}) }()
+	var netErr chan error
+	defer func() {
+		if netErr != nil {
+			err = errors.Join(err, <-netErr)
+		}
+		sb.built = err == nil
+	}()
+	for {
+		var rep replyMsg
+		if _, err := sb.ctl.recv(&rep); err != nil {
+			return fmt.Errorf("sandboxd: start: init: %w (see %s)", err, filepath.Join(sb.dir, "init.log"))
+		}
+		switch {
+		case rep.Error != "":
+			return fmt.Errorf("sandboxd: start: %s", rep.Error)
+		case rep.NetReady && netErr == nil:
+			netErr = make(chan error, 1)
+			if onNet == nil {
+				netErr <- nil
+				continue
+			}
+			go func() { netErr <- onNet() }()
+		case rep.NetReady:
+			return fmt.Errorf("sandboxd: start: init: second net_ready")
+		case netErr == nil:
+			return fmt.Errorf("sandboxd: start: init: done before net_ready")
+		default:
+			return nil
+		}
 	}
-	_ = sb.ctl.c.SetReadDeadline(time.Time{})
-	if rep.Error != "" {
-		return fmt.Errorf("sandboxd: start: %s", rep.Error)
-	}
-	return nil
 }
 
 func (m *Manager) get(id string) (*sandbox, error) {
@@ -549,7 +680,13 @@ func (m *Manager) List() []Info {
 }
 
 // Destroy kills everything in the sandbox, closes its exits and removes its
-// state.
+// state. When it returns the sandbox is unknown to the API, its exits are
+// closed (no connection of it reaches the gateway any more) and its init
+// has been sent SIGKILL, which the kernel turns into SIGKILL for every
+// process of its pid namespace. Reaping, removing the cgroup and the state
+// directory and freeing the uid range finish in the background; the
+// "destroyed" event is written once they are done, then the session is
+// ended at the gateway. Close waits for all of it.
 func (m *Manager) Destroy(id string) error {
 	m.mu.Lock()
 	sb, ok := m.boxes[id]
@@ -558,11 +695,15 @@ func (m *Manager) Destroy(id string) error {
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	err := m.teardown(sb, true)
-	m.events.write(event{Event: "destroyed", Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session})
-	m.log.Info("sandbox destroyed", "sandbox", id)
-	m.endSession(sb.info)
-	return err
+	return m.teardown(sb, true, func(err error) {
+		ev := event{Event: "destroyed", Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session}
+		if err != nil {
+			ev.Error = err.Error()
+		}
+		m.events.write(ev)
+		m.log.Info("sandbox destroyed", "sandbox", id)
+		m.endSession(sb.info)
+	})
 }
 
 // sessionEndTimeout bounds the POST that ends a destroyed sandbox's session.
@@ -580,14 +721,9 @@ func (m *Manager) endSession(info Info) {
 	if m.cfg.GatewayAdmin == "" || m.cfg.GatewaySessionTokenFile == "" || info.Session == "" {
 		return
 	}
-	m.mu.Lock()
-	for _, o := range m.boxes {
-		if o.info.Session == info.Session {
-			m.mu.Unlock()
-			return
-		}
+	if m.sessionCarried(info.Session) { // a live sandbox or pin: the last one ends it
+		return
 	}
-	m.mu.Unlock()
 	ev := event{Event: "session_ended", Sandbox: info.ID, Agent: info.Agent, Session: info.Session, User: info.User}
 	if err := postSessionEnd(m.cfg.GatewayAdmin, m.cfg.GatewaySessionTokenFile, info.Session); err != nil {
 		m.log.Warn("sandbox session not ended at the gateway", "sandbox", info.ID, "session", info.Session, "err", err)
@@ -633,12 +769,13 @@ func postSessionEnd(base, tokenFile, session string) error {
 	return nil
 }
 
-// teardown undoes whatever part of Create happened. Once init has been
-// reaped nothing of the sandbox runs any more (the kernel kills a pid
-// namespace's processes before its init's exit is reported); with async
-// the remaining bookkeeping (cgroup directories, state files, the uid
-// slot) finishes in the background, and Close waits for it.
-func (m *Manager) teardown(sb *sandbox, async bool) error {
+// teardown undoes whatever part of Create happened. It closes the exits
+// and sends SIGKILL to the init at once: killing pid 1 of a pid namespace
+// kills every process in it, and its exit is reported once they are all
+// gone. Reaping the init, removing the cgroup and the state directory and
+// freeing the uid slot follow, in the background with async (Close waits
+// for them); then done, if set, runs with the cleanup's error.
+func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 	var errs []error
 	if sb.timer != nil {
 		sb.timer.Stop()
@@ -647,21 +784,28 @@ func (m *Manager) teardown(sb *sandbox, async bool) error {
 		errs = append(errs, sb.exit.Close())
 	}
 	if sb.cmd != nil && sb.cmd.Process != nil {
-		// Killing pid 1 of the pid namespace kills every process in it;
-		// its exit is reported once they are all gone.
 		_ = sb.cmd.Process.Kill()
-		_ = sb.cmd.Wait()
 	}
-	if sb.ctl != nil {
-		sb.ctl.Close()
+	finish := func() error {
+		if sb.cmd != nil && sb.cmd.Process != nil {
+			_ = sb.cmd.Wait()
+		}
+		if sb.ctl != nil {
+			sb.ctl.Close()
+		}
+		err := m.cleanup(sb)
+		for _, f := range done {
+			f(err)
+		}
+		return err
 	}
 	if !async {
-		return errors.Join(append(errs, m.cleanup(sb))...)
+		return errors.Join(append(errs, finish())...)
 	}
 	m.pending.Add(1)
 	go func() {
 		defer m.pending.Done()
-		if err := m.cleanup(sb); err != nil {
+		if err := finish(); err != nil {
 			m.log.Error("sandbox cleanup", "sandbox", sb.info.ID, "err", err)
 		}
 	}()
@@ -696,8 +840,8 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	m.refills.Wait()
 	var errs []error
-	for sb := m.takeSpare(); sb != nil; sb = m.takeSpare() {
-		errs = append(errs, m.teardown(sb, false))
+	for len(m.spares) > 0 {
+		errs = append(errs, m.teardown(<-m.spares, false))
 	}
 	for _, in := range m.List() {
 		if err := m.Destroy(in.ID); err != nil && !errors.Is(err, ErrNotFound) {
@@ -711,6 +855,9 @@ func (m *Manager) Close() error {
 	}
 	m.pending.Wait()
 	errs = append(errs, m.events.close())
+	if m.state != nil {
+		errs = append(errs, m.state.close())
+	}
 	return errors.Join(errs...)
 }
 

@@ -48,7 +48,12 @@ type pinEntry struct {
 	info PinInfo
 	key  nsKey
 	p    *pin.Pinned
+	stop chan struct{} // closed by the one unpin that removes the entry
 }
+
+// pinWatchInterval is how often a pin checks that the other runtime has
+// not torn its namespace down.
+var pinWatchInterval = time.Second
 
 // Pin closes a namespace made by another runtime to everything but
 // loopback and opens the relay's listeners inside it (sandboxd/pin). The
@@ -114,10 +119,13 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 		_ = p.Close()
 		return PinInfo{}, errors.New("sandboxd: pin: manager closed")
 	}
-	m.pins[id] = &pinEntry{info: info, key: key, p: p}
+	e := &pinEntry{info: info, key: key, p: p, stop: make(chan struct{})}
+	m.pins[id] = e
+	m.pending.Add(1) // under mu: Close waits for the watcher
 	m.mu.Unlock()
 	ok = true
 	m.events.write(event{Event: "pinned", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, NetNS: path})
+	go m.watchPin(id, path, e)
 	m.log.Info("namespace pinned", "sandbox", id, "netns", path, "agent", req.Agent)
 	return info, nil
 }
@@ -184,8 +192,11 @@ func (m *Manager) Pins() []PinInfo {
 }
 
 // Unpin closes a pinned namespace's listeners and every connection relayed
-// from it. The namespace stays closed (its ruleset and removed interfaces
-// stay as they are): unpinning never reopens it.
+// from it, and ends its session at the gateway as Destroy does (when no
+// live sandbox or pin carries it any more; see endPinSession). The
+// namespace stays closed (its ruleset and removed interfaces stay as they
+// are): unpinning never reopens it. A pin whose namespace the other
+// runtime tears down is unpinned the same way (watchPin).
 func (m *Manager) Unpin(id string) error {
 	m.mu.Lock()
 	e, ok := m.pins[id]
@@ -194,6 +205,7 @@ func (m *Manager) Unpin(id string) error {
 	if !ok {
 		return fmt.Errorf("%w: pin %q", ErrNotFound, id)
 	}
+	close(e.stop)
 	err := e.p.Close()
 	// Only once the listeners are closed may the namespace be pinned again.
 	m.mu.Lock()
@@ -201,8 +213,54 @@ func (m *Manager) Unpin(id string) error {
 	m.mu.Unlock()
 	m.events.write(event{Event: "unpinned", Sandbox: id, Agent: e.info.Agent, Session: e.info.Session, User: e.info.User, NetNS: e.info.NetNS})
 	m.log.Info("namespace unpinned", "sandbox", id, "netns", e.info.NetNS)
+	m.endPinSession(e.info)
 	if err != nil {
 		return fmt.Errorf("sandboxd: unpin %s: %w", id, err)
 	}
 	return nil
+}
+
+// watchPin unpins a pin once the other runtime has torn its namespace
+// down: sandboxd's own handle keeps the namespace alive, so the sign is
+// that the path it was pinned by no longer names it (ip netns del unmounts
+// and removes /run/netns/NAME; /proc/PID/ns/net is gone once the process
+// has exited, or names another namespace if the pid was reused). It
+// returns when the pin is removed, by whichever Unpin removes it.
+func (m *Manager) watchPin(id, path string, e *pinEntry) {
+	defer m.pending.Done()
+	t := time.NewTicker(pinWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		why := pinGone(path, e.key)
+		if why == "" {
+			continue
+		}
+		m.log.Info("pinned namespace torn down by its runtime", "sandbox", id, "netns", path, "why", why)
+		m.events.write(event{Event: "pin_namespace_gone", Sandbox: id, Agent: e.info.Agent, Session: e.info.Session, User: e.info.User, NetNS: path, Error: why})
+		if err := m.Unpin(id); err != nil && !errors.Is(err, ErrNotFound) {
+			m.log.Warn("unpin after teardown", "sandbox", id, "err", err)
+		}
+		return
+	}
+}
+
+// pinGone says why path no longer names the pinned namespace key, or ""
+// while it does. Only a definite answer counts: an error other than "does
+// not exist" (a transient EMFILE, say) leaves the pin in place.
+func pinGone(path string, key nsKey) string {
+	var st unix.Stat_t
+	switch err := unix.Stat(path, &st); {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ESRCH):
+		return path + " no longer exists"
+	case err != nil:
+		return ""
+	case st.Dev != key.dev || st.Ino != key.ino:
+		return path + " names another namespace"
+	}
+	return ""
 }

@@ -15,8 +15,12 @@ import (
 // message (setup); after it confines itself it trusts nothing it receives
 // beyond what a confined process may do anyway.
 
-// maxMsg bounds one control message.
-const maxMsg = 1 << 20
+// maxMsg bounds one control message; maxReply one of init's replies (the
+// only messages sandboxd reads).
+const (
+	maxMsg   = 1 << 20
+	maxReply = 64 << 10
+)
 
 // setupMsg is sandboxd's first message: how to build the sandbox.
 type setupMsg struct {
@@ -30,6 +34,8 @@ type setupMsg struct {
 	GID            int    `json:"gid"`
 	ProxyPort      int    `json:"proxy_port"`
 	DNSPort        int    `json:"dns_port"`
+	// Seccomp is the filter program (assembled once by sandboxd).
+	Seccomp []unix.SockFilter `json:"seccomp"`
 }
 
 // execMsg asks init to start argv with fds 0-2 attached (SCM_RIGHTS).
@@ -39,18 +45,42 @@ type execMsg struct {
 	Dir  string   `json:"dir"`
 }
 
-// replyMsg is init's answer: to setup (Error only), to exec (Started, then
-// Exited with Code/Signal).
+// replyMsg is init's answer: to setup (NetReady once lo is up, then an
+// empty reply or Error), to exec (Started, then Exited with Code/Signal).
 type replyMsg struct {
-	Error   string `json:"error,omitempty"`
-	Started bool   `json:"started,omitempty"`
-	Exited  bool   `json:"exited,omitempty"`
-	Code    int    `json:"code"`
-	Signal  int    `json:"signal,omitempty"`
+	Error    string `json:"error,omitempty"`
+	NetReady bool   `json:"net_ready,omitempty"`
+	Started  bool   `json:"started,omitempty"`
+	Exited   bool   `json:"exited,omitempty"`
+	Code     int    `json:"code"`
+	Signal   int    `json:"signal,omitempty"`
 }
 
-// ctlConn wraps one end of the control socket.
-type ctlConn struct{ c *net.UnixConn }
+// ctlConn wraps one end of the control socket. One goroutine at a time
+// receives on it (setup, then Exec under the sandbox's execMu; in the init
+// its one loop), so the receive buffer is reused: allocating (and so
+// zeroing and faulting in) a fresh maximum-size buffer per message showed
+// up as a large share of an exec's cost.
+//
+// sandboxd's end is a net.UnixConn (deadlines, the poller). The init's end
+// is its blocking descriptor, used with plain recvmsg/sendmsg on the init's
+// one locked thread: waiting in the poller would need a second thread to
+// poll and a hand-over back to the locked one on every message, and every
+// extra thread makes each all-threads privilege call in confine slower.
+type ctlConn struct {
+	c   *net.UnixConn // sandboxd's end; nil in the init
+	fd  int           // the init's blocking descriptor
+	max int           // largest message accepted (default maxMsg)
+	buf []byte
+}
+
+// newInitCtlConn uses fd, made blocking, as the init's end.
+func newInitCtlConn(fd int) (*ctlConn, error) {
+	if err := unix.SetNonblock(fd, false); err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	return &ctlConn{fd: fd, max: maxMsg}, nil
+}
 
 func newCtlConn(f *os.File) (*ctlConn, error) {
 	fc, err := net.FileConn(f)
@@ -62,7 +92,7 @@ func newCtlConn(f *os.File) (*ctlConn, error) {
 		fc.Close()
 		return nil, fmt.Errorf("control: bug(): not a unix socket")
 	}
-	return &ctlConn{c: uc}, nil
+	return &ctlConn{c: uc, max: maxMsg}, nil
 }
 
 func (c *ctlConn) send(v any, fds ...int) error {
@@ -74,7 +104,16 @@ func (c *ctlConn) send(v any, fds ...int) error {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if _, _, err := c.c.WriteMsgUnix(b, oob, nil); err != nil {
+	if c.c != nil {
+		_, _, err = c.c.WriteMsgUnix(b, oob, nil)
+	} else {
+		for {
+			if _, err = unix.SendmsgN(c.fd, b, oob, nil, unix.MSG_NOSIGNAL); err != unix.EINTR {
+				break
+			}
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("control: send: %w", err)
 	}
 	return nil
@@ -83,9 +122,23 @@ func (c *ctlConn) send(v any, fds ...int) error {
 // recv reads one message into v and returns any received fds (already
 // close-on-exec).
 func (c *ctlConn) recv(v any) ([]int, error) {
-	b := make([]byte, maxMsg)
-	oob := make([]byte, unix.CmsgSpace(3*4))
-	n, oobn, flags, _, err := c.c.ReadMsgUnix(b, oob)
+	if c.buf == nil {
+		c.buf = make([]byte, c.max)
+	}
+	b := c.buf
+	var oobArr [64]byte // >= CmsgSpace(3*4)
+	oob := oobArr[:unix.CmsgSpace(3*4)]
+	var n, oobn, flags int
+	var err error
+	if c.c != nil {
+		n, oobn, flags, _, err = c.c.ReadMsgUnix(b, oob)
+	} else {
+		for {
+			if n, oobn, flags, _, err = unix.Recvmsg(c.fd, b, oob, unix.MSG_CMSG_CLOEXEC); err != unix.EINTR {
+				break
+			}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("control: recv: %w", err)
 	}
@@ -120,4 +173,9 @@ func (c *ctlConn) recv(v any) ([]int, error) {
 	return fds, nil
 }
 
-func (c *ctlConn) Close() error { return c.c.Close() }
+func (c *ctlConn) Close() error {
+	if c.c != nil {
+		return c.c.Close()
+	}
+	return unix.Close(c.fd)
+}

@@ -2,6 +2,9 @@ package sandboxd
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"golang.org/x/sys/unix"
@@ -76,15 +79,49 @@ func seccompPolicy() seccomp.Policy {
 	}
 }
 
-// loadSeccomp sets no_new_privs and installs the filter on every thread.
-func loadSeccomp() error {
-	err := seccomp.LoadFilter(seccomp.Filter{
-		NoNewPrivs: true,
-		Flag:       seccomp.FilterFlagTSync,
-		Policy:     seccompPolicy(),
-	})
+// seccompProgram is the policy assembled into classic BPF, once per
+// sandboxd process. It travels to each init in its setup message, so no
+// init spends its start-up assembling the same program again.
+var seccompProgram = sync.OnceValues(func() ([]unix.SockFilter, error) {
+	p := seccompPolicy()
+	insts, err := p.Assemble()
 	if err != nil {
-		return fmt.Errorf("seccomp: %w", err)
+		return nil, fmt.Errorf("seccomp: assemble: %w", err)
+	}
+	prog := make([]unix.SockFilter, 0, len(insts))
+	for _, in := range insts {
+		raw, err := in.Assemble()
+		if err != nil {
+			return nil, fmt.Errorf("seccomp: assemble: %w", err)
+		}
+		prog = append(prog, unix.SockFilter{Code: raw.Op, Jt: raw.Jt, Jf: raw.Jf, K: raw.K})
+	}
+	return prog, nil
+})
+
+// maxSeccompInsns is the kernel's BPF_MAXINSNS.
+const maxSeccompInsns = 4096
+
+// loadSeccomp sets no_new_privs and installs prog on every thread
+// (SECCOMP_FILTER_FLAG_TSYNC; the kernel sets no_new_privs on the others
+// as it syncs them). An empty or oversized program is refused: a sandbox
+// never runs without its filter.
+func loadSeccomp(prog []unix.SockFilter) error {
+	if len(prog) == 0 || len(prog) > maxSeccompInsns {
+		return fmt.Errorf("seccomp: program of %d instructions", len(prog))
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("seccomp: no_new_privs: %w", err)
+	}
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC,
+		uintptr(unsafe.Pointer(&fprog)))
+	runtime.KeepAlive(prog)
+	switch {
+	case errno != 0:
+		return fmt.Errorf("seccomp: load: %w", errno)
+	case r != 0: // TSYNC: the id of a thread that could not be synced
+		return fmt.Errorf("seccomp: load: thread %d not synchronised", r)
 	}
 	return nil
 }

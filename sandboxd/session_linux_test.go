@@ -116,6 +116,7 @@ func TestDestroyEndsSession(t *testing.T) {
 			if err := m.Destroy("sb-1"); err != nil {
 				t.Fatalf("Destroy: %v", err)
 			}
+			m.pending.Wait() // the session ends after the state is gone
 			rec.mu.Lock()
 			paths, auths := rec.paths, rec.auths
 			rec.mu.Unlock()

@@ -62,10 +62,28 @@ const (
 	fetchTimeout        = 10 * time.Second
 )
 
-// fetchGatewayTrust gets GET /ca.pem and GET /api/v1/placeholders from the
-// gateway's admin listener at base. Every failure is an error: nothing is
-// installed from a partial answer.
+// fetchGatewayTrust is fetchGatewayTrustWith without a token (no
+// gateway_session_token_file): only a gateway that does not guard its
+// placeholders answers it.
 func fetchGatewayTrust(ctx context.Context, base string) (*gatewayTrust, error) {
+	return fetchGatewayTrustWith(ctx, base, "")
+}
+
+// fetchGatewayTrustWith gets GET /ca.pem (public: a certificate) and GET
+// /api/v1/placeholders from the gateway's admin listener at base. The
+// placeholders are shown only to a caller with a session token, so that
+// request carries the token of tokenFile (gateway_session_token_file; ""
+// sends none); the token goes to no other path and, with no proxy and no
+// redirects, to no other host. Every failure is an error: nothing is
+// installed from a partial answer.
+func fetchGatewayTrustWith(ctx context.Context, base, tokenFile string) (*gatewayTrust, error) {
+	token := ""
+	if tokenFile != "" {
+		var err error
+		if token, err = sessionToken(tokenFile); err != nil {
+			return nil, fmt.Errorf("gateway_admin: GET /api/v1/placeholders: %w", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	// No proxy from the environment: the admin listener is reached directly.
@@ -73,10 +91,13 @@ func fetchGatewayTrust(ctx context.Context, base string) (*gatewayTrust, error) 
 		return http.ErrUseLastResponse
 	}}
 	defer client.CloseIdleConnections()
-	get := func(path string, limit int64) ([]byte, error) {
+	get := func(path, token string, limit int64) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+path, nil)
 		if err != nil {
 			return nil, err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -87,6 +108,9 @@ func fetchGatewayTrust(ctx context.Context, base string) (*gatewayTrust, error) 
 		if err != nil {
 			return nil, err
 		}
+		if resp.StatusCode == http.StatusUnauthorized && token == "" {
+			return nil, fmt.Errorf("status %d (set gateway_session_token_file): %.200s", resp.StatusCode, b)
+		}
 		if resp.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
 		}
@@ -95,14 +119,14 @@ func fetchGatewayTrust(ctx context.Context, base string) (*gatewayTrust, error) 
 		}
 		return b, nil
 	}
-	caPEM, err := get("/ca.pem", maxCABytes)
+	caPEM, err := get("/ca.pem", "", maxCABytes)
 	if err != nil {
 		return nil, fmt.Errorf("gateway_admin: GET /ca.pem: %w", err)
 	}
 	if err := checkCAPEM(caPEM); err != nil {
 		return nil, fmt.Errorf("gateway_admin: GET /ca.pem: %w", err)
 	}
-	body, err := get("/api/v1/placeholders", maxPlaceholderBytes)
+	body, err := get("/api/v1/placeholders", token, maxPlaceholderBytes)
 	if err != nil {
 		return nil, fmt.Errorf("gateway_admin: GET /api/v1/placeholders: %w", err)
 	}

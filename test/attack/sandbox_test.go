@@ -600,12 +600,11 @@ func TestAPI(t *testing.T) {
 			}
 		})
 	}
-	// The second sandbox comes from the spare forked after the first:
-	// its limits are the request's, not the spare's defaults.
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if ents, _ := os.ReadDir(filepath.Join(st, "state")); len(ents) >= 3 { // events.jsonl, first, spare
-			break
-		}
+	// The second sandbox comes from the spare built after the first (a
+	// create waits for a spare being built): its limits are the
+	// request's, not the spare's defaults.
+	if _, err := os.Stat(filepath.Join(st, "state", "sandboxes", info.ID)); err != nil {
+		t.Fatalf("the first sandbox's state is not under state/sandboxes: %v", err)
 	}
 	code, b = do("POST", "/v1/sandboxes", strings.NewReader(`{"agent":"a2","limits":{"pids":32}}`))
 	var info2 struct{ ID string }
@@ -634,7 +633,7 @@ func TestAPI(t *testing.T) {
 	}
 	// State and cgroup go in the background once init is reaped.
 	gone := func() bool {
-		_, e1 := os.Stat(filepath.Join(st, "state", info.ID))
+		_, e1 := os.Stat(filepath.Join(st, "state", "sandboxes", info.ID))
 		_, e2 := os.Stat(filepath.Join("/sys/fs/cgroup/pids/sluice-sandboxd", info.ID))
 		_, e3 := os.Stat(filepath.Join("/sys/fs/cgroup/sluice-sandboxd", info.ID))
 		return os.IsNotExist(e1) && os.IsNotExist(e2) && os.IsNotExist(e3)

@@ -625,6 +625,11 @@ func (g *gateway) signal(sig syscall.Signal) {
 
 // adminGet fetches path from the admin listener inside the namespace.
 func (g *gateway) adminGet(path string) (int, []byte, error) {
+	return g.adminGetAuth(path, "")
+}
+
+// adminGetAuth is adminGet with a bearer token ("" for none).
+func (g *gateway) adminGetAuth(path, token string) (int, []byte, error) {
 	tr := &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -638,7 +643,14 @@ func (g *gateway) adminGet(path string) (int, []byte, error) {
 	}
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	resp, err := cl.Get("http://" + g.admin + path)
+	req, err := http.NewRequest(http.MethodGet, "http://"+g.admin+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := cl.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -44,6 +45,10 @@ type interceptWorld struct {
 	mu   sync.Mutex
 	seen []seenReq
 }
+
+// icptSessionToken is the machine token (sandboxd's) the interception
+// suite reads the placeholders with.
+const icptSessionToken = "e2e-sandboxd-session-token"
 
 func (w *interceptWorld) requests() []seenReq {
 	w.mu.Lock()
@@ -123,6 +128,8 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 		"gateway": map[string]any{
 			"sandbox_socket": filepath.Join(e.dir, "icpt.sock"), "trusted_relay_uids": []int{0},
 			"admin_listen": admin, "upstream_timeout": "5s",
+			// sandboxd's token: GET /api/v1/placeholders needs it.
+			"session_tokens_sha256": []string{fmt.Sprintf("%x", sha256.Sum256([]byte(icptSessionToken)))},
 		},
 		"store": "sqlite:" + filepath.Join(e.dir, "icpt.db"),
 		"audit": map[string]any{"path": filepath.Join(e.dir, "icpt-audit.log")},
@@ -158,7 +165,10 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 	if !w.gatewayCA.AppendCertsFromPEM(body) {
 		t.Fatalf("GET /ca.pem is not a PEM certificate: %q", body)
 	}
-	code, body, err = w.g.adminGet("/api/v1/placeholders")
+	if code, body, _ := w.g.adminGet("/api/v1/placeholders"); code != 401 {
+		t.Fatalf("GET /api/v1/placeholders without a token: %d %s, want 401", code, body)
+	}
+	code, body, err = w.g.adminGetAuth("/api/v1/placeholders", icptSessionToken)
 	if err != nil || code != 200 {
 		t.Fatalf("GET /api/v1/placeholders: %d %v %s", code, err, body)
 	}
