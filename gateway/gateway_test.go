@@ -474,66 +474,6 @@ func TestAuditFailureClosesEveryCall(t *testing.T) {
 	}
 }
 
-func TestPolicyReloadKeepsOldPolicyOnError(t *testing.T) {
-	up := newUpstream(t)
-	dir := t.TempDir()
-	good := "package sluice.policies.team\n\nimport rego.v1\n\ndecisions contains {\"action\": \"block\", \"reason\": \"no gets\", \"rule\": \"team.no_get\"} if input.tool == \"tickets.get_ticket\"\n"
-	if err := os.WriteFile(filepath.Join(dir, "team.rego"), []byte(good), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	g := startGateway(t, up.URL, "rego: ["+dir+"]", nil)
-	c := g.client(agentA)
-	if r := doCall(t, c, "tickets.get_ticket", `{"path":{"id":"1"}}`); r.code() != "policy_block" {
-		t.Fatalf("team rule not applied: %d %s", r.status, r.raw)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "team.rego"), []byte("package sluice.policies.team\n\ndecisions contains {"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	err := g.Reload(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "team.rego") {
-		t.Fatalf("reload of a broken module: err = %v, want it to name the file", err)
-	}
-	if r := doCall(t, c, "tickets.get_ticket", `{"path":{"id":"1"}}`); r.code() != "policy_block" {
-		t.Fatalf("after a failed reload the old policy should serve: %d %s", r.status, r.raw)
-	}
-	if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != 200 {
-		t.Fatalf("after a failed reload allowed calls should still pass: %d %s", r.status, r.raw)
-	}
-	resp, err := http.Get("http://" + g.AdminAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(m), `result="error"`) {
-		t.Fatalf("metrics do not record the failed reload:\n%s", m)
-	}
-}
-
-func TestBrokenPolicyAtColdStartBlocksEverything(t *testing.T) {
-	up := newUpstream(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "bad.rego"), []byte("package sluice.policies.bad\n\nthis is not rego"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	g := startGateway(t, up.URL, "rego: ["+dir+"]", nil)
-	c := g.client(agentA)
-	if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != 403 || r.code() != "policy_block" {
-		t.Fatalf("with no policy loaded: %d %s, want 403 policy_block", r.status, r.raw)
-	}
-	if up.requests.Load() != 0 {
-		t.Fatal("a call reached the upstream with no policy loaded")
-	}
-	resp, err := http.Get("http://" + g.AdminAddr() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 503 {
-		t.Fatalf("/readyz = %d with no policy, want 503", resp.StatusCode)
-	}
-}
-
 func TestConnectionsWithoutTrustOrIdentityAreRefused(t *testing.T) {
 	up := newUpstream(t)
 	t.Run("no preamble", func(t *testing.T) {
@@ -616,58 +556,5 @@ func waitStatus(t *testing.T, c *http.Client, tool, args string, status int) {
 			t.Fatalf("%s still answers %d %s after 10s, want %d", tool, r.status, r.raw, status)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func TestRedirectsAreNotFollowed(t *testing.T) {
-	up := newUpstream(t)
-	g := startGateway(t, up.URL, "", nil)
-	r := doCall(t, g.client(agentA), "tickets.get_ticket", `{"path":{"id":"redirect"}}`)
-	if r.status != 200 || r.body["status"] != float64(302) {
-		t.Fatalf("got %d %s; want the upstream's 302 relayed as is", r.status, r.raw)
-	}
-	if n := up.requests.Load(); n != 1 {
-		t.Fatalf("upstream saw %d requests, want 1: the redirect was followed", n)
-	}
-	hdr, _ := r.body["headers"].(map[string]any)
-	if loc, _ := hdr["Location"].([]any); len(loc) != 1 || loc[0] != "http://169.254.169.254/latest/meta-data/" {
-		t.Fatalf("Location not relayed: %v", hdr)
-	}
-}
-
-// TestMalformedUpstreamReplies covers THREATS F6: a reply Go's HTTP client
-// cannot parse is 502 upstream_error, never relayed.
-func TestMalformedUpstreamReplies(t *testing.T) {
-	for name, reply := range map[string]string{
-		"status 099":               "HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n",
-		"status 000":               "HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n",
-		"control char in a header": "HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 0\r\n\r\n",
-		"not HTTP":                 "SSH-2.0-OpenSSH_9.6\r\n",
-	} {
-		t.Run(name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer c.Close()
-						_, _ = bufio.NewReader(c).ReadString('\n')
-						_, _ = io.WriteString(c, reply)
-					}()
-				}
-			}()
-			g := startGateway(t, "http://"+ln.Addr().String(), "", nil)
-			r := doCall(t, g.client(agentA), "tickets.list_tickets", `{}`)
-			if r.status != 502 || r.code() != "upstream_error" {
-				t.Fatalf("got %d %s, want 502 upstream_error", r.status, r.raw)
-			}
-		})
 	}
 }
