@@ -12,6 +12,11 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v chromium >/dev/null 2>&1 || need+=(chromium) # test/browser drives the review UI in it
 command -v curl >/dev/null 2>&1 || need+=(curl) # test/e2e runs Debian's curl inside a sandbox
+# test/bench measures sluice against these peers (its smoke run is part of ./test/...)
+for p in squid tinyproxy crun dnsperf; do command -v $p >/dev/null 2>&1 || need+=($p); done
+command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip) # test/e2e runs pip inside a sandbox
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # Vault's database engine in the Vault tests
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -25,6 +30,10 @@ if [ -n "$bad" ]; then echo "gofmt would change: $bad"; exit 1; fi
 echo "== go vet"
 go vet ./...
 
+echo "== Vault server for the Vault tests (built once, cached)"
+SLUICE_VAULT_BIN=$(test/tools/vault.sh)
+export SLUICE_VAULT_BIN SLUICE_REQUIRE_VAULT=1
+
 echo "== go test"
 short=()
 [ -n "${SHORT:-}" ] && short=(-short)
@@ -34,6 +43,9 @@ short=()
 go test -race -count=1 -timeout 30m "${short[@]}" $(go list ./... | grep -v '/test/')
 rm -rf test/report/cases # the report shows only what this run recorded
 go test -race -count=1 -timeout 30m -p 1 "${short[@]}" ./test/...
+
+# The full benchmark run (minutes; rewrites test/report/bench.md) is
+# SLUICE_BENCH=full go test ./test/bench -run TestBench -timeout 60m -v
 
 echo "== attack-and-fault report (test/report/attack.md)"
 # The suites recorded each THREATS case they asserted; this writes the

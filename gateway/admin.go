@@ -24,6 +24,7 @@ func (s *Server) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.tel.handler)
+	mux.HandleFunc("GET /.well-known/jwks.json", s.handleJWKS) // vaultcreds.go
 	// The audit tail names callers, tools and destinations: people only,
 	// authenticated like the holds API (an approver's token or UI session).
 	mux.HandleFunc("GET /api/v1/audit", s.withPerson(func(w http.ResponseWriter, r *http.Request, _ holds.Person) {

@@ -186,10 +186,7 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 	// audited as the call's decision with its refusal code.
 	cred := ""
 	if up := s.catalog.connectors[tool.Connector]; up != nil && up.cfg.Credential != nil {
-		cred = up.cfg.Credential.Secret
-		if cred == "" {
-			cred = "vault"
-		}
+		cred = credentialLabel(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
 		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,

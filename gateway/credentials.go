@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -29,7 +30,7 @@ func (l localSource) Credential(ctx context.Context, ref CredentialRef) (vault.S
 	return s, err
 }
 
-func openCredentials(cfg *config.Config) (CredentialSource, error) {
+func openCredentials(ctx context.Context, cfg *config.Config, log *slog.Logger) (CredentialSource, error) {
 	switch cfg.Secrets.Backend {
 	case "local":
 		st, err := vault.OpenLocal(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile)
@@ -37,6 +38,8 @@ func openCredentials(cfg *config.Config) (CredentialSource, error) {
 			return nil, fmt.Errorf("secrets.local: %w", err)
 		}
 		return localSource{st}, nil
+	case "vault":
+		return openVault(ctx, cfg, log) // vaultcreds.go
 	default:
 		return nil, fmt.Errorf("secrets.backend: %q is not available in this build yet", cfg.Secrets.Backend)
 	}
@@ -56,8 +59,11 @@ func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
 	if len(refs) == 0 {
 		return nil
 	}
+	if cfg.Secrets.Backend == "vault" {
+		return nil // named secrets live in Vault: `sluice validate` does not log in to check them
+	}
 	if cfg.Secrets.Backend != "local" {
-		return []error{fmt.Errorf("secrets.backend: %q is not available in this build yet", cfg.Secrets.Backend)}
+		return []error{fmt.Errorf("secrets.backend: %q is not available in this build", cfg.Secrets.Backend)}
 	}
 	if _, err := os.Stat(cfg.Secrets.Local.KeyFile); err != nil {
 		for _, i := range refs {

@@ -43,8 +43,14 @@ type Decider interface {
 // CredentialRef names the credential a connector's calls carry.
 type CredentialRef struct {
 	Connector string
-	Secret    string // a named secret
+	Secret    string           // a named secret, or
+	Vault     *config.VaultRef // a Vault credential (secrets.backend: vault)
 	Caller    policy.Caller
+	// Tool and RequestSHA256 describe the call the credential is for
+	// (per-call tokens carry them as claims). RequestSHA256 is RequestHash
+	// of the request as it will be sent, before the credential is attached.
+	Tool          string
+	RequestSHA256 string
 }
 
 // CredentialSource fetches credentials. The returned secret lives only in
@@ -128,6 +134,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
+	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	if s.catalog, err = loadCatalog(ctx, cfg, s.dialer); err != nil {
 		return nil, err
@@ -138,9 +145,15 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	s.creds = opts.Credentials
 	if s.creds == nil {
-		if s.creds, err = openCredentials(cfg); err != nil {
+		if s.creds, err = openCredentials(ctx, cfg, log); err != nil {
 			return nil, err
 		}
+		// Ours to close (revoking what it leased) when New fails below.
+		defer func() {
+			if !built {
+				_ = closeCredentials(s.creds)
+			}
+		}()
 	}
 	if s.icpt, err = newInterceptor(cfg); err != nil {
 		return nil, err
@@ -166,6 +179,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, err
 	}
+	built = true
 	return s, nil
 }
 
@@ -440,7 +454,7 @@ func (s *Server) Catalog() Catalog { return s.catalog }
 
 // Close releases the stores. Call it after Serve returns.
 func (s *Server) Close() error {
-	err := errors.Join(s.audit.Close(), s.store.Close())
+	err := errors.Join(s.audit.Close(), s.store.Close(), closeCredentials(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
 	for _, u := range s.catalog.connectors {
 		u.transport.CloseIdleConnections()

@@ -238,8 +238,18 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *apiError) {
 	var scr *scrub.Scrubber
 	if cc := up.cfg.Credential; cc != nil {
+		ref := CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Vault: cc.Vault, Caller: c.caller, Tool: tool.Name}
+		if cc.Vault != nil && cc.Vault.TransitKey != "" {
+			h, err := RequestHash(req)
+			if err != nil {
+				e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the request cannot be hashed for its per-call token")
+				e.cause = err
+				return nil, e
+			}
+			ref.RequestSHA256 = h
+		}
 		cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
-		secret, err := s.creds.Credential(cctx, CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Caller: c.caller})
+		secret, err := s.creds.Credential(cctx, ref)
 		cspan.End()
 		if err != nil {
 			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is unavailable")

@@ -83,11 +83,27 @@ type LocalSecret struct {
 	KeyFile string `yaml:"key_file"`
 }
 
-// Vault configures the Vault backend (implemented by its own issue; accepted
-// and checked here so configs can be written now).
+// Vault configures the HashiCorp Vault backend.
 type Vault struct {
 	Address string    `yaml:"address"`
+	CAFile  string    `yaml:"ca_file"`
 	Auth    VaultAuth `yaml:"auth"`
+	// KVMount and KVPrefix place named secrets (credential.secret):
+	// KVMount/data/KVPrefix/<project|user/NAME|connector/SLUG>/<name>, field
+	// "value". Defaults secret and sluice.
+	KVMount  string `yaml:"kv_mount"`
+	KVPrefix string `yaml:"kv_prefix"`
+	// TransitMount signs per-call JWTs (credential.vault.transit_key).
+	TransitMount string `yaml:"transit_mount"`
+	// CacheTTL is how long a KV value is used without asking Vault again;
+	// also how long an outage is bridged. Default 60s.
+	CacheTTL Duration `yaml:"cache_ttl"`
+	// Timeout bounds one request to Vault. Default 5s.
+	Timeout Duration `yaml:"timeout"`
+	// LeaseIdle: a dynamic secret unused this long is revoked. Default 15m.
+	LeaseIdle Duration `yaml:"lease_idle"`
+	// Issuer is the iss claim of per-call JWTs. Default "sluice".
+	Issuer string `yaml:"issuer"`
 }
 
 // VaultAuth is how the gateway logs in to Vault.
@@ -96,9 +112,13 @@ type VaultAuth struct {
 	TokenFile    string `yaml:"token_file"`
 	RoleIDFile   string `yaml:"role_id_file"`
 	SecretIDFile string `yaml:"secret_id_file"`
-	Role         string `yaml:"role"`
-	JWTFile      string `yaml:"jwt_file"`
-	Mount        string `yaml:"mount"`
+	// SecretIDWrapped: secret_id_file holds a response-wrapping token
+	// around the secret_id, unwrapped once at start (an already-unwrapped
+	// token fails the start: someone else has the secret_id).
+	SecretIDWrapped bool   `yaml:"secret_id_wrapped"`
+	Role            string `yaml:"role"`
+	JWTFile         string `yaml:"jwt_file"`
+	Mount           string `yaml:"mount"`
 }
 
 // Connector is one API the gateway fronts.
@@ -127,13 +147,27 @@ type Credential struct {
 	Prefix string `yaml:"prefix"`
 }
 
-// VaultRef is a Vault-backed credential.
+// VaultRef is a Vault-backed credential: exactly one of KV, Dynamic,
+// TransitKey or OIDCRole. KV and Dynamic paths may contain {user} (the
+// person the session acts for: a call without one is refused) and
+// {connector}.
 type VaultRef struct {
-	KV       string `yaml:"kv"`
-	Field    string `yaml:"field"`
-	Dynamic  string `yaml:"dynamic"`
+	// KV is a KV API path (secret/data/billing for KV v2); Field picks the
+	// value (default "value").
+	KV    string `yaml:"kv"`
+	Field string `yaml:"field"`
+	// Dynamic is a path that returns a leased secret (database/creds/ro):
+	// leased per session, renewed, revoked when the session ends. Without
+	// Field, its username and password become user:password (basic auth).
+	Dynamic string `yaml:"dynamic"`
+	// TransitKey signs a JWT per call (claims: agent, session, user, tool,
+	// aud, req_sha256) with the transit engine; TTL default 5m.
+	TransitKey string `yaml:"transit_key"`
+	// OIDCRole mints Vault identity tokens (no per-call claims).
 	OIDCRole string `yaml:"oidc_role"`
-	Audience string `yaml:"audience"`
+	// Audience is the aud claim (transit_key: required; oidc_role: checked).
+	Audience string   `yaml:"audience"`
+	TTL      Duration `yaml:"ttl"`
 }
 
 // Agent is a kind of agent and what it is granted.
@@ -421,6 +455,13 @@ func (c *Config) resolvePaths() {
 		c.Store = "sqlite:" + c.abs(rest)
 	}
 	c.Egress.Intercept.CADir = c.abs(c.Egress.Intercept.CADir)
+	if v := c.Secrets.Vault; v != nil {
+		v.CAFile = c.abs(v.CAFile)
+		v.Auth.TokenFile = c.abs(v.Auth.TokenFile)
+		v.Auth.RoleIDFile = c.abs(v.Auth.RoleIDFile)
+		v.Auth.SecretIDFile = c.abs(v.Auth.SecretIDFile)
+		v.Auth.JWTFile = c.abs(v.Auth.JWTFile)
+	}
 	c.Egress.Intercept.UpstreamCAFile = c.abs(c.Egress.Intercept.UpstreamCAFile)
 	for i := range c.Connectors {
 		c.Connectors[i].Spec = c.abs(c.Connectors[i].Spec)
@@ -510,6 +551,25 @@ func (c *Config) Validate() error {
 			bad("secrets.vault.address", "want an http(s) URL, got %q", c.Secrets.Vault.Address)
 		}
 		if c.Secrets.Vault != nil {
+			vc := c.Secrets.Vault
+			for key, d := range map[string]Duration{"cache_ttl": vc.CacheTTL, "timeout": vc.Timeout, "lease_idle": vc.LeaseIdle} {
+				if d < 0 {
+					bad("secrets.vault."+key, "must not be negative")
+				}
+			}
+			for key, m := range map[string]string{"kv_mount": vc.KVMount, "kv_prefix": vc.KVPrefix, "transit_mount": vc.TransitMount, "auth.mount": vc.Auth.Mount} {
+				if m != "" && (!vaultPathOK(m) || strings.Contains(m, "{")) {
+					bad("secrets.vault."+key, "not a Vault path: %q", m)
+				}
+			}
+			a := vc.Auth
+			need := map[string][]string{"token": {"token_file"}, "approle": {"role_id_file", "secret_id_file"}, "jwt": {"role", "jwt_file"}, "kubernetes": {"role"}}
+			have := map[string]string{"token_file": a.TokenFile, "role_id_file": a.RoleIDFile, "secret_id_file": a.SecretIDFile, "role": a.Role, "jwt_file": a.JWTFile}
+			for _, key := range need[a.Method] {
+				if have[key] == "" {
+					bad("secrets.vault.auth."+key, "is required with auth.method %s", a.Method)
+				}
+			}
 			switch c.Secrets.Vault.Auth.Method {
 			case "token", "approle", "jwt", "kubernetes":
 			default:
@@ -561,13 +621,35 @@ func (c *Config) Validate() error {
 			if cr.Vault != nil {
 				v := cr.Vault
 				n := 0
-				for _, s := range []string{v.KV, v.Dynamic, v.OIDCRole} {
+				for _, s := range []string{v.KV, v.Dynamic, v.TransitKey, v.OIDCRole} {
 					if s != "" {
 						n++
 					}
 				}
 				if n != 1 {
-					bad(ck+".vault", "needs exactly one of kv, dynamic or oidc_role")
+					bad(ck+".vault", "needs exactly one of kv, dynamic, transit_key or oidc_role")
+				}
+				if c.Secrets.Backend != "vault" {
+					bad(ck+".vault", "needs secrets.backend: vault")
+				}
+				for key, p := range map[string]string{"kv": v.KV, "dynamic": v.Dynamic} {
+					if p != "" && !vaultPathOK(p) {
+						bad(ck+".vault."+key, "want a Vault path of letters, digits, '_', '-', '.', '/' and the placeholders {user} and {connector}, without '..' or a leading '/', got %q", p)
+					}
+				}
+				for key, p := range map[string]string{"transit_key": v.TransitKey, "oidc_role": v.OIDCRole} {
+					if p != "" && !nameRE.MatchString(p) {
+						bad(ck+".vault."+key, "not a name: %q", p)
+					}
+				}
+				if v.Field != "" && v.KV == "" && v.Dynamic == "" {
+					bad(ck+".vault.field", "only with kv or dynamic")
+				}
+				if v.TransitKey != "" && v.Audience == "" {
+					bad(ck+".vault.audience", "is required with transit_key (the upstream checks it)")
+				}
+				if v.TTL != 0 && (v.TransitKey == "" || v.TTL.Std() < time.Second || v.TTL.Std() > time.Hour) {
+					bad(ck+".vault.ttl", "only with transit_key, between 1s and 1h")
 				}
 			}
 			if cr.Header != "" && cr.Query != "" {
@@ -747,4 +829,21 @@ func (c *Config) Agent(name string) *Agent {
 		}
 	}
 	return nil
+}
+
+var vaultPathRE = regexp.MustCompile(`^[A-Za-z0-9_.{}-]+(/[A-Za-z0-9_.{}-]+)*$`)
+
+// vaultPathOK accepts a relative Vault API path whose only braces are the
+// {user} and {connector} placeholders and which has no "." or ".." segment.
+func vaultPathOK(p string) bool {
+	if !vaultPathRE.MatchString(p) {
+		return false
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return false
+		}
+	}
+	rest := strings.NewReplacer("{user}", "", "{connector}", "").Replace(p)
+	return !strings.ContainsAny(rest, "{}")
 }

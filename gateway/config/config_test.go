@@ -99,6 +99,17 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"action", "policies: [{ match: '*', action: permit }]\n", "policies[0].action"},
 		{"approvers on allow", "policies: [{ match: '*', action: allow, approvers: [bob] }]\n", "policies[0].approvers"},
 		{"backend", "secrets: { backend: env }\n", "secrets.backend"},
+		{"vault ref without vault backend", "connectors: [{ slug: a, spec: a.yaml, credential: { vault: { kv: secret/data/a } } }]\n", "connectors[0].credential.vault: needs secrets.backend: vault"},
+		{"vault two kinds", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { kv: secret/data/a, dynamic: db/creds/x } } }]\n", "connectors[0].credential.vault: needs exactly one"},
+		{"vault path traversal", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { kv: secret/data/../sys/x } } }]\n", "connectors[0].credential.vault.kv"},
+		{"vault unknown placeholder", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { kv: 'secret/data/{agent}/x' } } }]\n", "connectors[0].credential.vault.kv"},
+		{"vault leading slash", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { dynamic: /database/creds/x } } }]\n", "connectors[0].credential.vault.dynamic"},
+		{"transit without audience", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { transit_key: k } } }]\n", "connectors[0].credential.vault.audience"},
+		{"ttl without transit", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { kv: secret/data/a, ttl: 5m } } }]\n", "connectors[0].credential.vault.ttl"},
+		{"transit ttl too long", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { transit_key: k, audience: x, ttl: 2h } } }]\n", "connectors[0].credential.vault.ttl"},
+		{"field with transit", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { transit_key: k, audience: x, field: f } } }]\n", "connectors[0].credential.vault.field"},
+		{"approle without files", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: approle } } }\n", "secrets.vault.auth.role_id_file"},
+		{"negative cache ttl", "secrets: { backend: vault, vault: { address: 'https://v:8200', cache_ttl: -1s, auth: { method: token, token_file: t } } }\n", "secrets.vault.cache_ttl"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
