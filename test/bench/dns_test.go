@@ -1,0 +1,223 @@
+//go:build linux
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+)
+
+// startDnsmasq runs dnsmasq in the foreground in the namespace, caching and
+// forwarding to the bare responder (the role the gateway's answerer plays).
+func startDnsmasq(t *testing.T, w *world) (string, error) {
+	if _, err := lookPath("dnsmasq"); err != nil {
+		return "", err
+	}
+	port := freePort()
+	d := filepath.Join(w.dir, "dnsmasq")
+	if err := os.MkdirAll(d, 0o777); err != nil {
+		return "", err
+	}
+	p := start(t, w.ns, "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+		"--server="+strings.Replace(w.dnsAddr, ":", "#", 1), "--listen-address=127.0.0.1", "--bind-interfaces",
+		"--port="+strconv.Itoa(port), "--cache-size=10000", "--pid-file="+filepath.Join(d, "dnsmasq.pid"), "--log-facility=-")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if err := waitTCP(w.ns, addr, p); err != nil {
+		return "", fmt.Errorf("dnsmasq: %w", err)
+	}
+	return addr, nil
+}
+
+var qpsRe = regexp.MustCompile(`Queries per second:\s+([0-9.]+)`)
+var lostRe = regexp.MustCompile(`Queries lost:\s+(\d+)`)
+
+// dnsperfQPS runs dnsperf in the namespace against addr for d.
+func dnsperfQPS(w *world, addr string, d time.Duration) (float64, string, error) {
+	if _, err := lookPath("dnsperf"); err != nil {
+		return 0, "", err
+	}
+	qf := filepath.Join(w.dir, "dnsperf-queries.txt")
+	if err := os.WriteFile(qf, []byte("pkg.test A\n"), 0o644); err != nil {
+		return 0, "", err
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	ctx, cancel := context.WithTimeout(context.Background(), d+60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", w.ns.name, "dnsperf", "-s", host, "-p", port, "-d", qf,
+		"-l", strconv.FormatFloat(d.Seconds(), 'f', 1, 64), "-c", "4", "-q", "64", "-t", "1").CombinedOutput()
+	if err != nil {
+		return 0, "", fmt.Errorf("dnsperf: %w: %s", err, lastLines(string(out), 3))
+	}
+	m := qpsRe.FindSubmatch(out)
+	if m == nil {
+		return 0, "", fmt.Errorf("dnsperf: no queries per second in its output: %s", lastLines(string(out), 3))
+	}
+	q, _ := strconv.ParseFloat(string(m[1]), 64)
+	lost := ""
+	if l := lostRe.FindSubmatch(out); l != nil && string(l[1]) != "0" {
+		lost = "dnsperf lost " + string(l[1]) + " queries"
+	}
+	return q, lost, nil
+}
+
+// dnsProbe asks addr for pkg.test A over one UDP socket made inside the
+// namespace (closed at cleanup).
+func dnsProbe(t *testing.T, w *world, addr string) (func() error, error) {
+	c := &mdns.Client{Net: "udp", Timeout: 5 * time.Second}
+	var conn *mdns.Conn
+	if err := w.ns.do(func() (err error) { conn, err = c.Dial(addr); return err }); err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { conn.Close() })
+	q := new(mdns.Msg)
+	q.SetQuestion("pkg.test.", mdns.TypeA)
+	return func() error {
+		q.Id = mdns.Id()
+		r, _, err := c.ExchangeWithConn(q, conn)
+		if err != nil {
+			return err
+		}
+		if r.Rcode != mdns.RcodeSuccess || len(r.Answer) != 1 {
+			return fmt.Errorf("answer: rcode %s, %d records", mdns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+		return nil
+	}, nil
+}
+
+// benchDNS is section 3.
+func benchDNS(t *testing.T, w *world) []*section {
+	dur := 10 * time.Second
+	if smoke() {
+		dur = time.Second
+	}
+	s := &section{Title: "DNS: queries per second with policy", Baseline: "bare miekg/dns responder", Rate: "queries/s",
+		Intro: fmt.Sprintf("Throughput: `dnsperf -c 4 -q 64` asking `pkg.test A` over UDP inside the namespace, %d s per row in %d turns (the mean of the turns). "+
+			"Latency: one Go client asking in sequence over one UDP socket, the rows sampled in turns. "+
+			"The bare responder is a miekg/dns server that answers from a Go map; dnsmasq caches and forwards to it; "+
+			"sluice is the sandbox's resolver: the relay's DNS stub in the namespace, which POSTs each question to the gateway's `/v1/dns` "+
+			"over the identity-stamped socket, where it is decided by Rego (kind `dns`, agent-a may resolve pkg.test) and answered from the gateway's cache or the bare responder.",
+			int(dur.Seconds()), turns())}
+	n := iterations(2000)
+	targets := []struct {
+		name  string
+		start func() (string, error)
+	}{
+		{"bare miekg/dns responder", func() (string, error) { return w.dnsAddr, nil }},
+		{"dnsmasq (cache, forwarding)", func() (string, error) { return startDnsmasq(t, w) }},
+		{"sluice (relay stub → POST /v1/dns, policy)", func() (string, error) {
+			e, err := w.egress()
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("127.0.0.1:%d", e.dnsPort), nil
+		}},
+	}
+	var ps []*probe
+	addrs := map[*probe]string{}
+	for _, tg := range targets {
+		p := &probe{name: tg.name}
+		ps = append(ps, p)
+		addr, err := tg.start()
+		if err != nil {
+			p.err = err
+			continue
+		}
+		addrs[p] = addr
+		if p.fn, err = dnsProbe(t, w, addr); err != nil {
+			p.err = err
+		}
+	}
+	// Where the time goes: the gateway's answerer alone, without the stub.
+	const alone = "sluice POST /v1/dns alone"
+	var aloneMk func() (func() error, func())
+	if e, err := w.egress(); err != nil {
+		ps = append(ps, &probe{name: alone, err: err})
+	} else {
+		aloneMk = func() (func() error, func()) {
+			c := sandboxClient(e.g.sock, benchAgent)
+			return func() error { return postDNS(c) }, c.CloseIdleConnections
+		}
+		fn, _ := aloneMk()
+		ps = append(ps, &probe{name: alone, note: "keep-alive HTTP on the gateway socket, no stub: its queries/s are 4 Go clients, not dnsperf", fn: fn})
+	}
+	interleave(ps, n, 20)
+	s.addProbes(ps)
+
+	// Throughput in five turns per row.
+	qs := map[*probe]float64{}
+	for round := 0; round < turns(); round++ {
+		for _, p := range ps {
+			r := s.find(p.name)
+			if p.err != nil || r == nil || len(r.Lat) == 0 || strings.Contains(r.Note, "not measured") {
+				continue
+			}
+			var q float64
+			var err error
+			lost := ""
+			if p.name == alone {
+				q, err = throughput(4, dur/time.Duration(turns()), aloneMk)
+			} else {
+				q, lost, err = dnsperfQPS(w, addrs[p], dur/time.Duration(turns()))
+			}
+			if err != nil {
+				r.Note = strings.TrimPrefix(r.Note+"; ", "; ") + "queries/s not measured: " + oneLine(err.Error())
+				continue
+			}
+			if lost != "" && !strings.Contains(r.Note, "lost") {
+				r.Note = strings.TrimPrefix(r.Note+"; ", "; ") + lost + " in a turn"
+			}
+			qs[p] += q / float64(turns())
+		}
+	}
+	for p, q := range qs {
+		if r := s.find(p.name); r != nil && !strings.Contains(r.Note, "not measured") {
+			r.QPS = q
+		}
+	}
+	s.Verdicts = append(s.Verdicts, verdictRatio("issue 6: DNS queries/s ≥ 1.0× dnsmasq", s.find("sluice (relay stub → POST /v1/dns, policy)"), s.find("dnsmasq (cache, forwarding)"), 1.0))
+	return []*section{s}
+}
+
+// postDNS asks the gateway's answerer for pkg.test A over c.
+func postDNS(c *http.Client) error {
+	q := new(mdns.Msg)
+	q.SetQuestion("pkg.test.", mdns.TypeA)
+	wire, err := q.Pack()
+	if err != nil {
+		return err
+	}
+	resp, err := c.Post("http://sluice/v1/dns", "application/dns-message", bytes.NewReader(wire))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST /v1/dns: status %d: %s", resp.StatusCode, oneLine(string(body)))
+	}
+	a := new(mdns.Msg)
+	if err := a.Unpack(body); err != nil {
+		return fmt.Errorf("POST /v1/dns: answer: %w", err)
+	}
+	if a.Rcode != mdns.RcodeSuccess || len(a.Answer) != 1 {
+		return fmt.Errorf("POST /v1/dns: rcode %s, %d records", mdns.RcodeToString[a.Rcode], len(a.Answer))
+	}
+	return nil
+}

@@ -1,0 +1,362 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// world is the run's shared setup: a namespace with the upstreams every
+// section talks to, and a temp dir for configs.
+type world struct {
+	t       testing.TB
+	ns      *netns
+	dir     string
+	apiPort int            // the tool upstream on 127.0.0.1
+	caPool  *x509.CertPool // signs the TLS upstream's certificate
+	dnsAddr string         // the bare miekg/dns responder (also the gateway's DNS upstream)
+	secret  string
+
+	eg    *egressGW // started by the first section that needs it
+	egErr error
+}
+
+// benchAgent is the identity every sandbox-side request carries.
+var benchAgent = wire.Identity{Sandbox: "sb-bench", Agent: "agent-a", Session: "s-bench", User: "alice"}
+
+func newWorld(t testing.TB) *world {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sluice-bench-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	// Peers that drop privileges (squid runs as proxy) write here.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, ns: newNetns(t), dir: dir, secret: "sk-bench-" + randHex(16)}
+
+	api := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(rw, `{"ok":true,"id":"it-1"}`)
+	})
+	al := w.ns.listen(t, "tcp", "127.0.0.1:0")
+	w.apiPort = al.Addr().(*net.TCPAddr).Port
+	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
+	})
+	cert, pool := testPKI(t, "pkg.test")
+	w.caPool = pool
+	hl := w.ns.listen(t, "tcp", egressIP+":80")
+	tl := w.ns.listen(t, "tcp", egressIP+":443")
+	var servers []*http.Server
+	for _, s := range []struct {
+		l net.Listener
+		h http.Handler
+	}{{al, api}, {hl, hello}, {tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}}), hello}} {
+		srv := &http.Server{Handler: s.h, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, srv)
+		go func() { _ = srv.Serve(s.l) }()
+	}
+
+	// The bare miekg/dns responder: every A question for pkg.test answers
+	// egressIP with a TTL of an hour; anything else is NXDOMAIN.
+	var pc net.PacketConn
+	if err := w.ns.do(func() (err error) { pc, err = net.ListenPacket("udp", "127.0.0.1:5353"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	w.dnsAddr = "127.0.0.1:5353"
+	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(bareDNS)}
+	go func() { _ = ds.ActivateAndServe() }()
+	t.Cleanup(func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+		_ = ds.Shutdown()
+	})
+	return w
+}
+
+// bareDNS is the miekg/dns baseline's whole handler.
+func bareDNS(rw mdns.ResponseWriter, q *mdns.Msg) {
+	m := new(mdns.Msg)
+	m.SetReply(q)
+	if len(q.Question) == 1 && strings.EqualFold(q.Question[0].Name, "pkg.test.") && q.Question[0].Qtype == mdns.TypeA {
+		m.Answer = []mdns.RR{&mdns.A{Hdr: mdns.RR_Header{Name: q.Question[0].Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: 3600}, A: net.ParseIP(egressIP)}}
+	} else if len(q.Question) == 1 && q.Question[0].Qtype != mdns.TypeA && strings.EqualFold(q.Question[0].Name, "pkg.test.") {
+		// NODATA for AAAA and the rest.
+	} else {
+		m.Rcode = mdns.RcodeNameError
+	}
+	_ = rw.WriteMsg(m)
+}
+
+func testPKI(t testing.TB, hosts ...string) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+}
+
+// ---------------------------------------------------------------------------
+// The gateway
+
+// gwOpts vary the real gateway's configuration between rows.
+type gwOpts struct {
+	Name       string
+	Credential bool     // the connector attaches the stored API key
+	Rego       string   // a user module (source) under rego:
+	AuditDisk  bool     // audit log on the disk (fsync) instead of /dev/shm
+	Approvers  bool     // bench.create_item asks; an approver token exists
+	HoldWait   string   // gateway.hold_wait
+	MaxHolds   int      // gateway.max_pending_holds
+	Egress     []string // agent-a's egress allowlist
+}
+
+// approverToken is the bench approver's API token (bob, group ops).
+const approverToken = "bench-approver-token-0123456789"
+
+// gw is a running `sluice serve` inside the world's namespace.
+type gw struct {
+	w     *world
+	p     *proc
+	sock  string
+	admin string
+	cfg   string
+}
+
+// startGateway writes a config for o and runs the real binary in the
+// namespace, waiting for /readyz.
+func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
+	t.Helper()
+	d := filepath.Join(w.dir, o.Name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	audit := filepath.Join(d, "audit.log")
+	if !o.AuditDisk {
+		shm, err := os.MkdirTemp("/dev/shm", "sluice-bench-")
+		if err != nil {
+			return nil, fmt.Errorf("audit on /dev/shm: %w", err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(shm) })
+		audit = filepath.Join(shm, "audit.log")
+	}
+	spec, err := filepath.Abs("testdata/bench.yaml")
+	if err != nil {
+		return nil, err
+	}
+	conn := map[string]any{"slug": "bench", "spec": spec, "base_url": fmt.Sprintf("http://127.0.0.1:%d", w.apiPort),
+		"allow_private": []string{"127.0.0.0/8"}}
+	if o.Credential {
+		conn["credential"] = map[string]any{"secret": "bench-key"}
+	}
+	admin := fmt.Sprintf("127.0.0.1:%d", freePort())
+	g := map[string]any{
+		"sandbox_socket": filepath.Join(d, "gw.sock"), "trusted_relay_uids": []int{0},
+		"admin_listen": admin, "upstream_timeout": "10s",
+	}
+	if o.HoldWait != "" {
+		g["hold_wait"] = o.HoldWait
+	}
+	if o.MaxHolds > 0 {
+		g["max_pending_holds"] = o.MaxHolds
+	}
+	policies := []map[string]any{{"match": "*", "action": "allow"}}
+	if o.Approvers {
+		policies = []map[string]any{{"match": "bench.create_item", "action": "ask", "approvers": []string{"group:ops"}}, {"match": "*", "action": "allow"}}
+	}
+	egress := o.Egress
+	if egress == nil {
+		egress = []string{}
+	}
+	doc := map[string]any{
+		"gateway": g,
+		"store":   "sqlite:" + filepath.Join(d, "store.db"),
+		"audit":   map[string]any{"path": audit},
+		"secrets": map[string]any{"backend": "local", "local": map[string]any{
+			"path": filepath.Join(d, "secrets.json"), "key_file": filepath.Join(d, "secrets.key")}},
+		"connectors": []any{conn},
+		"agents":     []map[string]any{{"name": "agent-a", "connectors": []string{"bench"}, "egress": egress}},
+		"policies":   policies,
+		"dns":        map[string]any{"upstreams": []string{w.dnsAddr}},
+		"egress":     map[string]any{"max_tunnels_per_caller": 64},
+	}
+	if o.Approvers {
+		doc["approvers"] = map[string]any{"users": []map[string]any{{"name": "bob", "groups": []string{"ops"}, "token_sha256": sha256Hex(approverToken)}}}
+	}
+	if o.Rego != "" {
+		rp := filepath.Join(d, "bench.rego")
+		if err := os.WriteFile(rp, []byte(o.Rego), 0o644); err != nil {
+			return nil, err
+		}
+		doc["rego"] = []string{rp}
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	cfg := filepath.Join(d, "sluice.yaml")
+	if err := os.WriteFile(cfg, data, 0o600); err != nil {
+		return nil, err
+	}
+	if o.Credential {
+		cmd := exec.Command(sluiceBin, "secrets", "set", "bench-key", "--scope", "project", "--config", cfg)
+		cmd.Stdin = strings.NewReader(w.secret + "\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
+		}
+	}
+	p := start(t, w.ns, sluiceBin, "serve", "--config", cfg)
+	gwy := &gw{w: w, p: p, sock: filepath.Join(d, "gw.sock"), admin: admin, cfg: cfg}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if !p.running() {
+			return nil, fmt.Errorf("gateway exited: %v: %s", p.err, lastLines(p.out.String(), 5))
+		}
+		if _, err := os.Stat(gwy.sock); err == nil {
+			if st, _, err := gwy.adminDo("GET", "/readyz", ""); err == nil && st == 200 {
+				return gwy, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("gateway not ready after 60s: %s", lastLines(p.out.String(), 5))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// pid is the gateway's own pid (ip netns exec execs the binary).
+func (g *gw) pid() int { return g.p.cmd.Process.Pid }
+
+// adminDo calls the admin API (inside the namespace) as the bench approver.
+func (g *gw) adminDo(method, path, body string) (int, []byte, error) {
+	tr := g.w.ns.transport()
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest(method, "http://"+g.admin+path, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+approverToken)
+	resp, err := (&http.Client{Transport: tr, Timeout: 60 * time.Second}).Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// toolCall invokes tool with args over c and wants want.
+func toolCall(c *http.Client, tool, args string, want int) ([]byte, error) {
+	resp, err := c.Post("http://sluice/v1/tools/"+tool, "application/json", strings.NewReader(args))
+	if err != nil {
+		return nil, fmt.Errorf("call %s: %w", tool, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("call %s: read: %w", tool, err)
+	}
+	if resp.StatusCode != want {
+		return b, fmt.Errorf("call %s: status %d, want %d: %s", tool, resp.StatusCode, want, oneLine(string(b)))
+	}
+	return b, nil
+}
+
+// getOK issues GET url over c and wants 200.
+func getOK(ctx context.Context, c *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	return nil
+}
+
+func jsonField(b []byte, path ...string) string {
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return ""
+	}
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		v = m[p]
+	}
+	s, _ := v.(string)
+	return s
+}
+
+// lookPath finds a peer's binary or says which Debian package lacks.
+func lookPath(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		pkg := map[string]string{"bwrap": "bubblewrap", "dnsmasq": "dnsmasq-base", "nsenter": "util-linux"}[name]
+		if pkg == "" {
+			pkg = name
+		}
+		return "", fmt.Errorf("%s is not installed (Debian package %s)", name, pkg)
+	}
+	return p, nil
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
