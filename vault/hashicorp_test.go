@@ -11,6 +11,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -548,5 +550,134 @@ func TestJWTAuth(t *testing.T) {
 			}
 			noLeak(t, "the log", logs.String(), jwt)
 		})
+	}
+}
+
+// tokenReviewer is the one piece of a Kubernetes API server that Vault's
+// kubernetes auth method talks to: POST
+// /apis/authentication.k8s.io/v1/tokenreviews. It speaks that protocol
+// (a real API server cannot run here) and authenticates exactly the
+// service-account tokens it issued.
+type tokenReviewer struct {
+	*httptest.Server
+	mu      sync.Mutex
+	issued  map[string]string // token -> "namespace/name/uid"
+	reviews int
+}
+
+func newTokenReviewer(t *testing.T) *tokenReviewer {
+	tr := &tokenReviewer{issued: map[string]string{}}
+	tr.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/apis/authentication.k8s.io/v1/tokenreviews" {
+			http.NotFound(w, r)
+			return
+		}
+		var review struct {
+			Spec struct {
+				Token string `json:"token"`
+			} `json:"spec"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		tr.mu.Lock()
+		who, ok := tr.issued[review.Spec.Token]
+		tr.reviews++
+		tr.mu.Unlock()
+		status := map[string]any{"authenticated": false, "error": "invalid bearer token"}
+		if ok {
+			p := strings.SplitN(who, "/", 3)
+			status = map[string]any{"authenticated": true, "user": map[string]any{
+				"username": "system:serviceaccount:" + p[0] + ":" + p[1], "uid": p[2],
+				"groups": []string{"system:serviceaccounts", "system:serviceaccounts:" + p[0]},
+			}}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status})
+	}))
+	t.Cleanup(tr.Close)
+	return tr
+}
+
+// issue mints a legacy service-account token (the claims Vault reads) and
+// records it as valid when valid is set.
+func (tr *tokenReviewer) issue(t *testing.T, key *ecdsa.PrivateKey, ns, name, uid string, valid bool) string {
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, _ := json.Marshal(map[string]any{
+		"iss": "kubernetes/serviceaccount", "sub": "system:serviceaccount:" + ns + ":" + name,
+		"kubernetes.io/serviceaccount/namespace":            ns,
+		"kubernetes.io/serviceaccount/service-account.name": name,
+		"kubernetes.io/serviceaccount/service-account.uid":  uid,
+		"kubernetes.io/serviceaccount/secret.name":          name + "-token",
+	})
+	jws, err := signer.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := jws.CompactSerialize()
+	if valid {
+		tr.mu.Lock()
+		tr.issued[tok] = ns + "/" + name + "/" + uid
+		tr.mu.Unlock()
+	}
+	return tok
+}
+
+// TestKubernetesAuth: the gateway logs in with its pod's service-account
+// token; Vault asks the API server's TokenReview; a token the API server
+// does not vouch for, or one for another service account, is refused.
+func TestKubernetesAuth(t *testing.T) {
+	srv := vaulttest.Start(t)
+	tr := newTokenReviewer(t)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tr.Certificate().Raw}))
+	c := srv.Client(t)
+	if err := c.Sys().EnableAuthWithOptions("kubernetes", &api.EnableAuthOptions{Type: "kubernetes"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sys().PutPolicy("gw", gatewayPolicy); err != nil {
+		t.Fatal(err)
+	}
+	srv.Write(t, "auth/kubernetes/config", map[string]any{"kubernetes_host": tr.URL, "kubernetes_ca_cert": ca, "disable_local_ca_jwt": true})
+	srv.Write(t, "auth/kubernetes/role/gateway", map[string]any{"bound_service_account_names": "sluice", "bound_service_account_namespaces": "sluice-system", "token_policies": "gw", "token_ttl": "1h"})
+	srv.Write(t, "secret/data/billing", map[string]any{"data": map[string]any{"api_key": "k8s-auth-billing-key-55"}})
+	for _, tc := range []struct {
+		name         string
+		ns, sa       string
+		vouched, ok  bool
+		wantInReason string
+	}{
+		{"the gateway's own service account", "sluice-system", "sluice", true, true, ""},
+		{"a token the API server does not vouch for", "sluice-system", "sluice", false, false, "status 403"},
+		{"another service account", "default", "agent", true, false, "status 403"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			jwt := tr.issue(t, key, tc.ns, tc.sa, "uid-"+tc.sa, tc.vouched)
+			f := filepath.Join(t.TempDir(), "token")
+			os.WriteFile(f, []byte(jwt), 0o600)
+			v, err := vault.OpenVault(context.Background(), vault.VaultConfig{Address: srv.Addr,
+				Auth: vault.VaultAuth{Method: "kubernetes", Role: "gateway", JWTFile: f}})
+			if !tc.ok {
+				if err == nil || !strings.Contains(err.Error(), tc.wantInReason) {
+					t.Fatalf("err = %v, want a refused login (%s)", err, tc.wantInReason)
+				}
+				noLeak(t, "the error", err.Error(), jwt)
+				return
+			}
+			if err != nil {
+				t.Fatalf("OpenVault: %v\n%s", err, srv.Log())
+			}
+			defer v.Close(context.Background())
+			if got, err := v.KV(context.Background(), "secret/data/billing", "api_key"); err != nil || string(got.Reveal()) != "k8s-auth-billing-key-55" {
+				t.Fatalf("KV after kubernetes login: %v", err)
+			}
+		})
+	}
+	if tr.reviews == 0 {
+		t.Error("Vault never asked the TokenReview API: the logins were not checked")
 	}
 }
