@@ -393,8 +393,21 @@ func TestApproverWatchesHoldArriveAndApproves(t *testing.T) {
 	if err != nil || got.Status != holds.Done || got.DecidedBy != "alice" || got.DecisionReason != "checked with the customer" {
 		t.Fatalf("hold after approval: %+v %v", got, err)
 	}
-	if s := eval[string](alice, `document.querySelector("#status").innerText`); s != "executed" && s != "executing" {
-		t.Errorf("hold page status %q", s)
+	// The approve form posts and the hold page loads again: poll, since
+	// the old page's #status can satisfy WaitVisible before the new one
+	// has replaced it.
+	var status string
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		// An evaluation that meets the navigation fails; try again.
+		if v, err := chromedp.Run(alice.ctx, chromedp.Evaluate[string](`(document.querySelector("#status") || {innerText: ""}).innerText`)); err == nil {
+			status = v
+		}
+		if status == "executed" || status == "executing" {
+			break
+		}
+	}
+	if status != "executed" && status != "executing" {
+		t.Errorf("hold page status %q", status)
 	}
 	r.mu.Lock()
 	if len(r.hits) != 1 || r.keys[0] != secret {
