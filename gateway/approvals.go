@@ -522,6 +522,7 @@ func (s *Server) adminHolds(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v1/holds/{id}", s.withPerson(s.handleGetHold))
 	mux.HandleFunc("POST /api/v1/holds/{id}/approve", s.withPerson(s.handleDecide(true)))
 	mux.HandleFunc("POST /api/v1/holds/{id}/deny", s.withPerson(s.handleDecide(false)))
+	s.adminGrants(mux)
 }
 
 func (s *Server) withPerson(fn func(http.ResponseWriter, *http.Request, holds.Person)) http.HandlerFunc {
@@ -580,16 +581,37 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 	return func(w http.ResponseWriter, r *http.Request, p holds.Person) {
 		var in struct {
 			Reason string `json:"reason"`
+			Always bool   `json:"always"` // approve only: also grant "always allow this exact call"
+			TTL    string `json:"ttl"`    // the grant's lifetime (default 8h, at most 24h)
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 		if err == nil && len(bytes.TrimSpace(body)) > 0 {
 			err = json.Unmarshal(body, &in)
 		}
 		if err != nil {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", `want {"reason": "..."}`), newRequestID())
+			writeError(w, refuse(http.StatusBadRequest, "bad_request", `want {"reason": "...", "always": false, "ttl": "8h"}`), newRequestID())
+			return
+		}
+		if (in.Always || in.TTL != "") && !approve {
+			writeError(w, refuse(http.StatusBadRequest, "bad_request", "always and ttl apply only to approve"), newRequestID())
 			return
 		}
 		var h holds.Hold
+		if approve && (in.Always || in.TTL != "") {
+			ttl, aerr := grantTTL(in.Always, in.TTL)
+			if aerr != nil {
+				writeError(w, aerr, newRequestID())
+				return
+			}
+			var g holds.Grant
+			h, g, err = s.holds.ApproveAlways(r.Context(), r.PathValue("id"), p, in.Reason, ttl)
+			if err != nil {
+				s.holdsError(w, err)
+				return
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h), "grant": g})
+			return
+		}
 		if approve {
 			h, err = s.holds.Approve(r.Context(), r.PathValue("id"), p, in.Reason)
 		} else {
@@ -621,6 +643,12 @@ func (s *Server) holdsError(w http.ResponseWriter, err error) {
 		e = refuse(http.StatusConflict, "conflict", "the hold is already decided")
 	case errors.Is(err, holds.ErrExpired):
 		e = refuse(http.StatusGone, "expired", "the hold has expired")
+	case errors.Is(err, holds.ErrGrantTTL):
+		e = refuse(http.StatusBadRequest, "bad_request", "ttl must be more than 0 and at most 24h")
+	case errors.Is(err, holds.ErrGrantNotFound):
+		e = refuse(http.StatusNotFound, CodeNotFound, "no such grant")
+	case errors.Is(err, holds.ErrGrantRevoked):
+		e = refuse(http.StatusConflict, "conflict", "the grant is already revoked")
 	default:
 		s.log.Error("holds: admin API", "err", err)
 		e = refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the holds store is unavailable")

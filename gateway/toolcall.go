@@ -217,7 +217,17 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 			return nil, sessErr
 		}
 	case policy.Ask:
-		return nil, s.holdCall(ctx, c, r, tool, args, req)
+		// An "always allow" grant for exactly this call turns ask into allow (gateway/grants.go).
+		granted, aerr := s.useGrant(ctx, c, r, tool, req)
+		if aerr != nil {
+			return nil, aerr
+		}
+		if !granted {
+			return nil, s.holdCall(ctx, c, r, tool, args, req)
+		}
+		if sessErr != nil {
+			return nil, sessErr
+		}
 	default:
 		msg := "blocked by policy"
 		if c.decision.Reason != "" {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -117,7 +118,8 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 		},
 	}
 
-	var reason string
+	var reason, ttl string
+	var always bool
 	decide := func(verb string) *cobra.Command {
 		dc := &cobra.Command{
 			Use:   verb + " ID",
@@ -131,9 +133,20 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 				if err != nil {
 					return fmt.Errorf("approvals %s: %w", verb, err)
 				}
-				body, _ := json.Marshal(map[string]string{"reason": reason})
+				if verb == "approve" && ttl != "" && !always {
+					return errors.New("approvals approve: --ttl needs --always")
+				}
+				in := map[string]any{"reason": reason}
+				if verb == "approve" && always {
+					in["always"] = true
+					if ttl != "" {
+						in["ttl"] = ttl
+					}
+				}
+				body, _ := json.Marshal(in)
 				var out struct {
-					Hold apiHold `json:"hold"`
+					Hold  apiHold   `json:"hold"`
+					Grant *apiGrant `json:"grant"`
 				}
 				if err := c.do("POST", "/api/v1/holds/"+args[0]+"/"+verb, body, &out); err != nil {
 					return fmt.Errorf("approvals %s: %w", verb, err)
@@ -142,15 +155,82 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 				if out.Hold.Result != nil {
 					msg += fmt.Sprintf(" (the agent gets HTTP %d)", out.Hold.Result.HTTPStatus)
 				}
+				if g := out.Grant; g != nil {
+					msg += fmt.Sprintf("\ngrant %s: exactly this call from agent %s for user %s is sent without asking until %s",
+						g.ID, clean(g.Agent), clean(g.User), g.Expires.Local().Format(time.RFC3339))
+				}
 				fmt.Fprintln(cmd.OutOrStdout(), msg)
 				return nil
 			},
 		}
 		dc.Flags().StringVar(&reason, "reason", "", "why (recorded in the audit log; required to deny)")
+		if verb == "approve" {
+			dc.Flags().BoolVar(&always, "always", false, "also always allow this exact call (same agent, user, tool and request) until the grant expires or is revoked")
+			dc.Flags().StringVar(&ttl, "ttl", "", "how long --always lasts (default 8h, at most 24h)")
+		}
 		return dc
 	}
-	cmd.AddCommand(list, show, decide("approve"), decide("deny"))
+
+	var grantStatus string
+	grants := &cobra.Command{
+		Use:   "grants",
+		Short: "List \"always allow\" grants, newest first (default: active ones)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := client()
+			if err != nil {
+				return fmt.Errorf("approvals grants: %w", err)
+			}
+			var out struct {
+				Grants []apiGrant `json:"grants"`
+			}
+			if err := c.do("GET", "/api/v1/grants?status="+url.QueryEscape(grantStatus), nil, &out); err != nil {
+				return fmt.Errorf("approvals grants: %w", err)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTOOL\tAGENT\tUSER\tBY\tHOLD\tEXPIRES IN\tREVOKED BY")
+			for _, g := range out.Grants {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, clean(g.Tool), clean(g.Agent), clean(g.User), clean(g.By), g.Hold,
+					time.Until(g.Expires).Round(time.Second), clean(g.RevokedBy))
+			}
+			return tw.Flush()
+		},
+	}
+	grants.Flags().StringVar(&grantStatus, "status", "active", "active or all")
+
+	revoke := &cobra.Command{
+		Use:   "revoke GRANT_ID",
+		Short: "Revoke an \"always allow\" grant: the call asks again",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := client()
+			if err != nil {
+				return fmt.Errorf("approvals revoke: %w", err)
+			}
+			var out struct {
+				Grant apiGrant `json:"grant"`
+			}
+			if err := c.do("DELETE", "/api/v1/grants/"+url.PathEscape(args[0]), nil, &out); err != nil {
+				return fmt.Errorf("approvals revoke: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: revoked by %s\n", out.Grant.ID, clean(out.Grant.RevokedBy))
+			return nil
+		},
+	}
+	cmd.AddCommand(list, show, decide("approve"), decide("deny"), grants, revoke)
 	return cmd
+}
+
+// apiGrant is the part of the admin API's grant this command prints.
+type apiGrant struct {
+	ID        string    `json:"id"`
+	Agent     string    `json:"agent"`
+	User      string    `json:"user"`
+	Tool      string    `json:"tool"`
+	Hold      string    `json:"hold"`
+	By        string    `json:"granted_by"`
+	Expires   time.Time `json:"expires"`
+	RevokedBy string    `json:"revoked_by"`
 }
 
 // apiHold is the part of the admin API's hold this command prints.

@@ -40,7 +40,7 @@ func TestApprovals(t *testing.T) {
 		}
 		return h.ID
 	}
-	id1, id2 := mk("1500"), mk("99")
+	id1, id2, id3 := mk("1500"), mk("99"), mk("700")
 	tokFile := filepath.Join(t.TempDir(), "tok")
 	if err := os.WriteFile(tokFile, []byte("tok-bob\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -67,6 +67,13 @@ func TestApprovals(t *testing.T) {
 		{"approve", "tok-bob", []string{"approve", id1, "--reason", "ok"}, []string{id1 + ": failed (the agent gets HTTP 502)"}, ""},
 		{"show result", "tok-bob", []string{"show", id1}, []string{`"status": "failed"`, "upstream_error", `"decided_by": "bob"`}, ""},
 		{"unknown", "tok-bob", []string{"show", "nope"}, nil, "404 not_found"},
+		{"ttl needs always", "tok-bob", []string{"approve", id3, "--ttl", "1h"}, nil, "--ttl needs --always"},
+		{"ttl over 24h", "tok-bob", []string{"approve", id3, "--always", "--ttl", "48h"}, nil, "400 bad_request"},
+		{"non-approver cannot grant", "tok-carol", []string{"approve", id3, "--always"}, nil, "403 not_an_approver"},
+		{"no grants yet", "tok-bob", []string{"grants"}, []string{"ID  "}, ""},
+		{"approve always", "tok-bob", []string{"approve", id3, "--always", "--ttl", "2h"}, []string{id3 + ": failed", "grant ", "user alice"}, ""},
+		{"grants", "tok-carol", []string{"grants"}, []string{id3, "tickets.create_refund", "alice", "bob"}, ""},
+		{"revoke unknown", "tok-bob", []string{"revoke", "nope"}, nil, "404 not_found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("SLUICE_TOKEN", tc.env)
@@ -86,6 +93,47 @@ func TestApprovals(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestApprovalsRevoke revokes the grant that approve --always made.
+func TestApprovalsRevoke(t *testing.T) {
+	cfgPath := demoConfig(t)
+	setSecret(t, cfgPath, "approvals-secret-value")
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Approvers.Users = []config.User{{Name: "bob", Groups: []string{"finance"}, TokenSHA256: tokenSHA256("tok-bob")}}
+	srv := startAdminGateway(t, cfg)
+	h, _, err := srv.Holds().Create(context.Background(), holds.Hold{
+		Tool: "tickets.create_refund", Args: []byte(`{}`),
+		Request:   holds.Request{Method: "POST", URL: cfg.Connectors[0].BaseURL + "/refunds"},
+		Caller:    holds.Caller{Sandbox: "sb", Agent: cfg.Agents[0].Name, Session: "s", User: "alice"},
+		Approvers: []string{"bob"}, Rule: "policies[2]", Expires: time.Now().Add(time.Hour), RequestID: "r",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, g, err := srv.Holds().ApproveAlways(context.Background(), h.ID, holds.Person{Name: "bob"}, "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SLUICE_TOKEN", "tok-bob")
+	admin := "http://" + srv.AdminAddr()
+	out, _, err := cli(t, "", "approvals", "--admin", admin, "revoke", g.ID)
+	if err != nil || !strings.Contains(out, g.ID+": revoked by bob") {
+		t.Fatalf("revoke: %q, %v", out, err)
+	}
+	if _, _, err := cli(t, "", "approvals", "--admin", admin, "revoke", g.ID); err == nil || !strings.Contains(err.Error(), "409 conflict") {
+		t.Fatalf("second revoke: %v, want 409 conflict", err)
+	}
+	out, _, err = cli(t, "", "approvals", "--admin", admin, "grants", "--status", "all")
+	if err != nil || !strings.Contains(out, g.ID) || !strings.Contains(out, "bob") {
+		t.Fatalf("grants --status all: %q, %v", out, err)
+	}
+	if gs, _ := srv.Holds().Grants(context.Background(), false, 0); len(gs) != 0 {
+		t.Fatalf("active grants after revoke: %+v", gs)
 	}
 }
 

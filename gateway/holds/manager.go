@@ -230,6 +230,12 @@ func (m *Manager) CanApprove(h Hold, p Person) error {
 // atomically; it returns the hold as it was and ErrConflict when another
 // decision won.
 func (m *Manager) decide(ctx context.Context, id string, p Person, reason string, to Status) (Hold, error) {
+	return m.decideGrant(ctx, id, p, reason, to, nil, 0)
+}
+
+// decideGrant is decide that, when g is not nil, also stores g (filled in
+// from the hold, lasting ttl) in the same transaction as the decision.
+func (m *Manager) decideGrant(ctx context.Context, id string, p Person, reason string, to Status, g *Grant, ttl time.Duration) (Hold, error) {
 	h, err := m.Get(ctx, id)
 	if err != nil {
 		return Hold{}, err
@@ -244,7 +250,21 @@ func (m *Manager) decide(ctx context.Context, id string, p Person, reason string
 		return h, ErrConflict
 	}
 	now := m.now().UTC()
-	ok, err := m.o.Store.DecideHold(ctx, id, string(to), p.Name, reason, now)
+	var ok bool
+	if g == nil {
+		ok, err = m.o.Store.DecideHold(ctx, id, string(to), p.Name, reason, now)
+	} else {
+		// Bound to the hold's own key: this agent, this user, this tool,
+		// exactly this request.
+		g.Agent, g.User, g.Tool, g.SHA256, g.Hold = h.Caller.Agent, h.Caller.User, h.Tool, h.SHA256, h.ID
+		g.Created, g.Expires = now, now.Add(ttl)
+		d, merr := json.Marshal(grantDoc{ByGroups: g.ByGroups, Reason: g.Reason})
+		if merr != nil {
+			return h, fmt.Errorf("holds: decide: grant: %w", merr)
+		}
+		ok, err = m.o.Store.DecideHoldGrant(ctx, id, string(to), p.Name, reason, now, store.GrantRow{ID: g.ID, Agent: g.Agent,
+			User: g.User, Tool: g.Tool, SHA256: g.SHA256, Hold: g.Hold, GrantedBy: g.By, Created: g.Created, Expires: g.Expires, Doc: d})
+	}
 	if err != nil {
 		return h, fmt.Errorf("holds: decide: %w", err)
 	}
@@ -264,14 +284,28 @@ func (m *Manager) decide(ctx context.Context, id string, p Person, reason string
 // concurrent approvals (or an approval racing a denial) one wins and the
 // others get ErrConflict. It returns the hold after execution.
 func (m *Manager) Approve(ctx context.Context, id string, p Person, reason string) (Hold, error) {
-	h, err := m.decide(ctx, id, p, reason, Running)
+	return m.approve(ctx, id, p, reason, nil, 0)
+}
+
+func (m *Manager) approve(ctx context.Context, id string, p Person, reason string, g *Grant, ttl time.Duration) (Hold, error) {
+	h, err := m.decideGrant(ctx, id, p, reason, Running, g, ttl)
 	if err != nil {
 		return h, err
 	}
 	// The decision is made; finish it even if the approver goes away.
 	ctx = context.WithoutCancel(ctx)
-	if err := m.o.Audit(ctx, "hold_approved", h, map[string]any{"by": p.Name, "decision_reason": reason}); err != nil {
+	fields := map[string]any{"by": p.Name, "decision_reason": reason}
+	if g != nil {
+		fields["always"], fields["grant"], fields["grant_expires"] = true, g.ID, g.Expires.Format(time.RFC3339)
+	}
+	if err := m.o.Audit(ctx, "hold_approved", h, fields); err != nil {
 		m.log.Error("holds: approval not audited; the hold is not executed", "hold", id, "err", err)
+		if g != nil {
+			// An unaudited grant must not stand.
+			if derr := m.o.Store.DeleteGrant(ctx, g.ID); derr != nil {
+				m.log.Error("holds: unaudited grant not deleted", "grant", g.ID, "err", derr)
+			}
+		}
 		return m.finish(ctx, h, Failed, Result{HTTPStatus: 503, Body: refusalBody("audit_unavailable", "the audit log cannot be written; the approved call was not sent", h.RequestID)}, "failed")
 	}
 	m.publish(h, "approved")

@@ -37,6 +37,8 @@ type Holds interface {
 	List(ctx context.Context, f holds.Filter) ([]holds.Hold, error)
 	Get(ctx context.Context, id string) (holds.Hold, error)
 	Approve(ctx context.Context, id string, by holds.Person, reason string) (holds.Hold, error)
+	// ApproveAlways approves and grants "always allow this exact call" for ttl.
+	ApproveAlways(ctx context.Context, id string, by holds.Person, reason string, ttl time.Duration) (holds.Hold, holds.Grant, error)
 	Deny(ctx context.Context, id string, by holds.Person, reason string) (holds.Hold, error)
 	Subscribe(ctx context.Context) <-chan holds.Event
 	CanApprove(h holds.Hold, p holds.Person) error
@@ -483,6 +485,10 @@ func (u *UI) handleHold(w http.ResponseWriter, r *http.Request, s *session) {
 	u.render(w, http.StatusOK, "hold", u.page(s, "Hold "+h.ID, "", v))
 }
 
+// grantTTLs are the lifetimes the approve form offers for "always allow"
+// ("" when the select is missing: the default).
+var grantTTLs = map[string]time.Duration{"": holds.DefaultGrantTTL, "1h": time.Hour, "8h": 8 * time.Hour, "24h": holds.MaxGrantTTL}
+
 func (u *UI) handleDecide(approve bool) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
 		id := r.PathValue("id")
@@ -491,10 +497,23 @@ func (u *UI) handleDecide(approve bool) func(http.ResponseWriter, *http.Request,
 			u.fail(w, r, s, http.StatusBadRequest, "The reason is too long (at most 2000 bytes).")
 			return
 		}
+		always := r.PostForm.Get("always")
+		if always != "" && (!approve || always != "on") {
+			u.fail(w, r, s, http.StatusBadRequest, "“Always allow” goes only with Approve.")
+			return
+		}
 		var err error
-		if approve {
+		switch {
+		case always == "on":
+			ttl, ok := grantTTLs[r.PostForm.Get("ttl")]
+			if !ok {
+				u.fail(w, r, s, http.StatusBadRequest, "Choose how long “always allow” lasts: 1h, 8h or 24h.")
+				return
+			}
+			_, _, err = u.opt.Holds.ApproveAlways(r.Context(), id, s.person, reason, ttl)
+		case approve:
 			_, err = u.opt.Holds.Approve(r.Context(), id, s.person, reason)
-		} else {
+		default:
 			_, err = u.opt.Holds.Deny(r.Context(), id, s.person, reason)
 		}
 		if err != nil {

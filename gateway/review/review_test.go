@@ -700,3 +700,64 @@ func TestDenyAndExpired(t *testing.T) {
 		}
 	})
 }
+
+// TestApproveAlways drives the "always allow" checkbox: it needs the CSRF
+// token like any POST, the requester cannot grant, a bad lifetime or the
+// box on Deny is refused without deciding, and a checked box approves and
+// stores a grant bound to the hold's agent, user, tool and request hash.
+func TestApproveAlways(t *testing.T) {
+	e := newEnv(t, nil)
+	alice, bob := e.browser(), e.browser()
+	aliceTok, bobTok := alice.login("alice", "alice-pw"), bob.login("bob", "bob-pw")
+	h := e.hold(`{"id":8}`)
+	origin := map[string]string{"Origin": e.srv.URL}
+	t.Run("the form offers the box", func(t *testing.T) {
+		_, body := alice.get("/holds/" + h.ID)
+		if !strings.Contains(body, `name="always"`) || !strings.Contains(body, `name="ttl"`) {
+			t.Fatal("approve form has no always-allow control")
+		}
+	})
+	refused := []struct {
+		name   string
+		b      *browser
+		path   string
+		form   url.Values
+		want   int
+		wantIn string
+	}{
+		{"without csrf token", alice, "/approve", url.Values{"always": {"on"}}, 403, "CSRF"},
+		{"requester grants own call", bob, "/approve", url.Values{"csrf": {bobTok}, "always": {"on"}}, 403, "self_approval_forbidden"},
+		{"lifetime not offered", alice, "/approve", url.Values{"csrf": {aliceTok}, "always": {"on"}, "ttl": {"720h"}}, 400, "1h, 8h or 24h"},
+		{"always on deny", alice, "/deny", url.Values{"csrf": {aliceTok}, "always": {"on"}, "reason": {"no"}}, 400, "only with Approve"},
+	}
+	for _, c := range refused {
+		t.Run(c.name, func(t *testing.T) {
+			r, body := c.b.post("/holds/"+h.ID+c.path, c.form, origin)
+			if r.StatusCode != c.want || !strings.Contains(body, c.wantIn) {
+				t.Fatalf("status %d (want %d), body has %q: %v", r.StatusCode, c.want, c.wantIn, strings.Contains(body, c.wantIn))
+			}
+			if got, _ := e.mgr.Get(context.Background(), h.ID); got.Status != holds.Pending {
+				t.Fatalf("hold became %s", got.Status)
+			}
+			if gs, _ := e.mgr.Grants(context.Background(), true, 0); len(gs) != 0 {
+				t.Fatalf("grants made: %+v", gs)
+			}
+		})
+	}
+	t.Run("approver grants for 1h", func(t *testing.T) {
+		r, body := alice.post("/holds/"+h.ID+"/approve", url.Values{"csrf": {aliceTok}, "always": {"on"}, "ttl": {"1h"}}, origin)
+		if r.StatusCode != http.StatusSeeOther {
+			t.Fatalf("status %d: %.300s", r.StatusCode, body)
+		}
+		<-e.sent
+		gs, err := e.mgr.Grants(context.Background(), false, 0)
+		if err != nil || len(gs) != 1 {
+			t.Fatalf("grants %+v, %v", gs, err)
+		}
+		g := gs[0]
+		if g.Hold != h.ID || g.By != "alice" || g.Agent != "triage" || g.User != "bob" || g.Tool != h.Tool || g.SHA256 != h.SHA256 ||
+			g.Expires.Sub(g.Created) != time.Hour {
+			t.Fatalf("grant %+v", g)
+		}
+	})
+}

@@ -1,0 +1,122 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// useGrant is asked for every ask decision before it is held: it reports
+// whether an approver's "always allow" grant covers exactly this call
+// (THREATS E7): the same agent, the same user, the same tool and the same
+// canonical request hash (holds.Request.Hash, taken before the credential
+// is attached), unexpired and unrevoked, granted by someone the current
+// decision would still let approve. Then the use is audited "grant_used"
+// and c's decision becomes allow with rule "grant:ID", so the decision
+// record names the grant. Any other arguments, user or agent asks again.
+// A block is never turned into anything: only ask comes here.
+//
+// A re-send that names its hold (Sluice-Hold) is never granted: it must
+// get its hold's answer, not a second execution.
+func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *connectors.Tool, req *http.Request) (bool, *apiError) {
+	if s.holds == nil || r.Header.Get("Sluice-Hold") != "" || c.decision.Action != policy.Ask {
+		return false, nil
+	}
+	hr, err := canonicalRequest(req)
+	if err != nil {
+		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be checked for a standing approval; it was not sent")
+		e.cause = err
+		return false, e
+	}
+	key := holds.GrantKey{Agent: c.caller.Agent, User: c.caller.User, Tool: tool.Name, SHA256: hr.Hash()}
+	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
+	if err != nil {
+		// Fail closed: an unreadable store allows nothing.
+		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "standing approvals cannot be read; the call was not sent")
+		e.cause = err
+		return false, e
+	}
+	if !ok {
+		return false, nil
+	}
+	f := map[string]any{
+		"grant": g.ID, "hold": g.Hold, "granted_by": g.By, "grant_expires": g.Expires.Format(time.RFC3339),
+		"tool": tool.Name, "sha256": key.SHA256, "rule": c.decision.Rule,
+		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
+	}
+	if _, err := s.audit.Append(ctx, audit.Record{RequestID: c.rid, Event: "grant_used", Fields: f}); err != nil {
+		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")
+		e.cause = err
+		return false, e
+	}
+	c.decision = policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
+		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"}
+	return true, nil
+}
+
+// grantTTL parses the approve body's ttl: "" is holds.DefaultGrantTTL, at
+// most holds.MaxGrantTTL. A ttl without always is refused rather than
+// silently ignored.
+func grantTTL(always bool, v string) (time.Duration, *apiError) {
+	if !always {
+		return 0, refuse(http.StatusBadRequest, "bad_request", `ttl needs "always": true`)
+	}
+	if v == "" {
+		return holds.DefaultGrantTTL, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > holds.MaxGrantTTL {
+		return 0, refuse(http.StatusBadRequest, "bad_request", "ttl must be a duration like 8h, more than 0 and at most 24h")
+	}
+	return d, nil
+}
+
+// adminGrants routes the grants API of the admin listener: any
+// authenticated approver may list and revoke (revoking only takes a
+// permission away); grants are made only by approving a hold.
+func (s *Server) adminGrants(mux *http.ServeMux) {
+	mux.HandleFunc("GET /api/v1/grants", s.withPerson(s.handleListGrants))
+	mux.HandleFunc("DELETE /api/v1/grants/{id}", s.withPerson(s.handleRevokeGrant))
+}
+
+func (s *Server) handleListGrants(w http.ResponseWriter, r *http.Request, _ holds.Person) {
+	all := false
+	switch v := r.URL.Query().Get("status"); v {
+	case "", "active":
+	case "all":
+		all = true
+	default:
+		writeError(w, refuse(http.StatusBadRequest, "bad_request", "status must be active or all"), newRequestID())
+		return
+	}
+	limit := 0
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			return
+		}
+		limit = n
+	}
+	gs, err := s.holds.Grants(r.Context(), all, limit)
+	if err != nil {
+		s.holdsError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"grants": gs})
+}
+
+func (s *Server) handleRevokeGrant(w http.ResponseWriter, r *http.Request, p holds.Person) {
+	g, err := s.holds.RevokeGrant(r.Context(), r.PathValue("id"), p)
+	if err != nil {
+		s.holdsError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"grant": g})
+}
