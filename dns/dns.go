@@ -11,6 +11,12 @@
 // that does not answer 200, an answer that does not parse or does not match
 // the query's ID and question) becomes REFUSED: the sandbox learns nothing
 // from a broken path, and no name is ever resolved outside policy.
+//
+// StreamForwarder is the Forward sandboxd's relay gives the stub: every
+// question of a sandbox travels over a few long-lived, identity-stamped
+// connections as one streaming POST /v1/dns each (StreamContentType),
+// rather than one HTTP request per question; the gateway decides and
+// audits each question exactly as a single POST.
 package dns
 
 import (
@@ -203,12 +209,33 @@ func (s *Stub) pack(m *mdns.Msg, maxSize int) []byte {
 }
 
 // ServeUDP answers queries on pc until pc is closed; it then waits for the
-// queries in flight and returns nil. Queries beyond MaxInflight are dropped.
+// queries in flight and returns nil. At most MaxInflight queries are
+// answered at once, each by a goroutine kept for the next query (a fresh
+// goroutine per query spent much of its time growing its stack); a query
+// that arrives while all of them are busy is dropped.
 func (s *Stub) ServeUDP(pc net.PacketConn) error {
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	sem := make(chan struct{}, orDefault(s.MaxInflight, DefaultMaxInflight))
+	type job struct {
+		q    []byte
+		addr net.Addr
+	}
+	var (
+		wg      sync.WaitGroup
+		jobs    = make(chan job)
+		workers int
+	)
+	defer func() { cancel(); close(jobs); wg.Wait() }()
+	work := func(j job) {
+		defer wg.Done()
+		for ok := true; ok; j, ok = <-jobs {
+			if b := s.Answer(ctx, j.q, mdns.MinMsgSize); b != nil {
+				if _, err := pc.WriteTo(b, j.addr); err != nil {
+					s.logger().Debug("dns udp write", "err", err)
+				}
+			}
+		}
+	}
+	maxWorkers := orDefault(s.MaxInflight, DefaultMaxInflight)
 	buf := make([]byte, mdns.MaxMsgSize)
 	for {
 		n, addr, err := pc.ReadFrom(buf)
@@ -225,22 +252,23 @@ func (s *Stub) ServeUDP(pc net.PacketConn) error {
 			s.logger().Debug("dns udp read", "err", err)
 			continue
 		}
+		j := job{q: append([]byte(nil), buf[:n]...), addr: addr}
 		select {
-		case sem <- struct{}{}:
+		case jobs <- j: // an idle worker took it
+			continue
 		default:
-			s.logger().Warn("dns udp dropped: too many queries in flight")
+		}
+		if workers < maxWorkers {
+			workers++
+			wg.Add(1)
+			go work(j)
 			continue
 		}
-		q := append([]byte(nil), buf[:n]...)
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if b := s.Answer(ctx, q, mdns.MinMsgSize); b != nil {
-				if _, err := pc.WriteTo(b, addr); err != nil {
-					s.logger().Debug("dns udp write", "err", err)
-				}
-			}
-		}()
+		select {
+		case jobs <- j:
+		default:
+			s.logger().Warn("dns udp dropped: too many queries in flight")
+		}
 	}
 }
 

@@ -28,7 +28,8 @@ const answerTTL = 300
 
 // serveDNS answers POST /v1/dns: one DNS question in application/dns-message,
 // decided for the caller. The answer is always 200 with a DNS message; the
-// rcode says what happened.
+// rcode says what happened. With Content-Type DNSStreamType the request
+// is a stream of questions answered as they come (dns_stream.go).
 func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 	rid := newRequestID()
 	id, ok := identityFrom(r.Context())
@@ -36,7 +37,12 @@ func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
 		return
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "application/dns-message" {
+	ct := r.Header.Get("Content-Type")
+	if ct == DNSStreamType {
+		e.serveDNSStream(w, r, id) // dns_stream.go
+		return
+	}
+	if ct != "application/dns-message" {
 		writeError(w, refuse(http.StatusUnsupportedMediaType, CodeSchemaViolation, "want Content-Type: application/dns-message"), rid)
 		return
 	}
@@ -74,7 +80,10 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 			m.Id, m.Response, m.Opcode = q.Id, true, q.Opcode
 		}
 		m.Rcode, m.RecursionAvailable, m.Answer = rcode, true, rrs
-		e.dnsAnswers.Add(ctx, 1, metric.WithAttributes(attribute.String("rcode", mdns.RcodeToString[rcode])))
+		// The metric's context is Background: a DNS answer has no span to
+		// attach as an exemplar, and looking one up in the request's
+		// context cost more than the rest of a cached answer.
+		e.dnsAnswers.Add(context.Background(), 1, e.subs.state.rcodeOpt(rcode))
 		out, err := m.Pack()
 		if err != nil {
 			m = &mdns.Msg{MsgHdr: mdns.MsgHdr{Id: q.Id, Response: true, Rcode: mdns.RcodeServerFailure}}
@@ -113,7 +122,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 		return reply(mdns.RcodeNotImplemented, nil)
 	}
 	e.countName(ctx, c, name)
-	if ee := e.decide(ctx, c, policy.Request{Host: name}); ee != nil || guard.NameClass(name) != guard.Public {
+	if !e.allowDNS(ctx, c, name) || guard.NameClass(name) != guard.Public {
 		e.dnsRefusal(ctx, c, "dns_refused", "not on the egress allowlist")
 		return reply(mdns.RcodeRefused, nil)
 	}
@@ -200,7 +209,7 @@ func baseDomain(name string) string {
 // countName feeds the exfiltration signal and audits the crossing.
 func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 	base := baseDomain(name)
-	if n, crossed := e.subs.add(c.caller.Sandbox, base, name, time.Now()); crossed {
+	if n, crossed := e.subs.add(c.caller.Sandbox, base, name, c.start); crossed {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
@@ -211,7 +220,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 	label, _, _ := strings.Cut(name, ".")
 	if h, high := highEntropyLabel(label); high {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base), attribute.String("signal", "label_entropy")))
-		if e.subs.flagEntropy(c.caller.Sandbox, base, time.Now()) {
+		if e.subs.flagEntropy(c.caller.Sandbox, base, c.start) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
@@ -272,6 +281,8 @@ type subdomains struct {
 	window    time.Duration
 	mu        sync.Mutex
 	m         map[[2]string]*nameSet
+
+	state *dnsState // the answerer's caches (dns_decisions.go)
 }
 
 type nameSet struct {
@@ -295,7 +306,7 @@ func (s *subdomains) flagEntropy(sandbox, base string, now time.Time) bool {
 }
 
 func newSubdomains(threshold int, window time.Duration) *subdomains {
-	return &subdomains{threshold: threshold, window: window, m: map[[2]string]*nameSet{}}
+	return &subdomains{threshold: threshold, window: window, m: map[[2]string]*nameSet{}, state: newDNSState()}
 }
 
 // maxSubdomainKeys bounds the (sandbox, base domain) pairs tracked.

@@ -38,7 +38,7 @@ type resolver struct {
 	max       int
 	queries   atomic.Int64 // upstream queries sent, for tests and metrics
 
-	mu    sync.Mutex
+	mu    sync.RWMutex
 	cache map[cacheKey]cacheEntry
 }
 
@@ -64,12 +64,12 @@ func newResolver(upstreams []string, timeout time.Duration, max int) *resolver {
 func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]netip.Addr, uint32, error) {
 	k := cacheKey{name, qtype}
 	now := time.Now()
-	r.mu.Lock()
-	if e, ok := r.cache[k]; ok && now.Before(e.expires) {
-		r.mu.Unlock()
+	r.mu.RLock()
+	e, ok := r.cache[k]
+	r.mu.RUnlock()
+	if ok && now.Before(e.expires) {
 		return e.addrs, uint32(e.expires.Sub(now) / time.Second), nil
 	}
-	r.mu.Unlock()
 	if len(r.upstreams) == 0 {
 		return nil, 0, errNoUpstream
 	}

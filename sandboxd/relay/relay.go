@@ -66,6 +66,7 @@ type Relay struct {
 	log      *slog.Logger
 	sem      chan struct{}
 	stub     *dns.Stub
+	dnsFwd   *dns.StreamForwarder
 	client   *http.Client
 	tr       *http.Transport
 
@@ -131,7 +132,11 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 		ForceAttemptHTTP2:   false,
 	}
 	r.client = &http.Client{Transport: r.tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	r.stub = &dns.Stub{Forward: r.forwardDNS, Logger: log}
+	// Questions stream to the gateway over a few kept connections, each
+	// dialed with this sandbox's preamble; a gateway that refuses streams
+	// gets one POST per question.
+	r.dnsFwd = &dns.StreamForwarder{Dial: r.dialGateway, Fallback: r.forwardDNS}
+	r.stub = &dns.Stub{Forward: r.dnsFwd.Forward, Logger: log}
 
 	var proxy, dnsTCP net.Listener
 	var dnsUDP net.PacketConn
@@ -427,6 +432,9 @@ func (r *Relay) Close() error {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
+	if r.dnsFwd != nil {
+		r.dnsFwd.Close()
+	}
 	if r.tr != nil {
 		r.tr.CloseIdleConnections()
 	}

@@ -1,0 +1,155 @@
+package gateway
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// dnsDecisionTTL bounds how long a cached DNS policy decision is reused.
+// A reload (a new engine or a new engine version) drops every cached
+// decision at once; the TTL only bounds how late a policy that reads
+// input.time (or time.now_ns) sees the clock: at most this much.
+const dnsDecisionTTL = time.Second
+
+// maxDNSDecisions bounds the cache; when it is full it is emptied, so a
+// caller asking for endless distinct names costs one Rego evaluation each,
+// as without the cache, and never more memory.
+const maxDNSDecisions = 8192
+
+// dnsDecisions caches policy decisions of kind "dns" per (caller, name)
+// for one engine generation. Every question is still decided by policy —
+// a cached decision is the one the same engine generation made for the
+// same input within dnsDecisionTTL — so a refusal stays a refusal, with no
+// upstream query, and is audited per question as before. Decisions that
+// are policy errors (timeouts, evaluation failures) are never cached.
+type dnsDecisions struct {
+	mu      sync.RWMutex
+	eng     *policy.Engine
+	version int64
+	m       map[dnsDecisionKey]dnsDecisionEntry
+}
+
+type dnsDecisionKey struct {
+	caller policy.Caller
+	host   string
+}
+
+type dnsDecisionEntry struct {
+	d       policy.Decision
+	expires time.Time
+}
+
+// get returns the cached decision for k under engine eng at version v.
+func (dc *dnsDecisions) get(eng *policy.Engine, v int64, k dnsDecisionKey, now time.Time) (policy.Decision, bool) {
+	dc.mu.RLock()
+	defer dc.mu.RUnlock()
+	if dc.eng != eng || dc.version != v {
+		return policy.Decision{}, false
+	}
+	e, ok := dc.m[k]
+	if !ok || !now.Before(e.expires) {
+		return policy.Decision{}, false
+	}
+	return e.d, true
+}
+
+// put caches d for k under engine eng at version v; a different engine or
+// version than the cached one starts an empty cache.
+func (dc *dnsDecisions) put(eng *policy.Engine, v int64, k dnsDecisionKey, d policy.Decision, now time.Time) {
+	if d.Rule == policy.RulePolicyError {
+		return
+	}
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if dc.eng != eng || dc.version != v || dc.m == nil || len(dc.m) >= maxDNSDecisions {
+		dc.eng, dc.version, dc.m = eng, v, make(map[dnsDecisionKey]dnsDecisionEntry)
+	}
+	dc.m[k] = dnsDecisionEntry{d: d, expires: now.Add(dnsDecisionTTL)}
+}
+
+// decisionOpts caches the metric option of each (action, rule) pair so a
+// cached decision counts in sluice.decisions without allocating.
+type decisionOpts struct {
+	mu sync.RWMutex
+	m  map[[2]string]metric.AddOption
+}
+
+func (do *decisionOpts) get(action, rule string) metric.AddOption {
+	k := [2]string{action, rule}
+	do.mu.RLock()
+	o, ok := do.m[k]
+	do.mu.RUnlock()
+	if ok {
+		return o
+	}
+	o = metric.WithAttributes(attribute.String("action", action), attribute.String("rule", rule))
+	do.mu.Lock()
+	defer do.mu.Unlock()
+	if do.m == nil || len(do.m) >= 1024 {
+		do.m = make(map[[2]string]metric.AddOption)
+	}
+	do.m[k] = o
+	return o
+}
+
+// allowDNS decides host for c like decide (proxy.go) with kind "dns", at
+// c.start, through the decision cache: on a miss the same input document (the caller and
+// the name) goes to policy. c carries the decision for the audit record
+// of a refusal either way.
+func (e *rawEgress) allowDNS(ctx context.Context, c *egressCall, host string) bool {
+	eng := e.s.engine.Load()
+	v := eng.Version()
+	k := dnsDecisionKey{caller: c.caller, host: host}
+	now := c.start
+	st := e.subs.state
+	d, ok := st.decisions.get(eng, v, k, now)
+	if !ok {
+		in := &policy.Input{Version: policy.InputVersion, Kind: c.kind, Caller: c.caller, Request: policy.Request{Host: host}, Time: now.UTC()}
+		d = eng.Decide(ctx, in)
+		st.decisions.put(eng, v, k, d, now)
+	}
+	c.decision, c.decided = d, true
+	e.s.tel.decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), d.Rule)) // no span: see reply in answer
+	return d.Action == policy.Allow
+}
+
+// dnsState is the answerer's per-server state besides the exfiltration
+// counters: the decision cache, the precomputed metric options and the
+// stream workers per sandbox. It hangs
+// off subdomains because newRawEgress builds that once per server.
+type dnsState struct {
+	decisions dnsDecisions
+	decOpts   decisionOpts
+	rcodeOpts [24]metric.AddOption // sluice.dns.answers{rcode}, by rcode
+
+	workersMu sync.Mutex
+	workers   map[string]int // stream workers per sandbox (dns_stream.go)
+}
+
+func newDNSState() *dnsState {
+	st := &dnsState{}
+	for rc := range st.rcodeOpts {
+		name := mdns.RcodeToString[rc]
+		if name == "" {
+			name = strconv.Itoa(rc)
+		}
+		st.rcodeOpts[rc] = metric.WithAttributes(attribute.String("rcode", name))
+	}
+	return st
+}
+
+// rcodeOpt is the metric option of rcode.
+func (st *dnsState) rcodeOpt(rcode int) metric.AddOption {
+	if rcode >= 0 && rcode < len(st.rcodeOpts) {
+		return st.rcodeOpts[rcode]
+	}
+	return metric.WithAttributes(attribute.String("rcode", mdns.RcodeToString[rcode]))
+}

@@ -1,0 +1,239 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// DNSStreamType is the Content-Type of a streaming POST /v1/dns: the
+// request body is a sequence of DNS queries and the response body a
+// sequence of answers, each a message with the two-byte length prefix of
+// DNS over TCP (RFC 1035 4.2.2). Answers come back as they are ready, not
+// in order; the client tells them apart by the DNS ID, so its in-flight
+// queries on one stream must carry distinct IDs. The body is chunked HTTP
+// like any other, so the socket's strict framing checks still apply.
+//
+// The stream is the in-sandbox stub's transport: one connection, one
+// identity preamble and one HTTP request carry every question of a
+// sandbox, instead of one HTTP request per question. Each question is
+// answered exactly as a single POST /v1/dns (same policy, audit, guard and
+// rcodes), for the caller the connection's preamble identified.
+const DNSStreamType = "application/x-sluice-dns-stream"
+
+const (
+	// dnsStreamInflight bounds the questions of one stream being answered
+	// at once; the stream is not read further until one finishes. The
+	// stub keeps at most 64 UDP questions in flight over its two streams.
+	dnsStreamInflight = 64
+	// dnsSandboxInflight bounds the questions being answered at once on
+	// all the streams of one sandbox (THREATS B): a sandbox that opens
+	// many streams itself over its socket gets one worker per stream
+	// beyond this, never 64 each.
+	dnsSandboxInflight = 128
+	// dnsStreamIdle closes a stream that has carried no question for this
+	// long (the stub closes its own after a shorter idle time).
+	dnsStreamIdle = 2 * time.Minute
+)
+
+// serveDNSStream answers a DNSStreamType request until the client ends the
+// body, sends a frame that is not a DNS message size, or goes idle. A
+// malformed frame ends the stream (a stream cannot resynchronise); a
+// malformed message inside a good frame is answered FORMERR like a single
+// question.
+func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wire.Identity) {
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	if err := rc.EnableFullDuplex(); err != nil {
+		writeError(w, refuse(http.StatusInternalServerError, CodeSchemaViolation, "bug(): the connection cannot stream"), newRequestID())
+		return
+	}
+	w.Header().Set("Content-Type", DNSStreamType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	// The stub sends Expect: 100-continue and waits for this head before
+	// its first question (a gateway that refuses streams answers at once
+	// instead of waiting for a body that never ends). An empty Write sends
+	// the head as the final response: no 100 Continue follows it when the
+	// body is read.
+	if _, err := w.Write(nil); err != nil {
+		return
+	}
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	out := &frameBatcher{write: func(b []byte) error {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}}
+	st := e.subs.state
+	pool := &answerPool{
+		answer: func(q []byte) { out.send(e.answer(ctx, newRequestID(), id, q)) },
+		take:   func(first bool) bool { return st.takeWorker(id.Sandbox, first) },
+		put:    func() { st.putWorker(id.Sandbox) },
+	}
+	defer pool.wait()
+	br := bufio.NewReaderSize(r.Body, 16<<10)
+	var lenBuf [2]byte
+	for {
+		_ = rc.SetReadDeadline(time.Now().Add(dnsStreamIdle))
+		if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
+			return
+		}
+		n := int(binary.BigEndian.Uint16(lenBuf[:]))
+		if n == 0 || n > maxDNSMessage {
+			e.s.log.Warn("dns stream: bad frame; stream closed", "sandbox", id.Sandbox, "agent", id.Agent, "frame_len", n)
+			return
+		}
+		q := make([]byte, n)
+		if _, err := io.ReadFull(br, q); err != nil {
+			return
+		}
+		if !pool.run(ctx, q) {
+			return
+		}
+	}
+}
+
+// answerPool answers a stream's questions on at most dnsStreamInflight
+// goroutines (and the sandbox's budget, dnsSandboxInflight, for all its
+// streams) that are kept for the stream's life: a question goes to an
+// idle worker, or to a new one while there are fewer than the limit, or
+// waits for one. Kept workers keep their grown stacks (a goroutine per
+// question spent much of its time growing a fresh stack), and a slow
+// upstream question holds one worker, not the stream.
+type answerPool struct {
+	answer func(q []byte)
+	take   func(first bool) bool // a worker from the sandbox's budget; the first one always
+	put    func()
+
+	jobs    chan []byte
+	workers int
+	wg      sync.WaitGroup
+}
+
+// run hands q to a worker; false if ctx ended first.
+func (p *answerPool) run(ctx context.Context, q []byte) bool {
+	if p.jobs == nil {
+		p.jobs = make(chan []byte)
+	}
+	select {
+	case p.jobs <- q:
+		return true
+	default:
+	}
+	if p.workers < dnsStreamInflight && p.take(p.workers == 0) {
+		p.workers++
+		p.wg.Add(1)
+		go p.work(q)
+		return true
+	}
+	select {
+	case p.jobs <- q:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (p *answerPool) work(q []byte) {
+	defer p.wg.Done()
+	defer p.put()
+	for {
+		p.answer(q)
+		var ok bool
+		if q, ok = <-p.jobs; !ok {
+			return
+		}
+	}
+}
+
+// wait ends the workers once they have answered what they hold.
+func (p *answerPool) wait() {
+	if p.jobs != nil {
+		close(p.jobs)
+	}
+	p.wg.Wait()
+}
+
+// frameBatcher writes length-prefixed messages from many goroutines as few
+// writes: a sender appends its frame and, if no write is under way,
+// becomes the writer and writes everything queued until the queue is empty
+// (frames queued meanwhile ride along in the next write). After a write
+// error every later frame is dropped.
+type frameBatcher struct {
+	write func([]byte) error
+
+	mu      sync.Mutex
+	buf     []byte
+	spare   []byte
+	writing bool
+	err     error
+}
+
+func (fb *frameBatcher) send(msg []byte) {
+	if len(msg) == 0 || len(msg) > 0xffff {
+		return
+	}
+	fb.mu.Lock()
+	if fb.err != nil {
+		fb.mu.Unlock()
+		return
+	}
+	fb.buf = binary.BigEndian.AppendUint16(fb.buf, uint16(len(msg)))
+	fb.buf = append(fb.buf, msg...)
+	if fb.writing {
+		fb.mu.Unlock()
+		return
+	}
+	fb.writing = true
+	for len(fb.buf) > 0 && fb.err == nil {
+		b := fb.buf
+		fb.buf = fb.spare[:0]
+		fb.mu.Unlock()
+		err := fb.write(b)
+		fb.mu.Lock()
+		fb.spare = b[:0]
+		if err != nil {
+			fb.err = errors.Join(errors.New("dns stream: write"), err)
+		}
+	}
+	fb.writing = false
+	fb.mu.Unlock()
+}
+
+// takeWorker takes one stream worker from sandbox's budget; first (a
+// stream's first worker, without which it could not answer at all) is
+// always granted.
+func (st *dnsState) takeWorker(sandbox string, first bool) bool {
+	st.workersMu.Lock()
+	defer st.workersMu.Unlock()
+	if !first && st.workers[sandbox] >= dnsSandboxInflight {
+		return false
+	}
+	if st.workers == nil {
+		st.workers = map[string]int{}
+	}
+	st.workers[sandbox]++
+	return true
+}
+
+// putWorker gives a worker back to sandbox's budget.
+func (st *dnsState) putWorker(sandbox string) {
+	st.workersMu.Lock()
+	defer st.workersMu.Unlock()
+	if n := st.workers[sandbox] - 1; n > 0 {
+		st.workers[sandbox] = n
+	} else {
+		delete(st.workers, sandbox)
+	}
+}
