@@ -158,7 +158,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.icpt, err = newInterceptor(cfg); err != nil {
 		return nil, err
 	}
-	if s.audit, err = audit.Open(cfg.Audit.Path); err != nil {
+	if s.audit, err = audit.OpenWith(cfg.Audit.Path, auditOptions(cfg.Audit)); err != nil { // egress_audit.go
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
 	if s.store, err = store.Open(ctx, cfg.Store); err != nil {

@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
@@ -47,9 +46,9 @@ const (
 type rawEgress struct {
 	s         *Server
 	dialer    *guard.Dialer
-	res       *resolver // nil without dns.upstreams
-	transport *http.Transport
-	ports     map[int]bool // CONNECT ports
+	res       *resolver     // nil without dns.upstreams
+	upstreams *upstreamPool // absolute-form requests: a transport per caller
+	ports     map[int]bool  // CONNECT ports
 	idle      time.Duration
 	hello     time.Duration
 
@@ -57,6 +56,8 @@ type rawEgress struct {
 	tunnels map[string]int // open tunnels and proxied requests per sandbox
 
 	subs *subdomains
+
+	decisionAttrs egressDecisionAttrs
 
 	tunnelGauge metric.Int64UpDownCounter
 	dnsAnswers  metric.Int64Counter
@@ -84,18 +85,21 @@ func (s *Server) newRawEgress() *rawEgress {
 		e.res = newResolver(cfg.DNS.Upstreams, cfg.DNS.Timeout.Std(), cfg.DNS.CacheMax)
 		e.dialer = guard.New(guard.Options{Resolver: e.res})
 	}
-	e.transport = &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return e.dialer.DialContext(ctx, network, addr, nil) // never allow_private
-		},
-		DisableCompression:     true, // pass the client's own Accept-Encoding through
-		MaxIdleConns:           256,
-		MaxIdleConnsPerHost:    16,
-		IdleConnTimeout:        90 * time.Second,
-		ResponseHeaderTimeout:  cfg.Gateway.UpstreamTimeout.Std(),
-		MaxResponseHeaderBytes: 64 << 10,
-	}
+	const idleConn = 90 * time.Second
+	e.upstreams = newUpstreamPool(idleConn, func() *http.Transport {
+		return &http.Transport{
+			Proxy: nil,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				return e.dialer.DialContext(ctx, network, addr, nil) // never allow_private
+			},
+			DisableCompression:     true, // pass the client's own Accept-Encoding through
+			MaxIdleConns:           64,
+			MaxIdleConnsPerHost:    16,
+			IdleConnTimeout:        idleConn,
+			ResponseHeaderTimeout:  cfg.Gateway.UpstreamTimeout.Std(),
+			MaxResponseHeaderBytes: 64 << 10,
+		}
+	})
 	m := s.tel.provider.Meter("sluice/gateway/egress")
 	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
 	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
@@ -225,7 +229,7 @@ func parseTarget(authority, defaultPort string) (host string, port int, err erro
 func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
 	in := &policy.Input{Version: policy.InputVersion, Kind: c.kind, Caller: c.caller, Request: req, Time: time.Now().UTC()}
 	c.decision, c.decided = e.s.Decide(ctx, in), true
-	e.s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.decision.Action.String()), attribute.String("rule", c.decision.Rule)))
+	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), c.decision.Rule))
 	if c.decision.Action == policy.Allow {
 		return nil
 	}
@@ -293,32 +297,38 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 			authority = "[" + host + "]"
 		}
 	}
-	out := r.Clone(httptraceEgress(ctx, c))
-	out.RequestURI = ""
-	out.URL.Host = authority
-	out.URL.User = nil
-	out.Host = authority
-	out.Header = hdr
+	// A shallow copy with its own URL: hdr is already a copy, and the
+	// body is the client's, as with Clone, without copying the rest.
+	out := r.WithContext(httptraceEgress(ctx, c))
+	u := *r.URL
+	u.Host, u.User = authority, nil
+	out.URL, out.RequestURI, out.Host, out.Header = &u, "", authority, hdr
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
-	resp, err := e.transport.RoundTrip(out)
+	resp, err := e.upstreams.get(c.caller).RoundTrip(out)
 	if err != nil {
 		e.refuse(w, c, dialRefusal(c, err))
 		return
 	}
 	defer resp.Body.Close()
 	stripHopByHop(resp.Header)
+	wh := w.Header()
 	for k, vs := range resp.Header {
-		w.Header()[k] = vs
+		wh[k] = vs
 	}
 	c.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
 	n, _ := io.Copy(w, resp.Body)
 	c.bytesDn.Add(n)
-	// The answer has been relayed: the result's fsync gates nothing, so it
-	// is not waited for (the decision was written before the dial).
-	go func() { _ = e.record(context.WithoutCancel(ctx), c, "result", nil, false) }()
+	// The answer is released when the handler returns (the server holds
+	// up to its buffer's worth of it until then): its result record is
+	// written first, and fsynced first with audit.sync: always. If that
+	// fails, the connection is dropped rather than the answer released.
+	if ee := e.record(context.WithoutCancel(ctx), c, "result", nil, false); ee != nil {
+		e.logLine(c, ee)
+		panic(http.ErrAbortHandler)
+	}
 	e.logLine(c, nil)
 }
 
@@ -350,18 +360,18 @@ func dialRefusal(c *egressCall, err error) *egressError {
 var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
 func stripHopByHop(h http.Header) {
-	for _, v := range h.Values("Connection") {
-		for _, f := range strings.Split(v, ",") {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
 				h.Del(f)
 			}
 		}
 	}
 	for _, k := range hopByHop {
-		h.Del(k)
+		delete(h, k) // canonical keys, as Go's parsers store them
 	}
 	for k := range h {
-		if strings.HasPrefix(strings.ToLower(k), "proxy-") {
+		if len(k) >= len("proxy-") && strings.EqualFold(k[:len("proxy-")], "proxy-") {
 			delete(h, k)
 		}
 	}
@@ -587,10 +597,9 @@ func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError
 // record appends c's audit record. presync only writes (the result's
 // fsync makes it durable); a record that cannot be written refuses.
 func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, refusal *apiError, presync bool) *egressError {
-	f := map[string]any{
-		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
-		"kind": c.kind, "dest_host": c.destHost,
-	}
+	f := make(map[string]any, 16)
+	f["sandbox"], f["agent"], f["session"], f["user"] = c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User
+	f["kind"], f["dest_host"] = c.kind, c.destHost
 	if c.port != 0 {
 		f["port"] = c.port
 	}
@@ -842,7 +851,9 @@ func httptraceEgress(ctx context.Context, c *egressCall) context.Context {
 			if info.Conn == nil {
 				return
 			}
-			if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
+			if a, ok := info.Conn.RemoteAddr().(*net.TCPAddr); ok {
+				c.destIP.Store(a.AddrPort().Addr().Unmap().String())
+			} else if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
 				c.destIP.Store(host)
 			}
 		},

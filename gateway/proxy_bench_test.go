@@ -11,6 +11,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,12 +28,21 @@ import (
 // upstream: pkg.example resolves to a public address, is classified and
 // admitted as usual, and only the final connect goes to 127.0.0.1.
 type benchEgress struct {
+	g         *testGateway
 	sock      string
-	plain     *httptest.Server // :80 upstream
-	tlsServer *httptest.Server // :443 upstream
+	plain     *httptest.Server       // :80 upstream
+	tlsServer *httptest.Server       // :443 upstream
+	requests  atomic.Int64           // requests the upstreams received
+	onRequest atomic.Pointer[func()] // if set, called by the upstreams before they answer
+
+	mu    sync.Mutex
+	conns map[string]map[string]bool // upstream connection (client address) → X-Test-Caller values seen on it
 }
 
-func startBenchEgress(b *testing.B, auditDir string) *benchEgress {
+// startBenchEgress serves raw egress with the audit log in auditDir (the
+// test gateway's own directory if empty); edit, if not nil, changes the
+// configuration further.
+func startBenchEgress(b testing.TB, auditDir string, edit func(*config.Config)) *benchEgress {
 	b.Helper()
 	up := newDNSUpstream(b, map[string]string{"pkg.example": "93.184.216.34"})
 	g := startEgressGateway(b, up, func(c *config.Config) {
@@ -38,9 +50,27 @@ func startBenchEgress(b *testing.B, auditDir string) *benchEgress {
 		if auditDir != "" {
 			c.Audit.Path = filepath.Join(auditDir, "audit.log")
 		}
+		if edit != nil {
+			edit(c)
+		}
 	})
-	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "hello "+r.URL.Path) })
-	be := &benchEgress{plain: httptest.NewServer(hello), tlsServer: httptest.NewTLSServer(hello)}
+	be := &benchEgress{g: g, conns: map[string]map[string]bool{}}
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		be.requests.Add(1)
+		if f := be.onRequest.Load(); f != nil {
+			(*f)()
+		}
+		if c := r.Header.Get("X-Test-Caller"); c != "" {
+			be.mu.Lock()
+			if be.conns[r.RemoteAddr] == nil {
+				be.conns[r.RemoteAddr] = map[string]bool{}
+			}
+			be.conns[r.RemoteAddr][c] = true
+			be.mu.Unlock()
+		}
+		_, _ = io.WriteString(w, "hello "+r.URL.Path)
+	})
+	be.plain, be.tlsServer = httptest.NewServer(hello), httptest.NewTLSServer(hello)
 	b.Cleanup(be.plain.Close)
 	b.Cleanup(be.tlsServer.Close)
 	eg := g.Server.newRawEgress()
@@ -70,8 +100,11 @@ func startBenchEgress(b *testing.B, auditDir string) *benchEgress {
 }
 
 // viaProxy is a keep-alive client that uses the bench socket as its proxy.
-func (be *benchEgress) viaProxy(b *testing.B) *http.Client {
-	line, err := wire.Encode(agentA)
+func (be *benchEgress) viaProxy(b testing.TB) *http.Client { return be.viaProxyAs(b, agentA) }
+
+// viaProxyAs is viaProxy for the caller id.
+func (be *benchEgress) viaProxyAs(b testing.TB, id wire.Identity) *http.Client {
+	line, err := wire.Encode(id)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -93,7 +126,7 @@ func (be *benchEgress) viaProxy(b *testing.B) *http.Client {
 // Unix socket: it reads the CONNECT head, answers 200 and copies bytes both
 // ways to the TLS upstream, with no identity, policy, audit or checks. It
 // has the tunnel's hops and nothing else: the floor for any CONNECT proxy.
-func (be *benchEgress) relay(b *testing.B) *http.Client {
+func (be *benchEgress) relay(b testing.TB) *http.Client {
 	sock := filepath.Join(b.TempDir(), "relay.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -156,43 +189,82 @@ func (be *benchEgress) direct() *http.Client {
 //
 // "http/proxy-audit-tmpfs" keeps the audit log on /dev/shm, where fsync is
 // nearly free: the difference to "http/proxy" is the time a request waits
-// for the audit writer's fsyncs.
-func BenchmarkEgress(b *testing.B) {
-	be := startBenchEgress(b, "")
-	shm := be
+// for the audit writer's fsyncs. The "-sync-interval" rows are the same
+// with audit.sync: interval (10ms): records written, fsynced in the
+// background.
+func BenchmarkEgress(b *testing.B) { benchmarkEgress(b, false) }
+
+// BenchmarkEgressParallel is BenchmarkEgress with 8 concurrent clients.
+func BenchmarkEgressParallel(b *testing.B) { benchmarkEgress(b, true) }
+
+func benchmarkEgress(b *testing.B, par bool) {
+	be := startBenchEgress(b, "", nil)
+	shm, shmInterval := be, be
 	if dir, err := os.MkdirTemp("/dev/shm", "sluice-bench-"); err == nil {
 		b.Cleanup(func() { os.RemoveAll(dir) })
-		shm = startBenchEgress(b, dir)
+		shm = startBenchEgress(b, dir, nil)
+		shmInterval = startBenchEgress(b, filepath.Join(dir, "interval"), func(c *config.Config) {
+			c.Audit.Sync, c.Audit.SyncInterval = config.AuditSyncInterval, config.Duration(10*time.Millisecond)
+		})
 	}
-	get := func(b *testing.B, c *http.Client, u string) {
+	interval := startBenchEgress(b, "", func(c *config.Config) {
+		c.Audit.Sync, c.Audit.SyncInterval = config.AuditSyncInterval, config.Duration(10*time.Millisecond)
+	})
+	get := func(b *testing.B, c *http.Client, u string) bool {
 		b.Helper()
 		resp, err := c.Get(u)
 		if err != nil {
-			b.Fatal(err)
+			b.Error(err) // Error, not Fatal: RunParallel's goroutines call it too
+			return false
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || string(body) != "hello /x" {
-			b.Fatalf("%s: %d %q", u, resp.StatusCode, body)
+			b.Errorf("%s: %d %q", u, resp.StatusCode, body)
+			return false
 		}
+		return true
 	}
 	for _, tc := range []struct {
 		name, url string
-		client    func(*testing.B) *http.Client
+		client    func(testing.TB) *http.Client
 	}{
-		{"http/direct", "http://pkg.example/x", func(*testing.B) *http.Client { return be.direct() }},
+		{"http/direct", "http://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }},
 		{"http/proxy", "http://pkg.example/x", be.viaProxy},
 		{"http/proxy-audit-tmpfs", "http://pkg.example/x", shm.viaProxy},
-		{"connect/direct", "https://pkg.example/x", func(*testing.B) *http.Client { return be.direct() }},
+		{"http/proxy-sync-interval", "http://pkg.example/x", interval.viaProxy},
+		{"http/proxy-sync-interval-tmpfs", "http://pkg.example/x", shmInterval.viaProxy},
+		{"connect/direct", "https://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }},
 		{"connect/tunnel", "https://pkg.example/x", be.viaProxy},
 		{"connect/bare-relay", "https://pkg.example/x", be.relay},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
+			if par {
+				// 8 clients, each on its own kept-alive connection, as
+				// test/bench measures requests/s.
+				b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					c := tc.client(b)
+					defer c.CloseIdleConnections()
+					for pb.Next() {
+						if !get(b, c, tc.url) {
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+				return
+			}
 			c := tc.client(b)
-			get(b, c, tc.url) // dial, CONNECT and handshake outside the timing
+			if !get(b, c, tc.url) { // dial, CONNECT and handshake outside the timing
+				return
+			}
 			b.ResetTimer()
 			for range b.N {
-				get(b, c, tc.url)
+				if !get(b, c, tc.url) {
+					return
+				}
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 			b.StopTimer()

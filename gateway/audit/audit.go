@@ -4,6 +4,19 @@
 // If a record cannot be made durable, Append fails and the gateway refuses
 // the call: audit failure closes.
 //
+// # Sync modes
+//
+// SyncAlways (the default) is the above. SyncInterval is the operator's
+// choice of throughput over the last moments of the log: Append returns once
+// the record is written to the file (a full disk or an unwritable file still
+// fails it, so the call is refused before anything is sent), and the writer
+// fsyncs at most Options.SyncInterval after the first unsynced write. A
+// crash of the host (not of the gateway: the records are in the page cache)
+// can lose up to SyncInterval of acknowledged records. A failed background
+// fsync puts the log in the failed state: every later Append fails until the
+// writer has written the unsynced records again from memory and an fsync of
+// them succeeded.
+//
 // # Format
 //
 // Each line is the encoding/json output of a Record followed by "\n". Hash is
@@ -70,6 +83,27 @@ const MaxRecord = 256 << 10
 // Event of the record that starts a re-created log file.
 const EventRecreated = "audit_log_recreated"
 
+// SyncMode says when records are fsynced; see Options.
+type SyncMode int
+
+// Sync modes.
+const (
+	SyncAlways   SyncMode = iota // Append returns after the fsync covering its record
+	SyncInterval                 // Append returns once written; fsync at most SyncInterval later
+)
+
+// maxUnsynced bounds the bytes kept in memory for a SyncInterval log between
+// fsyncs; a batch that would exceed it is fsynced at once.
+const maxUnsynced = 8 << 20
+
+// Options configure a Log. The zero value is SyncAlways.
+type Options struct {
+	Sync SyncMode
+	// SyncInterval is the longest a written record waits for its fsync in
+	// SyncInterval mode; it must be positive there.
+	SyncInterval time.Duration
+}
+
 // Errors returned (wrapped) by Append.
 var (
 	ErrClosed   = errors.New("audit: log closed")
@@ -100,9 +134,10 @@ type file interface {
 
 // Log is an open audit log. Safe for concurrent use.
 type Log struct {
-	path string
-	now  func() time.Time
-	wrap func(*os.File) file
+	path     string
+	now      func() time.Time
+	wrap     func(*os.File) file
+	interval time.Duration // > 0: SyncInterval mode
 
 	mu      sync.Mutex
 	pending []*request
@@ -120,6 +155,14 @@ type Log struct {
 	prev       string
 	broken     bool // the last write failed: the file may hold a partial line past off
 	needMarker bool // the file was re-created: start it with EventRecreated
+
+	// SyncInterval mode, owned by the writer goroutine: the bytes written
+	// to f since its last successful fsync (from syncedOff to off), kept to
+	// write them again after a failed fsync.
+	unsynced   []byte
+	syncedOff  int64
+	syncFailed bool // the last fsync failed: unsynced must be rewritten and fsynced
+	syncDue    *time.Timer
 
 	records, syncs, batches, failures atomic.Uint64
 	truncatedTail                     int64
@@ -139,10 +182,10 @@ type result struct {
 
 // Stats counts what the log did since Open.
 type Stats struct {
-	Records       uint64 // records made durable
+	Records       uint64 // records made durable (SyncInterval: written)
 	Syncs         uint64 // successful fsyncs: Records/Syncs is the group-commit factor
 	Batches       uint64 // write attempts
-	Failures      uint64 // batches that failed
+	Failures      uint64 // batches that failed, and failed background fsyncs (SyncInterval)
 	TruncatedTail int64  // bytes of a partial last line removed at Open
 }
 
@@ -172,10 +215,26 @@ func (l *Log) Err() error {
 // last line that is not a self-consistent record is corruption: Open fails.
 // The file is flock'ed so that a second gateway cannot write the same log.
 func Open(path string) (*Log, error) {
-	return open(path, func(f *os.File) file { return f })
+	return OpenWith(path, Options{})
 }
 
-func open(path string, wrap func(*os.File) file) (*Log, error) {
+// OpenWith is Open with options.
+func OpenWith(path string, o Options) (*Log, error) {
+	return open(path, o, func(f *os.File) file { return f })
+}
+
+func open(path string, o Options, wrap func(*os.File) file) (*Log, error) {
+	var interval time.Duration
+	switch o.Sync {
+	case SyncAlways:
+	case SyncInterval:
+		if o.SyncInterval <= 0 {
+			return nil, fmt.Errorf("audit: open: sync interval must be positive, got %s", o.SyncInterval)
+		}
+		interval = o.SyncInterval
+	default:
+		return nil, fmt.Errorf("audit: open: unknown sync mode %d", o.Sync)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
@@ -184,7 +243,7 @@ func open(path string, wrap func(*os.File) file) (*Log, error) {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
 	l := &Log{
-		path: path, now: time.Now, wrap: wrap,
+		path: path, now: time.Now, wrap: wrap, interval: interval,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		prev: ZeroHash,
 	}
@@ -223,7 +282,7 @@ func (l *Log) adopt(osf *os.File) error {
 		}
 		l.truncatedTail = fi.Size() - end
 	}
-	l.off = end
+	l.off, l.syncedOff = end, end
 	if last != nil {
 		rec, reason := checkLine(last)
 		if reason != "" {
@@ -267,6 +326,7 @@ func readTail(f *os.File, size int64) (end int64, last []byte, err error) {
 // Append makes rec durable and returns it as written (with Seq and Hash).
 //
 // It returns only after the fsync covering rec succeeded, or with an error.
+// In SyncInterval mode it returns once rec is written (see Sync modes).
 // If ctx ends first, Append returns ctx's error, but the record is already
 // queued and may still be written: treat that as "unknown", not "not logged".
 func (l *Log) Append(ctx context.Context, rec Record) (Record, error) {
@@ -309,12 +369,19 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 
 // run is the writer goroutine: it takes every pending record, writes them
 // with one write and one fsync, then answers all their callers.
+//
+// In SyncInterval mode it also fsyncs what it wrote: the first write after
+// an fsync arms a timer of the interval, and the fsync runs when it fires.
 func (l *Log) run() {
 	defer close(l.done)
+	var due <-chan time.Time
 	for {
 		select {
 		case <-l.wake:
 		case <-l.stop:
+		case <-due:
+			due = nil
+			l.syncWritten()
 		}
 		l.mu.Lock()
 		batch, closed := l.pending, l.closed
@@ -324,9 +391,64 @@ func (l *Log) run() {
 			l.commit(batch)
 		}
 		if closed {
+			if l.interval > 0 && l.f != nil {
+				// Close makes everything written durable.
+				if l.syncFailed {
+					_ = l.resync()
+				} else {
+					l.syncWritten()
+				}
+			}
 			return // Append refuses new records once closed is set
 		}
+		if l.interval > 0 && due == nil && len(l.unsynced) > 0 && !l.syncFailed {
+			if l.syncDue == nil {
+				l.syncDue = time.NewTimer(l.interval)
+			} else {
+				l.syncDue.Reset(l.interval)
+			}
+			due = l.syncDue.C
+		}
 	}
+}
+
+// syncWritten fsyncs the records a SyncInterval log wrote since its last
+// fsync. A failure puts the log in the failed state: the next batch must
+// write them again and fsync before anything else is appended.
+func (l *Log) syncWritten() {
+	if len(l.unsynced) == 0 || l.syncFailed || l.f == nil {
+		return
+	}
+	err := l.f.Sync()
+	if err != nil {
+		l.syncFailed = true
+		l.failures.Add(1)
+		l.mu.Lock()
+		l.failure = fmt.Errorf("audit: sync log: %w", err)
+		l.mu.Unlock()
+		return
+	}
+	l.syncs.Add(1)
+	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
+	if cap(l.unsynced) > maxUnsynced {
+		l.unsynced = nil
+	}
+}
+
+// resync writes the unsynced records of a SyncInterval log again at their
+// offset and fsyncs them: the recovery from a failed fsync, whose pages
+// are of unknown state.
+func (l *Log) resync() error {
+	if _, err := l.f.WriteAt(l.unsynced, l.syncedOff); err != nil {
+		return fmt.Errorf("audit: rewrite unsynced records: %w", err)
+	}
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("audit: sync log: %w", err)
+	}
+	l.syncs.Add(1)
+	l.syncFailed = false
+	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
+	return nil
 }
 
 func (l *Log) commit(batch []*request) {
@@ -384,10 +506,18 @@ func (l *Log) write(batch []*request) error {
 		return nil
 	}
 	_, err := l.f.WriteAt(buf, l.off)
-	if err == nil && needsSync(written) {
+	sync := needsSync(written)
+	if l.interval > 0 {
+		// Synced by the timer, unless the memory kept for a rewrite
+		// would grow past its bound.
+		sync = len(l.unsynced)+len(buf) > maxUnsynced
+	}
+	if err == nil && sync {
 		err = l.f.Sync()
 		if err == nil {
 			l.syncs.Add(1)
+		} else if l.interval > 0 {
+			l.syncFailed = true // the earlier unsynced records too
 		}
 	}
 	if err != nil {
@@ -399,6 +529,13 @@ func (l *Log) write(batch []*request) error {
 		return err
 	}
 	l.off += int64(len(buf))
+	if l.interval > 0 {
+		if sync {
+			l.unsynced, l.syncedOff = l.unsynced[:0], l.off
+		} else {
+			l.unsynced = append(l.unsynced, buf...)
+		}
+	}
 	l.seq, l.prev = seq, prev
 	l.broken, l.needMarker = false, false
 	l.records.Add(uint64(len(written)))
@@ -428,18 +565,19 @@ func answerAll(batch []*request, err error) {
 // encode fills the writer's fields of rec and returns its line.
 func (l *Log) encode(rec Record, seq uint64, prev string) ([]byte, Record, error) {
 	rec.Seq, rec.Time, rec.Prev, rec.Hash = seq, l.now().UTC(), prev, ""
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return nil, Record{}, fmt.Errorf("audit: encode record: %w", err)
+	b, ok := appendRecord(make([]byte, 0, 512), &rec) // encoding/json's bytes, faster
+	if !ok {
+		var err error
+		if b, err = json.Marshal(rec); err != nil {
+			return nil, Record{}, fmt.Errorf("audit: encode record: %w", err)
+		}
 	}
 	if len(b)+64+1 > MaxRecord {
 		return nil, Record{}, fmt.Errorf("audit: encode record: %d bytes, limit %d", len(b)+65, MaxRecord)
 	}
 	sum := sha256.Sum256(b)
 	rec.Hash = hex.EncodeToString(sum[:])
-	line := make([]byte, 0, len(b)+66)
-	line = append(line, b[:len(b)-len(`""}`)]...)
-	line = append(line, '"')
+	line := b[:len(b)-len(`"}`)] // ends with the hash's opening quote
 	line = append(line, rec.Hash...)
 	line = append(line, "\"}\n"...)
 	return line, rec, nil
@@ -460,12 +598,17 @@ func (l *Log) ready() error {
 		// batch; the next one re-creates the file.
 		l.f.Close()
 		l.f, l.needMarker = nil, true
+		l.dropUnsynced()
 		return ErrUnlinked
 	}
 	pfi, err := os.Stat(l.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		// Renamed away (rotated) with the records intact: start a new file.
+		// Renamed away (rotated) with the records intact: make what this
+		// file holds durable, then start a new file.
+		if err := l.syncBeforeClose(); err != nil {
+			return err
+		}
 		l.f.Close()
 		l.f, l.needMarker = nil, true
 		return l.recreate()
@@ -486,7 +629,33 @@ func (l *Log) ready() error {
 			return fmt.Errorf("audit: truncate after failed write: %w", err)
 		}
 	}
+	if l.syncFailed {
+		return l.resync()
+	}
 	return nil
+}
+
+// syncBeforeClose makes the unsynced records of a SyncInterval log durable
+// before its file is let go.
+func (l *Log) syncBeforeClose() error {
+	if l.interval == 0 || len(l.unsynced) == 0 {
+		return nil
+	}
+	if l.syncFailed {
+		return l.resync()
+	}
+	if err := l.f.Sync(); err != nil {
+		l.syncFailed = true
+		return fmt.Errorf("audit: sync log: %w", err)
+	}
+	l.syncs.Add(1)
+	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
+	return nil
+}
+
+// dropUnsynced forgets the unsynced records of a deleted file.
+func (l *Log) dropUnsynced() {
+	l.unsynced, l.syncedOff, l.syncFailed = nil, 0, false
 }
 
 // recreate creates a new log file at l.path; the next write starts it with
@@ -515,6 +684,7 @@ func (l *Log) recreate() error {
 		}
 	}
 	l.f, l.off, l.broken, l.needMarker = l.wrap(osf), 0, false, true
+	l.unsynced, l.syncedOff, l.syncFailed = l.unsynced[:0], 0, false
 	return nil
 }
 
@@ -530,15 +700,22 @@ func (l *Log) Close() error {
 	l.mu.Unlock()
 	close(l.stop)
 	<-l.done
+	if l.syncDue != nil {
+		l.syncDue.Stop()
+	}
 	if l.f == nil {
 		return nil
+	}
+	var serr error
+	if l.syncFailed {
+		serr = fmt.Errorf("audit: close: %d bytes of records were never fsynced", len(l.unsynced))
 	}
 	err := l.f.Close()
 	l.f = nil
 	if err != nil {
-		return fmt.Errorf("audit: close: %w", err)
+		return errors.Join(serr, fmt.Errorf("audit: close: %w", err))
 	}
-	return nil
+	return serr
 }
 
 // VerifyError says where the chain breaks.

@@ -331,7 +331,7 @@ func TestRecoversAfterWriteFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var failWrite, failSync atomic.Bool
 			path := filepath.Join(t.TempDir(), "audit.log")
-			l, err := open(path, func(f *os.File) file { return faultFile{f, &failWrite, &failSync} })
+			l, err := open(path, Options{}, func(f *os.File) file { return faultFile{f, &failWrite, &failSync} })
 			must(t, err)
 			defer l.Close()
 			appendN(t, l, 2)

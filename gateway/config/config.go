@@ -68,7 +68,26 @@ type Gateway struct {
 // Audit configures the audit log.
 type Audit struct {
 	Path string `yaml:"path"`
+	// Sync is when records are fsynced: "always" (default: a call's result
+	// record is fsynced before its answer is released) or "interval"
+	// (records are written before the call proceeds and fsynced by a
+	// background loop at most SyncInterval later; a host crash can lose up
+	// to SyncInterval of records).
+	Sync string `yaml:"sync"`
+	// SyncInterval bounds the fsync delay of sync: interval (default 10ms,
+	// at most 1s).
+	SyncInterval Duration `yaml:"sync_interval"`
 }
+
+// Audit sync modes (audit.sync).
+const (
+	AuditSyncAlways   = "always"
+	AuditSyncInterval = "interval"
+)
+
+// MaxAuditSyncInterval bounds audit.sync_interval: the records a host crash
+// can lose.
+const MaxAuditSyncInterval = time.Second
 
 // Secrets selects the credential backend.
 type Secrets struct {
@@ -331,7 +350,7 @@ func Defaults() *Config {
 			SubdomainWindow:    Duration(10 * time.Minute),
 		},
 		Store:   "sqlite:/var/lib/sluice/sluice.db",
-		Audit:   Audit{Path: "/var/lib/sluice/audit.log"},
+		Audit:   Audit{Path: "/var/lib/sluice/audit.log", Sync: AuditSyncAlways, SyncInterval: Duration(10 * time.Millisecond)},
 		Secrets: Secrets{Backend: "local", Local: LocalSecret{Path: "/var/lib/sluice/secrets.json", KeyFile: "/var/lib/sluice/secrets.key"}},
 	}
 }
@@ -535,6 +554,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Audit.Path == "" {
 		bad("audit.path", "must be set: the gateway does not run without an audit log")
+	}
+	switch c.Audit.Sync {
+	case AuditSyncAlways:
+	case AuditSyncInterval:
+		if iv := c.Audit.SyncInterval.Std(); iv <= 0 || iv > MaxAuditSyncInterval {
+			bad("audit.sync_interval", "must be positive and at most %s with audit.sync: interval, got %s", MaxAuditSyncInterval, iv)
+		}
+	default:
+		bad("audit.sync", "want always or interval, got %q", c.Audit.Sync)
 	}
 	switch c.Secrets.Backend {
 	case "local":

@@ -89,6 +89,11 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"session token not hex", "gateway: { session_tokens_sha256: [not-a-hash] }\n", "gateway.session_tokens_sha256[0]"},
 		{"session token upper case", "gateway: { session_tokens_sha256: ['" + strings.Repeat("A", 64) + "'] }\n", "gateway.session_tokens_sha256[0]"},
 		{"store", "store: mysql://x\n", "store"},
+		{"audit sync mode", "audit: { sync: sometimes }\n", "audit.sync: want always or interval"},
+		{"audit sync empty", "audit: { sync: '' }\n", "audit.sync: want always or interval"},
+		{"audit sync interval zero", "audit: { sync: interval, sync_interval: 0s }\n", "audit.sync_interval"},
+		{"audit sync interval too long", "audit: { sync: interval, sync_interval: 2s }\n", "audit.sync_interval"},
+		{"audit sync interval negative", "audit: { sync: interval, sync_interval: -10ms }\n", "audit.sync_interval"},
 		{"slug", "connectors: [{ slug: Billing, spec: a.yaml }]\n", "connectors[0].slug"},
 		{"dup slug", "connectors: [{ slug: a, spec: a.yaml }, { slug: a, spec: b.yaml }]\n", "connectors[1].slug"},
 		{"http spec", "connectors: [{ slug: a, spec: 'http://x/spec.yaml' }]\n", "connectors[0].spec"},
@@ -116,6 +121,31 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml), "/x")
 			if err == nil || !strings.Contains(err.Error(), tc.key) {
 				t.Fatalf("err = %v, want it to name %s", err, tc.key)
+			}
+		})
+	}
+}
+
+func TestAuditSyncKeys(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		sync       string
+		interval   time.Duration
+	}{
+		{"default is always", "", AuditSyncAlways, 10 * time.Millisecond},
+		{"interval with its default", "audit: { sync: interval }\n", AuditSyncInterval, 10 * time.Millisecond},
+		{"interval set", "audit: { sync: interval, sync_interval: 250ms }\n", AuditSyncInterval, 250 * time.Millisecond},
+		{"interval at the bound", "audit: { sync: interval, sync_interval: 1s }\n", AuditSyncInterval, time.Second},
+		{"always ignores the interval", "audit: { sync: always, sync_interval: 0s }\n", AuditSyncAlways, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml), "/x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Audit.Sync != tc.sync || c.Audit.SyncInterval.Std() != tc.interval {
+				t.Fatalf("audit = %+v, want sync %s interval %s", c.Audit, tc.sync, tc.interval)
 			}
 		})
 	}

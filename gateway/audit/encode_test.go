@@ -1,0 +1,101 @@
+package audit
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// sameAsJSON fails t unless appendRecord's bytes are json.Marshal's, or
+// appendRecord declines (then encode uses json.Marshal itself).
+func sameAsJSON(t *testing.T, rec Record, wantFast bool) {
+	t.Helper()
+	want, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatalf("json.Marshal: %v", err)
+	}
+	got, ok := appendRecord(nil, &rec)
+	if ok != wantFast {
+		t.Fatalf("appendRecord handled = %v, want %v", ok, wantFast)
+	}
+	if ok && !bytes.Equal(got, want) {
+		t.Fatalf("appendRecord differs from encoding/json:\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestAppendRecordMatchesEncodingJSON(t *testing.T) {
+	at := time.Date(2026, 11, 30, 4, 5, 6, 789000000, time.UTC)
+	cases := []struct {
+		name     string
+		rec      Record
+		wantFast bool
+	}{
+		{"egress decision", Record{Seq: 7, Time: at, Prev: ZeroHash, RequestID: "req_01", Event: "decision", Fields: map[string]any{
+			"sandbox": "sb-1", "agent": "agent-a", "session": "s-1", "user": "alice", "kind": "http", "dest_host": "pkg.example",
+			"port": 80, "resolved_ip": "93.184.216.34", "decision": "allow", "rule": "egress", "reason": "", "status": 200,
+			"bytes_up": int64(0), "bytes_down": int64(1) << 40, "duration_ms": int64(3)}}, true},
+		{"no fields", Record{Seq: 1, Time: at, Prev: ZeroHash, Event: "x"}, true},
+		{"empty fields map is omitted", Record{Time: at, Fields: map[string]any{}}, true},
+		{"escapes", Record{Time: at, RequestID: "a\"b\\c\n\r\t\b\f\x00\x1f\x7f<>&", Event: "\u2028\u2029é😀", Fields: map[string]any{
+			"bad utf8": "\xff\xfe ok \xc3", "<key>": "&", "nil": nil, "t": true, "f": false, "u": uint64(1) << 63, "neg": -5}}, true},
+		{"whole nanoseconds and zeros", Record{Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}, true},
+		{"a hash present", Record{Time: at, Hash: "ab"}, true},
+		{"float falls back", Record{Time: at, Fields: map[string]any{"ms": 1.5}}, false},
+		{"nested map falls back", Record{Time: at, Fields: map[string]any{"m": map[string]any{"a": 1}}}, false},
+		{"slice falls back", Record{Time: at, Fields: map[string]any{"l": []string{"a"}}}, false},
+		{"int32 falls back", Record{Time: at, Fields: map[string]any{"n": int32(3)}}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { sameAsJSON(t, tc.rec, tc.wantFast) })
+	}
+}
+
+func FuzzAppendRecord(f *testing.F) {
+	f.Add("req_1", "decision", "dest_host", "pkg.example", int64(80), uint64(1), int64(1764475506))       // a plain egress record
+	f.Add("a\"b\\c\n", "\u2028", "<k>&", "\xff\xfe\x00\x7f", int64(-1), uint64(1)<<63, int64(0))          // every escape class
+	f.Add("", "", "", "", int64(0), uint64(0), int64(253402300799))                                       // empties; last second of year 9999
+	f.Add("é😀", "\u2029", "\x1f", "\xed\xa0\x80 surrogate", int64(1)<<62, uint64(9), int64(-62135596800)) // non-ASCII; year 1
+	f.Fuzz(func(t *testing.T, rid, event, key, val string, n int64, seq uint64, unix int64) {
+		rec := Record{Seq: seq, Time: time.Unix(unix, n&0x3fffffff).UTC(), Prev: ZeroHash, RequestID: rid, Event: event,
+			Fields: map[string]any{key: val, key + "_n": n, "b": n%2 == 0}}
+		want, err := json.Marshal(rec)
+		got, ok := appendRecord(nil, &rec)
+		if err != nil {
+			if ok {
+				t.Fatalf("json.Marshal refuses (%v) but appendRecord encoded %s", err, got)
+			}
+			return
+		}
+		if !ok {
+			t.Fatalf("appendRecord declined a record json.Marshal encodes: %s", want)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("differs:\n got %s\nwant %s", got, want)
+		}
+	})
+}
+
+// BenchmarkEncode compares the record encoder with json.Marshal on an
+// egress decision record.
+func BenchmarkEncode(b *testing.B) {
+	rec := Record{Seq: 7, Time: time.Now().UTC(), Prev: ZeroHash, RequestID: "req_01", Event: "decision", Fields: map[string]any{
+		"sandbox": "sb-1", "agent": "agent-a", "session": "s-1", "user": "alice", "kind": "http", "dest_host": "pkg.example",
+		"port": 80, "resolved_ip": "93.184.216.34", "decision": "allow", "rule": "egress", "reason": "", "status": 200}}
+	b.Run("appendRecord", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if _, ok := appendRecord(make([]byte, 0, 512), &rec); !ok {
+				b.Fatal("declined")
+			}
+		}
+	})
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if _, err := json.Marshal(rec); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
