@@ -59,7 +59,7 @@ func (s *Store) getSessionEnd(ctx context.Context, session string) (SessionEnd, 
 // SessionEnded says whether session has been ended.
 func (s *Store) SessionEnded(ctx context.Context, session string) (bool, error) {
 	var one int
-	err := s.db.QueryRowContext(ctx, `SELECT 1 FROM ended_sessions WHERE session = ?`, session).Scan(&one)
+	err := s.ended.QueryRowContext(ctx, session).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil

