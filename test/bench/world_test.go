@@ -152,6 +152,7 @@ type gwOpts struct {
 	Credential bool     // the connector attaches the stored API key
 	Rego       string   // a user module (source) under rego:
 	AuditDisk  bool     // audit log on the disk (fsync) instead of /dev/shm
+	AuditSync  string   // audit.sync: "" (always) or "interval"
 	Approvers  bool     // bench.create_item asks; an approver token exists
 	HoldWait   string   // gateway.hold_wait
 	MaxHolds   int      // gateway.max_pending_holds
@@ -218,7 +219,7 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	doc := map[string]any{
 		"gateway": g,
 		"store":   "sqlite:" + filepath.Join(d, "store.db"),
-		"audit":   map[string]any{"path": audit},
+		"audit":   auditSection(audit, o.AuditSync),
 		"secrets": map[string]any{"backend": "local", "local": map[string]any{
 			"path": filepath.Join(d, "secrets.json"), "key_file": filepath.Join(d, "secrets.key")}},
 		"connectors": []any{conn},
@@ -359,4 +360,14 @@ func lookPath(name string) (string, error) {
 func sha256Hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// auditSection is the config's audit section: the path, and audit.sync
+// when a row measures the interval mode.
+func auditSection(path, sync string) map[string]any {
+	a := map[string]any{"path": path}
+	if sync != "" {
+		a["sync"] = sync
+	}
+	return a
 }
