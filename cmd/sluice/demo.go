@@ -527,7 +527,8 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 	if err := shutdown(); err != nil {
 		return fmt.Errorf("demo: stop gateway: %w", err)
 	}
-	n, err := verifyAudit(cfg.Audit.Path)
+	res, err := verifyAudit(cfg.Audit.Path, true, 0, "")
+	n := res.n
 	switch {
 	case err != nil:
 		fmt.Fprintf(w, "\naudit: FAIL %v\n", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -685,5 +686,65 @@ func TestDemoKeepStopsOnContext(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "demo ok:") {
 		t.Errorf("no final verdict:\n%s", out)
+	}
+}
+
+// TestAuditVerifyRecreated: after the log file is deleted the gateway's
+// writer starts a new file with an audit_log_recreated marker; verify
+// checks that file from its marker (saying the earlier records are
+// elsewhere), checks old+new as one chain, and refuses a new file that
+// does not continue the old one.
+func TestAuditVerifyRecreated(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.log")
+	l, err := audit.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if _, err := l.Append(ctx, audit.Record{RequestID: "r" + strconv.Itoa(i), Event: "decision"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := filepath.Join(dir, "audit.log.1")
+	if err := os.Link(path, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil { // deleted (or rotated away) under the writer
+		t.Fatal(err)
+	}
+	// The first append after the deletion is refused (the loss is not
+	// hidden); the next one starts the new file with the marker.
+	_, _ = l.Append(ctx, audit.Record{RequestID: "r3", Event: "decision"})
+	if _, err := l.Append(ctx, audit.Record{RequestID: "r4", Event: "decision"}); err != nil {
+		t.Fatalf("append after re-creation: %v", err)
+	}
+	l.Close()
+	other := filepath.Join(dir, "other.log")
+	writeAuditLog(t, other, 2)
+
+	tests := []struct {
+		name    string
+		files   []string
+		wantErr bool
+		want    string
+	}{
+		{"the re-created file alone", []string{path}, false, "starts with an audit_log_recreated record"},
+		{"old then new", []string{old, path}, false, "chain intact"},
+		{"new then old", []string{path, old}, true, "FAIL: " + old},
+		{"a file that does not continue the old one", []string{old, other}, true, "FAIL: " + other},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"audit", "verify"}
+			for _, f := range tc.files {
+				args = append(args, "--file", f)
+			}
+			out, _, err := cli(t, "", args...)
+			if (err != nil) != tc.wantErr || !strings.Contains(out, tc.want) {
+				t.Fatalf("err %v (want error %v), output %q, want it to contain %q", err, tc.wantErr, out, tc.want)
+			}
+		})
 	}
 }
