@@ -77,7 +77,9 @@ type Options struct {
 	// SecureCookies forces the Secure attribute (for TLS terminated in front
 	// of the gateway); cookies are always Secure on a TLS request.
 	SecureCookies bool
-	// LoginFailures failures per LoginWindow lock a user name (defaults 5, 15m).
+	// LoginFailures failures per LoginWindow lock a user name for the
+	// address they came from, and ten times as many from all addresses lock
+	// it for everyone (defaults 5, 15m).
 	LoginFailures int
 	LoginWindow   time.Duration
 }
@@ -357,8 +359,9 @@ func (u *UI) handleLogin(w http.ResponseWriter, r *http.Request) {
 		u.loginForm(w, r, http.StatusBadRequest, "Name or password too long.")
 		return
 	}
-	if !u.limit.allowed(name, now) {
-		u.audit(r.Context(), "ui.login_refused", map[string]any{"user": name, "reason": "rate_limited"})
+	addr := clientAddr(r)
+	if !u.limit.allowed(name, addr, now) {
+		u.audit(r.Context(), "ui.login_refused", map[string]any{"user": name, "reason": "rate_limited", "addr": addr})
 		u.loginForm(w, r, http.StatusTooManyRequests, "Too many failed attempts for this name; wait and try again.")
 		return
 	}
@@ -368,12 +371,12 @@ func (u *UI) handleLogin(w http.ResponseWriter, r *http.Request) {
 		hash = []byte(us.PasswordHash)
 	}
 	if bcrypt.CompareHashAndPassword(hash, []byte(pw)) != nil || !ok {
-		u.limit.fail(name, now)
+		u.limit.fail(name, addr, now)
 		u.audit(r.Context(), "ui.login_failed", map[string]any{"user": name, "method": "password"})
 		u.loginForm(w, r, http.StatusUnauthorized, "Wrong name or password.")
 		return
 	}
-	u.limit.reset(name)
+	u.limit.reset(name, addr)
 	u.startSession(w, r, holds.Person{Name: us.Name, Groups: slices.Clone(us.Groups)}, "password")
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }

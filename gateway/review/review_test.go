@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -225,26 +226,49 @@ func TestLogin(t *testing.T) {
 
 func TestLoginRateLimitedPerUser(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.LoginFailures = 3 })
-	b := e.browser()
-	try := func(user, pw string) int {
+	// from returns a browser whose connections come from a loopback
+	// address of its own (all of 127.0.0.0/8 is local on Linux).
+	from := func(ip string) *browser {
+		b := e.browser()
+		b.c.Transport = &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext}
+		return b
+	}
+	try := func(b *browser, user, pw string) int {
 		_, page := b.get("/login")
 		r, _ := b.post("/login", url.Values{"csrf": {csrfOf(t, page)}, "username": {user}, "password": {pw}}, nil)
 		return r.StatusCode
 	}
+	attacker, owner := from("127.0.0.1"), from("127.0.0.2")
 	for i := 0; i < 3; i++ {
-		if s := try("alice", "wrong"); s != http.StatusUnauthorized {
+		if s := try(attacker, "alice", "wrong"); s != http.StatusUnauthorized {
 			t.Fatalf("failure %d: status %d", i, s)
 		}
 	}
-	if s := try("alice", "alice-pw"); s != http.StatusTooManyRequests {
-		t.Fatalf("right password after 3 failures: status %d, want 429", s)
+	if s := try(attacker, "alice", "alice-pw"); s != http.StatusTooManyRequests {
+		t.Fatalf("right password after 3 failures from the same address: status %d, want 429", s)
 	}
-	if s := try("carol", "carol-pw"); s != http.StatusSeeOther {
+	if s := try(attacker, "carol", "carol-pw"); s != http.StatusSeeOther {
 		t.Fatalf("another user is not limited: status %d", s)
 	}
+	if s := try(owner, "alice", "alice-pw"); s != http.StatusSeeOther {
+		t.Fatalf("the owner from another address is locked out by someone else's failures: status %d", s)
+	}
 	e.advance(16 * time.Minute)
-	if s := try("alice", "alice-pw"); s != http.StatusSeeOther {
+	if s := try(attacker, "alice", "alice-pw"); s != http.StatusSeeOther {
 		t.Fatalf("after the window: status %d", s)
+	}
+
+	// Guessing spread over many addresses: the name locks for everyone
+	// after globalFactor times the per-address limit.
+	e.advance(16 * time.Minute)
+	for i := 0; i < 3*globalFactor; i++ {
+		b := from(fmt.Sprintf("127.0.%d.%d", 1+i/200, 10+i%200))
+		if s := try(b, "bob", "wrong"); s != http.StatusUnauthorized {
+			t.Fatalf("spread failure %d: status %d", i, s)
+		}
+	}
+	if s := try(from("127.0.9.9"), "bob", "bob-pw"); s != http.StatusTooManyRequests {
+		t.Fatalf("after %d failures from many addresses: status %d, want 429", 3*globalFactor, s)
 	}
 }
 

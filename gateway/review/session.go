@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -93,9 +94,14 @@ func tokenEqual(a, b string) bool {
 	return len(a) > 0 && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }
 
-// limiter refuses logins for a user name after too many failures in a window.
-// It is keyed by the submitted name (existing or not), so guessing passwords
-// for one account is slow and does not reveal whether the account exists.
+// limiter refuses logins after too many failures in a window. It counts
+// per (name, client address): guessing one account's password from one
+// address is slow, and someone else failing on purpose from their own
+// address cannot lock the account's owner out. A second, per-name count
+// (globalFactor times larger) slows a guess spread over many addresses.
+// It is keyed by the submitted name, existing or not, so it does not
+// reveal whether an account exists. The address is the TCP peer: behind a
+// reverse proxy every client shares the proxy's address.
 type limiter struct {
 	mu     sync.Mutex
 	fails  map[string][]time.Time
@@ -103,14 +109,20 @@ type limiter struct {
 	window time.Duration
 }
 
-func (l *limiter) allowed(name string, now time.Time) bool {
+// globalFactor: failures for one name from all addresses together that
+// lock it, as a multiple of the per-address limit.
+const globalFactor = 10
+
+func pairKey(name, addr string) string { return name + "\x00" + addr }
+
+func (l *limiter) allowed(name, addr string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.recent(name, now)) < l.max
+	return len(l.recent(pairKey(name, addr), now)) < l.max && len(l.recent(name, now)) < l.max*globalFactor
 }
 
-func (l *limiter) recent(name string, now time.Time) []time.Time {
-	ts := l.fails[name]
+func (l *limiter) recent(key string, now time.Time) []time.Time {
+	ts := l.fails[key]
 	k := 0
 	for _, t := range ts {
 		if now.Sub(t) < l.window {
@@ -120,26 +132,37 @@ func (l *limiter) recent(name string, now time.Time) []time.Time {
 	}
 	ts = ts[:k]
 	if len(ts) == 0 {
-		delete(l.fails, name)
+		delete(l.fails, key)
 	} else {
-		l.fails[name] = ts
+		l.fails[key] = ts
 	}
 	return ts
 }
 
-func (l *limiter) fail(name string, now time.Time) {
+func (l *limiter) fail(name, addr string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.fails) > 100000 { // bound memory against floods of invented names
 		l.fails = map[string][]time.Time{}
 	}
-	l.fails[name] = append(l.recent(name, now), now)
+	for _, key := range []string{pairKey(name, addr), name} {
+		l.fails[key] = append(l.recent(key, now), now)
+	}
 }
 
-func (l *limiter) reset(name string) {
+// reset forgets the failures from addr after a successful sign-in there.
+func (l *limiter) reset(name, addr string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.fails, name)
+	delete(l.fails, pairKey(name, addr))
+}
+
+// clientAddr is the request's TCP peer address without the port.
+func clientAddr(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // cookie builds a cookie with the UI's fixed attributes: HttpOnly, Path=/,
