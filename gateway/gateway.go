@@ -115,6 +115,7 @@ type upstream struct {
 	conn      *connectors.Connector
 	allow     []netip.Prefix
 	transport *http.Transport
+	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
 func (c *catalog) Tool(name string) (*connectors.Tool, bool) { t, ok := c.tools[name]; return t, ok }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -273,7 +274,7 @@ func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool,
 			return nil, e
 		}
 		c.cred = att.where
-		scr = scrub.New(att.forms...)
+		scr = up.scrubber(att.forms)
 		if scr.Ignored() > 0 {
 			// Too short to find in a reply without mangling it: refuse
 			// rather than risk reflecting it unscrubbed.
@@ -281,6 +282,42 @@ func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool,
 		}
 	}
 	return scr, nil
+}
+
+// scrubCache is an upstream's scrubber for one credential. Preparing a
+// scrubber (every encoding of the secret) costs more per call than
+// scrubbing a small reply, and a connector's credential rarely changes.
+type scrubCache struct {
+	forms [][]byte // what the scrubber was made from
+	scr   *scrub.Scrubber
+}
+
+// scrubber returns the scrubber for forms, made once per credential: a
+// changed credential (rotated, per-call, per-session) makes a new one.
+func (u *upstream) scrubber(forms [][]byte) *scrub.Scrubber {
+	if c := u.scrub.Load(); c != nil && sameForms(c.forms, forms) {
+		return c.scr
+	}
+	scr := scrub.New(forms...)
+	kept := make([][]byte, len(forms))
+	for i, f := range forms {
+		kept[i] = bytes.Clone(f)
+	}
+	u.scrub.Store(&scrubCache{forms: kept, scr: scr})
+	return scr
+}
+
+// sameForms compares in constant time for equal lengths: the forms are
+// secrets.
+func sameForms(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	same := 1
+	for i := range a {
+		same &= subtle.ConstantTimeCompare(a[i], b[i])
+	}
+	return same == 1
 }
 
 // send audits the decision, sends req upstream and audits the result.
