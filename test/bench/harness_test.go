@@ -38,6 +38,9 @@ var (
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
+	if os.Getenv(upstreamEnv) != "" {
+		return serveUpstream() // a child: the tool upstream, in its own process
+	}
 	switch {
 	case os.Geteuid() != 0:
 		skipReason = "the bench suite needs root: it creates network namespaces and sandboxes"

@@ -106,7 +106,7 @@ func opaBinary() (string, error) {
 // benchToolCalls is section 1.
 func benchToolCalls(t *testing.T, w *world) []*section {
 	s := &section{Title: "Tool-call overhead by stage", Baseline: "direct call",
-		Intro: "One `POST` with a 170-byte JSON body to a loopback upstream that answers 23 bytes, sent sequentially over a kept-alive connection; the rows take turns in blocks of 1/40 of their samples (each block after one untimed call), so that load from elsewhere falls on every row alike. " +
+		Intro: "One `POST` with a 170-byte JSON body to a loopback upstream (a process of its own, as a real API is) that answers 23 bytes, sent sequentially over a kept-alive connection; the rows take turns in blocks of 1/40 of their samples (each block after one untimed call), so that load from elsewhere falls on every row alike. " +
 			"The gateway rows are the real `sluice serve` binary, one process per row, each with the configuration that adds one stage; " +
 			"they are called over the sandbox socket with the identity preamble, as the sandbox relay does. " +
 			"Every gateway row still resolves the tool, evaluates the shipped Rego library (`policies:`), dials through the guarded dialer, scrubs the reply and writes two audit records; " +
@@ -133,7 +133,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 			return nil
 		}
 	}
-	ps := []*probe{{name: "direct call", note: "client → upstream", fn: post(direct, apiURL+"/items")}}
+	ps := []*probe{{name: "direct call", note: "client → upstream process", fn: post(direct, apiURL+"/items")}}
 
 	// A bare Go reverse proxy in the namespace.
 	target, _ := url.Parse(apiURL)
@@ -229,7 +229,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		}
 	}
 	s.addProbes(ps)
-	s.Notes = append(s.Notes, "row 1.1, the baseline: the test client calls the upstream directly (keep-alive), with the API key",
+	s.Notes = append(s.Notes, "row 1.1, the baseline: the test client calls the upstream process directly (keep-alive), with the API key",
 		"row 1.2, a bare `httputil.ReverseProxy` in front of the upstream: what any proxy costs",
 		"row 1.3, the common do-it-yourself stack: the same reverse proxy that, before forwarding, POSTs the method, path and body to a separate `opa run --server` process (OPA "+opaVersion+" binary from the Go module proxy) and forwards only on `result: true`")
 	// Notes were appended out of order; put the baseline and peers first.

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,13 +63,13 @@ func newWorld(t testing.TB) *world {
 	}
 	w := &world{t: t, ns: newNetns(t), dir: dir, secret: "sk-bench-" + randHex(16)}
 
-	api := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		rw.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(rw, `{"ok":true,"id":"it-1"}`)
-	})
+	// The tool upstream runs in a process of its own (this test binary
+	// again, serving the listener it inherits), as a real API does: the
+	// direct-call baseline then crosses a process boundary like every
+	// other row, instead of being a call within one process.
 	al := w.ns.listen(t, "tcp", "127.0.0.1:0")
 	w.apiPort = al.Addr().(*net.TCPAddr).Port
+	startUpstream(t, al)
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
@@ -81,7 +82,7 @@ func newWorld(t testing.TB) *world {
 	for _, s := range []struct {
 		l net.Listener
 		h http.Handler
-	}{{al, api}, {hl, hello}, {tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}}), hello}} {
+	}{{hl, hello}, {tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}}), hello}} {
 		srv := &http.Server{Handler: s.h, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, srv)
 		go func() { _ = srv.Serve(s.l) }()
@@ -370,4 +371,47 @@ func auditSection(path, sync string) map[string]any {
 		a["sync"] = sync
 	}
 	return a
+}
+
+// upstreamEnv makes the test binary serve the tool upstream on fd 3.
+const upstreamEnv = "SLUICE_BENCH_UPSTREAM"
+
+// apiHandler is the tool upstream: it reads the body and answers 23 bytes.
+var apiHandler = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	rw.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(rw, `{"ok":true,"id":"it-1"}`)
+})
+
+// startUpstream runs the tool upstream in a child process serving l, and
+// stops it at the end of the test.
+func startUpstream(t testing.TB, l net.Listener) {
+	t.Helper()
+	f, err := l.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatalf("upstream listener: %v", err)
+	}
+	l.Close() // the child holds its own copy
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), upstreamEnv+"=1")
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("upstream process: %v", err)
+	}
+	f.Close()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+}
+
+// serveUpstream is the child's whole life: serve fd 3 until killed.
+func serveUpstream() int {
+	l, err := net.FileListener(os.NewFile(3, "upstream"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench upstream:", err)
+		return 1
+	}
+	srv := &http.Server{Handler: apiHandler, ReadHeaderTimeout: 10 * time.Second}
+	_ = srv.Serve(l)
+	return 0
 }
