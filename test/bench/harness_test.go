@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,8 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -199,37 +197,7 @@ func newNetns(t testing.TB) *netns {
 // do runs fn on an OS thread inside the namespace; sockets made in fn keep
 // the namespace. A thread that cannot get back stays locked and dies.
 func (n *netns) do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: open own: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open(n.path())
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: open %s: %w", n.name, err)
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: enter %s: %w", n.name, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("netns: leave %s: %w", n.name, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return relay.InNetNS(n.path(), fn)
 }
 
 func (n *netns) path() string { return filepath.Join("/run/netns", n.name) }

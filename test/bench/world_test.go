@@ -22,7 +22,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -396,7 +395,8 @@ func startUpstream(t testing.TB, l net.Listener) {
 	cmd.Env = append(os.Environ(), upstreamEnv+"=1")
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Not Pdeathsig: it fires when the forking OS thread exits, which a
+	// Go program does not control. The child watches its parent instead.
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("upstream process: %v", err)
 	}
@@ -411,6 +411,14 @@ func serveUpstream() int {
 		fmt.Fprintln(os.Stderr, "bench upstream:", err)
 		return 1
 	}
+	parent := os.Getppid()
+	go func() { // the test process died without killing us: go too
+		for range time.Tick(time.Second) {
+			if os.Getppid() != parent {
+				os.Exit(0)
+			}
+		}
+	}()
 	srv := &http.Server{Handler: apiHandler, ReadHeaderTimeout: 10 * time.Second}
 	_ = srv.Serve(l)
 	return 0

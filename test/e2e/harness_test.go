@@ -26,7 +26,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,8 +35,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-	"golang.org/x/sys/unix"
 
+	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -146,37 +145,7 @@ func newNetns(t testing.TB) *netns {
 // fn keep the namespace after the thread returns to the test's own. If the
 // thread cannot get back, it stays locked and dies with its goroutine.
 func (n *netns) do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: open own: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open(filepath.Join("/run/netns", n.name))
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: open %s: %w", n.name, err)
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: enter %s: %w", n.name, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("netns: leave %s: %w", n.name, err) // thread stays locked and is discarded
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return relay.InNetNS(filepath.Join("/run/netns", n.name), fn)
 }
 
 // ---------------------------------------------------------------------------

@@ -31,7 +31,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,8 +39,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-	"golang.org/x/sys/unix"
 
+	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -146,37 +145,7 @@ func (n *NetNS) AddAddr(t testing.TB, cidr string) {
 // Do runs fn on an OS thread inside the namespace; sockets made in fn stay
 // in it. A thread that cannot get back stays locked and dies.
 func (n *NetNS) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: open own: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open(filepath.Join("/run/netns", n.Name))
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: open %s: %w", n.Name, err)
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: enter %s: %w", n.Name, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("netns: leave %s: %w", n.Name, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return relay.InNetNS(filepath.Join("/run/netns", n.Name), fn)
 }
 
 // Listen opens a TCP listener inside the namespace.
