@@ -197,6 +197,10 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 	switch {
 	case errors.Is(err, holds.ErrTooMany):
 		return refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
+	case errors.Is(err, holds.ErrAudit):
+		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; the call was not held and not sent")
+		e.cause = err
+		return e
 	case err != nil:
 		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held for approval; it was not sent")
 		e.cause = err

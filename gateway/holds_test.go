@@ -20,6 +20,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/holds"
 )
 
 func tokenHash(tok string) string {
@@ -458,5 +459,45 @@ func TestAuditAPINeedsAPerson(t *testing.T) {
 	recs, _ := r.body["records"].([]any)
 	if r.status != 200 || len(recs) == 0 || len(recs) > 5 {
 		t.Fatalf("audit with bob's token: %d, %d records: %s", r.status, len(recs), r.raw)
+	}
+}
+
+// TestHoldAuditFailure: an ask call whose hold_created record cannot be
+// written is refused 503 audit_unavailable (not approval_unavailable: the
+// approval service is fine), is not held and sends nothing.
+func TestHoldAuditFailure(t *testing.T) {
+	up := newUpstream(t)
+	g := startHolds(t, up, "", nil)
+	c := g.client(agentA)
+	if r := doCall(t, c, "tickets.create_refund", refund); r.status != 202 {
+		t.Fatalf("control ask: %d %s", r.status, r.raw)
+	}
+	if err := os.Remove(g.cfg.Audit.Path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/full", g.cfg.Audit.Path); err != nil {
+		t.Fatal(err)
+	}
+	before := up.requests.Load()
+	// Other arguments: the same ones would find the control's pending hold.
+	r := doCall(t, c, "tickets.create_refund", `{"body":{"amount":6,"reason":"dup"}}`)
+	if r.status != 503 || r.code() != "audit_unavailable" {
+		t.Fatalf("ask with a failing audit log: %d %s, want 503 audit_unavailable", r.status, r.raw)
+	}
+	if up.requests.Load() != before {
+		t.Fatal("the upstream was reached")
+	}
+	hs, err := g.Holds().List(context.Background(), holds.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := 0
+	for _, h := range hs {
+		if h.Status == holds.Pending {
+			pending++
+		}
+	}
+	if pending != 1 {
+		t.Fatalf("%d pending holds, want only the control's", pending)
 	}
 }

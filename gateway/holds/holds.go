@@ -114,6 +114,9 @@ var (
 	ErrExpired      = errors.New("holds: the hold has expired")                            // 410 (UI) / approval_expired (agent)
 	// ErrTooMany is returned by Create when the agent has too many pending holds (429 rate_limited).
 	ErrTooMany = errors.New("holds: too many pending holds for this agent")
+	// ErrAudit is returned (wrapped) by Create when the hold_created record
+	// cannot be written: the hold is not kept (503 audit_unavailable).
+	ErrAudit = errors.New("holds: the audit log cannot be written")
 )
 
 // Event tells subscribers that a hold changed (for the review UI's live queue).

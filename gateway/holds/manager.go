@@ -142,7 +142,7 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	}
 	if err := m.o.Audit(ctx, "hold_created", h, map[string]any{"expires": h.Expires.Format(time.RFC3339)}); err != nil {
 		_, _ = st.FinishHold(context.WithoutCancel(ctx), h.ID, string(Pending), string(Failed), nil)
-		return Hold{}, false, fmt.Errorf("holds: create: audit: %w", err)
+		return Hold{}, false, fmt.Errorf("holds: create: %w: %w", ErrAudit, err)
 	}
 	m.publish(h, "created")
 	if m.o.Notify != nil {
