@@ -186,19 +186,6 @@ func BenchmarkDNSAnswer(b *testing.B) {
 // relay dials it: a new connection with id's preamble per stream.
 func streamForwarder(g *testGateway, id wire.Identity) *dns.StreamForwarder {
 	return &dns.StreamForwarder{Dial: func(ctx context.Context) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, "unix", g.cfg.Gateway.SandboxSocket)
-		if err != nil {
-			return nil, err
-		}
-		line, err := wire.Encode(id)
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		if _, err := c.Write(line); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, nil
+		return wire.Dial(ctx, g.cfg.Gateway.SandboxSocket, id)
 	}}
 }

@@ -83,15 +83,8 @@ func startEgressGateway(t testing.TB, up *dnsUpstream, edit func(*config.Config)
 // rawConn opens the sandbox socket as a relay would, preamble sent.
 func rawConn(t *testing.T, g *testGateway, id wire.Identity) net.Conn {
 	t.Helper()
-	c, err := net.Dial("unix", g.cfg.Gateway.SandboxSocket)
+	c, err := wire.Dial(context.Background(), g.cfg.Gateway.SandboxSocket, id)
 	if err != nil {
-		t.Fatal(err)
-	}
-	line, err := wire.Encode(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Write(line); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))

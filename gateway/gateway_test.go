@@ -180,20 +180,7 @@ func startGateway(t testing.TB, upstreamURL, extra string, edit func(*config.Con
 func (g *testGateway) client(id wire.Identity) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "unix", g.cfg.Gateway.SandboxSocket)
-			if err != nil {
-				return nil, err
-			}
-			line, err := wire.Encode(id)
-			if err != nil {
-				c.Close()
-				return nil, err
-			}
-			if _, err := c.Write(line); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return c, nil
+			return wire.Dial(ctx, g.cfg.Gateway.SandboxSocket, id)
 		},
 		MaxIdleConnsPerHost: 16,
 	}}

@@ -104,8 +104,7 @@ func (be *benchEgress) viaProxy(b testing.TB) *http.Client { return be.viaProxyA
 
 // viaProxyAs is viaProxy for the caller id.
 func (be *benchEgress) viaProxyAs(b testing.TB, id wire.Identity) *http.Client {
-	line, err := wire.Encode(id)
-	if err != nil {
+	if err := id.Validate(); err != nil {
 		b.Fatal(err)
 	}
 	proxyURL, _ := url.Parse("http://sluice-proxy")
@@ -113,11 +112,7 @@ func (be *benchEgress) viaProxyAs(b testing.TB, id wire.Identity) *http.Client {
 		Proxy: http.ProxyURL(proxyURL), MaxIdleConnsPerHost: 1,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // the httptest certificate names example.com
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "unix", be.sock)
-			if err == nil {
-				_, err = c.Write(line)
-			}
-			return c, err
+			return wire.Dial(ctx, be.sock, id)
 		},
 	}}
 }

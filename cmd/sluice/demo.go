@@ -243,22 +243,12 @@ func writeDemoJSON(w http.ResponseWriter, status int, v any) {
 // gateway's Unix socket and first writes the identity preamble, exactly as
 // sandboxd's relay does, then carries one HTTP exchange.
 func agentClient(sock string, id wire.Identity) (*http.Client, error) {
-	line, err := wire.Encode(id)
-	if err != nil {
+	if err := id.Validate(); err != nil {
 		return nil, err
 	}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "unix", sock)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := c.Write(line); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return c, nil
+			return wire.Dial(ctx, sock, id)
 		},
 		DisableKeepAlives: true,
 	}

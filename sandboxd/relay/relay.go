@@ -61,14 +61,13 @@ type Options struct {
 
 // Relay is one sandbox's set of listeners.
 type Relay struct {
-	opts     Options
-	preamble []byte
-	log      *slog.Logger
-	sem      chan struct{}
-	stub     *dns.Stub
-	dnsFwd   *dns.StreamForwarder
-	client   *http.Client
-	tr       *http.Transport
+	opts   Options
+	log    *slog.Logger
+	sem    chan struct{}
+	stub   *dns.Stub
+	dnsFwd *dns.StreamForwarder
+	client *http.Client
+	tr     *http.Transport
 
 	mu     sync.Mutex
 	closed bool
@@ -95,8 +94,7 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 	if err := notOwnNetNS(opts.NetNS); err != nil {
 		return nil, fmt.Errorf("relay: open: %w", err)
 	}
-	pre, err := wire.Encode(opts.Identity)
-	if err != nil {
+	if err := opts.Identity.Validate(); err != nil {
 		return nil, fmt.Errorf("relay: open: %w", err)
 	}
 	if opts.ProxyPort == 0 {
@@ -117,11 +115,10 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 	}
 	log = log.With("sandbox", opts.Identity.Sandbox, "agent", opts.Identity.Agent)
 	r := &Relay{
-		opts:     opts,
-		preamble: pre,
-		log:      log,
-		sem:      make(chan struct{}, opts.MaxConns),
-		conns:    map[net.Conn]struct{}{},
+		opts:  opts,
+		log:   log,
+		sem:   make(chan struct{}, opts.MaxConns),
+		conns: map[net.Conn]struct{}{},
 	}
 	r.tr = &http.Transport{
 		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dialGateway(ctx) },
@@ -140,7 +137,7 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 
 	var proxy, dnsTCP net.Listener
 	var dnsUDP net.PacketConn
-	err = InNetNS(opts.NetNS, func() error {
+	err := InNetNS(opts.NetNS, func() error {
 		if err := loUp(); err != nil {
 			return err
 		}
@@ -293,17 +290,10 @@ func (r *Relay) untrack(c net.Conn) {
 func (r *Relay) dialGateway(ctx context.Context) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
 	defer cancel()
-	var d net.Dialer
-	gc, err := d.DialContext(ctx, "unix", r.opts.Gateway)
+	gc, err := wire.Dial(ctx, r.opts.Gateway, r.opts.Identity)
 	if err != nil {
-		return nil, fmt.Errorf("relay: dial gateway: %w", err)
+		return nil, fmt.Errorf("relay: %w", err)
 	}
-	gc.SetWriteDeadline(time.Now().Add(DefaultDialTimeout))
-	if _, err := gc.Write(r.preamble); err != nil {
-		gc.Close()
-		return nil, fmt.Errorf("relay: write preamble: %w", err)
-	}
-	gc.SetWriteDeadline(time.Time{})
 	return gc, nil
 }
 

@@ -379,17 +379,8 @@ func version(argv ...string) string {
 // sandboxClient speaks to a gateway socket as sandboxd would: each
 // connection starts with the identity preamble, then HTTP (keep-alive).
 func sandboxClient(sock string, id wire.Identity) *http.Client {
-	line, _ := wire.Encode(id)
 	tr := &http.Transport{MaxIdleConnsPerHost: 8, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := c.Write(line); err != nil {
-			c.Close()
-			return nil, err
-		}
-		return c, nil
+		return wire.Dial(ctx, sock, id)
 	}}
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }

@@ -204,20 +204,7 @@ func tailAudit(path string, n int) ([]json.RawMessage, error) {
 func (r *rig) call(ctx context.Context, tool, args string) (int, string, error) {
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			conn, err := (&net.Dialer{}).DialContext(ctx, "unix", r.cfg.Gateway.SandboxSocket)
-			if err != nil {
-				return nil, err
-			}
-			line, err := wire.Encode(agent)
-			if err != nil {
-				conn.Close()
-				return nil, err
-			}
-			if _, err := conn.Write(line); err != nil {
-				conn.Close()
-				return nil, err
-			}
-			return conn, nil
+			return wire.Dial(ctx, r.cfg.Gateway.SandboxSocket, agent)
 		},
 	}}
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://sluice/v1/tools/"+tool, strings.NewReader(args))

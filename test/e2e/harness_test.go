@@ -702,22 +702,13 @@ var (
 // client speaks to the gateway as sandboxd would: each connection starts
 // with the identity preamble, then plain HTTP.
 func (g *gateway) client(t testing.TB, id wire.Identity) *http.Client {
-	line, err := wire.Encode(id)
-	if err != nil {
-		t.Fatalf("wire.Encode: %v", err)
+	if err := id.Validate(); err != nil {
+		t.Fatalf("identity: %v", err)
 	}
 	tr := &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "unix", g.sock)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := c.Write(line); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return c, nil
+			return wire.Dial(ctx, g.sock, id)
 		},
 	}
 	return &http.Client{Transport: tr, Timeout: 20 * time.Second}

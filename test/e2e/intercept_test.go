@@ -191,25 +191,13 @@ func runIP(e *env, args ...string) ([]byte, error) {
 
 // client is a sandbox client through the gateway's proxy trusting roots.
 func (w *interceptWorld) client(t testing.TB, roots *x509.CertPool) *http.Client {
-	line, err := wire.Encode(agentA)
-	if err != nil {
-		t.Fatal(err)
-	}
 	proxyURL, _ := url.Parse("http://sluice-proxy")
 	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
 		Proxy:             http.ProxyURL(proxyURL),
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{RootCAs: roots},
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "unix", w.g.sock)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := c.Write(line); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return c, nil
+			return wire.Dial(ctx, w.g.sock, agentA)
 		},
 	}}
 }

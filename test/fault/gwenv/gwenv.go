@@ -748,19 +748,9 @@ func (g *Gateway) AwaitAudit(event, sub string) map[string]any {
 
 // Dial opens the sandbox socket and writes id's identity preamble.
 func (g *Gateway) Dial(id wire.Identity) (net.Conn, error) {
-	line, err := wire.Encode(id)
-	if err != nil {
-		return nil, fmt.Errorf("dial: encode identity: %w", err)
-	}
-	c, err := net.DialTimeout("unix", g.Sock, 10*time.Second)
-	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
-	}
-	if _, err := c.Write(line); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("dial: preamble: %w", err)
-	}
-	return c, nil
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return wire.Dial(ctx, g.Sock, id)
 }
 
 // Client is an HTTP client over the sandbox socket as id.
