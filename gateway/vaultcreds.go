@@ -67,15 +67,17 @@ func openVault(ctx context.Context, cfg *config.Config, log *slog.Logger) (*vaul
 // errNoUser refuses a per-user credential for a session that acts for no one.
 var errNoUser = errors.New("the credential is per user ({user}) and this session acts for no user")
 
-// expandPath fills {user} and {connector}. Both are validated names
-// (identity preamble, config), so they stay one path segment.
+// expandPath fills {user} and {connector}. The user must be a name the
+// secret stores accept (vault.ValidateName: letters, digits, '_', '.', '-',
+// not starting with '.'), so it stays one path segment; the connector slug
+// is checked by the config.
 func expandPath(p string, ref CredentialRef) (string, error) {
 	if strings.Contains(p, "{user}") {
 		if ref.Caller.User == "" {
 			return "", errNoUser
 		}
-		if strings.ContainsAny(ref.Caller.User, "/{}") || ref.Caller.User == "." || ref.Caller.User == ".." {
-			return "", fmt.Errorf("user %q cannot name a Vault path segment", ref.Caller.User)
+		if err := vault.ValidateName(ref.Caller.User); err != nil {
+			return "", fmt.Errorf("user cannot name a Vault path segment: %w", err)
 		}
 	}
 	return strings.NewReplacer("{user}", ref.Caller.User, "{connector}", ref.Connector).Replace(p), nil
