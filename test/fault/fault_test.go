@@ -236,14 +236,7 @@ const badRego = "package sluice.policies.team\n\ndecisions contains d if {\n\tin
 // error is counted.
 func TestPolicyReloadSyntaxError(t *testing.T) {
 	e := newEnv(t)
-	rego := filepath.Join(e.Dir, "rego")
-	if err := os.Mkdir(rego, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mod := filepath.Join(rego, "team.rego")
-	if err := os.WriteFile(mod, []byte(goodRego), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rego, mod := writeRego(t, e.Dir, goodRego)
 	d := e.BaseConfig("reload")
 	d["rego"] = []string{rego}
 	path := e.Write(d)
@@ -309,14 +302,7 @@ func TestPolicyReloadSyntaxError(t *testing.T) {
 // with the module fixed.
 func TestBrokenPolicyAtColdStart(t *testing.T) {
 	e := newEnv(t)
-	rego := filepath.Join(e.Dir, "rego")
-	if err := os.Mkdir(rego, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mod := filepath.Join(rego, "team.rego")
-	if err := os.WriteFile(mod, []byte(badRego), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rego, mod := writeRego(t, e.Dir, badRego)
 	d := e.BaseConfig("cold")
 	d["rego"] = []string{rego}
 	path := e.Write(d)
@@ -471,14 +457,7 @@ func TestUpstreamFaults(t *testing.T) {
 // the same module for another tool: the refund is still held (202).
 func TestPolicyEvalFailures(t *testing.T) {
 	e := newEnv(t)
-	rego := filepath.Join(e.Dir, "rego")
-	if err := os.Mkdir(rego, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mod := filepath.Join(rego, "team.rego")
-	if err := os.WriteFile(mod, []byte(goodRego), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rego, mod := writeRego(t, e.Dir, goodRego)
 	d := e.BaseConfig("eval")
 	d["rego"] = []string{rego}
 	path := e.Write(d)
@@ -546,4 +525,19 @@ decisions contains {"action": "allow", "rule": "x", "reason": "r"} if level > 0
 			}
 		})
 	}
+}
+
+// writeRego puts src into DIR/rego/team.rego, the policy directory the
+// configs list, and returns the directory and the module's path.
+func writeRego(t *testing.T, dir, src string) (rego, mod string) {
+	t.Helper()
+	rego = filepath.Join(dir, "rego")
+	if err := os.Mkdir(rego, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mod = filepath.Join(rego, "team.rego")
+	if err := os.WriteFile(mod, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return rego, mod
 }
