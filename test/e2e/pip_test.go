@@ -5,7 +5,6 @@ package e2e
 import (
 	"archive/zip"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
@@ -246,24 +245,7 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 		`step denied-https ` + pip + ` -vv --index-url https://evil.test/simple/ --cert /workspace/ca.pem`,
 		`step direct env NO_PROXY='*' no_proxy='*' ` + pip + ` -vv --index-url http://pkg.test/simple/ --trusted-host pkg.test`,
 	}, "\n")
-	state, err := os.MkdirTemp("", "sluice-e2e-pip-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.sock,
-		"--agent", "agent-a", "--session", "pip", "--copy", caFile+":/workspace/ca.pem", "--timeout", "200s",
-		"--", "/bin/sh", "-c", script)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
-	}
+	out := runInSandbox(t, g.sock, "pip", caFile, script, 240*time.Second)
 	for _, l := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(l, "@@ ") {
 			t.Logf("inside the sandbox: %s", l)

@@ -133,24 +133,7 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 		`step direct-ip --noproxy '*' --connect-timeout 3 -w ' %{http_code}' --cacert /workspace/ca.pem https://` + egressIP + `/`,
 		`step direct-name --noproxy '*' --connect-timeout 3 -w ' %{http_code}' --cacert /workspace/ca.pem https://pkg.test/`,
 	}, "\n")
-	state, err := os.MkdirTemp("", "sluice-e2e-curl-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.sock,
-		"--agent", "agent-a", "--session", "curl", "--copy", caFile+":/workspace/ca.pem", "--timeout", "90s",
-		"--", "/bin/sh", "-c", script)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
-	}
+	out := runInSandbox(t, g.sock, "curl", caFile, script, 120*time.Second)
 	t.Logf("inside the sandbox:\n%s", out.String())
 	steps := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
@@ -217,4 +200,32 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 			t.Errorf("no audit decision record %q", k)
 		}
 	}
+}
+
+// runInSandbox runs script with /bin/sh in a fresh sandbox made by the real
+// `sandboxd run` (agent-a, the given session, the gateway at sock, caFile
+// copied to /workspace/ca.pem) and returns its stdout. limit bounds the
+// whole run; the sandbox's own timeout is a little shorter.
+func runInSandbox(t *testing.T, sock, session, caFile, script string, limit time.Duration) *bytes.Buffer {
+	t.Helper()
+	state, err := os.MkdirTemp("", "sluice-e2e-"+session+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	inner := limit * 5 / 6
+	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", sock,
+		"--agent", "agent-a", "--session", session, "--copy", caFile+":/workspace/ca.pem", "--timeout", inner.String(),
+		"--", "/bin/sh", "-c", script)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	return &out
 }
