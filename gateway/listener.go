@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,19 +20,104 @@ import (
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
-// preambleTimeout bounds how long a relay may take to send its identity line.
+// preambleTimeout bounds how long a relay may take to send its identity or
+// handoff line.
 const preambleTimeout = 5 * time.Second
+
+// handoffIdle closes a handed-off connection on which no byte has moved
+// either way for this long (checked every handoffIdle, so cut between one
+// and two periods). It is the backstop the relay's idle timeout used to be
+// (relay.DefaultIdleTimeout) for a request stalled mid-body or a response
+// the sandbox stopped reading; the http.Server's header and keep-alive
+// timeouts and the CONNECT tunnel's idle watchdog still apply first.
+const handoffIdle = 5 * time.Minute
 
 // identConn is an accepted sandbox connection whose relay was trusted and
 // whose identity preamble was read. Reads continue from the buffer that
 // held the preamble so no request bytes are lost.
+//
+// For a handoff, Conn is the sandbox's own socket (a *net.TCPConn from the
+// proxy port, a *net.UnixConn from the per-sandbox socket) and lease is the
+// relay's Unix connection that passed it: both close together, which is
+// how the relay learns the gateway is done, and the relay closing the lease
+// closes the connection.
 type identConn struct {
 	net.Conn
 	r  *bufio.Reader
 	id wire.Identity
+
+	lease  *net.UnixConn // nil unless handed off
+	moved  atomic.Uint64 // Read and Write calls, for the idle watchdog
+	idle   atomic.Pointer[time.Timer]
+	closed atomic.Bool
+	once   sync.Once
 }
 
-func (c *identConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *identConn) Read(p []byte) (int, error) {
+	if c.lease != nil {
+		c.moved.Add(1)
+	}
+	return c.r.Read(p)
+}
+
+func (c *identConn) Write(p []byte) (int, error) {
+	if c.lease != nil {
+		c.moved.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+// Close closes the connection and, for a handoff, shuts the socket down
+// first: the relay still holds a descriptor of it, so closing ours alone
+// would leave the sandbox waiting. Then the lease is closed.
+func (c *identConn) Close() error {
+	if c.lease == nil {
+		return c.Conn.Close()
+	}
+	var err error
+	c.once.Do(func() {
+		c.closed.Store(true)
+		if sc, ok := c.Conn.(syscall.Conn); ok {
+			if raw, rerr := sc.SyscallConn(); rerr == nil {
+				_ = raw.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+			}
+		}
+		err = c.Conn.Close()
+		_ = c.lease.Close()
+		if t := c.idle.Load(); t != nil {
+			t.Stop()
+		}
+	})
+	return err
+}
+
+// watch closes a handed-off connection when the relay closes the lease
+// (its Close, or its process ending), when the relay sends anything on it
+// (it never does), or when no Read or Write has happened for a whole
+// period of idle.
+func (c *identConn) watch(idle time.Duration) {
+	c.arm(idle, c.moved.Load())
+	go func() {
+		var b [1]byte
+		_, _ = c.lease.Read(b[:])
+		_ = c.Close()
+	}()
+}
+
+// arm starts the idle check: after idle, the connection is closed unless
+// a Read or Write happened since moved was seen, in which case it re-arms.
+func (c *identConn) arm(idle time.Duration, seen uint64) {
+	c.idle.Store(time.AfterFunc(idle, func() {
+		if c.closed.Load() {
+			return
+		}
+		if n := c.moved.Load(); n != seen {
+			c.arm(idle, n)
+			return
+		}
+		_ = c.Close()
+	}))
+}
 
 // sandboxListener accepts on the gateway's Unix socket and yields only
 // connections from a trusted relay (SO_PEERCRED uid in the trusted set)
@@ -44,9 +131,16 @@ type sandboxListener struct {
 	done    chan struct{}
 	once    sync.Once
 	refused func(code Code) // metrics hook
+	idle    time.Duration   // handed-off connections: handoffIdle
 }
 
 func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func(Code)) (*sandboxListener, error) {
+	return listenSandboxIdle(path, trusted, log, refused, handoffIdle)
+}
+
+// listenSandboxIdle is listenSandbox with the handed-off connections' idle
+// period (tests shorten it).
+func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused func(Code), idle time.Duration) (*sandboxListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("gateway: sandbox socket dir: %w", err)
 	}
@@ -74,7 +168,7 @@ func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func
 	for _, u := range trusted {
 		set[u] = true
 	}
-	l := &sandboxListener{ln: ln, trusted: set, log: log, conns: make(chan *identConn), done: make(chan struct{}), refused: refused}
+	l := &sandboxListener{ln: ln, trusted: set, log: log, conns: make(chan *identConn), done: make(chan struct{}), refused: refused, idle: idle}
 	go l.acceptLoop()
 	return l, nil
 }
@@ -110,9 +204,16 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 		rejectConn(c, 403, CodeUntrustedPeer, "this socket accepts connections only from a trusted sluice relay (sandboxd)")
 		return
 	}
+	// Receive uses recvmsg: a handed-off descriptor arrives with the line
+	// and is validated (one connected stream socket) or closed.
 	_ = c.SetReadDeadline(time.Now().Add(preambleTimeout))
-	r := bufio.NewReaderSize(c, wire.MaxLine)
-	id, err := wire.Read(r)
+	p, err := wire.Receive(c)
+	if errors.Is(err, wire.ErrHandoff) {
+		l.log.Warn("sandbox socket: refused handoff: the passed descriptors are not one connected stream socket", "peer_uid", uid, "err", err)
+		l.refused(CodeIdentityRequired)
+		rejectConn(c, 400, CodeIdentityRequired, "a SLUICE-HANDOFF line must pass exactly one connected stream socket, and a SLUICE-IDENTITY line none")
+		return
+	}
 	if err != nil {
 		l.log.Warn("sandbox socket: refused connection without a valid identity preamble", "peer_uid", uid, "err", err)
 		l.refused(CodeIdentityRequired)
@@ -120,10 +221,15 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
+	ic := &identConn{Conn: c, r: p.Reader, id: p.Identity}
+	if p.Conn != nil {
+		ic = &identConn{Conn: p.Conn, r: bufio.NewReaderSize(p.Conn, wire.MaxLine), id: p.Identity, lease: c}
+		ic.watch(l.idle)
+	}
 	select {
-	case l.conns <- &identConn{Conn: c, r: r, id: id}:
+	case l.conns <- ic:
 	case <-l.done:
-		c.Close()
+		ic.Close()
 	}
 }
 

@@ -24,7 +24,8 @@ func echoGateway(tb testing.TB) string {
 }
 
 // benchTargets returns a dialer through the relay (from inside a fresh
-// netns) and one straight to the gateway socket, as a baseline.
+// netns), handing off ("relay") or copying bytes ("relay-copy", on
+// another port), and one straight to the gateway socket, as a baseline.
 func benchTargets(b *testing.B) map[string]func() (net.Conn, error) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root: setns(CLONE_NEWNET) and ip netns")
@@ -40,17 +41,24 @@ func benchTargets(b *testing.B) map[string]func() (net.Conn, error) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { r.Close() })
+	rc, err := Open(b.Context(), Options{NetNS: ns, Identity: id, Gateway: gw, ProxyPort: 3129, DNSPort: 54, Copy: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rc.Close() })
 	pre, _ := wire.Encode(id)
+	dialIn := func(addr string) (net.Conn, error) {
+		var c net.Conn
+		err := InNetNS(ns, func() error {
+			var err error
+			c, err = net.Dial("tcp", addr)
+			return err
+		})
+		return c, err
+	}
 	return map[string]func() (net.Conn, error){
-		"relay": func() (net.Conn, error) {
-			var c net.Conn
-			err := InNetNS(ns, func() error {
-				var err error
-				c, err = net.Dial("tcp", "127.0.0.1:3128")
-				return err
-			})
-			return c, err
-		},
+		"relay":      func() (net.Conn, error) { return dialIn("127.0.0.1:3128") },
+		"relay-copy": func() (net.Conn, error) { return dialIn("127.0.0.1:3129") },
 		"direct": func() (net.Conn, error) {
 			c, err := net.Dial("unix", gw)
 			if err == nil {
@@ -109,6 +117,30 @@ func BenchmarkThroughput(b *testing.B) {
 					b.Fatal(err)
 				}
 				if err := <-errc; err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPingPong is one small request and its answer on a kept
+// connection, the shape of a keep-alive HTTP request or a TLS record
+// exchange inside a CONNECT tunnel.
+func BenchmarkPingPong(b *testing.B) {
+	for name, dial := range benchTargets(b) {
+		b.Run(name, func(b *testing.B) {
+			c, err := dial()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			msg := make([]byte, 512)
+			for b.Loop() {
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, msg); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,8 +1,12 @@
 // Package relay opens a sandbox's only exits from the host side and relays
 // them to the gateway: TCP listeners on 127.0.0.1 inside the sandbox's
 // network namespace (the proxy/tool API port and the DNS port) and a
-// per-sandbox Unix socket, each connection forwarded to the gateway's
-// socket after one SLUICE-IDENTITY preamble line. The listener a
+// per-sandbox Unix socket. Each accepted connection is handed to the
+// gateway with one SLUICE-HANDOFF line and the connection's descriptor
+// (SCM_RIGHTS), so the gateway reads and writes the sandbox's socket itself
+// and sandboxd copies nothing; with Options.Copy, or once the gateway has
+// refused a handoff, it is instead forwarded to the gateway's socket after
+// one SLUICE-IDENTITY line and its bytes copied both ways. The listener a
 // connection arrived on is its identity; no sluice code runs inside.
 //
 // The listeners are made by a host thread that briefly joins the sandbox's
@@ -27,7 +31,10 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -55,8 +62,14 @@ type Options struct {
 	DNSPort    int           // default 53 (UDP and TCP), answered by the dns stub
 	Logger     *slog.Logger
 
-	MaxConns    int           // relayed connections open at once for this sandbox; more are closed at accept; default DefaultMaxConns
-	IdleTimeout time.Duration // a relayed connection with no bytes either way for this long is closed; default DefaultIdleTimeout
+	MaxConns    int           // relayed connections open at once for this sandbox (a handed-off one until the gateway is done with it); more are closed at accept; default DefaultMaxConns
+	IdleTimeout time.Duration // a copied connection with no bytes either way for this long is closed; default DefaultIdleTimeout (a handed-off connection's timeouts are the gateway's)
+
+	// Copy relays every connection by copying its bytes through sandboxd
+	// (the SLUICE-IDENTITY form) instead of handing it to the gateway. A
+	// relay also switches to copying by itself the first time the gateway
+	// answers a handoff with a refusal (a gateway that predates handoff).
+	Copy bool
 }
 
 // Relay is one sandbox's set of listeners.
@@ -76,6 +89,8 @@ type Relay struct {
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 	sockOK bool // SocketPath was created by us and must be removed
+
+	copyOnly atomic.Bool // Options.Copy, or the gateway refused a handoff
 }
 
 // Open opens the listeners inside opts.NetNS and starts relaying. ctx bounds
@@ -120,6 +135,7 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 		sem:   make(chan struct{}, opts.MaxConns),
 		conns: map[net.Conn]struct{}{},
 	}
+	r.copyOnly.Store(opts.Copy)
 	r.tr = &http.Transport{
 		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dialGateway(ctx) },
 		MaxIdleConns:        2,
@@ -174,9 +190,9 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 		r.lns = append(r.lns, sock)
 	}
 
-	r.serve("proxy", proxy, r.relayConn)
+	r.serve("proxy", proxy, r.handoffConn)
 	if sock != nil {
-		r.serve("socket", sock, r.relayConn)
+		r.serve("socket", sock, r.handoffConn)
 	}
 	r.wg.Add(2)
 	go func() {
@@ -297,6 +313,57 @@ func (r *Relay) dialGateway(ctx context.Context) (net.Conn, error) {
 	return gc, nil
 }
 
+// handoffConn passes c to the gateway (wire.Handoff) and waits until the
+// gateway is done with it: the gateway closes the lease when it closes its
+// copy of c, and only then are c's slot and the relay's copy released. The
+// relay's own copy is kept so that Close can shut the socket down. A gateway
+// that answers the handoff with bytes instead of serving it refused it
+// before touching c, and the relay copies c's bytes instead; if the answer
+// does not name handoffs (an older gateway reads the line as a malformed
+// identity preamble), every later connection is copied straight away.
+func (r *Relay) handoffConn(c net.Conn) {
+	sc, ok := c.(syscall.Conn)
+	if !ok || r.copyOnly.Load() {
+		r.relayConn(c)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultDialTimeout)
+	lease, err := wire.Handoff(ctx, r.opts.Gateway, r.opts.Identity, sc)
+	cancel()
+	if err != nil {
+		r.log.Warn("relay: connection dropped", "err", fmt.Errorf("relay: %w", err))
+		return
+	}
+	if !r.track(lease) {
+		lease.Close()
+		return
+	}
+	defer func() { r.untrack(lease); lease.Close() }()
+	var answer [512]byte
+	n, _ := lease.Read(answer[:])
+	if n == 0 {
+		return // the gateway is done with c, or Close cut the lease
+	}
+	// The gateway answered instead: read the rest of its (short) refusal;
+	// it half-closes right after writing it.
+	_ = lease.SetReadDeadline(time.Now().Add(time.Second))
+	m, _ := io.ReadFull(lease, answer[n:])
+	n += m
+	line, _, _ := bytes.Cut(answer[:n], []byte("\r\n"))
+	// A gateway that knows handoffs names them in its refusal: this one
+	// connection could not be passed (say, no descriptor was free), so
+	// only it is copied. Any other answer is a gateway that predates
+	// handoff: copy from now on.
+	if bytes.Contains(answer[:n], []byte(wire.HandoffPrefix[:len(wire.HandoffPrefix)-1])) {
+		r.log.Warn("relay: gateway refused a handoff; copying this connection's bytes", "answer", string(line))
+	} else if r.copyOnly.CompareAndSwap(false, true) {
+		r.log.Warn("relay: gateway does not take handoffs; copying connection bytes from now on", "answer", string(line))
+	}
+	r.untrack(lease)
+	lease.Close()
+	r.relayConn(c)
+}
+
 // relayConn connects c to the gateway and copies both ways until both
 // sides have finished or the connection has been idle for IdleTimeout.
 func (r *Relay) relayConn(c net.Conn) {
@@ -366,6 +433,19 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) error {
 	}
 }
 
+// shutdown shuts c's socket down both ways, for every descriptor of it.
+func shutdown(c net.Conn) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+}
+
 // forwardDNS POSTs one query to the gateway's /v1/dns over an
 // identity-stamped connection. Anything but 200 with a DNS message is an
 // error, which the stub turns into REFUSED.
@@ -418,6 +498,11 @@ func (r *Relay) Close() error {
 		}
 	}
 	for c := range r.conns {
+		// A handed-off connection's socket is also open in the gateway:
+		// closing our descriptor alone would not end it, shutting the
+		// socket down does (the gateway reads EOF, the sandbox sees the
+		// connection end). Harmless for copied and lease connections.
+		shutdown(c)
 		c.Close()
 	}
 	r.mu.Unlock()

@@ -78,21 +78,45 @@ func httpIn(t *testing.T, ns, addr string) *http.Client {
 type idKey struct{}
 
 // gateway is a test gateway: a Unix listener that reads the preamble with
-// wire.Read and then speaks HTTP, like the real gateway's sandbox socket.
+// wire.Receive, the real gateway's helper, and then speaks HTTP over the
+// relayed stream or the handed-off connection, like the real gateway's
+// sandbox socket.
 type gateway struct {
 	path      string
 	dnsStatus atomic.Int32
+	refuse    atomic.Bool  // answer handoffs with a 400, as a gateway that predates them
+	refuseOne atomic.Bool  // answer handoffs with the real gateway's handoff refusal
+	refusals  atomic.Int64 // handoffs refused
+	handoffs  atomic.Int64 // connections received by handoff
+	identity  atomic.Int64 // connections received with an identity line
+	held      chan error   // GET /hold: what reading the held connection ended with
 	mu        sync.Mutex
 	bad       []error
 }
 
 type idConn struct {
 	net.Conn
-	r  *bufio.Reader
-	id wire.Identity
+	r     *bufio.Reader
+	id    wire.Identity
+	lease net.Conn // the relay's Unix connection of a handoff
 }
 
 func (c *idConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// Close closes a handed-off connection and then its lease, which tells the
+// relay the gateway is done; shutting the socket down first makes the end
+// visible to the sandbox at once (the relay holds a copy until then).
+func (c *idConn) Close() error {
+	if c.lease == nil {
+		return c.Conn.Close()
+	}
+	if tc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+	}
+	err := c.Conn.Close()
+	c.lease.Close()
+	return err
+}
 
 type idListener struct {
 	net.Listener
@@ -105,9 +129,9 @@ func (l idListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		br := bufio.NewReader(c)
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		id, err := wire.Read(br)
+		uc := c.(*net.UnixConn)
+		uc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		p, err := wire.Receive(uc)
 		if err != nil {
 			l.g.mu.Lock()
 			l.g.bad = append(l.g.bad, err)
@@ -115,8 +139,24 @@ func (l idListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		c.SetReadDeadline(time.Time{})
-		return &idConn{Conn: c, r: br, id: id}, nil
+		uc.SetReadDeadline(time.Time{})
+		if p.Conn == nil {
+			l.g.identity.Add(1)
+			return &idConn{Conn: c, r: p.Reader, id: p.Identity}, nil
+		}
+		if l.g.refuse.Load() || l.g.refuseOne.Load() {
+			l.g.refusals.Add(1)
+			p.Conn.Close()
+			body := ""
+			if l.g.refuseOne.Load() {
+				body = `{"error":{"code":"identity_required","message":"a SLUICE-HANDOFF line must pass exactly one connected stream socket"}}`
+			}
+			fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+			c.Close()
+			continue
+		}
+		l.g.handoffs.Add(1)
+		return &idConn{Conn: p.Conn, r: bufio.NewReader(p.Conn), id: p.Identity, lease: c}, nil
 	}
 }
 
@@ -127,7 +167,7 @@ func startGateway(t testing.TB) *gateway {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	g := &gateway{path: filepath.Join(dir, "gw.sock")}
+	g := &gateway{path: filepath.Join(dir, "gw.sock"), held: make(chan error, 4)}
 	g.dnsStatus.Store(http.StatusNotFound)
 	l, err := net.Listen("unix", g.path)
 	if err != nil {
@@ -139,6 +179,19 @@ func startGateway(t testing.TB) *gateway {
 	})
 	mux.HandleFunc("POST /echo", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(w, r.Body)
+	})
+	mux.HandleFunc("GET /hold", func(w http.ResponseWriter, r *http.Request) {
+		// Answer, then hold the connection and read until it ends.
+		c, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			g.held <- err
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.Copy(io.Discard, brw)
+		g.held <- err
 	})
 	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
 		for range 8 {
@@ -346,13 +399,23 @@ func TestRelayHalfClose(t *testing.T) {
 	}
 }
 
+// TestRelayLimits: MaxConns holds in both modes (a handed-off connection
+// keeps its slot until the gateway is done with it); the idle timeout is
+// the copy path's (a handed-off connection's timeouts are the gateway's).
 func TestRelayLimits(t *testing.T) {
 	needRoot(t)
 	g := startGateway(t)
-	_, ns := newNetNS(t, "sluice-relay")
-	openRelay(t, Options{NetNS: ns, Identity: wire.Identity{Sandbox: "s", Agent: "a"}, Gateway: g.path,
-		MaxConns: 2, IdleTimeout: 300 * time.Millisecond})
+	for _, mode := range []string{"handoff", "copy"} {
+		t.Run(mode, func(t *testing.T) {
+			_, ns := newNetNS(t, "sluice-relay")
+			openRelay(t, Options{NetNS: ns, Identity: wire.Identity{Sandbox: "s", Agent: "a"}, Gateway: g.path,
+				MaxConns: 2, IdleTimeout: 300 * time.Millisecond, Copy: mode == "copy"})
+			testLimits(t, ns, mode == "copy")
+		})
+	}
+}
 
+func testLimits(t *testing.T, ns string, copyMode bool) {
 	// closedSoon reports whether the relay closes c within d.
 	closedSoon := func(c net.Conn, d time.Duration) bool {
 		c.SetReadDeadline(time.Now().Add(d))
@@ -361,27 +424,33 @@ func TestRelayLimits(t *testing.T) {
 		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 	}
 
-	t.Run("idle connection is closed", func(t *testing.T) {
-		c, err := dialIn(t, ns, "tcp", "127.0.0.1:3128")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		start := time.Now()
-		if !closedSoon(c, 3*time.Second) {
-			t.Fatal("idle connection still open after 3s with IdleTimeout 300ms")
-		}
-		if el := time.Since(start); el < 250*time.Millisecond {
-			t.Fatalf("closed after %v, before the idle timeout", el)
-		}
-	})
+	if copyMode {
+		t.Run("idle connection is closed", func(t *testing.T) {
+			c, err := dialIn(t, ns, "tcp", "127.0.0.1:3128")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			start := time.Now()
+			if !closedSoon(c, 3*time.Second) {
+				t.Fatal("idle connection still open after 3s with IdleTimeout 300ms")
+			}
+			if el := time.Since(start); el < 250*time.Millisecond {
+				t.Fatalf("closed after %v, before the idle timeout", el)
+			}
+		})
+	}
 	t.Run("a one-way stream longer than the idle timeout survives", func(t *testing.T) {
-		resp, err := httpIn(t, ns, "127.0.0.1:3128").Get("http://sluice/slow")
+		hc := httpIn(t, ns, "127.0.0.1:3128")
+		resp, err := hc.Get("http://sluice/slow")
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		// Give the slot back: a kept-alive connection holds one.
+		hc.CloseIdleConnections()
+		time.Sleep(100 * time.Millisecond)
 		if err != nil || string(b) != "xxxxxxxx" {
 			t.Fatalf("slow body %q, %v; want 8 bytes over 800ms", b, err)
 		}
@@ -413,6 +482,12 @@ func TestRelayLimits(t *testing.T) {
 		defer third.Close()
 		if !closedSoon(third, 2*time.Second) {
 			t.Fatal("third connection open beyond MaxConns=2")
+		}
+		// The held connections are still served.
+		for i, c := range held {
+			if closedSoon(c, 100*time.Millisecond) {
+				t.Fatalf("held connection %d closed", i)
+			}
 		}
 		held[0].Close()
 		time.Sleep(200 * time.Millisecond)

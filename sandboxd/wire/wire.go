@@ -1,6 +1,8 @@
 // Package wire is the one format sandboxd and the gateway both speak: the
 // identity preamble line that starts every relayed connection,
-// "SLUICE-IDENTITY {json}\n". It imports nothing of sluice.
+// "SLUICE-IDENTITY {json}\n", and the handoff line
+// "SLUICE-HANDOFF {json}\n" that instead passes the sandbox's connection
+// itself to the gateway (handoff.go). It imports nothing of sluice.
 //
 // The preamble is parsed strictly so that sandboxd and the gateway can never
 // disagree about who a connection belongs to: exact prefix, one JSON object
@@ -98,7 +100,11 @@ func validField(name, v string, required bool) error {
 
 // Encode returns the preamble line for id, newline included. Fields must be
 // printable, without control characters; Agent and Sandbox must be set.
-func Encode(id Identity) ([]byte, error) {
+func Encode(id Identity) ([]byte, error) { return encode(id, Prefix) }
+
+// encode builds a preamble line that starts with prefix (Prefix or
+// HandoffPrefix); both lines share every other rule.
+func encode(id Identity, prefix string) ([]byte, error) {
 	if err := id.Validate(); err != nil {
 		return nil, fmt.Errorf("wire: encode: %w", err)
 	}
@@ -106,8 +112,8 @@ func Encode(id Identity) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire: encode: %w", err)
 	}
-	line := make([]byte, 0, len(Prefix)+len(js)+1)
-	line = append(line, Prefix...)
+	line := make([]byte, 0, len(prefix)+len(js)+1)
+	line = append(line, prefix...)
 	line = append(line, js...)
 	line = append(line, '\n')
 	if len(line) > MaxLine {
@@ -161,8 +167,12 @@ func readLine(r *bufio.Reader) ([]byte, error) {
 	return nil, fmt.Errorf("%w (limit %d bytes)", ErrTooLong, MaxLine)
 }
 
-func parse(line []byte) (Identity, error) {
-	rest, ok := bytes.CutPrefix(line, []byte(Prefix))
+func parse(line []byte) (Identity, error) { return parseLine(line, Prefix) }
+
+// parseLine parses line (without its newline) as prefix followed by the
+// identity object, with the same strict rules for either prefix.
+func parseLine(line []byte, prefix string) (Identity, error) {
+	rest, ok := bytes.CutPrefix(line, []byte(prefix))
 	if !ok {
 		return Identity{}, ErrMissingPrefix
 	}

@@ -1,7 +1,8 @@
 // Package wiretest is a gateway stand-in for tests of code that relays to
-// the gateway: a Unix socket that reads each connection's SLUICE-IDENTITY
-// preamble with wire.Read and hands the rest of the connection to a
-// test-supplied handler.
+// the gateway: a Unix socket that reads each connection's preamble with
+// wire.Receive (a SLUICE-IDENTITY line, or a SLUICE-HANDOFF line with the
+// sandbox's connection passed along) and hands the rest of the connection
+// to a test-supplied handler.
 package wiretest
 
 import (
@@ -15,7 +16,9 @@ import (
 )
 
 // Handler serves one relayed connection; br holds the bytes after the
-// preamble. If the preamble is invalid, id is zero and err says why.
+// preamble. For a handoff, c and br are the passed connection. If the
+// preamble is invalid, id is zero, err says why and c is the connection to
+// the gateway socket.
 type Handler func(c net.Conn, br *bufio.Reader, id wire.Identity, err error)
 
 // Gateway listens on a fresh Unix socket (in a short temporary directory, so
@@ -42,9 +45,18 @@ func Gateway(tb testing.TB, h Handler) string {
 			}
 			go func() {
 				defer c.Close()
-				br := bufio.NewReader(c)
-				id, err := wire.Read(br)
-				h(c, br, id, err)
+				p, err := wire.Receive(c.(*net.UnixConn))
+				switch {
+				case err != nil:
+					h(c, bufio.NewReader(c), wire.Identity{}, err)
+				case p.Conn != nil:
+					// Closing the lease (deferred) after the passed
+					// connection tells the relay it is done.
+					defer p.Conn.Close()
+					h(p.Conn, bufio.NewReader(p.Conn), p.Identity, nil)
+				default:
+					h(c, p.Reader, p.Identity, nil)
+				}
 			}()
 		}
 	}()
