@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -173,7 +175,9 @@ func TestEndSession(t *testing.T) {
 }
 
 // TestSessionStateUnreadable: when the store cannot say whether a session
-// has ended, nothing is sent for it (fail closed).
+// has ended, nothing is sent for it (fail closed). An answer the store gave
+// earlier stands while it cannot be read — a session ends only through the
+// store, so it cannot end meanwhile — until an end is attempted.
 func TestSessionStateUnreadable(t *testing.T) {
 	up := newUpstream(t)
 	g := startHolds(t, up, "", nil)
@@ -183,6 +187,9 @@ func TestSessionStateUnreadable(t *testing.T) {
 	}
 	before := up.requests.Load()
 	g.store.Close()
+	fresh := agentA
+	fresh.Session = "s-fresh" // never looked up before the store closed
+	cf := g.client(fresh)
 	tests := []struct {
 		name, tool, args string
 		status           int
@@ -194,15 +201,28 @@ func TestSessionStateUnreadable(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if r := doCall(t, c, tc.tool, tc.args); r.status != tc.status || r.code() != string(tc.code) {
+			if r := doCall(t, cf, tc.tool, tc.args); r.status != tc.status || r.code() != string(tc.code) {
 				t.Fatalf("%d %s, want %d %s", r.status, r.raw, tc.status, tc.code)
 			}
 		})
 	}
 	t.Run("proxy request", func(t *testing.T) {
-		resp, body, _, _ := exchange(t, g, "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+		conn := rawConn(t, g, fresh)
+		if _, err := io.WriteString(conn, "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusServiceUnavailable || errCode(body) != string(CodeSessionUnavailable) {
 			t.Fatalf("%d %s, want 503 session_unavailable", resp.StatusCode, body)
+		}
+	})
+	t.Run("an answer already read stands", func(t *testing.T) {
+		if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != 200 {
+			t.Fatalf("%d %s, want 200", r.status, r.raw)
 		}
 	})
 	t.Run("ending is 503", func(t *testing.T) {
@@ -210,7 +230,12 @@ func TestSessionStateUnreadable(t *testing.T) {
 			t.Fatalf("%d %s, want 503 session_unavailable", r.status, r.raw)
 		}
 	})
-	if n := up.requests.Load(); n != before {
-		t.Fatalf("%d upstream requests with the store closed", n-before)
+	t.Run("after a failed end the session is refused", func(t *testing.T) {
+		if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != http.StatusServiceUnavailable || r.code() != string(CodeSessionUnavailable) {
+			t.Fatalf("%d %s, want 503 session_unavailable", r.status, r.raw)
+		}
+	})
+	if n := up.requests.Load(); n != before+1 {
+		t.Fatalf("%d upstream requests with the store closed, want 1 (the session whose answer was read before)", n-before)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -24,6 +25,11 @@ type SessionEnd struct {
 func (s *Store) EndSession(ctx context.Context, session, by string, now time.Time) (SessionEnd, bool, error) {
 	res, err := s.db.ExecContext(ctx, `INSERT INTO ended_sessions (session, ended, ended_by) VALUES (?, ?, ?)
 		ON CONFLICT (session) DO NOTHING`, session, now.UnixNano(), by)
+	// Whether or not the insert reports success, the cached answer for
+	// session can no longer be trusted: on success it is now "ended", on
+	// failure the commit's outcome is unknown and the next lookup asks the
+	// database.
+	s.endedCache.ended(session, err == nil)
 	if err != nil {
 		return SessionEnd{}, false, fmt.Errorf("store: end session: %w", err)
 	}
@@ -56,17 +62,73 @@ func (s *Store) getSessionEnd(ctx context.Context, session string) (SessionEnd, 
 	return e, nil
 }
 
-// SessionEnded says whether session has been ended.
+// SessionEnded says whether session has been ended. Answers are cached:
+// sessions end only through EndSession on this store (Open holds the
+// database file exclusively), which updates the cache after its commit.
 func (s *Store) SessionEnded(ctx context.Context, session string) (bool, error) {
+	ended, ok, gen := s.endedCache.get(session)
+	if ok {
+		return ended, nil
+	}
 	var one int
 	err := s.ended.QueryRowContext(ctx, session).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return false, nil
+		ended = false
 	case err != nil:
-		return false, fmt.Errorf("store: session ended: %w", err)
+		return false, fmt.Errorf("store: session ended: %w", err) // errors are never cached
+	default:
+		ended = true
 	}
-	return true, nil
+	s.endedCache.put(session, ended, gen)
+	return ended, nil
+}
+
+// endedCacheMax bounds endedCache; when full it starts over empty.
+const endedCacheMax = 1 << 16
+
+// endedCache maps session → ended. gen counts EndSession calls: a lookup
+// keeps its database answer only if no end happened while it asked, so an
+// answer read just before an end's commit can never overwrite it.
+type endedCache struct {
+	mu  sync.Mutex
+	gen uint64
+	m   map[string]bool
+}
+
+func (c *endedCache) get(session string) (ended, ok bool, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ended, ok = c.m[session]
+	return ended, ok, c.gen
+}
+
+func (c *endedCache) put(session string, ended bool, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if gen != c.gen {
+		return
+	}
+	if c.m == nil || len(c.m) >= endedCacheMax {
+		c.m = make(map[string]bool)
+	}
+	c.m[session] = ended
+}
+
+// ended records an EndSession: known says the session is now ended in
+// the database; otherwise the entry is dropped so the next lookup asks.
+func (c *endedCache) ended(session string, known bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	if !known {
+		delete(c.m, session)
+		return
+	}
+	if c.m == nil || len(c.m) >= endedCacheMax {
+		c.m = make(map[string]bool)
+	}
+	c.m[session] = true
 }
 
 // CutSessionHolds makes every pending, unexpired hold of session due now

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -92,4 +94,77 @@ func BenchmarkSessionEnded(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestSessionEndedCache(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	t.Run("an end is seen at once", func(t *testing.T) {
+		if got, err := s.SessionEnded(ctx, "c1"); err != nil || got {
+			t.Fatalf("before the end: %v, %v; want false", got, err)
+		}
+		if _, _, err := s.EndSession(ctx, "c1", "bob", time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.SessionEnded(ctx, "c1"); err != nil || !got {
+			t.Fatalf("after the end: %v, %v; want true", got, err)
+		}
+	})
+	t.Run("a warm answer does not ask the database", func(t *testing.T) {
+		if got, _ := s.SessionEnded(ctx, "c1"); !got {
+			t.Fatal("c1 not ended")
+		}
+		// Removed behind the store's back (nothing in sluice deletes ends):
+		// the cached answer stands, which shows the lookup was not re-run.
+		if _, err := s.db.ExecContext(ctx, `DELETE FROM ended_sessions WHERE session = 'c1'`); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.SessionEnded(ctx, "c1"); err != nil || !got {
+			t.Fatalf("cached answer = %v, %v; want true", got, err)
+		}
+	})
+	t.Run("a lookup that raced an end keeps nothing", func(t *testing.T) {
+		var c endedCache
+		_, _, gen := c.get("x") // a lookup starts and reads "not ended" …
+		c.ended("x", true)      // … an end commits meanwhile …
+		c.put("x", false, gen)  // … and the stale answer must not land
+		if ended, ok, _ := c.get("x"); !ok || !ended {
+			t.Fatalf("get = %v, %v; want ended", ended, ok)
+		}
+	})
+	t.Run("a failed end drops the entry", func(t *testing.T) {
+		var c endedCache
+		_, _, gen := c.get("y")
+		c.put("y", false, gen)
+		c.ended("y", false)
+		if _, ok, _ := c.get("y"); ok {
+			t.Fatal("entry kept after an end whose outcome is unknown")
+		}
+	})
+	t.Run("bounded", func(t *testing.T) {
+		var c endedCache
+		for i := range endedCacheMax + 10 {
+			_, _, gen := c.get("")
+			c.put(fmt.Sprint(i), false, gen)
+		}
+		if len(c.m) > endedCacheMax {
+			t.Fatalf("%d entries, max %d", len(c.m), endedCacheMax)
+		}
+	})
+}
+
+// The cache is sound only if no other process ends sessions in the same
+// file, so a second store on it is refused until the first closes.
+func TestStoreFileIsExclusive(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	s, err := Open(ctx, "sqlite:"+path)
+	must(t, err)
+	if _, err := Open(ctx, "sqlite:"+path); err == nil || !strings.Contains(err.Error(), "in use by another gateway process") {
+		t.Fatalf("second Open: err = %v; want in use", err)
+	}
+	must(t, s.Close())
+	s, err = Open(ctx, "sqlite:"+path)
+	must(t, err)
+	must(t, s.Close())
 }
