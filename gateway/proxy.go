@@ -58,6 +58,7 @@ type rawEgress struct {
 	subs *subdomains
 
 	decisionAttrs egressDecisionAttrs
+	decisions     egressDecisions // egress_decisions.go
 
 	tunnelGauge metric.Int64UpDownCounter
 	dnsAnswers  metric.Int64Counter
@@ -227,8 +228,7 @@ func parseTarget(authority, defaultPort string) (host string, port int, err erro
 
 // decide asks policy about c and turns a non-allow into a refusal.
 func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
-	in := &policy.Input{Version: policy.InputVersion, Kind: c.kind, Caller: c.caller, Request: req, Time: time.Now().UTC()}
-	c.decision, c.decided = e.s.Decide(ctx, in), true
+	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
 	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), c.decision.Rule))
 	if c.decision.Action == policy.Allow {
 		return nil

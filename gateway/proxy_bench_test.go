@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -186,7 +187,9 @@ func (be *benchEgress) direct() *http.Client {
 // nearly free: the difference to "http/proxy" is the time a request waits
 // for the audit writer's fsyncs. The "-sync-interval" rows are the same
 // with audit.sync: interval (10ms): records written, fsynced in the
-// background.
+// background. "http/proxy-audit-tmpfs-uncached" gives every request a query
+// of its own, so each one misses the policy decision cache
+// (egress_decisions.go) and is evaluated by Rego: the worst case.
 func BenchmarkEgress(b *testing.B) { benchmarkEgress(b, false) }
 
 // BenchmarkEgressParallel is BenchmarkEgress with 8 concurrent clients.
@@ -220,20 +223,29 @@ func benchmarkEgress(b *testing.B, par bool) {
 		}
 		return true
 	}
+	var uniq atomic.Int64
 	for _, tc := range []struct {
 		name, url string
 		client    func(testing.TB) *http.Client
+		distinct  bool // a query unique per request: every decision misses the cache
 	}{
-		{"http/direct", "http://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }},
-		{"http/proxy", "http://pkg.example/x", be.viaProxy},
-		{"http/proxy-audit-tmpfs", "http://pkg.example/x", shm.viaProxy},
-		{"http/proxy-sync-interval", "http://pkg.example/x", interval.viaProxy},
-		{"http/proxy-sync-interval-tmpfs", "http://pkg.example/x", shmInterval.viaProxy},
-		{"connect/direct", "https://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }},
-		{"connect/tunnel", "https://pkg.example/x", be.viaProxy},
-		{"connect/bare-relay", "https://pkg.example/x", be.relay},
+		{"http/direct", "http://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }, false},
+		{"http/proxy", "http://pkg.example/x", be.viaProxy, false},
+		{"http/proxy-audit-tmpfs", "http://pkg.example/x", shm.viaProxy, false},
+		{"http/proxy-audit-tmpfs-uncached", "http://pkg.example/x", shm.viaProxy, true},
+		{"http/proxy-sync-interval", "http://pkg.example/x", interval.viaProxy, false},
+		{"http/proxy-sync-interval-tmpfs", "http://pkg.example/x", shmInterval.viaProxy, false},
+		{"connect/direct", "https://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }, false},
+		{"connect/tunnel", "https://pkg.example/x", be.viaProxy, false},
+		{"connect/bare-relay", "https://pkg.example/x", be.relay, false},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
+			url := func() string {
+				if tc.distinct {
+					return tc.url + "?n=" + strconv.FormatInt(uniq.Add(1), 10)
+				}
+				return tc.url
+			}
 			if par {
 				// 8 clients, each on its own kept-alive connection, as
 				// test/bench measures requests/s.
@@ -243,7 +255,7 @@ func benchmarkEgress(b *testing.B, par bool) {
 					c := tc.client(b)
 					defer c.CloseIdleConnections()
 					for pb.Next() {
-						if !get(b, c, tc.url) {
+						if !get(b, c, url()) {
 							return
 						}
 					}
@@ -252,12 +264,12 @@ func benchmarkEgress(b *testing.B, par bool) {
 				return
 			}
 			c := tc.client(b)
-			if !get(b, c, tc.url) { // dial, CONNECT and handshake outside the timing
+			if !get(b, c, url()) { // dial, CONNECT and handshake outside the timing
 				return
 			}
 			b.ResetTimer()
 			for range b.N {
-				if !get(b, c, tc.url) {
+				if !get(b, c, url()) {
 					return
 				}
 			}
