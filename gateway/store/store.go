@@ -144,6 +144,10 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if memory {
 		// Every connection to ":memory:" is a separate database.
 		db.SetMaxOpenConns(1)
+	} else {
+		// database/sql keeps 2 idle connections by default: under a few
+		// concurrent calls the rest were closed and reopened each time.
+		db.SetMaxIdleConns(16)
 	}
 	s := &Store{db: db, now: time.Now, lock: lock}
 	if err := s.migrate(ctx); err != nil {
