@@ -7,6 +7,10 @@
 // answers FORMERR for what it cannot parse or for more than one question,
 // NOTIMP for other opcodes and for TXT, NULL, ANY and transfer questions
 // (THREATS C7: tunnel carriers), and otherwise hands a re-packed, canonical copy of the query to Forward.
+// On the UDP fast path (Stub.Stream, stub_udp.go) a plain query goes to the
+// gateway as received: ParseQuery accepts only queries that are already in
+// that canonical form (miekg repacks them byte for byte), and everything
+// else takes the path above.
 // Every failure to get a usable answer from Forward (an error, a gateway
 // that does not answer 200, an answer that does not parse or does not match
 // the query's ID and question) becomes REFUSED: the sandbox learns nothing
@@ -67,8 +71,15 @@ type Stub struct {
 	Forward func(ctx context.Context, query []byte) ([]byte, error)
 	Logger  *slog.Logger
 
+	// Stream, if set, is the StreamForwarder behind Forward. ServeUDP
+	// then sends plain queries (ParseQuery) on its streams directly,
+	// many to a write, and answers them from its reader, many to a
+	// write, instead of one goroutine, Forward and two syscalls each;
+	// every other query still goes through Forward.
+	Stream *StreamForwarder
+
 	Timeout     time.Duration // per query, for Forward; default DefaultTimeout
-	MaxInflight int           // UDP queries being answered at once; more are dropped; default DefaultMaxInflight
+	MaxInflight int           // UDP queries being answered at once (on the Stream fast path, and through Forward); more are dropped; default DefaultMaxInflight
 	MaxTCPConns int           // TCP connections at once; more are closed; default DefaultMaxTCPConns
 	TCPIdle     time.Duration // a TCP connection idle this long is closed; default DefaultTCPIdle
 }
@@ -236,6 +247,28 @@ func (s *Stub) ServeUDP(pc net.PacketConn) error {
 		}
 	}
 	maxWorkers := orDefault(s.MaxInflight, DefaultMaxInflight)
+	slow := func(q []byte, addr net.Addr) {
+		j := job{q: q, addr: addr}
+		select {
+		case jobs <- j: // an idle worker took it
+			return
+		default:
+		}
+		if workers < maxWorkers {
+			workers++
+			wg.Add(1)
+			go work(j)
+			return
+		}
+		select {
+		case jobs <- j:
+		default:
+			s.logger().Warn("dns udp dropped: too many queries in flight")
+		}
+	}
+	if bc := batchConn(pc); bc != nil {
+		return s.serveBatch(ctx, pc, bc, slow) // stub_udp.go
+	}
 	buf := make([]byte, mdns.MaxMsgSize)
 	for {
 		n, addr, err := pc.ReadFrom(buf)
@@ -252,23 +285,7 @@ func (s *Stub) ServeUDP(pc net.PacketConn) error {
 			s.logger().Debug("dns udp read", "err", err)
 			continue
 		}
-		j := job{q: append([]byte(nil), buf[:n]...), addr: addr}
-		select {
-		case jobs <- j: // an idle worker took it
-			continue
-		default:
-		}
-		if workers < maxWorkers {
-			workers++
-			wg.Add(1)
-			go work(j)
-			continue
-		}
-		select {
-		case jobs <- j:
-		default:
-			s.logger().Warn("dns udp dropped: too many queries in flight")
-		}
+		slow(append([]byte(nil), buf[:n]...), addr)
 	}
 }
 

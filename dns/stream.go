@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -165,12 +166,33 @@ func (f *StreamForwarder) get(ctx context.Context) (*stream, error) {
 	return s, nil
 }
 
+// streamFor is get for the Stub's UDP fast path, bounded by timeout: nil
+// (and no error) while questions go to Fallback.
+func (f *StreamForwarder) streamFor(ctx context.Context, timeout time.Duration) (*stream, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return f.get(ctx)
+}
+
+// expireUDP answers REFUSED to the fast-path questions sent before
+// deadline that have no answer yet.
+func (f *StreamForwarder) expireUDP(deadline time.Time) {
+	f.mu.Lock()
+	streams := slices.Clone(f.streams)
+	f.mu.Unlock()
+	for _, s := range streams {
+		if s != nil {
+			s.expireUDP(deadline)
+		}
+	}
+}
+
 // stream is one connection carrying one streaming POST /v1/dns.
 type stream struct {
 	conn net.Conn
 
 	mu       sync.Mutex
-	pending  map[uint16]chan []byte
+	pending  map[uint16]waiter
 	nextID   uint16
 	lastUsed time.Time
 	dead     bool
@@ -218,7 +240,7 @@ func startStream(ctx context.Context, c net.Conn) (*stream, error) {
 		return nil, fmt.Errorf("%w: %d %q", errStreamRefused, resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	_ = c.SetDeadline(time.Time{})
-	s := &stream{conn: c, pending: map[uint16]chan []byte{}, lastUsed: time.Now()}
+	s := &stream{conn: c, pending: map[uint16]waiter{}, lastUsed: time.Now()}
 	go s.read(resp)
 	return s, nil
 }
@@ -241,12 +263,8 @@ func (s *stream) exchange(ctx context.Context, query []byte) ([]byte, error) {
 		s.mu.Unlock()
 		return nil, errors.New("dns: stream: too many questions in flight")
 	}
-	id := s.nextID
-	for s.pending[id] != nil {
-		id++
-	}
-	s.nextID = id + 1
-	s.pending[id] = ch
+	id := s.freeID()
+	s.pending[id] = waiter{ch: ch}
 	s.lastUsed = time.Now()
 	s.mu.Unlock()
 
@@ -267,7 +285,7 @@ func (s *stream) exchange(ctx context.Context, query []byte) ([]byte, error) {
 		return out, nil
 	case <-ctx.Done():
 		s.mu.Lock()
-		if s.pending[id] == ch {
+		if s.pending[id].ch == ch {
 			delete(s.pending, id)
 		}
 		s.mu.Unlock()
@@ -275,14 +293,79 @@ func (s *stream) exchange(ctx context.Context, query []byte) ([]byte, error) {
 	}
 }
 
+// freeID returns a stream-local ID no question in flight has; s.mu is held
+// and fewer than maxStreamPending questions are in flight.
+func (s *stream) freeID() uint16 {
+	id := s.nextID
+	for {
+		if _, busy := s.pending[id]; !busy {
+			break
+		}
+		id++
+	}
+	s.nextID = id + 1
+	return id
+}
+
+// queueUDP registers w under a stream-local ID and queues its question
+// (w.query) for the next flush; false if the stream has ended or is full.
+func (s *stream) queueUDP(w *udpWait) bool {
+	s.mu.Lock()
+	if s.dead || len(s.pending) >= maxStreamPending {
+		s.mu.Unlock()
+		return false
+	}
+	id := s.freeID()
+	s.pending[id] = waiter{udp: w}
+	s.lastUsed = w.sent
+	s.mu.Unlock()
+	s.wmu.Lock()
+	s.wbuf = appendFrame(s.wbuf, id, w.query)
+	s.wmu.Unlock()
+	return true
+}
+
+// expireUDP answers REFUSED to the UDP questions sent before deadline
+// that have no answer yet, as Stub.Timeout bounds a forwarded question.
+func (s *stream) expireUDP(deadline time.Time) {
+	var late []*udpWait
+	s.mu.Lock()
+	for id, w := range s.pending {
+		if w.udp != nil && w.udp.sent.Before(deadline) {
+			late = append(late, w.udp)
+			delete(s.pending, id)
+		}
+	}
+	s.mu.Unlock()
+	refuseAll(late, errors.New("dns: stream: no answer in time"))
+}
+
+func appendFrame(b []byte, id uint16, query []byte) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(query)))
+	b = binary.BigEndian.AppendUint16(b, id)
+	return append(b, query[2:]...)
+}
+
 // send queues one frame (query with ID id) and, unless another sender is
 // writing already, writes every queued frame as one HTTP chunk, until the
 // queue is empty.
 func (s *stream) send(id uint16, query []byte) error {
 	s.wmu.Lock()
-	s.wbuf = binary.BigEndian.AppendUint16(s.wbuf, uint16(len(query)))
-	s.wbuf = binary.BigEndian.AppendUint16(s.wbuf, id)
-	s.wbuf = append(s.wbuf, query[2:]...)
+	s.wbuf = appendFrame(s.wbuf, id, query)
+	return s.flushLocked()
+}
+
+// flush writes every queued frame unless another sender is writing them
+// already; a write error fails the stream.
+func (s *stream) flush() {
+	s.wmu.Lock()
+	if err := s.flushLocked(); err != nil {
+		s.fail(err)
+	}
+}
+
+// flushLocked is flush with s.wmu held; it unlocks it.
+func (s *stream) flushLocked() error {
 	if s.writing {
 		s.wmu.Unlock()
 		return nil
@@ -317,8 +400,25 @@ func (s *stream) writeChunk(b []byte) error {
 func (s *stream) read(resp *http.Response) {
 	defer resp.Body.Close()
 	body := bufio.NewReaderSize(resp.Body, 32<<10)
-	var lenBuf [2]byte
+	var (
+		lenBuf  [2]byte
+		buf     = make([]byte, 0xffff)
+		touched []*udpServer // UDP servers with replies queued since the last flush
+	)
+	defer func() {
+		for _, u := range touched {
+			u.flush()
+		}
+	}()
 	for {
+		if len(touched) > 0 && !frameBuffered(body) {
+			// The next read may wait: send the replies queued so far
+			// before waiting for more answers.
+			for _, u := range touched {
+				u.flush()
+			}
+			touched = touched[:0]
+		}
 		if _, err := io.ReadFull(body, lenBuf[:]); err != nil {
 			s.fail(err)
 			return
@@ -328,22 +428,41 @@ func (s *stream) read(resp *http.Response) {
 			s.fail(fmt.Errorf("answer frame of %d bytes", n))
 			return
 		}
-		msg := make([]byte, n)
+		msg := buf[:n]
 		if _, err := io.ReadFull(body, msg); err != nil {
 			s.fail(err)
 			return
 		}
 		id := binary.BigEndian.Uint16(msg[0:2])
 		s.mu.Lock()
-		ch := s.pending[id]
+		w, ok := s.pending[id]
 		delete(s.pending, id)
 		s.mu.Unlock()
-		if ch != nil {
-			ch <- msg // buffered; each question gets at most one answer
+		switch {
+		case !ok:
+			// An unknown ID answers a question that gave up (its
+			// context ended); it is dropped.
+		case w.ch != nil:
+			w.ch <- append([]byte(nil), msg...) // buffered; each question gets at most one answer
+		case w.udp != nil:
+			u := w.udp.srv
+			u.deliver(w.udp, msg)
+			if !slices.Contains(touched, u) {
+				touched = append(touched, u)
+			}
 		}
-		// An unknown ID answers a question that gave up (its context
-		// ended); it is dropped.
 	}
+}
+
+// frameBuffered reports whether br holds a whole length-prefixed frame,
+// so that reading it cannot wait.
+func frameBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n < 2 {
+		return false
+	}
+	b, _ := br.Peek(2)
+	return n >= 2+int(binary.BigEndian.Uint16(b))
 }
 
 // fail marks the stream dead, closes its connection and fails every
@@ -357,10 +476,24 @@ func (s *stream) fail(err error) {
 	s.dead = true
 	s.err = fmt.Errorf("%w: %w", errStreamClosed, err)
 	pending := s.pending
-	s.pending = map[uint16]chan []byte{}
+	s.pending = map[uint16]waiter{}
 	s.mu.Unlock()
 	s.conn.Close()
-	for _, ch := range pending {
-		close(ch)
+	var udp []*udpWait
+	for _, w := range pending {
+		if w.ch != nil {
+			close(w.ch)
+		} else if w.udp != nil {
+			udp = append(udp, w.udp)
+		}
 	}
+	refuseAll(udp, s.err)
+}
+
+// waiter is a question in flight on a stream: either a Forward waiting
+// on ch, or a UDP question of the Stub's fast path (stub_udp.go), whose
+// answer goes straight to its client.
+type waiter struct {
+	ch  chan []byte
+	udp *udpWait
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +29,11 @@ type streamPeer struct {
 	streams atomic.Int64 // stream requests accepted
 	posts   atomic.Int64 // single-question requests answered
 	badIDs  bool         // answer with an ID no question has
+	asked   atomic.Int64 // questions read from streams
+
+	// answer, if set, answers a streamed question instead of answerA;
+	// a nil answer and nil error leave the question unanswered.
+	answer func(ctx context.Context, q []byte) ([]byte, error)
 }
 
 func startStreamPeer(t *testing.T, p *streamPeer) *streamPeer {
@@ -81,11 +87,19 @@ func (p *streamPeer) serve(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			batch = append(batch, q)
+			p.asked.Add(1)
+		}
+		answer := answerA
+		if p.answer != nil {
+			answer = p.answer
 		}
 		for i := len(batch) - 1; i >= 0; i-- {
-			a, err := answerA(r.Context(), batch[i])
+			a, err := answer(r.Context(), batch[i])
 			if err != nil {
 				return
+			}
+			if a == nil {
+				continue
 			}
 			if p.badIDs {
 				a[0] ^= 0xff
@@ -232,12 +246,31 @@ func FuzzStreamAnswers(f *testing.F) {
 	f.Add([]byte{0, 3, 1, 2, 3})                                            // a frame shorter than a header
 	f.Add([]byte{0xff, 0xff, 0x12, 0x34})                                   // a frame cut short
 	f.Add([]byte{})                                                         // no answer at all
+	q, _ := ParseQuery(mustPack(query("a.example", mdns.TypeA)))
+	q.ID = 0x1235
+	p := AppendAnswer(nil, &q, mdns.RcodeSuccess, []netip.Addr{netip.MustParseAddr("192.0.2.1")}, 60)
+	f.Add(append(binary.BigEndian.AppendUint16(nil, uint16(len(p))), p...)) // a plain answer for the UDP question 0x1235
+	// The UDP question's client: the fast path's socket and a client socket.
+	spc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer spc.Close()
+	client, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer client.Close()
+	u := &udpServer{s: &Stub{}, pc: batchConn(spc)}
+	udpQuery := mustPack(query("a.example", mdns.TypeA))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		c1, c2 := net.Pipe()
 		defer c2.Close()
-		s := &stream{conn: c1, pending: map[uint16]chan []byte{}}
+		s := &stream{conn: c1, pending: map[uint16]waiter{}}
 		ch := make(chan []byte, 1)
-		s.pending[0x1234] = ch
+		s.pending[0x1234] = waiter{ch: ch}
+		u.inflight.Store(1)
+		s.pending[0x1235] = waiter{udp: &udpWait{srv: u, addr: client.LocalAddr(), query: udpQuery, max: mdns.MinMsgSize, sent: time.Now()}}
 		s.read(&http.Response{Body: io.NopCloser(bytes.NewReader(body))})
 		select {
 		case ans, ok := <-ch:
@@ -246,6 +279,30 @@ func FuzzStreamAnswers(f *testing.F) {
 			}
 		default:
 			t.Fatal("the question still waits after the body ended")
+		}
+		// The UDP question got exactly one reply: its answer, checked,
+		// or REFUSED.
+		buf := make([]byte, 1024)
+		_ = client.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, _, err := client.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("no reply to the UDP question: %v", err)
+		}
+		m := new(mdns.Msg)
+		if err := m.Unpack(buf[:n]); err != nil {
+			t.Fatalf("UDP reply does not parse: %v", err)
+		}
+		req := new(mdns.Msg)
+		_ = req.Unpack(udpQuery)
+		if err := matches(req, m); err != nil || n > mdns.MinMsgSize {
+			t.Fatalf("UDP reply of %d bytes does not match the question: %v", n, err)
+		}
+		if got := u.inflight.Load(); got != 0 {
+			t.Fatalf("%d questions still counted in flight", got)
+		}
+		_ = client.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, _, err := client.ReadFrom(buf); err == nil {
+			t.Fatal("a second reply to one UDP question")
 		}
 	})
 }

@@ -64,6 +64,7 @@ func packQuestion(tb testing.TB, name string, qtype uint16) []byte {
 // (REFUSED and audited):
 //
 //   - answer: the answerer in process (policy, cache, guard, pack);
+//   - answer/fast: the stream's inline answerer for the same question;
 //   - http: POST /v1/dns over the real sandbox socket, kept alive, from
 //     GOMAXPROCS parallel clients, as the relay's stub did per query;
 //   - stream: the same questions over the stub's StreamForwarder (see
@@ -103,6 +104,25 @@ func BenchmarkDNSAnswer(b *testing.B) {
 		})
 		if n := upstreamQueries.Load() - before; n != 0 {
 			b.Errorf("%d upstream queries for a cached name, want 0", n)
+		}
+	})
+	b.Run("answer/fast", func(b *testing.B) {
+		// The stream's inline answerer on the same question (dns_fast.go).
+		b.ReportAllocs()
+		var tally dnsTally
+		buf := make([]byte, 0, 512)
+		slow := 0
+		for b.Loop() {
+			if _, ok := eg.answerFast(context.Background(), agentA, allowed, buf[:0], &tally); !ok {
+				// The cached decision expired (dnsDecisionTTL): the
+				// full path decides again, as on the stream.
+				slow++
+				eg.answer(context.Background(), "bench", agentA, allowed)
+			}
+		}
+		tally.flush(eg)
+		if slow > int(b.Elapsed()/dnsDecisionTTL)+1 {
+			b.Errorf("%d questions took the full path in %v, want about one per %v", slow, b.Elapsed(), dnsDecisionTTL)
 		}
 	})
 	b.Run("answer/refused", func(b *testing.B) {
@@ -149,7 +169,7 @@ func BenchmarkDNSAnswer(b *testing.B) {
 		// The sandbox's path: UDP to the stub, the stream to the gateway.
 		fwd := streamForwarder(g, agentA)
 		defer fwd.Close()
-		st := &dns.Stub{Forward: fwd.Forward}
+		st := &dns.Stub{Forward: fwd.Forward, Stream: fwd}
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)

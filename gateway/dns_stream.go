@@ -82,10 +82,23 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 		put:    func() { st.putWorker(id.Sandbox) },
 	}
 	defer pool.wait()
+	var tally dnsTally
+	defer func() { tally.flush(e); out.flush() }()
 	br := bufio.NewReaderSize(r.Body, 16<<10)
-	var lenBuf [2]byte
+	var (
+		lenBuf [2]byte
+		buf    [maxDNSMessage]byte
+		ans    []byte
+	)
 	for {
-		_ = rc.SetReadDeadline(time.Now().Add(dnsStreamIdle))
+		if !frameBuffered(br) {
+			// The next read may wait: count and send the answers made
+			// so far before waiting for more questions, and wait at
+			// most dnsStreamIdle.
+			tally.flush(e)
+			out.flush()
+			_ = rc.SetReadDeadline(time.Now().Add(dnsStreamIdle))
+		}
 		if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
 			return
 		}
@@ -94,14 +107,33 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 			e.s.log.Warn("dns stream: bad frame; stream closed", "sandbox", id.Sandbox, "agent", id.Agent, "frame_len", n)
 			return
 		}
-		q := make([]byte, n)
+		q := buf[:n]
 		if _, err := io.ReadFull(br, q); err != nil {
 			return
 		}
-		if !pool.run(ctx, q) {
+		// The common question is answered here, from the caches
+		// (dns_fast.go), and its answer rides with the next write;
+		// any other goes to a worker.
+		var ok bool
+		if ans, ok = e.answerFast(ctx, id, q, ans[:0], &tally); ok {
+			out.queue(ans)
+			continue
+		}
+		if !pool.run(ctx, append([]byte(nil), q...)) {
 			return
 		}
 	}
+}
+
+// frameBuffered reports whether br holds a whole length-prefixed frame,
+// so that reading it cannot wait.
+func frameBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n < 2 {
+		return false
+	}
+	b, _ := br.Peek(2)
+	return n >= 2+int(binary.BigEndian.Uint16(b))
 }
 
 // answerPool answers a stream's questions on at most dnsStreamInflight
@@ -181,17 +213,32 @@ type frameBatcher struct {
 }
 
 func (fb *frameBatcher) send(msg []byte) {
+	if fb.queue(msg) {
+		fb.flush()
+	}
+}
+
+// queue appends msg's frame for the next write and reports whether it did
+// (not after a write error, nor for a message no frame can carry).
+func (fb *frameBatcher) queue(msg []byte) bool {
 	if len(msg) == 0 || len(msg) > 0xffff {
-		return
+		return false
 	}
 	fb.mu.Lock()
+	defer fb.mu.Unlock()
 	if fb.err != nil {
-		fb.mu.Unlock()
-		return
+		return false
 	}
 	fb.buf = binary.BigEndian.AppendUint16(fb.buf, uint16(len(msg)))
 	fb.buf = append(fb.buf, msg...)
-	if fb.writing {
+	return true
+}
+
+// flush writes everything queued, unless a write is under way already
+// (whose writer then writes it).
+func (fb *frameBatcher) flush() {
+	fb.mu.Lock()
+	if fb.writing || fb.err != nil {
 		fb.mu.Unlock()
 		return
 	}

@@ -210,6 +210,7 @@ func baseDomain(name string) string {
 func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 	base := baseDomain(name)
 	if n, crossed := e.subs.add(c.caller.Sandbox, base, name, c.start); crossed {
+		c.ensureRID()
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
@@ -221,6 +222,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 	if h, high := highEntropyLabel(label); high {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base), attribute.String("signal", "label_entropy")))
 		if e.subs.flagEntropy(c.caller.Sandbox, base, c.start) {
+			c.ensureRID()
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
@@ -228,6 +230,14 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 			e.s.log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}
+	}
+}
+
+// ensureRID gives c a request ID if it has none yet: the fast path
+// (answerFast) makes one only for a question that writes an audit record.
+func (c *egressCall) ensureRID() {
+	if c.rid == "" {
+		c.rid = newRequestID()
 	}
 }
 

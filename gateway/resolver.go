@@ -63,12 +63,8 @@ func newResolver(upstreams []string, timeout time.Duration, max int) *resolver {
 // is not NOERROR is *rcodeError.
 func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]netip.Addr, uint32, error) {
 	k := cacheKey{name, qtype}
-	now := time.Now()
-	r.mu.RLock()
-	e, ok := r.cache[k]
-	r.mu.RUnlock()
-	if ok && now.Before(e.expires) {
-		return e.addrs, uint32(e.expires.Sub(now) / time.Second), nil
+	if addrs, ttl, ok := r.cached(name, qtype); ok {
+		return addrs, ttl, nil
 	}
 	if len(r.upstreams) == 0 {
 		return nil, 0, errNoUpstream
@@ -115,6 +111,20 @@ func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]net
 		return addrs, ttl, nil
 	}
 	return nil, 0, fmt.Errorf("resolver: %s: %w", name, errors.Join(errs...))
+}
+
+// cached returns what lookup would answer for name and qtype from the
+// cache — the addresses and the seconds left of their TTL — or false when
+// lookup would have to ask an upstream.
+func (r *resolver) cached(name string, qtype uint16) ([]netip.Addr, uint32, bool) {
+	now := time.Now()
+	r.mu.RLock()
+	e, ok := r.cache[cacheKey{name, qtype}]
+	r.mu.RUnlock()
+	if !ok || !now.Before(e.expires) {
+		return nil, 0, false
+	}
+	return e.addrs, uint32(e.expires.Sub(now) / time.Second), true
 }
 
 func (r *resolver) exchange(ctx context.Context, q *mdns.Msg, up string) (*mdns.Msg, error) {

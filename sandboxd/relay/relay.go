@@ -149,7 +149,7 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 	// dialed with this sandbox's preamble; a gateway that refuses streams
 	// gets one POST per question.
 	r.dnsFwd = &dns.StreamForwarder{Dial: r.dialGateway, Fallback: r.forwardDNS}
-	r.stub = &dns.Stub{Forward: r.dnsFwd.Forward, Logger: log}
+	r.stub = &dns.Stub{Forward: r.dnsFwd.Forward, Stream: r.dnsFwd, Logger: log}
 
 	var proxy, dnsTCP net.Listener
 	var dnsUDP net.PacketConn
