@@ -108,7 +108,7 @@ func benchDNS(t *testing.T, w *world) []*section {
 		Intro: fmt.Sprintf("Throughput: `dnsperf -c 4 -q 64` asking `pkg.test A` over UDP inside the namespace, %d s per row in %d turns (the mean of the turns). "+
 			"Latency: one Go client asking in sequence over one UDP socket, the rows sampled in turns. "+
 			"The bare responder is a miekg/dns server that answers from a Go map; dnsmasq caches and forwards to it; "+
-			"sluice is the sandbox's resolver: the relay's DNS stub in the namespace, which streams each question to the gateway's `/v1/dns` (two long-lived streams per sandbox, one frame per question) "+
+			"sluice is the sandbox's resolver: the relay's DNS stub in the namespace, which streams each question to the gateway's `/v1/dns` (two long-lived streams per sandbox; the stub reads queries in batches with recvmmsg, writes the frames of a batch as one chunk and sends replies with sendmmsg) "+
 			"over the identity-stamped socket, where it is decided by Rego (kind `dns`, agent-a may resolve pkg.test) and answered from the gateway's cache or the bare responder.",
 			int(dur.Seconds()), turns())}
 	n := iterations(2000)
