@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -143,11 +144,16 @@ func (cg *cgroup) path(k string) string {
 // does not take it, and a child inherits the forking thread's groups. On
 // v2 the child is cloned straight into the group (CLONE_INTO_CGROUP via
 // set). The thread used is locked and never unlocked, so the runtime
-// discards it rather than reusing a thread that sits in a sandbox's group.
-func (cg *cgroup) startIn(set func(cgroupFD int), start func() error) error {
+// discards it rather than reusing a thread that sits in a sandbox's group
+// (or in the mount namespace prepare moved it into).
+func (cg *cgroup) startIn(prepare func() error, set func(cgroupFD int), start func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := prepare(); err != nil {
+			errc <- err
+			return
+		}
 		if cg.v2 {
 			fd, err := unix.Open(cg.dirs[""], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -317,4 +323,105 @@ func sweepStale(parent string) {
 			}
 		}
 	}
+}
+
+// cgroupPool keeps the groups of destroyed sandboxes, emptied, for the next
+// ones: creating a group (a directory under each controller, and with it
+// the kernel's per-group state, memcg's above all) and removing it again
+// costs more than renaming one and rewriting its limits. A group is pooled
+// only once every process of its sandbox is gone (its init was reaped: the
+// kernel empties a pid namespace before its pid 1 is reaped) and its
+// process list is seen empty. What a group carries over is harmless: its
+// event counters only grow (an Exec compares them before and after), and
+// page cache it was charged for can be reclaimed under the next sandbox's
+// limit. No sandbox can read its group's files (/sys/fs/cgroup is masked).
+type cgroupPool struct {
+	parent string
+	max    int // idle groups kept; more are removed
+
+	mu   sync.Mutex
+	idle []*cgroup
+}
+
+// get returns a group named id with limits l: a pooled one renamed, or a
+// new one.
+func (p *cgroupPool) get(id string, l Limits) (*cgroup, error) {
+	p.mu.Lock()
+	var cg *cgroup
+	if n := len(p.idle); n > 0 {
+		cg, p.idle = p.idle[n-1], p.idle[:n-1]
+	}
+	p.mu.Unlock()
+	if cg != nil {
+		if err := cg.reuse(id, l); err == nil {
+			return cg, nil
+		}
+		_ = cg.remove()
+	}
+	return newCgroup(p.parent, id, l)
+}
+
+// put takes back the group of a sandbox whose init has been reaped; a group
+// that is not empty, or one more than the pool keeps, is removed (remove
+// kills what is left first). A pooled group is renamed at once: no group
+// goes by the ID of a destroyed sandbox.
+func (p *cgroupPool) put(cg *cgroup) error {
+	if !cg.empty() || cg.rename("idle-"+newID()) != nil {
+		return cg.remove()
+	}
+	p.mu.Lock()
+	if len(p.idle) < p.max {
+		p.idle = append(p.idle, cg)
+		cg = nil
+	}
+	p.mu.Unlock()
+	if cg != nil {
+		return cg.remove()
+	}
+	return nil
+}
+
+// close removes every idle group.
+func (p *cgroupPool) close() error {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	var errs []error
+	for _, cg := range idle {
+		errs = append(errs, cg.remove())
+	}
+	return errors.Join(errs...)
+}
+
+// reuse renames the group to id (its directories carry the sandbox's ID)
+// and writes the limits.
+func (cg *cgroup) reuse(id string, l Limits) error {
+	if err := cg.rename(id); err != nil {
+		return err
+	}
+	return cg.setLimits(l)
+}
+
+// rename renames the group's directory under every controller.
+func (cg *cgroup) rename(name string) error {
+	for c, d := range cg.dirs {
+		nd := filepath.Join(filepath.Dir(d), name)
+		if err := os.Rename(d, nd); err != nil {
+			return fmt.Errorf("cgroup: rename %s: %w", d, err)
+		}
+		cg.dirs[c] = nd
+	}
+	return nil
+}
+
+// empty reports whether no process is in the group under any controller.
+func (cg *cgroup) empty() bool {
+	for _, d := range cg.dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil || len(strings.TrimSpace(string(b))) != 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -29,11 +29,16 @@ type Config struct {
 	API string `yaml:"api"`
 	// Gateway is the gateway's sandbox socket that every exit relays to.
 	Gateway string `yaml:"gateway"`
-	// StateDir holds events.jsonl, a lock, and sandboxes/ with one directory
-	// per sandbox (a tmpfs sandboxd mounts there).
+	// StateDir holds events.jsonl, a lock, sandboxes/ with one directory
+	// per sandbox (a tmpfs sandboxd mounts there), and template/, where
+	// the read-only part every sandbox's root shares is mounted in a mount
+	// namespace of sandboxd's own (on the host it is an empty directory).
 	StateDir string `yaml:"state_dir"`
 	// Rootfs is the directory whose system folders are bound read-only
-	// into every sandbox ("/" = the host's).
+	// into every sandbox ("/" = the host's). They are bound once, into the
+	// mount template, when the first sandbox is made: files change live,
+	// but a mount added under rootfs later shows in sandboxes only after
+	// sandboxd restarts.
 	Rootfs string `yaml:"rootfs"`
 	// CgroupParent names the group created under each controller's root
 	// that holds every sandbox's group.

@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
@@ -60,6 +62,13 @@ func RunInit() {
 		_ = c.send(replyMsg{Error: err.Error()})
 		os.Exit(122)
 	}
+	// Built and confined: sandboxd may go on (open nothing more, hand
+	// the sandbox out) while this process readies itself to serve. No
+	// code of the sandbox runs before the first exec message, which is
+	// read only once the handlers and the reaper below are in place.
+	if err := c.send(replyMsg{}); err != nil {
+		os.Exit(123)
+	}
 	// Signals the code inside may send to its own pid 1 are handled (so
 	// they do not kill it); SIGKILL from inside is ignored by the kernel.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP,
@@ -68,9 +77,6 @@ func RunInit() {
 	// Started with GOGC=off: no collection during the build. From here
 	// on it serves execs for as long as the sandbox lives, and collects.
 	debug.SetGCPercent(100)
-	if err := c.send(replyMsg{}); err != nil {
-		os.Exit(123)
-	}
 	for {
 		var m execMsg
 		fds, err := c.recv(&m)
@@ -275,65 +281,32 @@ func bindRO(src, dst string) error {
 	return nil
 }
 
+// buildRoot makes the sandbox's root at s.RootDir: a recursive bind of the
+// mount template (see mountTemplate), then what is per sandbox on top of
+// it, then pivot_root into it.
 func buildRoot(s setupMsg) error {
 	if err := mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return err
 	}
 	root := s.RootDir
-	// Owned by the sandbox user: creating a file at / then fails with
-	// EROFS (the mount), not EACCES (the owner), which says why.
-	if err := mount("tmpfs", root, "tmpfs", tmpFlags, fmt.Sprintf("size=1m,mode=755,uid=%d,gid=%d", s.UID, s.GID)); err != nil {
+	// Recursive: the template's submounts come along, still read-only and
+	// now locked (this mount namespace belongs to the sandbox's user
+	// namespace), so none can be unmounted to reveal what it covers.
+	if err := mount(s.Template, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return err
 	}
 	in := func(p string) string { return filepath.Join(root, p) }
-	for _, d := range systemDirs {
-		src := filepath.Join(s.Rootfs, d)
-		st, err := os.Lstat(src)
-		switch {
-		case err != nil:
-			continue
-		case st.Mode()&os.ModeSymlink != 0:
-			t, err := os.Readlink(src)
-			if err != nil {
-				return fmt.Errorf("init: %w", err)
-			}
-			if err := os.Symlink(t, in(d)); err != nil {
-				return fmt.Errorf("init: %w", err)
-			}
-		case st.IsDir():
-			if err := os.Mkdir(in(d), 0o755); err != nil {
-				return fmt.Errorf("init: %w", err)
-			}
-			if err := bindRO(src, in(d)); err != nil {
-				return err
-			}
-		}
-	}
-	for _, d := range []string{"proc", "sys", "dev", "workspace", "tmp", "run", ".sluice"} {
-		if err := os.Mkdir(in(d), 0o755); err != nil {
-			return fmt.Errorf("init: %w", err)
-		}
-	}
-	// Our own resolv.conf and hosts: the resolver is the stub on 127.0.0.1.
-	files := map[string]string{
-		"resolv.conf": "nameserver 127.0.0.1\noptions edns0\n",
-		"hosts":       "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + s.Hostname + "\n",
-		"hostname":    s.Hostname + "\n",
-	}
-	for name, body := range files {
-		if err := os.WriteFile(in(".sluice/"+name), []byte(body), 0o644); err != nil {
-			return fmt.Errorf("init: %w", err)
-		}
-	}
 	if err := mount("proc", in("proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
 	// sysfs is optional: without it /sys stays an empty directory.
-	if unix.Mount("sysfs", in("sys"), "sysfs", roFlags|unix.MS_NOEXEC, "") != nil {
-		_ = os.Remove(in("sys"))
-		_ = os.Mkdir(in("sys"), 0o755)
+	_ = unix.Mount("sysfs", in("sys"), "sysfs", roFlags|unix.MS_NOEXEC, "")
+	if err := mount("devpts", in("dev/pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
+		"newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
 	}
-	if err := buildDev(in("dev"), s); err != nil {
+	if err := mount("tmpfs", in("dev/shm"), "tmpfs", tmpFlags|unix.MS_NOEXEC,
+		fmt.Sprintf("size=%d,mode=1777", s.TmpBytes)); err != nil {
 		return err
 	}
 	if err := mount("tmpfs", in("workspace"), "tmpfs", tmpFlags,
@@ -354,8 +327,15 @@ func buildRoot(s setupMsg) error {
 			return err
 		}
 	}
-	for name := range files {
-		if err := overlayEtc(root, name, in(".sluice/"+name)); err != nil {
+	// /etc/hosts and /etc/hostname name this sandbox (sandboxd wrote them
+	// into s.EtcDir); /etc/resolv.conf is the template's unless the
+	// rootfs links it into /run, which is this sandbox's own.
+	for _, f := range []struct{ name, file string }{
+		{"resolv.conf", in(".sluice/resolv.conf")},
+		{"hosts", filepath.Join(s.EtcDir, "hosts")},
+		{"hostname", filepath.Join(s.EtcDir, "hostname")},
+	} {
+		if err := overlayEtc(root, f.name, f.file); err != nil {
 			return err
 		}
 	}
@@ -367,6 +347,9 @@ func buildRoot(s setupMsg) error {
 		}
 	}
 	for _, p := range maskedFiles {
+		if etcMask(p) {
+			continue // in the template
+		}
 		if st, err := os.Lstat(in(p)); err == nil && st.Mode().IsRegular() {
 			if err := mount("/dev/null", in(p), "", unix.MS_BIND, ""); err != nil {
 				return err
@@ -374,6 +357,9 @@ func buildRoot(s setupMsg) error {
 		}
 	}
 	for _, p := range maskedDirs {
+		if etcMask(p) {
+			continue // in the template
+		}
 		if st, err := os.Lstat(in(p)); err == nil && st.IsDir() {
 			if err := mount("tmpfs", in(p), "tmpfs", roFlags|unix.MS_NOEXEC, "size=0,mode=755"); err != nil {
 				return err
@@ -392,6 +378,8 @@ func buildRoot(s setupMsg) error {
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
+	// Already read-only (and locked so) from the template; said again so
+	// that the root's state does not hang on the template's alone.
 	if err := mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|roFlags, ""); err != nil {
 		return err
 	}
@@ -407,6 +395,8 @@ func overlayEtc(root, name, file string) error {
 	switch {
 	case err != nil:
 		return nil // no /etc entry: nothing to shadow
+	case st.Mode().IsRegular() && name == "resolv.conf":
+		return nil // the template's bind
 	case st.Mode().IsRegular():
 		return mount(file, dst, "", unix.MS_BIND, "")
 	case st.Mode()&os.ModeSymlink != 0:
@@ -434,9 +424,10 @@ func overlayEtc(root, name, file string) error {
 	return nil
 }
 
-// buildDev makes a minimal /dev: a few host device nodes bound in (mknod
-// is not allowed in a user namespace), a private devpts, and /dev/shm.
-func buildDev(dev string, s setupMsg) error {
+// buildDev makes the template's minimal /dev: a few host device nodes
+// bound in, mount points for each sandbox's private devpts and /dev/shm,
+// and the usual links; then it makes it read-only.
+func buildDev(dev string) error {
 	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "size=64k,mode=755"); err != nil {
 		return err
 	}
@@ -454,14 +445,6 @@ func buildDev(dev string, s setupMsg) error {
 			return fmt.Errorf("init: %w", err)
 		}
 	}
-	if err := mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
-		"newinstance,ptmxmode=0666,mode=0620"); err != nil {
-		return err
-	}
-	if err := mount("tmpfs", filepath.Join(dev, "shm"), "tmpfs", tmpFlags|unix.MS_NOEXEC,
-		fmt.Sprintf("size=%d,mode=1777", s.TmpBytes)); err != nil {
-		return err
-	}
 	for name, target := range map[string]string{
 		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
@@ -475,9 +458,19 @@ func buildDev(dev string, s setupMsg) error {
 
 // confine drops every privilege: capability bounding set (this thread, the
 // one that forks), groups, gid and uid (all threads), remaining capability
-// sets, then Landlock, no_new_privs and seccomp (all threads), and makes
-// this process undumpable so code running as the same uid cannot read or
-// write its memory through /proc.
+// sets, then no_new_privs and seccomp (all threads), then Landlock (all
+// threads), and makes this process undumpable so code running as the same
+// uid cannot read or write its memory through /proc.
+//
+// Each all-threads step stops the world and signals every thread of the
+// init, so there are as few as the end state allows: no_new_privs reaches
+// every thread with the seccomp filter (SECCOMP_FILTER_FLAG_TSYNC: one
+// call, no signals), which is what landlock_restrict_self then requires of
+// each thread; go-landlock's Restrict would set it with one more
+// all-threads call. The filter does not refuse the Landlock calls. The end
+// state is the same as before: every thread has uid and gid s.UID/s.GID,
+// no capabilities, no_new_privs, the filter and the Landlock domain before
+// anything of the sandbox runs.
 func confine(s setupMsg) error {
 	last := 40
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
@@ -501,6 +494,12 @@ func confine(s setupMsg) error {
 	if gs, err := unix.Getgroups(); err != nil || len(gs) != 0 {
 		return fmt.Errorf("init: supplementary groups %v: %w", gs, errors.Join(err, errGroups))
 	}
+	// The all-threads steps below wait, spinning, until every other
+	// thread of this process has run its share; on a busy machine a
+	// thread waiting for a CPU makes that wait (and the CPU it burns)
+	// last milliseconds. On this thread's CPU, each yield of the wait
+	// hands the CPU to them.
+	defer pinThreads()()
 	// syscall.Set* apply to every thread of the process (CGO_ENABLED=0).
 	// sandboxd starts the init with the sandbox's gid already (every
 	// thread inherits it), which saves one all-threads call; any other gid
@@ -518,10 +517,14 @@ func confine(s setupMsg) error {
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("init: capset: %w", err)
 	}
-	if err := restrictLandlock(s); err != nil {
+	prog, err := decodeSeccomp(s.Seccomp)
+	if err != nil {
 		return err
 	}
-	if err := loadSeccomp(s.Seccomp); err != nil {
+	if err := loadSeccomp(prog); err != nil {
+		return err
+	}
+	if err := restrictLandlock(s); err != nil {
 		return err
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
@@ -534,8 +537,14 @@ func confine(s setupMsg) error {
 // offers: system paths read/execute only, /workspace, /tmp and /dev/shm
 // writable, device files usable, TCP connect only to the proxy and DNS
 // ports, no abstract Unix sockets or signals outside the sandbox.
+//
+// It enforces the ruleset itself (go-landlock's Restrict would first set
+// no_new_privs on every thread, one more all-threads call): with TSYNC on
+// kernels that have it (Landlock ABI 8), else on each thread through
+// AllThreadsSyscall. Every thread must already have no_new_privs (confine
+// loads the seccomp filter first).
 func restrictLandlock(s setupMsg) error {
-	err := landlock.V7.BestEffort().Restrict(
+	fd, flags, err := landlock.V7.BestEffort().NewRulesetFD(
 		landlock.PathAccess(landlock.AccessFSSet(llsys.AccessFSReadDir), "/"),
 		landlock.RODirs("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys", "/run", "/.sluice").IgnoreIfMissing(),
 		landlock.RWDirs("/workspace", "/tmp", "/dev/shm"),
@@ -548,5 +557,60 @@ func restrictLandlock(s setupMsg) error {
 	if err != nil {
 		return fmt.Errorf("init: landlock: %w", err)
 	}
+	if fd < 0 {
+		return nil // no Landlock on this kernel (best effort, as before)
+	}
+	defer unix.Close(fd)
+	if abi, _ := llsys.LandlockGetABIVersion(); abi >= 8 {
+		err = llsys.LandlockRestrictSelf(fd, flags|llsys.FlagRestrictSelfTSync)
+	} else {
+		err = llsys.AllThreadsLandlockRestrictSelf(fd, flags)
+	}
+	if err != nil {
+		return fmt.Errorf("init: landlock: restrict: %w", err)
+	}
 	return nil
+}
+
+// pinThreads moves every thread of this process onto the CPU this thread
+// runs on and returns the function that gives them back this thread's
+// previous affinity (threads started meanwhile included). Affinity is no
+// part of the confinement: it only makes confine's all-threads steps
+// cheaper, and a failure leaves it as it was.
+func pinThreads() (restore func()) {
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return func() {}
+	}
+	var cpu uint32
+	if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e != 0 {
+		return func() {}
+	}
+	var one unix.CPUSet
+	one.Set(int(cpu))
+	for _, tid := range threadIDs() {
+		_ = unix.SchedSetaffinity(tid, &one)
+	}
+	return func() {
+		for _, tid := range threadIDs() {
+			_ = unix.SchedSetaffinity(tid, &old)
+		}
+	}
+}
+
+// threadIDs lists this process's threads.
+func threadIDs() []int {
+	f, err := os.Open("/proc/self/task")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	tids := make([]int, 0, len(names))
+	for _, n := range names {
+		if tid, err := strconv.Atoi(n); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids
 }

@@ -149,6 +149,10 @@ type Manager struct {
 	// refillDone is closed when the running refill ends (nil: none runs).
 	refillDone chan struct{}
 
+	tmplMu sync.Mutex
+	tmpl   *mountTemplate // built by the first fork
+	cgs    *cgroupPool
+
 	mu      sync.Mutex
 	boxes   map[string]*sandbox
 	slots   []bool
@@ -165,6 +169,7 @@ type sandbox struct {
 	cmd    *exec.Cmd
 	ctl    *ctlConn
 	cg     *cgroup
+	tmpl   string // the mount template's directory, in the init's mount namespace
 	exit   io.Closer
 	timer  *time.Timer
 	built  bool // setup done: built and confined
@@ -212,6 +217,7 @@ func New(opts Options) (*Manager, error) {
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
 		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
 		spares: make(chan *sandbox, opts.Config.Spares),
+		cgs:    &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
 	}
 	m.startRefill()
 	return m, nil
@@ -437,18 +443,54 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 	if sb.slot < 0 {
 		return nil, ErrFull
 	}
-	for _, d := range []string{sb.dir, filepath.Join(sb.dir, "root"), filepath.Join(sb.dir, "run")} {
+	for _, d := range []string{sb.dir, filepath.Join(sb.dir, "root"), filepath.Join(sb.dir, "run"), filepath.Join(sb.dir, "etc")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
 		}
 	}
-	if sb.cg, err = newCgroup(m.cfg.CgroupParent, id, lim); err != nil {
+	// The sandbox's /etc/hosts and /etc/hostname, bound in by its init.
+	// Owned by the host's root (nobody inside), mode 0644: read-only to
+	// the sandbox.
+	host := hostname(id)
+	for name, body := range map[string]string{
+		"hosts":    "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + host + "\n",
+		"hostname": host + "\n",
+	} {
+		if err := os.WriteFile(filepath.Join(sb.dir, "etc", name), []byte(body), 0o644); err != nil {
+			return nil, fmt.Errorf("sandboxd: create: %w", err)
+		}
+	}
+	if sb.cg, err = m.cgs.get(id, lim); err != nil {
 		return nil, fmt.Errorf("sandboxd: create: %w", err)
 	}
 	if err := m.start(sb); err != nil {
 		return nil, err
 	}
 	return sb, nil
+}
+
+// hostname is the host name of sandbox id.
+func hostname(id string) string { return "sandbox-" + id[:8] }
+
+// template returns the Manager's mount template, building it on first use
+// (not once Close has begun: Close would not see it).
+func (m *Manager) template() (*mountTemplate, error) {
+	m.tmplMu.Lock()
+	defer m.tmplMu.Unlock()
+	if m.tmpl == nil {
+		m.mu.Lock()
+		closed := m.closed
+		m.mu.Unlock()
+		if closed {
+			return nil, fmt.Errorf("sandboxd: create: manager closed")
+		}
+		t, err := newMountTemplate(m.cfg.Rootfs, filepath.Join(m.cfg.StateDir, templateDir))
+		if err != nil {
+			return nil, err
+		}
+		m.tmpl = t
+	}
+	return m.tmpl, nil
 }
 
 // spareFits reports whether a sandbox built ahead with the default limits
@@ -545,6 +587,10 @@ func (m *Manager) refill() {
 // born in the sandbox's cgroup, so nothing of the sandbox ever runs
 // outside it. The init then waits for its setup message.
 func (m *Manager) start(sb *sandbox) error {
+	tmpl, err := m.template()
+	if err != nil {
+		return err
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("sandboxd: start: %w", err)
@@ -588,13 +634,15 @@ func (m *Manager) start(sb *sandbox) error {
 		},
 	}
 	// Born in its cgroup: nothing of the sandbox ever runs outside it.
-	err = sb.cg.startIn(func(fd int) {
+	// Forked from a thread in the template's mount namespace: the
+	// sandbox's starts as a copy of it.
+	err = sb.cg.startIn(tmpl.enter, func(fd int) {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
 	}, cmd.Start)
 	if err != nil {
 		return fmt.Errorf("sandboxd: start init: %w", err)
 	}
-	sb.cmd, sb.info.Pid = cmd, cmd.Process.Pid
+	sb.cmd, sb.info.Pid, sb.tmpl = cmd, cmd.Process.Pid, tmpl.dir
 	return nil
 }
 
@@ -602,13 +650,13 @@ func (m *Manager) start(sb *sandbox) error {
 // built and confined. onNet, if set, runs as soon as the init reports lo
 // up, alongside the rest of the build; setup returns its error too.
 func (m *Manager) setup(sb *sandbox, onNet func() error) (err error) {
-	prog, err := seccompProgram()
+	prog, err := seccompWire()
 	if err != nil {
 		return fmt.Errorf("sandboxd: start: %w", err)
 	}
 	err = sb.ctl.send(setupMsg{Seccomp: prog,
-		Hostname: "sandbox-" + sb.info.ID[:8], Rootfs: m.cfg.Rootfs, RootDir: filepath.Join(sb.dir, "root"),
-		RunDir: filepath.Join(sb.dir, "run"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
+		Hostname: hostname(sb.info.ID), Template: sb.tmpl, RootDir: filepath.Join(sb.dir, "root"),
+		RunDir: filepath.Join(sb.dir, "run"), EtcDir: filepath.Join(sb.dir, "etc"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
 		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
 	})
 	if err != nil {
@@ -816,7 +864,9 @@ func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 func (m *Manager) cleanup(sb *sandbox) error {
 	var errs []error
 	if sb.cg != nil {
-		errs = append(errs, sb.cg.remove())
+		// Its init has been reaped (or never started): the group is
+		// empty and may serve another sandbox.
+		errs = append(errs, m.cgs.put(sb.cg))
 	}
 	if sb.dir != "" {
 		// The sandbox's mounts lived in its own mount namespace, gone with
@@ -854,6 +904,13 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.pending.Wait()
+	errs = append(errs, m.cgs.close())
+	m.tmplMu.Lock()
+	if m.tmpl != nil {
+		errs = append(errs, m.tmpl.close())
+		m.tmpl = nil
+	}
+	m.tmplMu.Unlock()
 	errs = append(errs, m.events.close())
 	if m.state != nil {
 		errs = append(errs, m.state.close())

@@ -43,32 +43,6 @@ func TestEnvKey(t *testing.T) {
 	}
 }
 
-// The program sent to every init is exactly the library's assembly of the
-// policy.
-func TestSeccompProgramIsThePolicy(t *testing.T) {
-	prog, err := seccompProgram()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := seccompPolicy()
-	insts, err := p.Assemble()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(prog) == 0 || len(prog) != len(insts) {
-		t.Fatalf("%d instructions, want %d (non-zero)", len(prog), len(insts))
-	}
-	for i, in := range insts {
-		raw, err := in.Assemble()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := (unix.SockFilter{Code: raw.Op, Jt: raw.Jt, Jf: raw.Jf, K: raw.K}); prog[i] != want {
-			t.Fatalf("instruction %d = %+v, want %+v", i, prog[i], want)
-		}
-	}
-}
-
 // A sandbox never runs without its filter: a missing or oversized program
 // is refused before any syscall.
 func TestLoadSeccompRefusesBadProgram(t *testing.T) {

@@ -25,17 +25,20 @@ const (
 // setupMsg is sandboxd's first message: how to build the sandbox.
 type setupMsg struct {
 	Hostname       string `json:"hostname"`
-	Rootfs         string `json:"rootfs"`
+	Template       string `json:"template"` // the mount template, in the init's mount namespace
 	RootDir        string `json:"root_dir"` // empty host dir the new root is built on
 	RunDir         string `json:"run_dir"`  // host dir bound read-only at /run/sluice
+	EtcDir         string `json:"etc_dir"`  // host dir with this sandbox's hosts and hostname
 	WorkspaceBytes int64  `json:"workspace_bytes"`
 	TmpBytes       int64  `json:"tmp_bytes"`
 	UID            int    `json:"uid"`
 	GID            int    `json:"gid"`
 	ProxyPort      int    `json:"proxy_port"`
 	DNSPort        int    `json:"dns_port"`
-	// Seccomp is the filter program (assembled once by sandboxd).
-	Seccomp []unix.SockFilter `json:"seccomp"`
+	// Seccomp is the filter program (assembled once by sandboxd) in its
+	// wire form (encodeSeccomp): one base64 string in the JSON, which the
+	// init decodes far faster than an array of instruction objects.
+	Seccomp []byte `json:"seccomp"`
 }
 
 // execMsg asks init to start argv with fds 0-2 attached (SCM_RIGHTS).
