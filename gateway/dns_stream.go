@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -44,7 +45,8 @@ const (
 )
 
 // serveDNSStream answers a DNSStreamType request until the client ends the
-// body, sends a frame that is not a DNS message size, or goes idle. A
+// body, sends a frame that is not a DNS message size, or goes idle, or the
+// gateway shuts down (then the questions in flight are answered first). A
 // malformed frame ends the stream (a stream cannot resynchronise); a
 // malformed message inside a good frame is answered FORMERR like a single
 // question.
@@ -84,6 +86,17 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 	defer pool.wait()
 	var tally dnsTally
 	defer func() { tally.flush(e); out.flush() }()
+	// A graceful shutdown ends the stream: no question is read after it
+	// began (a read waiting for one fails at once), those in flight are
+	// answered (pool.wait), and the handler returns, which ends the
+	// chunked body cleanly. The stub then fails what it still waits for
+	// (REFUSED) and dials a new stream. Without this, Shutdown would wait
+	// for the stream's idle time, far past its grace period.
+	var stopping atomic.Bool
+	defer e.s.stop.onStop(func() {
+		stopping.Store(true)
+		_ = rc.SetReadDeadline(time.Now())
+	})()
 	br := bufio.NewReaderSize(r.Body, 16<<10)
 	var (
 		lenBuf [2]byte
@@ -98,6 +111,12 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 			tally.flush(e)
 			out.flush()
 			_ = rc.SetReadDeadline(time.Now().Add(dnsStreamIdle))
+		}
+		// Checked after the deadline is set: the shutdown hook sets
+		// stopping before it moves the deadline to now, so either this
+		// sees it or the read below fails.
+		if stopping.Load() {
+			return
 		}
 		if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
 			return

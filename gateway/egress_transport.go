@@ -76,7 +76,10 @@ func (p *upstreamPool) sweepLocked(now time.Time) {
 	}
 }
 
-// closeIdle closes every idle upstream connection.
+// closeIdle closes every idle upstream connection and lets the transports
+// go. It is what a stopping server runs for the pool (stopHooks.atClose):
+// by then Shutdown has waited for the requests, so every connection is
+// idle and none is left open.
 func (p *upstreamPool) closeIdle() {
 	p.mu.Lock()
 	defer p.mu.Unlock()

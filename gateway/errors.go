@@ -28,6 +28,9 @@ const (
 	CodeIdentityRequired Code = "identity_required"
 	CodeNotFound         Code = "not_found"
 	CodeMethodNotAllowed Code = "method_not_allowed"
+	// CodeHeaderTooLarge is a request head (request line and header
+	// fields) over 64 KiB on the sandbox socket (431).
+	CodeHeaderTooLarge Code = "header_too_large"
 )
 
 // apiError is a refusal as the agent sees it. Message is written for the

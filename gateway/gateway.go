@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -100,6 +101,8 @@ type Server struct {
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
+
+	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -341,7 +344,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		ConnContext:       connContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    maxHeaderBytes, // strict.go refuses longer heads first, with JSON
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}}
 	listeners := []net.Listener{strictHeads{sl}} // strict.go: framing checked before parsing
@@ -376,11 +379,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	case first = <-errc:
 	}
-	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, srv := range servers {
-		_ = srv.Shutdown(shut)
-	}
+	s.shutdown(servers)
 	if errors.Is(first, http.ErrServerClosed) || errors.Is(first, net.ErrClosed) {
 		first = nil
 	}
@@ -460,6 +459,7 @@ func (s *Server) Close() error {
 	for _, u := range s.catalog.connectors {
 		u.transport.CloseIdleConnections()
 	}
+	s.stop.closeAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
 	return err
 }
 
@@ -511,3 +511,90 @@ func (s *Server) flushUsage(ctx context.Context) {
 }
 
 func (s *Server) count(agent, tool, action string) { s.usage.add(usageKey{agent, tool, action}) }
+
+// shutdownGrace bounds a graceful shutdown: requests still running after
+// it have their connections closed.
+const shutdownGrace = 10 * time.Second
+
+// shutdown stops servers gracefully. Long-lived requests are told first
+// (stopHooks.begin: a DNS stream stops reading questions, answers those in
+// flight and ends its body), so that Shutdown waits for them only as long
+// as their answers take; whatever still runs after shutdownGrace has its
+// connection closed rather than outliving Serve. Then the idle upstream
+// connections of raw egress are closed.
+func (s *Server) shutdown(servers []*http.Server) {
+	s.stop.begin()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	for _, srv := range servers {
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Warn("gateway: shutdown: grace period over; closing the connections still busy", "grace", shutdownGrace.String(), "err", err)
+			_ = srv.Close()
+		}
+	}
+	s.stop.closeAll()
+}
+
+// stopHooks is what a shutdown must reach that http.Server.Shutdown does
+// not: requests that would otherwise run on (DNS streams wait for
+// questions for minutes), and the upstream transports of raw egress,
+// which keep idle connections open.
+type stopHooks struct {
+	mu       sync.Mutex
+	stopping bool
+	next     uint64
+	running  map[uint64]func() // told when the shutdown begins
+	closers  []func()          // run when the servers have stopped, and by Close
+}
+
+// onStop arranges for f to run once when the shutdown begins, or at once if
+// it has begun. The returned func unregisters f; once it returns, f is not
+// running and will not run. f runs with the hooks locked: it must be quick
+// and must not call back.
+func (h *stopHooks) onStop(f func()) (unregister func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopping {
+		f()
+		return func() {}
+	}
+	if h.running == nil {
+		h.running = map[uint64]func(){}
+	}
+	h.next++
+	k := h.next
+	h.running[k] = f
+	return func() {
+		h.mu.Lock()
+		delete(h.running, k)
+		h.mu.Unlock()
+	}
+}
+
+// begin tells every registered request that the shutdown began.
+func (h *stopHooks) begin() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopping = true
+	for k, f := range h.running {
+		f()
+		delete(h.running, k)
+	}
+}
+
+// atClose adds f to what runs when the servers have stopped.
+func (h *stopHooks) atClose(f func()) {
+	h.mu.Lock()
+	h.closers = append(h.closers, f)
+	h.mu.Unlock()
+}
+
+// closeAll runs the closers; it may run more than once.
+func (h *stopHooks) closeAll() {
+	h.mu.Lock()
+	fs := slices.Clone(h.closers)
+	h.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}

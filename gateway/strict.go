@@ -6,10 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // strictHeads wraps the sandbox listener so that every request head on a
@@ -18,9 +23,14 @@ import (
 // accepts, and silently repairs, some framing a proxy must refuse: both
 // Content-Length and Transfer-Encoding (it drops Content-Length), identical
 // repeated Content-Length (it keeps one), obs-fold continuation lines (it
-// joins them) and bare LF line ends. A refused connection gets a 400 JSON
-// error and is closed: nothing of it reaches a handler, let alone an
-// upstream.
+// joins them) and bare LF line ends. It also refuses, first, every head Go
+// would refuse itself with its own text/plain answer (a request line that
+// does not parse, a version other than HTTP/1.x, a missing, repeated or
+// malformed Host, an Expect it does not meet, a head over maxHeaderBytes),
+// so that every refusal on the socket is sluice's JSON error. A refused
+// connection gets the JSON error (400, 417, 431 or 505), a log line and a
+// refusal count, and is closed: nothing of it reaches a handler, let alone
+// an upstream.
 type strictHeads struct{ net.Listener }
 
 // Accept wraps the relayed connection's reader with a checker.
@@ -30,14 +40,24 @@ func (l strictHeads) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	if ic, ok := c.(*identConn); ok {
-		ic.r = bufio.NewReaderSize(&headChecker{src: ic.r, conn: ic.Conn}, 4096)
+		h := &headChecker{src: ic.r, conn: ic.Conn, id: ic.id}
+		if sl, ok := l.Listener.(*sandboxListener); ok {
+			h.log, h.refused = sl.log, sl.refused
+		}
+		ic.r = bufio.NewReaderSize(h, 4096)
 	}
 	return c, nil
 }
 
-// maxHead bounds the head the checker keeps; Go refuses longer heads itself
-// (MaxHeaderBytes), so past it the checker only keeps looking for the end.
-const maxHead = 80 << 10
+// maxHeaderBytes bounds a request head, its request line included: a
+// longer one is refused 431 by the checker. The sandbox server's
+// MaxHeaderBytes is the same, and Go's server refuses only past it plus
+// 4 KiB, so no head ever reaches Go's own text/plain 431.
+const maxHeaderBytes = 64 << 10
+
+// maxLine bounds a chunk-size or trailer line the checker keeps; past it
+// the line is refused when it ends.
+const maxLine = 80 << 10
 
 type checkState int
 
@@ -56,15 +76,48 @@ const (
 // reads and fails the read on the first violation.
 type headChecker struct {
 	src    io.Reader
-	conn   net.Conn
+	conn   net.Conn // nil in tests: nothing is answered
 	state  checkState
-	buf    []byte // the current head, chunk line or trailer line
+	buf    []byte // the current line
 	remain int64
 	crlf   int // bytes of the chunk-data CRLF seen
+
+	head       reqHead // the head being read
+	lastMethod string  // of the previous request on the connection
+	leading    int     // CR and LF bytes before this head's request line
+
+	// For the refusal's log line and count; nil in tests.
+	log     *slog.Logger
+	refused func(Code)
+	id      wire.Identity
 }
 
-// errStrict is returned to the server after the 400 was written.
+// reqHead is what the checker keeps of a request head while it reads it.
+type reqHead struct {
+	size         int // bytes so far, request line included
+	lines        int // lines so far
+	method       string
+	major, minor int
+	cls, tes     []string
+	hosts        int
+	host         string
+	expect       string
+	expectSeen   bool
+	fields       int
+	preface      bool // "PRI * HTTP/2.0"
+}
+
+// errStrict is returned to the server after the refusal was written.
 var errStrict = errors.New("gateway: malformed request framing refused")
+
+// headError is a refusal with a status other than 400.
+type headError struct {
+	status int
+	code   Code
+	msg    string
+}
+
+func (e *headError) Error() string { return e.msg }
 
 func (h *headChecker) Read(p []byte) (int, error) {
 	if h.state == stFailed {
@@ -78,15 +131,48 @@ func (h *headChecker) Read(p []byte) (int, error) {
 			return 0, errStrict
 		}
 	}
+	if errors.Is(err, io.EOF) && h.state == stHead && (h.head.lines > 0 || len(h.buf) > 0) {
+		// The client ended its side inside a request head (even inside
+		// its request line, which Go's server then reads as a whole
+		// one): Go's server would answer its own 400. Between requests,
+		// the end is just the end.
+		h.state = stFailed
+		h.reject(errors.New("the connection ended inside a request head"))
+		return 0, errStrict
+	}
 	return n, err
 }
 
-// reject answers 400 directly on the connection and closes it.
+// reject answers the refusal directly on the connection, logs and counts
+// it, and closes the connection. Unread request bytes are drained briefly
+// first (a lingering close): a socket closed with unread input may reset
+// the peer, which would lose the answer.
 func (h *headChecker) reject(why error) {
-	body := fmt.Sprintf(`{"error":{"code":%q,"message":%q,"request_id":%q}}`+"\n",
-		CodeSchemaViolation, "malformed HTTP framing: "+why.Error(), newRequestID())
+	status, code, msg := http.StatusBadRequest, CodeSchemaViolation, "malformed HTTP framing: "+why.Error()
+	var he *headError
+	if errors.As(why, &he) {
+		status, code, msg = he.status, he.code, he.msg
+	}
+	rid := newRequestID()
+	if h.log != nil {
+		h.log.Warn("sandbox socket: refused a malformed request", "decision", "block", "reason", why.Error(),
+			"status", status, "code", string(code), "sandbox", h.id.Sandbox, "agent", h.id.Agent, "session", h.id.Session, "request_id", rid)
+	}
+	if h.refused != nil {
+		h.refused(code)
+	}
+	if h.conn == nil {
+		return
+	}
+	body := fmt.Sprintf(`{"error":{"code":%q,"message":%q,"request_id":%q}}`+"\n", code, msg, rid)
 	_ = h.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	fmt.Fprintf(h.conn, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nProxy-Status: sluice; error=http_request_error\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	fmt.Fprintf(h.conn, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\nProxy-Status: sluice; error=http_request_error\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+	if cw, ok := h.conn.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		_ = h.conn.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+		_, _ = io.Copy(io.Discard, io.LimitReader(h.src, 64<<10))
+	}
 	_ = h.conn.Close()
 }
 
@@ -96,12 +182,21 @@ func (h *headChecker) feed(b []byte) error {
 		switch h.state {
 		case stHead, stChunkLine, stTrailer:
 			i := bytes.IndexByte(b, '\n')
+			n := i + 1
 			if i < 0 {
-				h.buf = appendBounded(h.buf, b)
+				n = len(b)
+			}
+			if h.state == stHead {
+				if h.head.size += n; h.head.size > maxHeaderBytes {
+					return &headError{http.StatusRequestHeaderFieldsTooLarge, CodeHeaderTooLarge,
+						fmt.Sprintf("the request head is over %d bytes (RFC 6585 5)", maxHeaderBytes)}
+				}
+			}
+			h.buf = appendBounded(h.buf, b[:n])
+			b = b[n:]
+			if i < 0 {
 				return nil
 			}
-			h.buf = appendBounded(h.buf, b[:i+1])
-			b = b[i+1:]
 			if err := h.line(); err != nil {
 				return err
 			}
@@ -134,7 +229,7 @@ func (h *headChecker) feed(b []byte) error {
 }
 
 func appendBounded(dst, b []byte) []byte {
-	if len(dst)+len(b) > maxHead {
+	if len(dst)+len(b) > maxLine {
 		return append(dst[:0], "overflow"...) // keep scanning for the end only
 	}
 	return append(dst, b...)
@@ -172,66 +267,138 @@ func (h *headChecker) line() error {
 		}
 		return checkFieldLine(l)
 	}
-	// stHead: wait for the empty line that ends it; a leading empty line
-	// before the request line is tolerated (RFC 9112 2.2).
-	if !bytes.HasSuffix(h.buf, []byte("\r\n\r\n")) && !bytes.Equal(h.buf, []byte("\r\n")) {
-		return nil
-	}
-	head := h.buf
+	// stHead: the request line, then field lines, each checked as it
+	// ends (Go's server parses each line as soon as it has it, and must
+	// never see one the checker has not), then the empty line that ends
+	// the head and sets its body's framing.
 	h.buf = h.buf[:0]
-	if bytes.Equal(head, []byte("\r\n")) {
+	hd := &h.head
+	hd.lines++
+	switch {
+	case hd.lines == 1 && len(l) == 0:
+		// An empty line before a request line (RFC 9112 2.2): Go's server
+		// skips up to four CR or LF bytes after a POST only, and
+		// otherwise refuses it.
+		hd.lines, hd.size = 0, 0
+		if h.leading += 2; h.lastMethod != http.MethodPost || h.leading > 4 {
+			return errors.New("empty line before the request line (RFC 9112 2.2)")
+		}
 		return nil
+	case hd.lines == 1:
+		return hd.requestLine(string(l))
+	case len(l) > 0:
+		return hd.field(l)
 	}
-	return h.head(head)
+	err := h.endHead()
+	h.lastMethod, h.leading, h.head = hd.method, 0, reqHead{cls: hd.cls[:0], tes: hd.tes[:0]}
+	return err
 }
 
-// head checks a complete request head and sets the framing of its body.
-func (h *headChecker) head(head []byte) error {
-	if bytes.HasPrefix(head, []byte("overflow")) {
-		return nil // too long: Go's server refuses it
-	}
-	lines := strings.Split(strings.TrimSuffix(string(head), "\r\n\r\n"), "\r\n")
-	reqLine := lines[0]
-	if strings.ContainsAny(reqLine, "\r\n\x00") {
+// requestLine checks a request line as Go's server parses it (method SP
+// request-target SP HTTP-version, RFC 9112 3) and refuses what it would
+// refuse: a method that is not a token, a target in no request form or
+// with a control byte, a version that is not HTTP/d.d, and any major
+// version but 1 (505) except the HTTP/2 preface.
+func (hd *reqHead) requestLine(l string) error {
+	if strings.ContainsAny(l, "\r\n\x00") {
 		return errors.New("bad request line")
 	}
-	method, _, _ := strings.Cut(reqLine, " ")
+	method, rest, ok1 := strings.Cut(l, " ")
+	target, proto, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 {
+		return errors.New("request line is not method, target and version (RFC 9112 3)")
+	}
+	if method == "" || strings.IndexFunc(method, func(r rune) bool { return r > 0x7f || !isTokenChar(byte(r)) }) >= 0 {
+		return errors.New("method is not a token (RFC 9110 9.1)")
+	}
+	major, minor, ok := http.ParseHTTPVersion(proto)
+	if !ok {
+		return errors.New("malformed HTTP version (RFC 9112 2.3)")
+	}
+	raw := target
+	if method == http.MethodConnect && !strings.HasPrefix(target, "/") {
+		raw = "http://" + target // authority-form, as Go's server reads it
+	}
+	if _, err := url.ParseRequestURI(raw); err != nil {
+		return errors.New("malformed request target (RFC 9112 3.2)")
+	}
+	hd.preface = method == "PRI" && target == "*" && major == 2 && minor == 0
+	if major != 1 && !hd.preface {
+		return &headError{http.StatusHTTPVersionNotSupported, CodeSchemaViolation, "only HTTP/1.0 and HTTP/1.1 are served on the sandbox socket"}
+	}
+	hd.method, hd.major, hd.minor = method, major, minor
+	return nil
+}
+
+// field checks a field line and keeps what framing, Host and Expect need.
+func (hd *reqHead) field(l []byte) error {
+	if err := checkFieldLine(l); err != nil {
+		return err
+	}
+	hd.fields++
+	i := bytes.IndexByte(l, ':') // checkFieldLine found one after a name
+	name, value := l[:i], bytes.Trim(l[i+1:], " \t")
+	switch {
+	case bytes.EqualFold(name, fieldContentLength):
+		hd.cls = append(hd.cls, string(value))
+	case bytes.EqualFold(name, fieldTransferEncoding):
+		hd.tes = append(hd.tes, string(value))
+	case bytes.EqualFold(name, fieldHost):
+		hd.hosts++
+		hd.host = string(value)
+	case bytes.EqualFold(name, fieldExpect) && !hd.expectSeen:
+		hd.expectSeen, hd.expect = true, string(value) // Go's server reads the first
+	}
+	return nil
+}
+
+var (
+	fieldContentLength    = []byte("Content-Length")
+	fieldTransferEncoding = []byte("Transfer-Encoding")
+	fieldHost             = []byte("Host")
+	fieldExpect           = []byte("Expect")
+)
+
+// endHead checks a complete request head and sets the framing of its body.
+func (h *headChecker) endHead() error {
+	hd := &h.head
 	// An Upgrade header does not end HTTP here: nothing on the sandbox
 	// socket answers 101 (the forward proxy strips Upgrade as hop-by-hop),
 	// so the connection stays HTTP and the next head is checked like any.
-	var cls, tes []string
-	for _, fl := range lines[1:] {
-		if err := checkFieldLine([]byte(fl)); err != nil {
-			return err
-		}
-		name, value, _ := strings.Cut(fl, ":")
-		value = strings.Trim(value, " \t")
-		switch strings.ToLower(name) {
-		case "content-length":
-			cls = append(cls, value)
-		case "transfer-encoding":
-			tes = append(tes, value)
-		}
-	}
+	http11 := hd.major > 1 || hd.major == 1 && hd.minor >= 1
 	switch {
-	case len(cls) > 1:
+	case len(hd.cls) > 1:
 		return errors.New("more than one Content-Length (RFC 9110 8.6)")
-	case len(cls) == 1 && len(tes) > 0:
+	case len(hd.cls) == 1 && len(hd.tes) > 0:
 		return errors.New("both Content-Length and Transfer-Encoding (RFC 9112 6.3)")
-	case len(tes) > 1 || len(tes) == 1 && !strings.EqualFold(tes[0], "chunked"):
+	case len(hd.tes) > 1 || len(hd.tes) == 1 && !strings.EqualFold(hd.tes[0], "chunked"):
 		return errors.New("unsupported Transfer-Encoding (RFC 9112 6.1)")
+	case len(hd.tes) > 0 && !http11:
+		// Go's server ignores it and reads no body, where this checker
+		// would read a chunked one: the two would disagree on where
+		// the next request starts.
+		return errors.New("Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1)")
+	case hd.hosts > 1:
+		return errors.New("more than one Host (RFC 9112 3.2)")
+	case hd.hosts == 0 && http11 && hd.method != http.MethodConnect && !(hd.preface && hd.fields == 0):
+		return errors.New("no Host in an HTTP/1.1 request (RFC 9112 3.2)")
+	case hd.hosts == 1 && !validHost(hd.host):
+		return errors.New("malformed Host (RFC 9112 3.2)")
+	case hd.expect != "" && !hasToken(hd.expect, "100-continue"):
+		return &headError{http.StatusExpectationFailed, CodeSchemaViolation, "the only expectation served is 100-continue (RFC 9110 10.1.1)"}
 	}
 	switch {
-	case method == "CONNECT" || reqLine == "PRI * HTTP/2.0":
+	case hd.method == http.MethodConnect || hd.preface:
 		// A tunnel follows (its bytes are TLS, not HTTP: they are spliced,
 		// never parsed) or the server refuses and closes: every refusal of
 		// a CONNECT is answered with Connection: close.
 		h.state = stPass
-	case len(tes) == 1:
+	case len(hd.tes) == 1:
 		h.state = stChunkLine
-	case len(cls) == 1:
-		n, err := strconv.ParseInt(cls[0], 10, 64)
-		if err != nil || n < 0 || cls[0][0] == '+' {
+	case len(hd.cls) == 1:
+		cl := hd.cls[0]
+		n, err := strconv.ParseInt(cl, 10, 64)
+		if err != nil || n < 0 || cl[0] == '+' {
 			return errors.New("bad Content-Length")
 		}
 		if n > 0 {
@@ -240,6 +407,37 @@ func (h *headChecker) head(head []byte) error {
 	}
 	return nil
 }
+
+// validHost reports whether a Host value has only bytes a uri-host and port
+// may have, as Go's server checks it (httpguts.ValidHostHeader).
+func validHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// hasToken reports whether token is in the comma- or space-separated list
+// v, case-insensitively, as Go's server reads Expect.
+func hasToken(v, token string) bool {
+	for sp := 0; sp+len(token) <= len(v); sp++ {
+		if sp > 0 && !isTokenBoundary(v[sp-1]) {
+			continue
+		}
+		if end := sp + len(token); end != len(v) && !isTokenBoundary(v[end]) {
+			continue
+		}
+		if strings.EqualFold(v[sp:sp+len(token)], token) {
+			return true
+		}
+	}
+	return false
+}
+
+func isTokenBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
 
 // checkFieldLine refuses obs-fold, a name that is not a token (bytes
 // 0x80-0xff, a space before the colon) and control bytes in a value.

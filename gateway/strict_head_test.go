@@ -1,0 +1,245 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// call is the head of a tool call that reaches the tickets upstream; the
+// cases below break it in one place each.
+const callLine = "POST /v1/tools/tickets.list_tickets HTTP/1.1"
+const callHead = "Host: sluice\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+
+// TestMalformedHeadsGetJSON: every request head that Go's HTTP server
+// would refuse itself, with its own text/plain answer, is refused by the
+// strict checker first with sluice's JSON error, the designed status and
+// code, and nothing reaches a handler or the upstream. Before, each case
+// marked "go" below got Go's "400 Bad Request" (431, 505, 417) in
+// text/plain.
+func TestMalformedHeadsGetJSON(t *testing.T) {
+	up := newUpstream(t)
+	g := startGateway(t, up.URL, "", nil)
+	big := strings.Repeat("a", 70<<10)
+	tests := []struct {
+		name   string
+		req    string
+		status int
+		code   Code
+	}{
+		{"well-formed control", callLine + "\r\n" + callHead + "\r\n{}", 200, ""},
+		// Request line (RFC 9112 3).
+		{"go: method not a token (RFC 9110 9.1)", "PO(ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: method with a tab", "POST\t/v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: method with a byte above 0x7f", "P\xc3\x96ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: empty method", " /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: method only", "POST\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: no version (HTTP/0.9 shape)", "POST /v1/tools/tickets.list_tickets\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: two spaces after the method", "POST  /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: space inside the target", "POST /v1/tools/tickets. list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: control byte in the target (RFC 3986 2)", "POST /v1/tools/tickets.\x01list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: DEL in the target", "POST /v1/tools/tickets.\x7flist_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: target in no request form (RFC 9112 3.2)", "POST v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: absolute form with a bad authority", "GET http://[::1/x HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, CodeSchemaViolation},
+		{"go: CONNECT with a bad authority", "CONNECT [::1:443 HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, CodeSchemaViolation},
+		{"go: lowercase version (RFC 9112 2.3)", "POST /v1/tools/tickets.list_tickets http/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: version with two digits", "POST /v1/tools/tickets.list_tickets HTTP/1.10\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: text after the version", "POST /v1/tools/tickets.list_tickets HTTP/1.1 x\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: HTTP/2.0 that is not the preface", "POST /v1/tools/tickets.list_tickets HTTP/2.0\r\n" + callHead + "\r\n{}", 505, CodeSchemaViolation},
+		{"go: HTTP/3.0", "POST /v1/tools/tickets.list_tickets HTTP/3.0\r\n" + callHead + "\r\n{}", 505, CodeSchemaViolation},
+		{"NUL in the request line", "POST /v1/tools/tickets.list_tickets\x00 HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"bare CR in the request line", "POST /v1/tools/tickets.list_tickets\r HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"bare LF after the request line (RFC 9112 2.2)", callLine + "\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: empty line before the first request (RFC 9112 2.2 allows only after a message)", "\r\n" + callLine + "\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		// Header fields (RFC 9112 5, RFC 9110 5).
+		{"header line without a colon", callLine + "\r\n" + callHead + "X-A b\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"space before the colon", callLine + "\r\n" + callHead + "X-A : b\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"NUL in a header name", callLine + "\r\n" + callHead + "X-\x00A: b\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"byte above 0x7f in a header name", callLine + "\r\n" + callHead + "X-\xffA: b\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"NUL in a header value", callLine + "\r\n" + callHead + "X-A: b\x00c\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"bare CR in a header value", callLine + "\r\n" + callHead + "X-A: b\rc\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"obs-fold (RFC 9112 5.2)", callLine + "\r\n" + callHead + "X-A: b\r\n c\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"obs-fold on the first header line", callLine + "\r\n X-A: b\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: no Host in HTTP/1.1 (RFC 9112 3.2)", callLine + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"two Host fields (RFC 9112 3.2)", callLine + "\r\n" + callHead + "Host: other\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"go: malformed Host (RFC 9112 3.2)", callLine + "\r\nHost: a<b\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, CodeSchemaViolation},
+		{"go: Expect other than 100-continue (RFC 9110 10.1.1)", callLine + "\r\n" + callHead + "Expect: teapot\r\n\r\n{}", 417, CodeSchemaViolation},
+		{"go: Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1)", "POST /v1/tools/tickets.list_tickets HTTP/1.0\r\nHost: sluice\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, CodeSchemaViolation},
+		// Size (RFC 6585 5).
+		{"go: header section over 64 KiB", callLine + "\r\n" + callHead + "X-Big: " + big + "\r\n\r\n{}", 431, CodeHeaderTooLarge},
+		{"go: request line over 64 KiB", "POST /v1/tools/tickets.list_tickets?" + big + " HTTP/1.1\r\n" + callHead + "\r\n{}", 431, CodeHeaderTooLarge},
+		{"go: header section over 64 KiB, never ended", callLine + "\r\n" + callHead + "X-Big: " + big, 431, CodeHeaderTooLarge},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := up.requests.Load()
+			c := rawConn(t, g, agentA)
+			go func() { _, _ = io.WriteString(c, tc.req) }()
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("read response: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d; body %q", resp.StatusCode, tc.status, body)
+			}
+			if tc.code == "" {
+				if n := up.requests.Load() - before; n != 1 {
+					t.Errorf("the upstream got %d requests, want 1", n)
+				}
+				return
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q, want application/json; body %q", ct, body)
+			}
+			if got := errCode(body); got != string(tc.code) {
+				t.Errorf("code %q, want %q; body %q", got, tc.code, body)
+			}
+			if !resp.Close {
+				t.Errorf("the refusal does not close the connection")
+			}
+			// One log line for the refusal, under the request ID the
+			// caller got.
+			var eb errorBody
+			_ = json.Unmarshal(body, &eb)
+			if rid := eb.Error.RequestID; rid == "" {
+				t.Errorf("no request_id in %q", body)
+			} else if !logged(g, `"msg":"sandbox socket: refused a malformed request"`, `"request_id":"`+rid+`"`, `"code":"`+string(tc.code)+`"`, `"agent":"agent-a"`) {
+				t.Errorf("no log line for request %s", rid)
+			}
+			// Nothing of a refused head is served: the connection ends.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, _ := io.Copy(io.Discard, c); n != 0 {
+				t.Errorf("%d more bytes after the refusal", n)
+			}
+			if n := up.requests.Load() - before; n != 0 {
+				t.Errorf("the upstream got %d requests, want 0", n)
+			}
+		})
+	}
+}
+
+// logged reports whether one line of g's log has every part.
+func logged(g *testGateway, parts ...string) bool {
+	for _, line := range strings.Split(g.logBuf.String(), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// chanListener is a net.Listener that serves the connections sent on it.
+type chanListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+func (l *chanListener) Close() error   { close(l.done); return nil }
+func (l *chanListener) Addr() net.Addr { return &net.UnixAddr{Name: "fuzz", Net: "unix"} }
+
+// checkedConn reads through a headChecker, as strictHeads arranges it.
+type checkedConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *checkedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// FuzzRequestHead is a differential check of the strict checker against
+// Go's HTTP server, configured as the sandbox server is: whatever the head,
+// the first answer is either the handler's (the checker let through a head
+// Go accepts) or sluice's JSON refusal, never Go's own text/plain one (or
+// its bodiless 417).
+func FuzzRequestHead(f *testing.F) {
+	f.Add("GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")                 // well-formed
+	f.Add("GET http://pkg.example/x HTTP/1.1\r\nHost: pkg.example\r\n\r\n") // absolute form
+	f.Add("CONNECT pkg.example:443 HTTP/1.1\r\n\r\n")                       // authority form, no Host
+	f.Add("GE(T / HTTP/1.1\r\nHost: a\r\n\r\n")                             // method not a token
+	f.Add("GET / HTTP/1.1 x\r\nHost: a\r\n\r\n")                            // text after the version
+	f.Add("GET / HTTP/2.0\r\nHost: a\r\n\r\n")                              // 505
+	f.Add("GET / HTTP/1.1\r\n\r\n")                                         // no Host
+	f.Add("GET / HTTP/1.1\r\nHost: a b\r\n\r\n")                            // malformed Host
+	f.Add("GET / HTTP/1.1\r\nHost: a\r\nExpect: x\r\n\r\n")                 // 417
+	f.Add("\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n")                          // leading empty line
+	f.Add("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n") // TE in HTTP/1.0
+	f.Add("GET /%zz HTTP/1.1\r\nHost: a\r\n\r\n")                           // bad escape in the target
+	l := &chanListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Handler", "1")
+		}),
+		MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog:       log.New(io.Discard, "", 0),
+	}
+	go func() { _ = srv.Serve(l) }()
+	f.Cleanup(func() { _ = srv.Close() })
+	f.Fuzz(func(t *testing.T, in string) {
+		client, server := socketPair(t)
+		defer client.Close()
+		h := &headChecker{src: server, conn: server}
+		l.conns <- &checkedConn{Conn: server, r: bufio.NewReaderSize(h, 4096)}
+		// All of in, then the end of the client's side: an incomplete
+		// head is answered at once, not after a timeout.
+		go func() {
+			_, _ = io.WriteString(client, in)
+			_ = client.CloseWrite()
+		}()
+		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(client), nil)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("head %q: no answer and no close within 5s", in)
+		}
+		if err != nil {
+			return // closed without an answer, as Go's server does before a whole request line
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if resp.Header.Get("X-Handler") == "1" {
+			return
+		}
+		if resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"error":{"code":`) {
+			t.Fatalf("head %q: answered %d %q %q by Go's server, not by the checker", in, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+	})
+}
+
+// socketPair is a connected pair of Unix stream sockets (net.Pipe has no
+// half-close).
+func socketPair(t *testing.T) (client, server *net.UnixConn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
+}
