@@ -17,8 +17,8 @@ import (
 
 	mdns "github.com/miekg/dns"
 
-	"github.com/sluice-gw/sluice/test/fault/gwenv"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // TestGatewayDoHRefused is THREATS C10 through the real binary: CONNECT to

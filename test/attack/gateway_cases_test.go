@@ -17,8 +17,8 @@ import (
 
 	mdns "github.com/miekg/dns"
 
-	"github.com/sluice-gw/sluice/test/fault/gwenv"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // TestGatewayStrictParsing is THREATS F1–F4 through the real socket: each

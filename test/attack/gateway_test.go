@@ -30,7 +30,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
-	"github.com/sluice-gw/sluice/test/fault/gwenv"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // The suites here send bytes through the sandbox socket of the real

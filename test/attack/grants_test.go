@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
-	"github.com/sluice-gw/sluice/test/fault/gwenv"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // fieldsOf returns an audit record's fields.

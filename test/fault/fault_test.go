@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-gw/sluice/test/fault/gwenv"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 var agentA = gwenv.AgentA

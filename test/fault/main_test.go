@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-gw/sluice/test/fault/gwenv"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // bin is the sluice binary TestMain built ("" when the host cannot run the suite).

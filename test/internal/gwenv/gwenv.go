@@ -1,7 +1,7 @@
 //go:build linux
 
-// Package gwenv runs the real `sluice serve` binary for the fault and
-// attack suites: it builds the binary, makes a network namespace per test
+// Package gwenv runs the real `sluice serve` binary for the suites that
+// test it from outside (test/e2e, test/fault, test/attack): it builds the binary, makes a network namespace per test
 // (lo up, its own /etc/hosts and resolv.conf), runs an upstream API on that
 // namespace's loopback whose behaviour a test switches (answer, hang,
 // reset, garbage, redirect), writes the gateway's configuration, starts and
