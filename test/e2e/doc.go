@@ -5,4 +5,6 @@
 // sandboxd would, with an identity preamble. They assert HTTP status, the
 // stable error code, what reached the upstream, the decision log and the
 // audit log. They need root and iproute2 and skip with a reason otherwise.
+// The harness (binary, namespace, upstream, gateway process, clients) is
+// test/internal/gwenv, shared with the fault and attack suites.
 package e2e

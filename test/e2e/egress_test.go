@@ -12,19 +12,16 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	mdns "github.com/miekg/dns"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // egressIP is the "public" address of the test's upstreams. It is assigned
@@ -37,8 +34,8 @@ const egressIP = "11.0.0.1"
 // a miekg/dns resolver on the namespace loopback, and a gateway whose
 // agent-a may reach pkg.test and rebind.test (which resolves to loopback).
 type egressWorld struct {
-	e        *env
-	g        *gateway
+	e        *gwenv.Env
+	g        *gwenv.Gateway
 	ca       *x509.CertPool
 	httpConn atomic.Int64 // connections accepted by the upstreams
 	tlsConn  atomic.Int64
@@ -51,27 +48,16 @@ func newEgressWorld(t testing.TB) *egressWorld {
 	t.Helper()
 	e := newEnv(t)
 	w := &egressWorld{e: e}
-	if out, err := exec.Command("ip", "-n", e.ns.name, "addr", "add", egressIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
-		t.Fatalf("ip addr add: %v: %s", err, out)
-	}
-	cert, _, pool := upstreamPKI(t, "pkg.test", "flip.test")
+	e.NS.AddAddr(t, egressIP+"/32")
+	cert, _, pool := gwenv.UpstreamPKI(t, "pkg.test", "flip.test")
 	w.ca = pool
-	var hl, tl, ll net.Listener
+	hl, tl, ll := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443"), e.NS.Listen(t, "127.0.0.1:443")
 	var pc net.PacketConn
-	if err := e.ns.do(func() (err error) {
-		if hl, err = net.Listen("tcp", egressIP+":80"); err != nil {
-			return err
-		}
-		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
-			return err
-		}
-		if ll, err = net.Listen("tcp", "127.0.0.1:443"); err != nil {
-			return err
-		}
+	if err := e.NS.Do(func() (err error) {
 		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
 		return err
 	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.ns.name, err)
+		t.Fatalf("listen in %s: %v", e.NS.Name, err)
 	}
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Proxy-Authorization") != "" || r.Header.Get("Proxy-Connection") != "" {
@@ -82,13 +68,13 @@ func newEgressWorld(t testing.TB) *egressWorld {
 	})
 	hs := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
 	ts := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(countingListener{hl, &w.httpConn}) }()
+	go func() { _ = hs.Serve(gwenv.Counting(hl, &w.httpConn)) }()
 	go func() {
-		_ = ts.Serve(tls.NewListener(countingListener{tl, &w.tlsConn}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		_ = ts.Serve(tls.NewListener(gwenv.Counting(tl, &w.tlsConn), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	ls := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		_ = ls.Serve(tls.NewListener(countingListener{ll, &w.loopConn}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		_ = ls.Serve(tls.NewListener(gwenv.Counting(ll, &w.loopConn), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "rebind.test": "127.0.0.1"}
 	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
@@ -116,29 +102,11 @@ func newEgressWorld(t testing.TB) *egressWorld {
 	go func() { _ = ds.ActivateAndServe() }()
 	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ls.Close(); _ = ds.Shutdown() })
 
-	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%10000)
-	doc := map[string]any{
-		"gateway": map[string]any{
-			"sandbox_socket": filepath.Join(e.dir, "egress.sock"), "trusted_relay_uids": []int{0},
-			"admin_listen": admin, "upstream_timeout": "5s",
-		},
-		"store": "sqlite:" + filepath.Join(e.dir, "egress.db"),
-		"audit": map[string]any{"path": filepath.Join(e.dir, "egress-audit.log")},
-		"secrets": map[string]any{"backend": "local", "local": map[string]any{
-			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
-		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "rebind.test", "flip.test"}}},
-		"egress": map[string]any{"max_tunnels_per_caller": 4},
-		"dns":    map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
-	}
-	data, err := yaml.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(e.dir, "egress.yaml")
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	w.g = e.startGateway(path, admin)
+	d := e.CoreConfig("egress")
+	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "rebind.test", "flip.test"}}}
+	d["egress"] = map[string]any{"max_tunnels_per_caller": 4}
+	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	w.g = e.Start(d, e.Write(d))
 	return w
 }
 
@@ -153,7 +121,7 @@ func (w *egressWorld) proxyClient(t testing.TB, id wire.Identity) *http.Client {
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{RootCAs: w.ca},
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return wire.Dial(ctx, w.g.sock, id)
+			return wire.Dial(ctx, w.g.Sock, id)
 		},
 	}}
 }
@@ -162,14 +130,13 @@ func (w *egressWorld) proxyClient(t testing.TB, id wire.Identity) *http.Client {
 // the Proxy-Status header.
 func (w *egressWorld) rawConnect(t testing.TB, target string) (int, string) {
 	t.Helper()
-	c, err := net.Dial("unix", w.g.sock)
+	c, err := w.g.Dial(agentA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	line, _ := wire.Encode(agentA)
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(c, "%sCONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", line, target, target)
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatalf("CONNECT %s: %v", target, err)
@@ -201,7 +168,7 @@ func TestEgressThroughTheGateway(t *testing.T) {
 	t.Run("allowed host, CONNECT and TLS verified with the test CA", func(t *testing.T) {
 		resp, err := c.Get("https://pkg.test/files/x.whl")
 		if err != nil {
-			t.Fatalf("%v\n%s", err, w.g.stderr.Bytes())
+			t.Fatalf("%v\n%s", err, w.g.Stderr())
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -217,7 +184,7 @@ func TestEgressThroughTheGateway(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			found := false
-			recs := w.g.auditRecords()
+			recs := w.g.For(t).AuditRecords()
 			for _, r := range recs {
 				f, _ := r["fields"].(map[string]any)
 				if r["event"] == "result" && f["kind"] == "connect" && f["dest_host"] == "pkg.test" && f["resolved_ip"] == egressIP {

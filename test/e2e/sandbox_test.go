@@ -71,9 +71,8 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 		t.Skip("kernel lacks user namespaces")
 	}
 	buildSandboxBins(t)
-	cfg, admin := e.writeConfig(e.mainConfig())
-	e.setSecret(cfg)
-	g := e.startGateway(cfg, admin)
+	d := mainConfig(e, "sluice")
+	g := e.Start(d, e.Write(d))
 
 	// A listener on the host's loopback that must stay unreachable (A1).
 	host, err := net.Listen("tcp", "127.0.0.1:0")
@@ -106,7 +105,7 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.sock,
+	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.Sock,
 		"--agent", "agent-a", "--session", "sess-42", "--user", "alice",
 		"--copy", agentBin+":/workspace/agent", "--timeout", "60s",
 		"--", "/workspace/agent", "tickets.list_tickets", host.Addr().String())
@@ -115,7 +114,7 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
 	}
-	e.keep(out.Bytes())
+	e.Keep(out.Bytes())
 	lines := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		k, v, _ := strings.Cut(l, " ")
@@ -140,7 +139,7 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 
 	// The gateway saw exactly the relayed identity on both calls.
 	var calls int
-	for _, m := range g.logLines() {
+	for _, m := range g.LogLines() {
 		if m["msg"] != "tool_call" || m["tool"] != "tickets.list_tickets" {
 			continue
 		}
@@ -155,7 +154,7 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 	if calls != 2 {
 		t.Errorf("gateway logged %d list_tickets calls, want 2 (tcp and unix)", calls)
 	}
-	if n := len(e.up.requests()); n != 2 {
+	if n := len(e.Up.Requests()); n != 2 {
 		t.Errorf("upstream saw %d requests, want 2", n)
 	}
 }

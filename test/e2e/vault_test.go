@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 	"github.com/sluice-gw/sluice/vault/vaulttest"
 )
 
@@ -30,7 +30,7 @@ path "sys/leases/revoke" { capabilities = ["update"] }
 `
 
 // vaultWorld is a real Vault dev server and PostgreSQL inside the test's
-// namespace, with the KV value the tickets connector uses (e.secret, so the
+// namespace, with the KV value the tickets connector uses (e.Secret, so the
 // D9 sweep of replies, logs and files covers it) and a database role.
 type vaultWorld struct {
 	srv *vaulttest.Server
@@ -39,11 +39,11 @@ type vaultWorld struct {
 	sid string // secret_id file
 }
 
-func newVaultWorld(t *testing.T, e *env, withDB bool) *vaultWorld {
+func newVaultWorld(t *testing.T, e *gwenv.Env, withDB bool) *vaultWorld {
 	t.Helper()
-	in := vaulttest.Net(e.ns.do)
+	in := vaulttest.Net(e.NS.Do)
 	w := &vaultWorld{srv: vaulttest.StartIn(t, in)}
-	w.srv.Write(t, "secret/data/tickets", map[string]any{"data": map[string]any{"api_key": e.secret}})
+	w.srv.Write(t, "secret/data/tickets", map[string]any{"data": map[string]any{"api_key": e.Secret}})
 	if withDB {
 		w.pg = vaulttest.StartPostgresIn(t, in)
 		w.srv.Mount(t, "database", "database")
@@ -61,60 +61,30 @@ func newVaultWorld(t *testing.T, e *env, withDB bool) *vaultWorld {
 	return w
 }
 
-// writeVaultConfig is writeConfig with secrets.backend vault and the
-// connectors given; the session token ends sessions as sandboxd would.
-func (e *env) writeVaultConfig(w *vaultWorld, name, cacheTTL string, conns []map[string]any, sessionToken string, authExtra map[string]any) (path, admin string) {
-	e.t.Helper()
-	base, admin := e.writeConfig(gwConfig{Name: name, Connectors: []connector{e.ticketsConnector()}, Agents: []agent{{Name: "agent-a", Connectors: []string{"tickets"}}}, Policies: []rule{{Match: "*", Action: "allow"}}})
-	raw, err := os.ReadFile(base)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		e.t.Fatal(err)
-	}
+// vaultConfig is the configuration stem with secrets.backend vault, the
+// connectors given (at the loopback upstream, every tool allowed to
+// agent-a) and sandboxd's session token, which ends sessions.
+func vaultConfig(e *gwenv.Env, w *vaultWorld, stem, cacheTTL string, conns []map[string]any, sessionToken string, authExtra map[string]any) gwenv.Doc {
+	d := e.CoreConfig(stem)
 	auth := map[string]any{"method": "approle", "role_id_file": w.rid, "secret_id_file": w.sid}
 	for k, v := range authExtra {
 		auth[k] = v
 	}
-	doc["secrets"] = map[string]any{"backend": "vault", "vault": map[string]any{
+	d["secrets"] = map[string]any{"backend": "vault", "vault": map[string]any{
 		"address": w.srv.Addr, "cache_ttl": cacheTTL, "timeout": "2s", "auth": auth,
 	}}
 	var slugs []string
-	var cs []any
 	for _, c := range conns {
-		c["spec"] = specPath(e.t)
-		c["base_url"] = fmt.Sprintf("http://127.0.0.1:%d", e.up.port)
+		c["spec"] = e.Spec
+		c["base_url"] = fmt.Sprintf("http://127.0.0.1:%d", e.Up.Port)
 		c["allow_private"] = []string{"127.0.0.0/8"}
 		slugs = append(slugs, c["slug"].(string))
-		cs = append(cs, c)
 	}
-	doc["connectors"] = cs
-	doc["agents"] = []any{map[string]any{"name": "agent-a", "connectors": slugs}}
-	gw := doc["gateway"].(map[string]any)
-	gw["session_tokens_sha256"] = []string{fmt.Sprintf("%x", sha256.Sum256([]byte(sessionToken)))}
-	out, err := yaml.Marshal(doc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := os.WriteFile(base, out, 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return base, admin
-}
-
-// adminPost posts to the admin listener inside the namespace.
-func (g *gateway) adminPost(t testing.TB, path, token string) int {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+g.admin+path, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := vaulttest.Net(g.e.ns.do).HTTPClient(10 * time.Second).Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	d["connectors"] = conns
+	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": slugs}}
+	d["policies"] = []map[string]any{{"match": "*", "action": "allow"}}
+	d.Gateway()["session_tokens_sha256"] = []string{fmt.Sprintf("%x", sha256.Sum256([]byte(sessionToken)))}
+	return d
 }
 
 // TestVaultKVOutage: a KV credential from a real Vault reaches the upstream;
@@ -140,7 +110,7 @@ func TestVaultKVOutage(t *testing.T) {
 				// A socket audit device: while it accepts, Vault serves;
 				// once it is gone, Vault refuses every request (it never
 				// serves without an audit trail).
-				if err := e.ns.do(func() (err error) { auditLn, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
+				if err := e.NS.Do(func() (err error) { auditLn, err = net.Listen("tcp", "127.0.0.1:0"); return err }); err != nil {
 					t.Fatal(err)
 				}
 				go func() {
@@ -168,14 +138,14 @@ func TestVaultKVOutage(t *testing.T) {
 					t.Fatalf("enable socket audit: %v", err)
 				}
 			}
-			cfg, admin := e.writeVaultConfig(w, "vault-"+strings.ReplaceAll(how, " ", "-"), "3s",
+			d := vaultConfig(e, w, "vault-"+strings.ReplaceAll(how, " ", "-"), "3s",
 				[]map[string]any{{"slug": "tickets", "credential": map[string]any{"vault": map[string]any{"kv": "secret/data/tickets", "field": "api_key"}}}}, "tok-sandboxd", nil)
-			g := e.startGateway(cfg, admin)
+			g := e.Start(d, e.Write(d))
 
-			r := g.call(t, agentA, "tickets.list_tickets", `{}`)
+			r := g.Call(agentA, "tickets.list_tickets", `{}`)
 			expect(t, r, http.StatusOK, "")
-			reqs := e.up.requests()
-			if len(reqs) != 1 || reqs[0].Header.Get("X-Api-Key") != e.secret {
+			reqs := e.Up.Requests()
+			if len(reqs) != 1 || reqs[0].Header.Get("X-Api-Key") != e.Secret {
 				t.Fatalf("the upstream did not receive the Vault KV value (%d requests)", len(reqs))
 			}
 			down := time.Now()
@@ -194,24 +164,24 @@ func TestVaultKVOutage(t *testing.T) {
 				}
 				connMu.Unlock()
 			}
-			if r := g.call(t, agentA, "tickets.list_tickets", `{}`); time.Since(down) < 3*time.Second {
+			if r := g.Call(agentA, "tickets.list_tickets", `{}`); time.Since(down) < 3*time.Second {
 				expect(t, r, http.StatusOK, "")
 			}
 			time.Sleep(time.Until(down.Add(3500 * time.Millisecond)))
-			before := e.up.accepts.Load()
-			r = g.call(t, agentA, "tickets.list_tickets", `{}`)
+			before := e.Up.Accepts.Load()
+			r = g.Call(agentA, "tickets.list_tickets", `{}`)
 			if how == "audit device failing" && auditConns.Load() == 0 {
 				t.Error("Vault never connected to its socket audit device: the control did not exercise it")
 			}
 			expect(t, r, http.StatusServiceUnavailable, "credential_unavailable")
-			if got := e.up.accepts.Load(); got != before {
+			if got := e.Up.Accepts.Load(); got != before {
 				t.Errorf("the upstream got %d connections after the credential expired", got-before)
 			}
 			if strings.Contains(strings.ToLower(string(r.Body)), "vault") || strings.Contains(string(r.Body), w.srv.Addr) {
 				t.Errorf("the refusal carries Vault's error: %s", r.Body)
 			}
 			var audited bool
-			for _, rec := range g.auditRecords() {
+			for _, rec := range g.AuditRecords() {
 				if rec["request_id"] == r.RequestID {
 					if f, _ := rec["fields"].(map[string]any); f != nil && f["code"] == "credential_unavailable" {
 						audited = true
@@ -221,7 +191,7 @@ func TestVaultKVOutage(t *testing.T) {
 			if !audited {
 				t.Errorf("no audit record with code credential_unavailable for %s", r.RequestID)
 			}
-			cb.Observef("within ttl 200; after %s: %d %s, %d upstream connections, audited=%v", time.Since(down).Round(100*time.Millisecond), r.Status, r.Code, e.up.accepts.Load()-before, audited)
+			cb.Observef("within ttl 200; after %s: %d %s, %d upstream connections, audited=%v", time.Since(down).Round(100*time.Millisecond), r.Status, r.Code, e.Up.Accepts.Load()-before, audited)
 		})
 	}
 }
@@ -236,16 +206,16 @@ func TestVaultSessionEndRevokes(t *testing.T) {
 		"lease revoked: the database role is dropped and the captured password no longer logs in; another session's lease untouched")
 	e := newEnv(t)
 	w := newVaultWorld(t, e, true)
-	cfg, admin := e.writeVaultConfig(w, "vault-db", "60s",
+	d := vaultConfig(e, w, "vault-db", "60s",
 		[]map[string]any{{"slug": "tickets", "credential": map[string]any{"vault": map[string]any{"dynamic": "database/creds/ro"}}}}, "tok-sandboxd", nil)
-	g := e.startGateway(cfg, admin)
+	g := e.Start(d, e.Write(d))
 
 	other := wire.Identity{Sandbox: "sb-9", Agent: "agent-a", Session: "s-other", User: "carol"}
 	captured := func(id wire.Identity) (user, pass string) {
 		t.Helper()
-		n := len(e.up.requests())
-		expect(t, g.call(t, id, "tickets.list_tickets", `{}`), http.StatusOK, "")
-		reqs := e.up.requests()
+		n := len(e.Up.Requests())
+		expect(t, g.Call(id, "tickets.list_tickets", `{}`), http.StatusOK, "")
+		reqs := e.Up.Requests()
 		if len(reqs) != n+1 {
 			t.Fatalf("upstream saw %d new requests", len(reqs)-n)
 		}
@@ -263,7 +233,7 @@ func TestVaultSessionEndRevokes(t *testing.T) {
 	if _, err := w.pg.Query(t.Context(), user, pass, "select 1"); err != nil {
 		t.Fatalf("the leased credential does not log in during the session: %v", err)
 	}
-	if st := g.adminPost(t, "/api/v1/sessions/"+agentA.Session+"/end", "tok-sandboxd"); st != http.StatusOK {
+	if st, _, _ := g.AdminDo(http.MethodPost, "/api/v1/sessions/"+agentA.Session+"/end", "tok-sandboxd", ""); st != http.StatusOK {
 		t.Fatalf("session end: %d", st)
 	}
 	roles := w.pg.Super(t, "select count(*) from pg_roles where rolname = '"+user+"'")
@@ -274,7 +244,7 @@ func TestVaultSessionEndRevokes(t *testing.T) {
 	if _, err := w.pg.Query(t.Context(), otherUser, otherPass, "select 1"); err != nil {
 		t.Errorf("ending one session revoked another's credential: %v", err)
 	}
-	r := g.call(t, agentA, "tickets.list_tickets", `{}`)
+	r := g.Call(agentA, "tickets.list_tickets", `{}`)
 	expect(t, r, http.StatusForbidden, "session_ended")
 	cb.Observef("role count %s after end; captured login: %v; other session still logs in; later call %d %s", roles, loginErr, r.Status, r.Code)
 
@@ -284,9 +254,7 @@ func TestVaultSessionEndRevokes(t *testing.T) {
 		"no Vault token, secret_id, role_id or credential value in any reply")
 	sid, _ := os.ReadFile(w.sid)
 	rid, _ := os.ReadFile(w.rid)
-	e.mu.Lock()
-	replies := append([][]byte(nil), e.replies...)
-	e.mu.Unlock()
+	replies := e.Kept()
 	hits := 0
 	for _, rep := range replies {
 		for _, s := range []string{string(sid), string(rid), w.srv.RootToken, pass, otherPass} {
@@ -299,7 +267,7 @@ func TestVaultSessionEndRevokes(t *testing.T) {
 		t.Errorf("D1: %d replies carry a Vault credential", hits)
 	}
 	for _, s := range []string{string(sid), w.srv.RootToken, pass} {
-		if strings.Contains(string(g.stderr.Bytes()), s) {
+		if strings.Contains(string(g.Stderr()), s) {
 			t.Error("the gateway log carries a Vault credential")
 		}
 	}
@@ -323,19 +291,20 @@ func TestVaultWrappedSecretIDReused(t *testing.T) {
 		}
 		return sec.WrapInfo.Token
 	}
-	start := func(name, tok string) *gateway {
+	start := func(name, tok string) *gwenv.Gateway {
 		if err := os.WriteFile(w.sid, []byte(tok), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg, admin := e.writeVaultConfig(w, name, "60s",
+		d := vaultConfig(e, w, name, "60s",
 			[]map[string]any{{"slug": "tickets", "credential": map[string]any{"vault": map[string]any{"kv": "secret/data/tickets", "field": "api_key"}}}}, "tok-sandboxd",
 			map[string]any{"secret_id_wrapped": true})
-		return e.launch(cfg, admin)
+		return e.Launch(d, e.Write(d))
 	}
 	good := start("vault-wrap-ok", wrap())
-	good.awaitReady(true)
-	expect(t, good.call(t, agentA, "tickets.list_tickets", `{}`), http.StatusOK, "")
-	good.stop()
+	good.AwaitSocket()
+	good.AwaitReady()
+	expect(t, good.Call(agentA, "tickets.list_tickets", `{}`), http.StatusOK, "")
+	good.Stop()
 
 	tok := wrap()
 	if _, err := w.srv.Client(t).Logical().Unwrap(tok); err != nil { // the thief
@@ -343,19 +312,19 @@ func TestVaultWrappedSecretIDReused(t *testing.T) {
 	}
 	bad := start("vault-wrap-stolen", tok)
 	select {
-	case <-bad.exited:
+	case <-bad.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the gateway started with a stolen wrapping token")
 	}
-	logs := string(bad.stderr.Bytes())
-	if bad.err == nil || !strings.Contains(logs, "already unwrapped") {
-		t.Fatalf("exit %v; want a failure naming the reused wrapping token:\n%s", bad.err, logs)
+	logs := string(bad.Stderr())
+	if bad.ExitErr() == nil || !strings.Contains(logs, "already unwrapped") {
+		t.Fatalf("exit %v; want a failure naming the reused wrapping token:\n%s", bad.ExitErr(), logs)
 	}
 	if strings.Contains(logs, tok) {
 		t.Error("the log carries the wrapping token")
 	}
-	if _, err := os.Stat(filepath.Join(e.dir, "vault-wrap-stolen.sock")); err == nil {
+	if _, err := os.Stat(filepath.Join(e.Dir, "vault-wrap-stolen.sock")); err == nil {
 		t.Error("the refused gateway opened its sandbox socket")
 	}
-	cb.Observef("fresh token: started, 200; reused token: exit %v, log names the reused token", bad.err)
+	cb.Observef("fresh token: started, 200; reused token: exit %v, log names the reused token", bad.ExitErr())
 }

@@ -17,14 +17,22 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	_ "embed"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -107,7 +115,7 @@ const nsHosts = "127.0.0.1 localhost\n::1 localhost\n"
 // loopback, where nothing answers unless the test listens there.
 func NewNetNS(t testing.TB) *NetNS {
 	t.Helper()
-	n := &NetNS{Name: "sluice-flt-" + randHex(4)}
+	n := &NetNS{Name: "sluice-gw-" + randHex(4)}
 	if out, err := exec.Command("ip", "netns", "add", n.Name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", n.Name, err, out)
 	}
@@ -131,6 +139,20 @@ func NewNetNS(t testing.TB) *NetNS {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// AddHosts appends lines to the namespace's /etc/hosts (`ip netns exec`
+// bind-mounts it, so a gateway launched afterwards sees them).
+func (n *NetNS) AddHosts(t testing.TB, lines string) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join("/etc/netns", n.Name, "hosts"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.WriteString(f, lines); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // AddAddr assigns cidr to the namespace's lo (a "public" test address that
@@ -183,6 +205,8 @@ const (
 // Seen is one request as the upstream received it.
 type Seen struct {
 	Method, Path string
+	EscapedPath  string // the path as sent, percent-encoding kept
+	RequestURI   string
 	Header       http.Header
 	Body         string
 }
@@ -199,6 +223,9 @@ type Upstream struct {
 	mu   sync.Mutex
 	reqs []Seen
 }
+
+// Counting returns ln counting each connection it accepts in n.
+func Counting(ln net.Listener, n *atomic.Int64) net.Listener { return countingListener{ln, n} }
 
 type countingListener struct {
 	net.Listener
@@ -251,10 +278,16 @@ func (u *Upstream) AwaitRequest(t testing.TB, within time.Duration) {
 	}
 }
 
+// ServeHTTP records the request and answers it as the current Mode says.
+// In ModeOK it is the tickets API: GET /tickets, any method on
+// /tickets/{id} (the id as received, still escaped), POST /refunds, and
+// GET /echo, a hostile endpoint that reflects X-Api-Key in its body and
+// headers, plain and base64.
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
-	u.reqs = append(u.reqs, Seen{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: string(body)})
+	u.reqs = append(u.reqs, Seen{Method: r.Method, Path: r.URL.Path, EscapedPath: r.URL.EscapedPath(), RequestURI: r.RequestURI,
+		Header: r.Header.Clone(), Body: string(body)})
 	u.mu.Unlock()
 	select {
 	case u.arrived <- struct{}{}:
@@ -302,12 +335,24 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusFound)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	switch {
-	case r.Method == http.MethodGet && r.URL.Path == "/tickets":
-		_, _ = io.WriteString(w, `{"tickets":[{"id":"t-1","title":"printer on fire"}]}`)
-	case r.Method == http.MethodPost && r.URL.Path == "/refunds":
-		_, _ = io.WriteString(w, `{"refund":"ok"}`)
+	reply := func(v any) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	switch esc := r.URL.EscapedPath(); {
+	case r.Method == http.MethodGet && esc == "/echo":
+		// A hostile upstream: it reflects the credential it was given.
+		key := r.Header.Get("X-Api-Key")
+		b64 := base64.StdEncoding.EncodeToString([]byte(key))
+		w.Header().Set("X-Echo-Key", key)
+		w.Header().Set("X-Echo-Key-B64", b64)
+		reply(map[string]string{"key": key, "key_b64": b64})
+	case r.Method == http.MethodGet && esc == "/tickets":
+		reply(map[string]any{"tickets": []map[string]string{{"id": "t-1", "title": "printer on fire"}}})
+	case strings.HasPrefix(esc, "/tickets/"):
+		reply(map[string]string{"id": strings.TrimPrefix(esc, "/tickets/"), "method": r.Method})
+	case r.Method == http.MethodPost && esc == "/refunds":
+		reply(map[string]string{"refund": "ok"})
 	default:
 		http.NotFound(w, r)
 	}
@@ -325,6 +370,13 @@ type Env struct {
 	Dir    string
 	Secret string
 	Bin    string
+	// Spec is the tickets connector's OpenAPI document for BaseConfig:
+	// New points it at gwenv's own; a suite may point it at a larger one.
+	Spec string
+
+	mu   sync.Mutex
+	kept [][]byte
+	gws  []*Gateway
 }
 
 // New makes an Env. bin is the sluice binary from Build.
@@ -334,15 +386,16 @@ func New(t testing.TB, bin string) *Env {
 		t.Skip(why)
 	}
 	// A short path: the socket path must fit sun_path (108 bytes).
-	dir, err := os.MkdirTemp("", "sluice-flt-")
+	dir, err := os.MkdirTemp("", "sluice-gw-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.WriteFile(filepath.Join(dir, "tickets.yaml"), ticketsSpec, 0o644); err != nil {
+	spec := filepath.Join(dir, "tickets.yaml")
+	if err := os.WriteFile(spec, ticketsSpec, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, Dir: dir, Secret: "sk-live-" + randHex(16), Bin: bin}
+	e := &Env{T: t, Dir: dir, Secret: "sk-live-" + randHex(16), Bin: bin, Spec: spec}
 	e.NS = NewNetNS(t)
 	e.Up = NewUpstream(t, e.NS)
 	return e
@@ -369,11 +422,12 @@ func sum(s string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// BaseConfig is the configuration the suites start from: connector tickets
-// at the loopback upstream with the API key from the local store; agent-a
-// may list (allow) and refund (ask group:finance, short hold_wait);
-// everything else is blocked. Files live in the env's dir under stem.
-func (e *Env) BaseConfig(stem string) Doc {
+// CoreConfig is the part of every configuration that is not about tools
+// or egress: the sandbox socket (trusting root as the relay), the admin
+// listener inside the namespace, a 5s upstream timeout, the store, the
+// audit log and the local secret store. Files live in the env's dir under
+// stem.
+func (e *Env) CoreConfig(stem string) Doc {
 	return Doc{
 		"gateway": map[string]any{
 			"sandbox_socket":     filepath.Join(e.Dir, stem+".sock"),
@@ -382,7 +436,6 @@ func (e *Env) BaseConfig(stem string) Doc {
 			// kernel's ephemeral range: no outgoing socket holds the port.
 			"admin_listen":     fmt.Sprintf("127.0.0.1:%d", 10000+mrand.IntN(9000)),
 			"upstream_timeout": "5s",
-			"hold_wait":        "100ms",
 		},
 		"store": "sqlite:" + filepath.Join(e.Dir, stem+".db"),
 		"audit": map[string]any{"path": filepath.Join(e.Dir, stem+"-audit.log")},
@@ -390,31 +443,47 @@ func (e *Env) BaseConfig(stem string) Doc {
 			"backend": "local",
 			"local":   map[string]any{"path": filepath.Join(e.Dir, "secrets.json"), "key_file": filepath.Join(e.Dir, "secrets.key")},
 		},
-		"connectors": []map[string]any{{
-			"slug": "tickets", "spec": filepath.Join(e.Dir, "tickets.yaml"),
-			"base_url":      fmt.Sprintf("http://127.0.0.1:%d", e.Up.Port),
-			"allow_private": []string{"127.0.0.0/8"},
-			"credential":    map[string]any{"secret": "tickets-key"},
-		}},
-		"agents": []map[string]any{
-			{"name": "agent-a", "connectors": []string{"tickets"}},
-			{"name": "agent-b", "connectors": []string{}},
-		},
-		"policies": []map[string]any{
-			{"match": "tickets.list_tickets", "action": "allow"},
-			{"match": "tickets.create_refund", "action": "ask", "approvers": []string{"group:finance"}},
-			{"match": "*", "action": "block"},
-		},
-		"approvers": map[string]any{"users": []map[string]any{
-			{"name": "carol", "groups": []string{"finance"}, "token_sha256": sum(CarolToken)},
-			{"name": "alice", "groups": []string{"finance"}, "token_sha256": sum(AliceToken)},
-		}},
 	}
 }
 
+// ticketsConnector is the connectors[] entry BaseConfig uses: slug
+// tickets, the env's Spec, the loopback upstream admitted by
+// allow_private, the API key from secret tickets-key.
+func (e *Env) ticketsConnector() map[string]any {
+	return map[string]any{
+		"slug": "tickets", "spec": e.Spec,
+		"base_url":      fmt.Sprintf("http://127.0.0.1:%d", e.Up.Port),
+		"allow_private": []string{"127.0.0.0/8"},
+		"credential":    map[string]any{"secret": "tickets-key"},
+	}
+}
+
+// BaseConfig is the configuration the suites start from: CoreConfig,
+// connector tickets (ticketsConnector); agent-a may list (allow) and
+// refund (ask group:finance, short hold_wait); everything else is blocked.
+func (e *Env) BaseConfig(stem string) Doc {
+	d := e.CoreConfig(stem)
+	d.Gateway()["hold_wait"] = "100ms"
+	d["connectors"] = []map[string]any{e.ticketsConnector()}
+	d["agents"] = []map[string]any{
+		{"name": "agent-a", "connectors": []string{"tickets"}},
+		{"name": "agent-b", "connectors": []string{}},
+	}
+	d["policies"] = []map[string]any{
+		{"match": "tickets.list_tickets", "action": "allow"},
+		{"match": "tickets.create_refund", "action": "ask", "approvers": []string{"group:finance"}},
+		{"match": "*", "action": "block"},
+	}
+	d["approvers"] = map[string]any{"users": []map[string]any{
+		{"name": "carol", "groups": []string{"finance"}, "token_sha256": sum(CarolToken)},
+		{"name": "alice", "groups": []string{"finance"}, "token_sha256": sum(AliceToken)},
+	}}
+	return d
+}
+
 // Write writes d as <stem>.yaml (stem from the socket name) and returns
-// its path. The first Write of an env stores the connector's secret with
-// the real CLI.
+// its path. The first Write of an env whose secrets backend is local
+// stores the connector's secret (tickets-key) with the real CLI.
 func (e *Env) Write(d Doc) string {
 	e.T.Helper()
 	data, err := yaml.Marshal(map[string]any(d))
@@ -426,25 +495,71 @@ func (e *Env) Write(d Doc) string {
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		e.T.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(e.Dir, "secrets.json")); errors.Is(err, os.ErrNotExist) {
+	sec, _ := d["secrets"].(map[string]any)
+	if _, err := os.Stat(filepath.Join(e.Dir, "secrets.json")); errors.Is(err, os.ErrNotExist) && sec["backend"] == "local" {
 		e.SetSecret(path, "tickets-key", e.Secret)
 	}
 	return path
 }
 
+// CLI runs the sluice binary with args and stdin, outside the namespace
+// (the subcommands it is for open no socket), and returns its combined
+// output and exit error.
+func (e *Env) CLI(stdin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.Bin, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // SetSecret stores a secret with the real CLI, the value on stdin.
 func (e *Env) SetSecret(path, name, value string) {
 	e.T.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, e.Bin, "secrets", "set", name, "--scope", "project", "--config", path)
-	cmd.Stdin = strings.NewReader(value + "\n")
-	out, err := cmd.CombinedOutput()
+	out, err := e.CLI(value+"\n", "secrets", "set", name, "--scope", "project", "--config", path)
 	if err != nil {
 		e.T.Fatalf("sluice secrets set %s: %v\n%s", name, err, out)
 	}
-	if strings.Contains(string(out), value) {
+	if strings.Contains(out, value) {
 		e.T.Fatalf("sluice secrets set printed the value")
+	}
+}
+
+// Keep records b as something the sandbox side read. Do, Raw and AdminDo
+// keep what they read; a suite keeps what it reads another way, so that a
+// sweep for leaked secrets (Kept) sees all of it.
+func (e *Env) Keep(b []byte) {
+	e.mu.Lock()
+	e.kept = append(e.kept, bytes.Clone(b))
+	e.mu.Unlock()
+}
+
+// Kept returns everything kept so far.
+func (e *Env) Kept() [][]byte {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([][]byte(nil), e.kept...)
+}
+
+// Gateways returns every gateway the env launched, in order.
+func (e *Env) Gateways() []*Gateway {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*Gateway(nil), e.gws...)
+}
+
+// SecretForms are the spellings of the env's Secret a leak sweep looks
+// for, by name: raw, base64, base64url, hex and the part after the sk-live-
+// prefix.
+func (e *Env) SecretForms() map[string]string {
+	s := []byte(e.Secret)
+	return map[string]string{
+		"raw":        e.Secret,
+		"base64":     base64.StdEncoding.EncodeToString(s),
+		"base64url":  base64.RawURLEncoding.EncodeToString(s),
+		"hex":        hex.EncodeToString(s),
+		"raw-suffix": e.Secret[len("sk-live-"):],
 	}
 }
 
@@ -479,6 +594,7 @@ type Gateway struct {
 // proc is the gateway process, shared by every view.
 type proc struct {
 	e      *Env
+	Config string // the configuration file
 	Sock   string
 	Admin  string
 	Audit  string
@@ -506,7 +622,7 @@ func (e *Env) Start(d Doc, path string) *Gateway {
 // binary, so the child's pid is the gateway's) and returns at once.
 func (e *Env) Launch(d Doc, path string) *Gateway {
 	e.T.Helper()
-	g := &Gateway{t: e.T, proc: &proc{e: e, Sock: d.Gateway()["sandbox_socket"].(string), Admin: d.Gateway()["admin_listen"].(string),
+	g := &Gateway{t: e.T, proc: &proc{e: e, Config: path, Sock: d.Gateway()["sandbox_socket"].(string), Admin: d.Gateway()["admin_listen"].(string),
 		Audit: d["audit"].(map[string]any)["path"].(string), stderr: &syncBuffer{}, exited: make(chan struct{})}}
 	g.cmd = exec.Command("ip", "netns", "exec", e.NS.Name, e.Bin, "serve", "--config", path)
 	g.cmd.Stderr, g.cmd.Stdout = g.stderr, g.stderr
@@ -514,12 +630,22 @@ func (e *Env) Launch(d Doc, path string) *Gateway {
 		e.T.Fatalf("start gateway: %v", err)
 	}
 	go func() { g.err = g.cmd.Wait(); close(g.exited) }()
+	e.mu.Lock()
+	e.gws = append(e.gws, g)
+	e.mu.Unlock()
 	e.T.Cleanup(g.Stop)
 	return g
 }
 
 // Exited is closed when the process ended.
 func (g *Gateway) Exited() <-chan struct{} { return g.exited }
+
+// ExitErr waits for the process to end and returns how it ended (the
+// error of exec.Cmd.Wait).
+func (g *Gateway) ExitErr() error {
+	<-g.exited
+	return g.err
+}
 
 // Stderr is everything the gateway logged.
 func (g *Gateway) Stderr() []byte { return g.stderr.Bytes() }
@@ -640,6 +766,7 @@ func (g *Gateway) AdminDo(method, path, token, body string) (int, string, map[st
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	g.e.Keep(b)
 	var m map[string]any
 	_ = json.Unmarshal(b, &m)
 	code := ""
@@ -765,11 +892,19 @@ func (g *Gateway) Client(id wire.Identity) *http.Client {
 type Reply struct {
 	Status    int
 	Header    http.Header
+	Raw       []byte // headers and body, as the sandbox saw them
 	Body      []byte
 	Code      string // error.code
+	Message   string // error.message
 	RequestID string
 	HoldID    string // hold.id of a 202
 	HoldState string
+	// Result is a tool call's upstream answer as the gateway relays it.
+	Result struct {
+		Status  int                 `json:"status"`
+		Headers map[string][]string `json:"headers"`
+		Body    json.RawMessage     `json:"body"`
+	}
 }
 
 // Do sends method path with body (JSON when not empty) and extra headers.
@@ -791,22 +926,32 @@ func (g *Gateway) Do(id wire.Identity, method, path, body string, hdr http.Heade
 		t.Fatalf("%s %s: %v\nstderr:\n%s", method, path, err, g.Stderr())
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read: %v", method, path, err)
+	}
 	r := Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}
+	var raw bytes.Buffer
+	_ = resp.Header.Write(&raw)
+	raw.Write(b)
+	r.Raw = raw.Bytes()
+	g.e.Keep(r.Raw)
 	var eb struct {
 		Error struct {
 			Code      string `json:"code"`
+			Message   string `json:"message"`
 			RequestID string `json:"request_id"`
 		} `json:"error"`
 		RequestID string `json:"request_id"`
 		Hold      struct{ ID, Status string }
 	}
 	if json.Unmarshal(b, &eb) == nil {
-		r.Code, r.RequestID, r.HoldID, r.HoldState = eb.Error.Code, eb.Error.RequestID, eb.Hold.ID, eb.Hold.Status
+		r.Code, r.Message, r.RequestID, r.HoldID, r.HoldState = eb.Error.Code, eb.Error.Message, eb.Error.RequestID, eb.Hold.ID, eb.Hold.Status
 		if r.RequestID == "" {
 			r.RequestID = eb.RequestID
 		}
 	}
+	_ = json.Unmarshal(b, &r.Result)
 	return r
 }
 
@@ -820,18 +965,39 @@ func (g *Gateway) Call(id wire.Identity, tool, args string) Reply {
 // gateway sent until it closed the connection or wait passed, and whether
 // it closed.
 func (g *Gateway) Raw(id wire.Identity, b []byte, wait time.Duration) (string, bool) {
-	t := g.t
-	t.Helper()
+	g.t.Helper()
 	c, err := g.Dial(id)
 	if err != nil {
-		t.Fatal(err)
+		g.t.Fatal(err)
 	}
+	return g.exchange(c, b, wait)
+}
+
+// RawNoPreamble is Raw on a connection that starts without an identity
+// preamble: b is the first thing the gateway reads.
+func (g *Gateway) RawNoPreamble(b []byte, wait time.Duration) (string, bool) {
+	g.t.Helper()
+	c, err := net.DialTimeout("unix", g.Sock, 10*time.Second)
+	if err != nil {
+		g.t.Fatalf("dial %s: %v", g.Sock, err)
+	}
+	return g.exchange(c, b, wait)
+}
+
+func (g *Gateway) exchange(c net.Conn, b []byte, wait time.Duration) (string, bool) {
+	t := g.t
+	t.Helper()
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(wait))
+	// The gateway may refuse and close before reading everything sent; a
+	// failed write is then expected and its answer is still readable.
 	if _, err := c.Write(b); err != nil && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("write: %v", err)
 	}
 	out, err := io.ReadAll(c)
+	g.e.Keep(out)
+	// EOF, or a reset because the gateway closed with the request unread:
+	// either way the gateway ended the connection. A timeout means it did not.
 	var ne net.Error
 	return string(out), !(errors.As(err, &ne) && ne.Timeout())
 }
@@ -852,4 +1018,35 @@ func StatusOf(raw string) (int, string, http.Header) {
 	}
 	_ = json.Unmarshal(b, &eb)
 	return resp.StatusCode, eb.Error.Code, resp.Header
+}
+
+// ---------------------------------------------------------------------------
+// TLS upstreams
+
+// UpstreamPKI makes a test CA (CommonName "upstream test CA", valid an hour
+// either side of now) and a leaf for hosts signed by it, for the TLS
+// upstreams a test runs. It returns the leaf, the CA as PEM (for a
+// gateway's upstream_ca_file) and the CA as a pool (for a client).
+func UpstreamPKI(t testing.TB, hosts ...string) (tls.Certificate, []byte, *x509.CertPool) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "upstream test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool
 }
