@@ -5,17 +5,11 @@ package attack
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -105,7 +99,7 @@ func newWorld(t *testing.T) *world {
 	e := gwenv.New(t, gatewayBin(t))
 	w := &world{e: e, ghSecret: "ghp_" + strings.Repeat("s3cr3t", 6)}
 	e.NS.AddAddr(t, egressIP+"/32")
-	cert, caPEM, pool := upstreamPKI(t, "pkg.test", "api.test", "other.test")
+	cert, caPEM, pool := gwenv.UpstreamPKI(t, "pkg.test", "api.test", "other.test")
 	w.upstreamCA = pool
 	caFile := filepath.Join(e.Dir, "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
@@ -136,9 +130,9 @@ func newWorld(t *testing.T) *world {
 	})
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	ts := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(counting{hl, &w.httpConn}) }()
+	go func() { _ = hs.Serve(gwenv.Counting(hl, &w.httpConn)) }()
 	go func() {
-		_ = ts.Serve(tls.NewListener(counting{tl, &w.tlsConn}, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		_ = ts.Serve(tls.NewListener(gwenv.Counting(tl, &w.tlsConn), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	table := map[string]string{"pkg.test": egressIP, "api.test": egressIP, "other.test": egressIP,
 		"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254", "metadata.google.internal": "169.254.169.254"}
@@ -216,19 +210,6 @@ func (w *world) tlsRequests() []tlsSeen {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]tlsSeen(nil), w.tlsReqs...)
-}
-
-type counting struct {
-	net.Listener
-	n *atomic.Int64
-}
-
-func (l counting) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.n.Add(1)
-	}
-	return c, err
 }
 
 // proxyClient uses the gateway as its HTTP proxy over the sandbox socket,
@@ -342,31 +323,6 @@ func (w *world) awaitAuditCount(t *testing.T, event, sub string, n int) bool {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return true
-}
-
-// upstreamPKI makes a test CA and a leaf for hosts signed by it.
-func upstreamPKI(t *testing.T, hosts ...string) (tls.Certificate, []byte, *x509.CertPool) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "upstream test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool
 }
 
 // clientHello returns the first TLS record a real crypto/tls client sends

@@ -4,18 +4,13 @@ package bench
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -29,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // world is the run's shared setup: a namespace with the upstreams every
@@ -73,7 +69,7 @@ func newWorld(t testing.TB) *world {
 		_, _ = io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
 	})
-	cert, pool := testPKI(t, "pkg.test")
+	cert, _, pool := gwenv.UpstreamPKI(t, "pkg.test")
 	w.caPool = pool
 	hl := w.ns.listen(t, "tcp", egressIP+":80")
 	tl := w.ns.listen(t, "tcp", egressIP+":443")
@@ -117,30 +113,6 @@ func bareDNS(rw mdns.ResponseWriter, q *mdns.Msg) {
 		m.Rcode = mdns.RcodeNameError
 	}
 	_ = rw.WriteMsg(m)
-}
-
-func testPKI(t testing.TB, hosts ...string) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
 }
 
 // ---------------------------------------------------------------------------
