@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -48,14 +47,7 @@ func TestGatewayDoHRefused(t *testing.T) {
 			}
 		}()
 	}
-	var pc net.PacketConn
-	if err := e.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		dnsQ.Add(1)
 		m := new(mdns.Msg)
 		m.SetReply(q)
@@ -64,9 +56,7 @@ func TestGatewayDoHRefused(t *testing.T) {
 			m.Answer = []mdns.RR{rr}
 		}
 		_ = rw.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = ds.Shutdown() })
+	})
 
 	d := e.BaseConfig("doh")
 	d["agents"] = []map[string]any{
@@ -74,7 +64,7 @@ func TestGatewayDoHRefused(t *testing.T) {
 		{"name": "agent-b", "connectors": []string{}},
 	}
 	d["egress"] = map[string]any{"connect_ports": []int{853}}
-	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}}
 	path := e.Write(d)
 	g := e.Start(d, path)
 

@@ -107,13 +107,6 @@ func newWorld(t *testing.T) *world {
 	}
 	hl := e.NS.Listen(t, egressIP+":80")
 	tl := e.NS.Listen(t, egressIP+":443")
-	var pc net.PacketConn
-	if err := e.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
 	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		if r.TLS != nil {
@@ -136,25 +129,15 @@ func newWorld(t *testing.T) *world {
 	}()
 	table := map[string]string{"pkg.test": egressIP, "api.test": egressIP, "other.test": egressIP,
 		"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254", "metadata.google.internal": "169.254.169.254"}
-	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		w.dnsQ.Add(1)
-		m := new(mdns.Msg)
-		m.SetReply(q)
-		name := strings.TrimSuffix(q.Question[0].Name, ".")
-		ip, ok := table[name]
-		switch {
-		case name == "servfail.test":
+		m := gwenv.DNSReply(q, table, 0)
+		if q.Question[0].Name == "servfail.test." {
 			m.Rcode = mdns.RcodeServerFailure
-		case !ok:
-			m.Rcode = mdns.RcodeNameError
-		case q.Question[0].Qtype == mdns.TypeA:
-			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
-			m.Answer = []mdns.RR{rr}
 		}
 		_ = rw.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ds.Shutdown() })
+	})
+	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close() })
 
 	w.rego = filepath.Join(e.Dir, "rego")
 	if err := os.Mkdir(w.rego, 0o755); err != nil {
@@ -180,7 +163,7 @@ func newWorld(t *testing.T) *world {
 			"ca_dir": filepath.Join(e.Dir, "ca"), "upstream_ca_file": caFile},
 		"placeholders": []map[string]any{{"secret": "gh-token", "hosts": []string{"api.test"}, "header": "Authorization", "prefix": "Bearer "}},
 	}
-	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}, "subdomain_threshold": 5}
+	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}, "subdomain_threshold": 5}
 	w.doc, w.cfg = d, e.Write(d)
 	e.SetSecret(w.cfg, "gh-token", w.ghSecret)
 	w.g = e.Start(d, w.cfg)

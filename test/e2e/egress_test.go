@@ -52,13 +52,6 @@ func newEgressWorld(t testing.TB) *egressWorld {
 	cert, _, pool := gwenv.UpstreamPKI(t, "pkg.test", "flip.test")
 	w.ca = pool
 	hl, tl, ll := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443"), e.NS.Listen(t, "127.0.0.1:443")
-	var pc net.PacketConn
-	if err := e.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
-		return err
-	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.NS.Name, err)
-	}
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Proxy-Authorization") != "" || r.Header.Get("Proxy-Connection") != "" {
 			http.Error(rw, "proxy header forwarded", http.StatusTeapot)
@@ -77,35 +70,25 @@ func newEgressWorld(t testing.TB) *egressWorld {
 		_ = ls.Serve(tls.NewListener(gwenv.Counting(ll, &w.loopConn), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "rebind.test": "127.0.0.1"}
-	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		w.dnsQ.Add(1)
-		m := new(mdns.Msg)
-		m.SetReply(q)
-		name := strings.TrimSuffix(q.Question[0].Name, ".")
-		ip, ok := table[name]
-		if name == "flip.test" && q.Question[0].Qtype == mdns.TypeA {
+		if q.Question[0].Name == "flip.test." && q.Question[0].Qtype == mdns.TypeA {
 			// TTL 0, public first, then loopback: DNS rebinding.
-			ip, ok = egressIP, true
+			ip := egressIP
 			if w.flips.Add(1) > 1 {
 				ip = "127.0.0.1"
 			}
+			_ = rw.WriteMsg(gwenv.DNSReply(q, map[string]string{"flip.test": ip}, 0))
+			return
 		}
-		switch {
-		case !ok:
-			m.Rcode = mdns.RcodeNameError
-		case q.Question[0].Qtype == mdns.TypeA:
-			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
-			m.Answer = []mdns.RR{rr}
-		}
-		_ = rw.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ls.Close(); _ = ds.Shutdown() })
+		_ = rw.WriteMsg(gwenv.DNSReply(q, table, 0))
+	})
+	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ls.Close() })
 
 	d := e.CoreConfig("egress")
 	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "rebind.test", "flip.test"}}}
 	d["egress"] = map[string]any{"max_tunnels_per_caller": 4}
-	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}}
 	w.g = e.Start(d, e.Write(d))
 	return w
 }

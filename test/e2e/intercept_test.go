@@ -67,13 +67,6 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 		t.Fatal(err)
 	}
 	tl := e.NS.Listen(t, egressIP+":443")
-	var pc net.PacketConn
-	if err := e.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
-		return err
-	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.NS.Name, err)
-	}
 	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		w.mu.Lock()
@@ -88,20 +81,9 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 	})
 	ts := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = ts.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}})) }()
-	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
-		m := new(mdns.Msg)
-		m.SetReply(q)
-		switch name := strings.TrimSuffix(q.Question[0].Name, "."); {
-		case name != "api.test" && name != "other.test" && name != "plain.test":
-			m.Rcode = mdns.RcodeNameError
-		case q.Question[0].Qtype == mdns.TypeA:
-			rr, _ := mdns.NewRR(fmt.Sprintf("%s 60 IN A %s", q.Question[0].Name, egressIP))
-			m.Answer = []mdns.RR{rr}
-		}
-		_ = rw.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = ts.Close(); _ = ds.Shutdown() })
+	table := map[string]string{"api.test": egressIP, "other.test": egressIP, "plain.test": egressIP}
+	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) { _ = rw.WriteMsg(gwenv.DNSReply(q, table, 60)) })
+	t.Cleanup(func() { _ = ts.Close() })
 
 	if err := os.MkdirAll(filepath.Join(e.Dir, "policies"), 0o700); err != nil {
 		t.Fatal(err)
@@ -125,7 +107,7 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 			"ca_dir": filepath.Join(e.Dir, "ca"), "upstream_ca_file": caFile},
 		"placeholders": []map[string]any{{"secret": "gh-token", "hosts": []string{"api.test"}, "header": "Authorization", "prefix": "Bearer "}},
 	}
-	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}}
 	path := e.Write(d)
 	e.SetSecret(path, "gh-token", e.Secret)
 	w.g = e.Start(d, path)

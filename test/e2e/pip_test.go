@@ -10,7 +10,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -143,13 +142,6 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 	dnsNames := map[string]int{}
 	hl, tl := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443")
 	el, etl := e.NS.Listen(t, evilIndex+":80"), e.NS.Listen(t, evilIndex+":443")
-	var pc net.PacketConn
-	if err := e.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
-		return err
-	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.NS.Name, err)
-	}
 	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}}
 	servers := []*http.Server{
 		{Handler: idx, ReadHeaderTimeout: 5 * time.Second}, {Handler: idx, ReadHeaderTimeout: 5 * time.Second},
@@ -160,35 +152,22 @@ func TestPipInSandboxThroughProxy(t *testing.T) {
 	go func() { _ = servers[2].Serve(gwenv.Counting(el, &evilConns)) }()
 	go func() { _ = servers[3].Serve(tls.NewListener(gwenv.Counting(etl, &evilConns), tlsCfg)) }()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": evilIndex}
-	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
-		name := strings.TrimSuffix(q.Question[0].Name, ".")
+	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		dnsMu.Lock()
-		dnsNames[name]++
+		dnsNames[strings.TrimSuffix(q.Question[0].Name, ".")]++
 		dnsMu.Unlock()
-		m := new(mdns.Msg)
-		m.SetReply(q)
-		ip, ok := table[name]
-		switch {
-		case !ok:
-			m.Rcode = mdns.RcodeNameError
-		case q.Question[0].Qtype == mdns.TypeA:
-			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
-			m.Answer = []mdns.RR{rr}
-		}
-		_ = rw.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
+		_ = rw.WriteMsg(gwenv.DNSReply(q, table, 0))
+	})
 	t.Cleanup(func() {
 		for _, s := range servers {
 			_ = s.Close()
 		}
-		_ = ds.Shutdown()
 	})
 
 	d := e.CoreConfig("pip")
 	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test"}}}
 	d["egress"] = map[string]any{"max_tunnels_per_caller": 4}
-	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}}
 	g := e.Start(d, e.Write(d))
 	caFile := filepath.Join(e.Dir, "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,13 +49,6 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 	var tlsConns, httpConns, dnsQ atomic.Int64
 	var reqs atomic.Int64
 	hl, tl := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443")
-	var pc net.PacketConn
-	if err := e.NS.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", "127.0.0.1:5353")
-		return err
-	}); err != nil {
-		t.Fatalf("listen in %s: %v", e.NS.Name, err)
-	}
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		reqs.Add(1)
 		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
@@ -68,28 +60,17 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 		_ = ts.Serve(tls.NewListener(gwenv.Counting(tl, &tlsConns), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	table := map[string]string{"pkg.test": egressIP, "evil.test": egressIP, "dns.google": egressIP}
-	ds := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(rw mdns.ResponseWriter, q *mdns.Msg) {
+	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		dnsQ.Add(1)
-		m := new(mdns.Msg)
-		m.SetReply(q)
-		ip, ok := table[strings.TrimSuffix(q.Question[0].Name, ".")]
-		switch {
-		case !ok:
-			m.Rcode = mdns.RcodeNameError
-		case q.Question[0].Qtype == mdns.TypeA:
-			rr, _ := mdns.NewRR(fmt.Sprintf("%s 0 IN A %s", q.Question[0].Name, ip))
-			m.Answer = []mdns.RR{rr}
-		}
-		_ = rw.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close(); _ = ds.Shutdown() })
+		_ = rw.WriteMsg(gwenv.DNSReply(q, table, 0))
+	})
+	t.Cleanup(func() { _ = hs.Close(); _ = ts.Close() })
 
 	d := e.CoreConfig("curl")
 	// dns.google is listed on purpose: the proxy refuses it anyway.
 	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"pkg.test", "dns.google"}}}
 	d["egress"] = map[string]any{"max_tunnels_per_caller": 4}
-	d["dns"] = map[string]any{"upstreams": []string{"127.0.0.1:5353"}}
+	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}}
 	g := e.Start(d, e.Write(d))
 	caFile := filepath.Join(e.Dir, "upstream-ca.pem")
 	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {

@@ -46,6 +46,7 @@ import (
 	"testing"
 	"time"
 
+	mdns "github.com/miekg/dns"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/relay"
@@ -182,6 +183,43 @@ func (n *NetNS) Listen(t testing.TB, addr string) net.Listener {
 	}
 	t.Cleanup(func() { _ = ln.Close() })
 	return ln
+}
+
+// DNSAddr is where ServeDNS answers inside a namespace; a configuration
+// names it in dns.upstreams.
+const DNSAddr = "127.0.0.1:5353"
+
+// ServeDNS answers DNS over UDP at DNSAddr inside the namespace with h
+// until the test ends.
+func (n *NetNS) ServeDNS(t testing.TB, h mdns.HandlerFunc) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := n.Do(func() (err error) {
+		pc, err = net.ListenPacket("udp", DNSAddr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen udp %s in %s: %v", DNSAddr, n.Name, err)
+	}
+	ds := &mdns.Server{PacketConn: pc, Handler: h}
+	go func() { _ = ds.ActivateAndServe() }()
+	t.Cleanup(func() { _ = ds.Shutdown() })
+}
+
+// DNSReply answers q from table (a name without its final dot, to an IPv4
+// address): an A record with ttl for a listed name, no record for another
+// type of question about it, NXDOMAIN for a name not listed.
+func DNSReply(q *mdns.Msg, table map[string]string, ttl uint32) *mdns.Msg {
+	m := new(mdns.Msg)
+	m.SetReply(q)
+	ip, ok := table[strings.TrimSuffix(q.Question[0].Name, ".")]
+	switch {
+	case !ok:
+		m.Rcode = mdns.RcodeNameError
+	case q.Question[0].Qtype == mdns.TypeA:
+		rr, _ := mdns.NewRR(fmt.Sprintf("%s %d IN A %s", q.Question[0].Name, ttl, ip))
+		m.Answer = []mdns.RR{rr}
+	}
+	return m
 }
 
 // ---------------------------------------------------------------------------
