@@ -164,24 +164,7 @@ func TestEgressThroughTheGateway(t *testing.T) {
 	})
 	t.Run("audit names the host and the address dialled", func(t *testing.T) {
 		// The tunnel's result is written when both sides have closed.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			found := false
-			recs := w.g.For(t).AuditRecords()
-			for _, r := range recs {
-				f, _ := r["fields"].(map[string]any)
-				if r["event"] == "result" && f["kind"] == "connect" && f["dest_host"] == "pkg.test" && f["resolved_ip"] == egressIP {
-					found = true
-				}
-			}
-			if found {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no connect result record for pkg.test at %s: %v", egressIP, recs)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		w.g.For(t).AwaitAuditFields("result", map[string]any{"kind": "connect", "dest_host": "pkg.test", "resolved_ip": egressIP})
 	})
 
 	before := w.httpConn.Load() + w.tlsConn.Load()

@@ -187,33 +187,6 @@ func (w *interceptWorld) do(t testing.TB, c *http.Client, method, u, body string
 	return resp, string(b)
 }
 
-// awaitAudit waits for an audit record of event whose fields match.
-func (w *interceptWorld) awaitAudit(t testing.TB, event string, match map[string]any) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		for _, r := range w.g.For(t).AuditRecords() {
-			if r["event"] != event {
-				continue
-			}
-			f, _ := r["fields"].(map[string]any)
-			ok := true
-			for k, v := range match {
-				if fmt.Sprint(f[k]) != fmt.Sprint(v) {
-					ok = false
-				}
-			}
-			if ok {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s audit record with %v", event, match)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func countEvent(recs []map[string]any, event, host string) int {
 	n := 0
 	for _, r := range recs {
@@ -263,7 +236,7 @@ func TestInterception(t *testing.T) {
 		if last := reqs[len(reqs)-1]; last.host != "other.test" || last.auth != "Bearer "+w.placeholder {
 			t.Fatalf("other.test saw host %q auth %q", last.host, last.auth)
 		}
-		w.awaitAudit(t, "placeholder_host_mismatch", map[string]any{"dest_host": "other.test", "kind": "http"})
+		w.g.For(t).AwaitAuditFields("placeholder_host_mismatch", map[string]any{"dest_host": "other.test", "kind": "http"})
 	})
 	t.Run("placeholder in the body goes out unchanged", func(t *testing.T) {
 		payload := `{"token":"` + w.placeholder + `"}`
@@ -275,7 +248,7 @@ func TestInterception(t *testing.T) {
 		if last := reqs[len(reqs)-1]; last.body != payload {
 			t.Fatalf("upstream body %q", last.body)
 		}
-		w.awaitAudit(t, "placeholder_not_substituted", map[string]any{"dest_host": "api.test"})
+		w.g.For(t).AwaitAuditFields("placeholder_not_substituted", map[string]any{"dest_host": "api.test"})
 	})
 	t.Run("placeholder in the query goes out unchanged", func(t *testing.T) {
 		resp, _ := w.do(t, c, "GET", "https://api.test/q?t="+url.QueryEscape(w.placeholder), "", nil, "")
@@ -322,7 +295,7 @@ func TestInterception(t *testing.T) {
 		if n := len(w.requests()) - before; n != 0 {
 			t.Fatalf("%d requests reached the upstream", n)
 		}
-		w.awaitAudit(t, "decision", map[string]any{"dest_host": "api.test", "kind": "http", "decision": "block", "rule": "team.no_admin"})
+		w.g.For(t).AwaitAuditFields("decision", map[string]any{"dest_host": "api.test", "kind": "http", "decision": "block", "rule": "team.no_admin"})
 	})
 	t.Run("Host header other than the CONNECT host is 403", func(t *testing.T) {
 		before := len(w.requests())
@@ -342,7 +315,7 @@ func TestInterception(t *testing.T) {
 		if !strings.HasPrefix(body, "you sent Bearer ") {
 			t.Fatalf("body %q", body)
 		}
-		w.awaitAudit(t, "secret_reflected", map[string]any{"dest_host": "api.test"})
+		w.g.For(t).AwaitAuditFields("secret_reflected", map[string]any{"dest_host": "api.test"})
 	})
 	t.Run("D5 plain http to a credentialed host is 403", func(t *testing.T) {
 		before := len(w.requests())

@@ -908,6 +908,31 @@ func (g *Gateway) AwaitAudit(event, sub string) map[string]any {
 	}
 }
 
+// AwaitAuditFields waits for an audit record of event whose fields hold
+// every key of match with its value (compared as fmt.Sprint renders them)
+// and returns it.
+func (g *Gateway) AwaitAuditFields(event string, match map[string]any) map[string]any {
+	t := g.t
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, r := range g.AuditRecords() {
+			f, _ := r["fields"].(map[string]any)
+			ok := r["event"] == event
+			for k, v := range match {
+				ok = ok && fmt.Sprint(f[k]) == fmt.Sprint(v)
+			}
+			if ok {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit record %s with fields %v within 30s", event, match)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // ---------------------------------------------------------------------------
 // Sandbox side
 
