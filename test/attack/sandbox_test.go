@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 var (
@@ -59,16 +60,12 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		bin, hostile = filepath.Join(buildDir, "sandboxd"), filepath.Join(buildDir, "hostile")
-		for out, pkg := range map[string]string{bin: "../../cmd/sandboxd", hostile: "./testdata/hostile"} {
-			// CGO_ENABLED=0: the init's setuid must reach every thread
-			// (AllThreadsSyscall is ENOTSUP with cgo).
-			cmd := exec.Command("go", "build", "-o", out, pkg)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if b, err := cmd.CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, b)
-				return 1
-			}
+		if bin, err = gwenv.BuildStatic(buildDir, "./cmd/sandboxd"); err == nil {
+			hostile, err = gwenv.BuildStatic(buildDir, "./test/attack/testdata/hostile")
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
 		}
 		return m.Run()
 	}()

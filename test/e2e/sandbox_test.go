@@ -8,13 +8,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 var (
@@ -22,10 +22,8 @@ var (
 	sandboxdBin, agentBin, sbErr = "", "", error(nil)
 )
 
-// buildSandboxBins builds sandboxd and the in-sandbox agent, static
-// (CGO_ENABLED=0: sandboxd's init applies privilege changes to every thread,
-// which AllThreadsSyscall refuses under cgo), into a directory the sandbox's
-// unmapped uid can traverse.
+// buildSandboxBins builds sandboxd and the in-sandbox agent, static, into
+// a directory the sandbox's unmapped uid can traverse.
 func buildSandboxBins(t *testing.T) {
 	t.Helper()
 	sandboxOnce.Do(func() {
@@ -37,23 +35,10 @@ func buildSandboxBins(t *testing.T) {
 		if sbErr = os.Chmod(dir, 0o711); sbErr != nil {
 			return
 		}
-		sandboxdBin, agentBin = filepath.Join(dir, "sandboxd"), filepath.Join(dir, "agent")
-		gomod, err := exec.Command("go", "env", "GOMOD").Output()
-		if err != nil {
-			sbErr = err
+		if sandboxdBin, sbErr = gwenv.BuildStatic(dir, "./cmd/sandboxd"); sbErr != nil {
 			return
 		}
-		root := filepath.Dir(strings.TrimSpace(string(gomod)))
-		for out, pkg := range map[string]string{sandboxdBin: "./cmd/sandboxd", agentBin: "./test/e2e/testdata/agent"} {
-			cmd := exec.Command("go", "build", "-o", out, pkg)
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if b, err := cmd.CombinedOutput(); err != nil {
-				sbErr = err
-				t.Logf("build %s: %s", pkg, b)
-				return
-			}
-		}
+		agentBin, sbErr = gwenv.BuildStatic(dir, "./test/e2e/testdata/agent")
 	})
 	if sbErr != nil {
 		t.Fatalf("build sandbox binaries: %v", sbErr)

@@ -83,17 +83,29 @@ func SkipReason() string {
 }
 
 // Build compiles ./cmd/sluice into dir and returns the binary's path.
-func Build(dir string) (string, error) {
+func Build(dir string) (string, error) { return build(dir, "./cmd/sluice", nil) }
+
+// BuildStatic compiles pkg (a path from the module root, such as
+// ./cmd/sandboxd) with CGO_ENABLED=0 into dir, named after pkg's last
+// element, and returns the binary's path. sandboxd's init needs it: it
+// applies privilege changes to every thread, which AllThreadsSyscall
+// refuses under cgo.
+func BuildStatic(dir, pkg string) (string, error) {
+	return build(dir, pkg, []string{"CGO_ENABLED=0"})
+}
+
+func build(dir, pkg string, env []string) (string, error) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
-		return "", fmt.Errorf("build sluice: no module root from `go env GOMOD`: %v", err)
+		return "", fmt.Errorf("build %s: no module root from `go env GOMOD`: %v", pkg, err)
 	}
-	bin := filepath.Join(dir, "sluice")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build sluice: %w\n%s", err, out)
+		return "", fmt.Errorf("build %s: %w\n%s", pkg, err, out)
 	}
 	return bin, nil
 }
