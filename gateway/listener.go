@@ -46,8 +46,10 @@ type identConn struct {
 	r  *bufio.Reader
 	id wire.Identity
 
+	base   *bufio.Reader // the reader over Conn itself; r may wrap it (strictHeads)
 	lease  *net.UnixConn // nil unless handed off
 	moved  atomic.Uint64 // Read and Write calls, for the idle watchdog
+	tunnel atomic.Bool   // detached into a byte tunnel with its own idle watchdog
 	idle   atomic.Pointer[time.Timer]
 	closed atomic.Bool
 	once   sync.Once
@@ -65,6 +67,30 @@ func (c *identConn) Write(p []byte) (int, error) {
 		c.moved.Add(1)
 	}
 	return c.Conn.Write(p)
+}
+
+// detach hands the connection to a byte tunnel that reads and writes
+// Conn directly (proxy.go's relayTCP): it returns the bytes its readers
+// took from the socket that nobody has read yet, in order, which the
+// tunnel must send first, and marks the connection a tunnel, so the
+// listener's watchdog no longer cuts it for want of Read and Write calls
+// (the tunnel's own idle watchdog does; Close still ends both). Nothing
+// may read through c afterwards.
+//
+// r is base or, after strictHeads, a bufio.Reader over a headChecker
+// over base; a CONNECT head put the checker in stPass, where it passes
+// bytes through and holds none, so r's and then base's buffers are all
+// there is.
+func (c *identConn) detach() []byte {
+	c.tunnel.Store(true)
+	var pending []byte
+	if c.r != c.base {
+		b, _ := c.r.Peek(c.r.Buffered())
+		pending = append(pending, b...)
+	}
+	b, _ := c.base.Peek(c.base.Buffered())
+	pending = append(pending, b...)
+	return pending
 }
 
 // Close closes the connection and, for a handoff, shuts the socket down
@@ -111,7 +137,10 @@ func (c *identConn) arm(idle time.Duration, seen uint64) {
 		if c.closed.Load() {
 			return
 		}
-		if n := c.moved.Load(); n != seen {
+		if n := c.moved.Load(); n != seen || c.tunnel.Load() {
+			// A detached tunnel moves its bytes below Read and Write;
+			// its own watchdog (splice's egress.idle_timeout) closes it,
+			// and Close stops this one.
 			c.arm(idle, n)
 			return
 		}
@@ -221,9 +250,10 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	ic := &identConn{Conn: c, r: p.Reader, id: p.Identity}
+	ic := &identConn{Conn: c, r: p.Reader, base: p.Reader, id: p.Identity}
 	if p.Conn != nil {
-		ic = &identConn{Conn: p.Conn, r: bufio.NewReaderSize(p.Conn, wire.MaxLine), id: p.Identity, lease: c}
+		br := bufio.NewReaderSize(p.Conn, wire.MaxLine)
+		ic = &identConn{Conn: p.Conn, r: br, base: br, id: p.Identity, lease: c}
 		ic.watch(l.idle)
 	}
 	select {

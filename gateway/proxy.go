@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
@@ -59,6 +60,10 @@ type rawEgress struct {
 
 	decisionAttrs egressDecisionAttrs
 	decisions     egressDecisions // egress_decisions.go
+
+	copyLoop atomic.Bool  // tests and benchmarks: relay every tunnel with splice
+	direct   atomic.Int64 // tunnels relayed by relayTCP
+	bulk     atomic.Int64 // relayTCP directions handed to splice(2)
 
 	tunnelGauge metric.Int64UpDownCounter
 	dnsAnswers  metric.Int64Counter
@@ -101,6 +106,7 @@ func (s *Server) newRawEgress() *rawEgress {
 			MaxResponseHeaderBytes: 64 << 10,
 		}
 	})
+	s.stop.atClose(e.upstreams.closeIdle) // idle upstream connections close when the server stops
 	m := s.tel.provider.Meter("sluice/gateway/egress")
 	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
 	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
@@ -485,7 +491,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	c.bytesUp.Add(int64(len(hello)))
-	splice(conn, brw.Reader, up, e.idle, &c.bytesUp, &c.bytesDn)
+	e.tunnel(conn, brw.Reader, up, c)
 	_ = e.record(actx, c, "result", nil, false)
 	e.logLine(c, nil)
 }
@@ -567,6 +573,124 @@ func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration,
 			}
 		}
 	}
+}
+
+// tunnel relays an answered CONNECT's bytes until either side is done or
+// the tunnel idles out. A handed-off sandbox TCP socket and a TCP upstream
+// are relayed socket to socket (relayTCP) once the bytes already buffered
+// above the sandbox's socket are sent; anything else by splice.
+func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCall) {
+	ic, _ := conn.(*identConn)
+	var client, upstream *net.TCPConn
+	if ic != nil {
+		client, _ = ic.Conn.(*net.TCPConn)
+	}
+	upstream, _ = up.(*net.TCPConn)
+	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
+		splice(conn, br, up, e.idle, &c.bytesUp, &c.bytesDn)
+		return
+	}
+	// The server's reader first (after Hijack it holds every byte the
+	// server took off the connection), then the connection's own.
+	pending, _ := br.Peek(br.Buffered())
+	pending = append(pending[:len(pending):len(pending)], ic.detach()...)
+	if len(pending) > 0 {
+		if _, err := upstream.Write(pending); err != nil {
+			return
+		}
+		c.bytesUp.Add(int64(len(pending)))
+	}
+	e.direct.Add(1)
+	relayTCP(ic, client, upstream, e.idle, &c.bytesUp, &c.bytesDn, &e.bulk)
+}
+
+// relayTCP is splice between two TCP sockets read and written directly.
+// Small exchanges, a request and its answer, are copied through a buffer:
+// for them the kernel's splice(2) costs more than read and write. A
+// direction whose read fills the whole buffer is a bulk transfer: the
+// rest of it is left to io.Copy, which moves the bytes with splice(2) and
+// never through this process (bulk counts such directions). Such a copy
+// reports its count only when it ends, so for it the idle watchdog asks
+// the kernel whether data still arrives (TCP_INFO's last_data_recv on its
+// source socket). When nothing has moved either way for idle, closer (for
+// a handed-off socket the identConn, which also ends the lease) and up
+// are closed.
+func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN, dnN, bulk *atomic.Int64) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var kernelUp, kernelDn atomic.Bool
+	cp := func(dst, src *net.TCPConn, n *atomic.Int64, kernel *atomic.Bool) {
+		defer func() { _ = dst.CloseWrite() }()
+		buf := make([]byte, 32<<10)
+		for {
+			k, err := src.Read(buf)
+			if k > 0 {
+				last.Store(time.Now().UnixNano())
+				if _, werr := dst.Write(buf[:k]); werr != nil {
+					return
+				}
+				n.Add(int64(k))
+			}
+			if err != nil {
+				return
+			}
+			if k == len(buf) {
+				kernel.Store(true)
+				bulk.Add(1)
+				m, _ := io.Copy(dst, src)
+				n.Add(m)
+				return
+			}
+		}
+	}
+	done := make(chan struct{}, 2)
+	go func() { cp(up, client, upN, &kernelUp); done <- struct{}{} }()
+	go func() { cp(client, up, dnN, &kernelDn); done <- struct{}{} }()
+	tick := time.NewTicker(max(idle/4, time.Millisecond))
+	defer tick.Stop()
+	for finished := 0; finished < 2; {
+		select {
+		case <-done:
+			finished++
+		case <-tick.C:
+			if time.Since(time.Unix(0, last.Load())) >= idle &&
+				(!kernelUp.Load() || recvIdle(client) >= idle) &&
+				(!kernelDn.Load() || recvIdle(up) >= idle) {
+				closer.Close()
+				up.Close()
+			}
+		}
+	}
+}
+
+// recvIdle is how long ago c last received data, per the kernel. A socket
+// whose TCP_INFO cannot be read (closed) counts as idle.
+func recvIdle(c *net.TCPConn) time.Duration {
+	info, err := tcpInfo(c)
+	if err != nil {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Duration(info.Last_data_recv) * time.Millisecond
+}
+
+// hasTCPInfo says whether the kernel answers TCP_INFO for c, which
+// relayTCP's idle watchdog depends on.
+func hasTCPInfo(c *net.TCPConn) bool {
+	_, err := tcpInfo(c)
+	return err == nil
+}
+
+func tcpInfo(c *net.TCPConn) (*unix.TCPInfo, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		return nil, err
+	}
+	return info, ierr
 }
 
 func closeWrite(c net.Conn) {

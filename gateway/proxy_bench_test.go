@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -13,8 +14,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +34,7 @@ import (
 type benchEgress struct {
 	g         *testGateway
 	sock      string
+	eg        *rawEgress
 	plain     *httptest.Server       // :80 upstream
 	tlsServer *httptest.Server       // :443 upstream
 	requests  atomic.Int64           // requests the upstreams received
@@ -44,6 +48,13 @@ type benchEgress struct {
 // test gateway's own directory if empty); edit, if not nil, changes the
 // configuration further.
 func startBenchEgress(b testing.TB, auditDir string, edit func(*config.Config)) *benchEgress {
+	b.Helper()
+	return startBenchEgressIdle(b, auditDir, edit, handoffIdle)
+}
+
+// startBenchEgressIdle is startBenchEgress with the sandbox listener's
+// idle period for handed-off connections (tests shorten it).
+func startBenchEgressIdle(b testing.TB, auditDir string, edit func(*config.Config), listenIdle time.Duration) *benchEgress {
 	b.Helper()
 	up := newDNSUpstream(b, map[string]string{"pkg.example": "93.184.216.34"})
 	g := startEgressGateway(b, up, func(c *config.Config) {
@@ -69,6 +80,11 @@ func startBenchEgress(b testing.TB, auditDir string, edit func(*config.Config)) 
 			be.conns[r.RemoteAddr][c] = true
 			be.mu.Unlock()
 		}
+		if size, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
+			n, _ := strconv.Atoi(size)
+			_, _ = w.Write(bytes.Repeat([]byte{'x'}, max(n, 0))) // a download of n bytes
+			return
+		}
 		_, _ = io.WriteString(w, "hello "+r.URL.Path)
 	})
 	be.plain, be.tlsServer = httptest.NewServer(hello), httptest.NewTLSServer(hello)
@@ -83,8 +99,9 @@ func startBenchEgress(b testing.TB, auditDir string, edit func(*config.Config)) 
 		}
 		return (&net.Dialer{}).DialContext(ctx, network, to)
 	}})
+	be.eg = eg
 	be.sock = filepath.Join(g.dir, "bench.sock")
-	sl, err := listenSandbox(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(Code) {})
+	sl, err := listenSandboxIdle(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(Code) {}, listenIdle)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -115,6 +132,18 @@ func (be *benchEgress) viaProxyAs(b testing.TB, id wire.Identity) *http.Client {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return wire.Dial(ctx, be.sock, id)
 		},
+	}}
+}
+
+// viaHandoff is viaProxy over connections handed off as sandboxd's relay
+// hands them (the sandbox's TCP socket itself, so tunnels are relayed
+// socket to socket by relayTCP).
+func (be *benchEgress) viaHandoff(b testing.TB) *http.Client {
+	proxyURL, _ := url.Parse("http://sluice-proxy")
+	return &http.Client{Transport: &http.Transport{
+		Proxy: http.ProxyURL(proxyURL), MaxIdleConnsPerHost: 1,
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // the httptest certificate names example.com
+		DialContext:     newHandoffDialer(b, be.sock, agentA, "tcp").DialContext,
 	}}
 }
 
@@ -190,6 +219,12 @@ func (be *benchEgress) direct() *http.Client {
 // background. "http/proxy-audit-tmpfs-uncached" gives every request a query
 // of its own, so each one misses the policy decision cache
 // (egress_decisions.go) and is evaluated by Rego: the worst case.
+// "connect/tunnel-handoff" hands the client's TCP socket over as sandboxd's
+// relay does, so the tunnel is relayed socket to socket (relayTCP);
+// "-copyloop" is the same through identConn's readers (splice), as before
+// relayTCP; the "connect-1MiB" rows download 1 MiB per request. cpu-µs/op
+// is the whole process's CPU time per request (client and upstreams
+// included), which the machine's other load disturbs less than ns/op.
 func BenchmarkEgress(b *testing.B) { benchmarkEgress(b, false) }
 
 // BenchmarkEgressParallel is BenchmarkEgress with 8 concurrent clients.
@@ -205,6 +240,10 @@ func benchmarkEgress(b *testing.B, par bool) {
 			c.Audit.Sync, c.Audit.SyncInterval = config.AuditSyncInterval, config.Duration(10*time.Millisecond)
 		})
 	}
+	// loop relays its tunnels with the copy loop even when they could be
+	// relayed socket to socket (rawEgress.tunnel).
+	loop := startBenchEgress(b, "", nil)
+	loop.eg.copyLoop.Store(true)
 	interval := startBenchEgress(b, "", func(c *config.Config) {
 		c.Audit.Sync, c.Audit.SyncInterval = config.AuditSyncInterval, config.Duration(10*time.Millisecond)
 	})
@@ -217,8 +256,12 @@ func benchmarkEgress(b *testing.B, par bool) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || string(body) != "hello /x" {
-			b.Errorf("%s: %d %q", u, resp.StatusCode, body)
+		want := "hello /x"
+		if strings.HasSuffix(u, "/bytes/1048576") {
+			want = strings.Repeat("x", 1<<20)
+		}
+		if resp.StatusCode != http.StatusOK || string(body) != want {
+			b.Errorf("%s: %d %.40q", u, resp.StatusCode, body)
 			return false
 		}
 		return true
@@ -238,6 +281,11 @@ func benchmarkEgress(b *testing.B, par bool) {
 		{"connect/direct", "https://pkg.example/x", func(testing.TB) *http.Client { return be.direct() }, false},
 		{"connect/tunnel", "https://pkg.example/x", be.viaProxy, false},
 		{"connect/bare-relay", "https://pkg.example/x", be.relay, false},
+		{"connect/tunnel-handoff", "https://pkg.example/x", be.viaHandoff, false},
+		{"connect/tunnel-handoff-copyloop", "https://pkg.example/x", loop.viaHandoff, false},
+		{"connect-1MiB/direct", "https://pkg.example/bytes/1048576", func(testing.TB) *http.Client { return be.direct() }, false},
+		{"connect-1MiB/tunnel-handoff", "https://pkg.example/bytes/1048576", be.viaHandoff, false},
+		{"connect-1MiB/tunnel-handoff-copyloop", "https://pkg.example/bytes/1048576", loop.viaHandoff, false},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			url := func() string {
@@ -250,6 +298,7 @@ func benchmarkEgress(b *testing.B, par bool) {
 				// 8 clients, each on its own kept-alive connection, as
 				// test/bench measures requests/s.
 				b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
+				cpu0 := cpuTime()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					c := tc.client(b)
@@ -261,12 +310,14 @@ func benchmarkEgress(b *testing.B, par bool) {
 					}
 				})
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+				b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
 				return
 			}
 			c := tc.client(b)
 			if !get(b, c, url()) { // dial, CONNECT and handshake outside the timing
 				return
 			}
+			cpu0 := cpuTime()
 			b.ResetTimer()
 			for range b.N {
 				if !get(b, c, url()) {
@@ -274,8 +325,101 @@ func benchmarkEgress(b *testing.B, par bool) {
 				}
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
 			b.StopTimer()
 			c.CloseIdleConnections()
 		})
 	}
+}
+
+// BenchmarkTunnelRelay compares the two ways a CONNECT tunnel's bytes are
+// relayed between two TCP sockets, outside any HTTP: relayTCP (for a
+// handed-off sandbox socket: a copy loop, splice(2) for bulk) and splice's
+// copy loop. "pingpong" sends 30 bytes through and 30 back per op, as a small
+// request in a kept-alive tunnel does; "1MiB" sends 1 MiB down per op.
+// cpu-µs/op is the process's user+system CPU time per op, which the
+// machine's other load disturbs less than the wall time.
+func BenchmarkTunnelRelay(b *testing.B) {
+	for _, mode := range []string{"relayTCP", "copyloop"} {
+		for _, load := range []string{"pingpong", "1MiB"} {
+			b.Run(load+"/"+mode, func(b *testing.B) {
+				sandbox, gwClient := tcpPair(b)
+				gwUp, upstream := tcpPair(b)
+				var upN, dnN atomic.Int64
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					if mode == "relayTCP" {
+						var bulk atomic.Int64
+						relayTCP(gwClient, gwClient, gwUp, time.Minute, &upN, &dnN, &bulk)
+					} else {
+						splice(gwClient, gwClient, gwUp, time.Minute, &upN, &dnN)
+					}
+				}()
+				msg := make([]byte, 30)
+				size := len(msg)
+				if load == "1MiB" {
+					msg, size = make([]byte, 1<<20), 1<<20
+				}
+				buf := make([]byte, size)
+				cpu0 := cpuTime()
+				b.ResetTimer()
+				for range b.N {
+					if load == "pingpong" {
+						if _, err := sandbox.Write(msg); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := io.ReadFull(upstream, buf); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := upstream.Write(msg); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := io.ReadFull(sandbox, buf); err != nil {
+							b.Fatal(err)
+						}
+						continue
+					}
+					go func() { _, _ = upstream.Write(msg) }()
+					if _, err := io.ReadFull(sandbox, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+				sandbox.Close()
+				upstream.Close()
+				<-done
+				if want := int64(b.N) * int64(size); dnN.Load() != want {
+					b.Fatalf("relayed %d bytes down, want %d", dnN.Load(), want)
+				}
+			})
+		}
+	}
+}
+
+// tcpPair is two ends of a loopback TCP connection.
+func tcpPair(b testing.TB) (*net.TCPConn, *net.TCPConn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

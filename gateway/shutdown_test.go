@@ -252,12 +252,8 @@ func TestShutdownClosesIdleUpstreamConnections(t *testing.T) {
 	// admitted public address to the loopback upstream.
 	closers := len(g.Server.stop.closers)
 	eg := g.Server.newRawEgress()
-	if len(g.Server.stop.closers) == closers {
-		// Until newRawEgress (proxy.go) registers its pool itself with
-		// s.stop.atClose(e.upstreams.closeIdle), Serve's own proxy's
-		// connections stay open; this test's pool is registered here.
-		t.Log("newRawEgress does not register its upstream pool for shutdown; registering it in the test")
-		g.Server.stop.atClose(eg.upstreams.closeIdle)
+	if len(g.Server.stop.closers) != closers+1 {
+		t.Fatalf("newRawEgress registered %d closers, want 1 (its upstream pool)", len(g.Server.stop.closers)-closers)
 	}
 	eg.dialer = guard.New(guard.Options{Resolver: eg.res, DialFunc: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, upstream.Listener.Addr().String())
