@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -42,6 +41,9 @@ const (
 	// dnsStreamIdle closes a stream that has carried no question for this
 	// long (the stub closes its own after a shorter idle time).
 	dnsStreamIdle = 2 * time.Minute
+	// dnsStreamReadBuf is the size of a stream's frame reader: more than
+	// the largest frame (2+maxDNSMessage), so every frame can be peeked.
+	dnsStreamReadBuf = 16 << 10
 )
 
 // serveDNSStream answers a DNSStreamType request until the client ends the
@@ -97,12 +99,10 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 		stopping.Store(true)
 		_ = rc.SetReadDeadline(time.Now())
 	})()
-	br := bufio.NewReaderSize(r.Body, 16<<10)
-	var (
-		lenBuf [2]byte
-		buf    [maxDNSMessage]byte
-		ans    []byte
-	)
+	// The buffer holds a whole frame of any allowed size, so a frame is
+	// read in place (Peek) without a copy; dnsStreamReadBuf > 2+maxDNSMessage.
+	br := bufio.NewReaderSize(r.Body, dnsStreamReadBuf)
+	var ans []byte
 	for {
 		if !frameBuffered(br) {
 			// The next read may wait: count and send the answers made
@@ -118,18 +118,23 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 		if stopping.Load() {
 			return
 		}
-		if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
+		head, err := br.Peek(2)
+		if err != nil {
 			return
 		}
-		n := int(binary.BigEndian.Uint16(lenBuf[:]))
+		n := int(binary.BigEndian.Uint16(head))
 		if n == 0 || n > maxDNSMessage {
 			e.s.log.Warn("dns stream: bad frame; stream closed", "sandbox", id.Sandbox, "agent", id.Agent, "frame_len", n)
 			return
 		}
-		q := buf[:n]
-		if _, err := io.ReadFull(br, q); err != nil {
+		frame, err := br.Peek(2 + n)
+		if err != nil {
 			return
 		}
+		// q stays valid until the next read from br: answerFast is done
+		// with it before then and pool.run gets a copy.
+		q := frame[2:]
+		_, _ = br.Discard(2 + n) // cannot fail: the bytes are buffered
 		// The common question is answered here, from the caches
 		// (dns_fast.go), and its answer rides with the next write;
 		// any other goes to a worker.

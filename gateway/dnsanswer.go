@@ -343,7 +343,9 @@ func (s *subdomains) add(sandbox, base, name string, now time.Time) (int, bool) 
 		ns = &nameSet{since: now, names: map[string]struct{}{}}
 		s.m[k] = ns
 	}
-	if len(ns.names) <= s.threshold {
+	// A name seen before is only looked up: no map write (the common
+	// question repeats a name), the same set either way.
+	if _, seen := ns.names[name]; !seen && len(ns.names) <= s.threshold {
 		ns.names[name] = struct{}{}
 	}
 	n := len(ns.names)
