@@ -114,15 +114,15 @@ func BenchmarkDNSAnswer(b *testing.B) {
 		slow := 0
 		for b.Loop() {
 			if _, ok := eg.answerFast(context.Background(), agentA, allowed, buf[:0], &tally); !ok {
-				// The cached decision expired (dnsDecisionTTL): the
+				// The cached decision expired (decisionTTL): the
 				// full path decides again, as on the stream.
 				slow++
 				eg.answer(context.Background(), "bench", agentA, allowed)
 			}
 		}
 		tally.flush(eg)
-		if slow > int(b.Elapsed()/dnsDecisionTTL)+1 {
-			b.Errorf("%d questions took the full path in %v, want about one per %v", slow, b.Elapsed(), dnsDecisionTTL)
+		if slow > int(b.Elapsed()/decisionTTL)+1 {
+			b.Errorf("%d questions took the full path in %v, want about one per %v", slow, b.Elapsed(), decisionTTL)
 		}
 	})
 	b.Run("answer/refused", func(b *testing.B) {

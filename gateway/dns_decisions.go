@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"sync"
-	"time"
 
 	mdns "github.com/miekg/dns"
 	"go.opentelemetry.io/otel/attribute"
@@ -13,66 +12,15 @@ import (
 	"github.com/sluice-gw/sluice/policy"
 )
 
-// dnsDecisionTTL bounds how long a cached DNS policy decision is reused.
-// A reload (a new engine or a new engine version) drops every cached
-// decision at once; the TTL only bounds how late a policy that reads
-// input.time (or time.now_ns) sees the clock: at most this much.
-const dnsDecisionTTL = time.Second
-
-// maxDNSDecisions bounds the cache; when it is full it is emptied, so a
-// caller asking for endless distinct names costs one Rego evaluation each,
-// as without the cache, and never more memory.
-const maxDNSDecisions = 8192
-
 // dnsDecisions caches policy decisions of kind "dns" per (caller, name)
-// for one engine generation. Every question is still decided by policy —
-// a cached decision is the one the same engine generation made for the
-// same input within dnsDecisionTTL — so a refusal stays a refusal, with no
-// upstream query, and is audited per question as before. Decisions that
-// are policy errors (timeouts, evaluation failures) are never cached.
-type dnsDecisions struct {
-	mu      sync.RWMutex
-	eng     *policy.Engine
-	version int64
-	m       map[dnsDecisionKey]dnsDecisionEntry
-}
+// (decision_cache.go). Every question is still decided by policy, so a
+// refusal stays a refusal, with no upstream query, and is audited per
+// question as before.
+type dnsDecisions = decisionCache[dnsDecisionKey]
 
 type dnsDecisionKey struct {
 	caller policy.Caller
 	host   string
-}
-
-type dnsDecisionEntry struct {
-	d       policy.Decision
-	expires time.Time
-}
-
-// get returns the cached decision for k under engine eng at version v.
-func (dc *dnsDecisions) get(eng *policy.Engine, v int64, k dnsDecisionKey, now time.Time) (policy.Decision, bool) {
-	dc.mu.RLock()
-	defer dc.mu.RUnlock()
-	if dc.eng != eng || dc.version != v {
-		return policy.Decision{}, false
-	}
-	e, ok := dc.m[k]
-	if !ok || !now.Before(e.expires) {
-		return policy.Decision{}, false
-	}
-	return e.d, true
-}
-
-// put caches d for k under engine eng at version v; a different engine or
-// version than the cached one starts an empty cache.
-func (dc *dnsDecisions) put(eng *policy.Engine, v int64, k dnsDecisionKey, d policy.Decision, now time.Time) {
-	if d.Rule == policy.RulePolicyError {
-		return
-	}
-	dc.mu.Lock()
-	defer dc.mu.Unlock()
-	if dc.eng != eng || dc.version != v || dc.m == nil || len(dc.m) >= maxDNSDecisions {
-		dc.eng, dc.version, dc.m = eng, v, make(map[dnsDecisionKey]dnsDecisionEntry)
-	}
-	dc.m[k] = dnsDecisionEntry{d: d, expires: now.Add(dnsDecisionTTL)}
 }
 
 // decisionOpts caches the metric option of each (action, rule) pair so a

@@ -255,7 +255,7 @@ func TestDNSDecisionCacheReload(t *testing.T) {
 	}
 	before := up.queries.Load()
 	m := stubAsk(t, st, "a.allowed.test.", mdns.TypeA)
-	if time.Since(start) >= dnsDecisionTTL {
+	if time.Since(start) >= decisionTTL {
 		t.Skip("too slow to tell the reload from the cache's TTL")
 	}
 	if m.Rcode != mdns.RcodeRefused || up.queries.Load() != before {
@@ -293,7 +293,7 @@ func TestDNSDecisions(t *testing.T) {
 				return ok
 			}, false},
 		{"expired", func(dc *dnsDecisions) { dc.put(e1, 1, k, allow, now) },
-			func(dc *dnsDecisions) bool { _, ok := dc.get(e1, 1, k, now.Add(dnsDecisionTTL)); return ok }, false},
+			func(dc *dnsDecisions) bool { _, ok := dc.get(e1, 1, k, now.Add(decisionTTL)); return ok }, false},
 		{"policy error is not cached", func(dc *dnsDecisions) {
 			dc.put(e1, 1, k, policy.Decision{Action: policy.Block, Rule: policy.RulePolicyError}, now)
 		}, func(dc *dnsDecisions) bool { _, ok := dc.get(e1, 1, k, now); return ok }, false},
@@ -308,13 +308,13 @@ func TestDNSDecisions(t *testing.T) {
 		})
 	}
 	dc := &dnsDecisions{}
-	for i := range maxDNSDecisions + 10 {
+	for i := range maxCachedDecisions + 10 {
 		k2 := k
 		k2.host = strings.Repeat("x", i%50) + string(rune('a'+i%26)) + net.IPv4(0, 0, byte(i>>8), byte(i)).String()
 		dc.put(e1, 1, k2, allow, now)
 	}
-	if len(dc.m) > maxDNSDecisions {
-		t.Errorf("%d cached decisions, want at most %d", len(dc.m), maxDNSDecisions)
+	if len(dc.m) > maxCachedDecisions {
+		t.Errorf("%d cached decisions, want at most %d", len(dc.m), maxCachedDecisions)
 	}
 }
 

@@ -47,7 +47,7 @@ func TestEgressDecisions(t *testing.T) {
 			dc.put(e1, 1, k, policy.Decision{Action: policy.Block, Rule: policy.RulePolicyError, Reason: "policy evaluation timed out"}, now)
 		}, k, e1, 1, now, nil},
 		{"no engine: not cached", func(dc *egressDecisions) { dc.put(nil, 0, k, allow, now) }, k, nil, 0, now, nil},
-		{"expired", func(dc *egressDecisions) { dc.put(e1, 1, k, allow, now) }, k, e1, 1, now.Add(egressDecisionTTL), nil},
+		{"expired", func(dc *egressDecisions) { dc.put(e1, 1, k, allow, now) }, k, e1, 1, now.Add(decisionTTL), nil},
 		{"a decision from before a reload does not replace the reloaded cache", func(dc *egressDecisions) {
 			dc.put(e1, 2, k, block, now)
 			dc.put(e1, 1, k, allow, now)
@@ -80,9 +80,9 @@ func TestEgressDecisionsBounded(t *testing.T) {
 	allow := policy.Decision{Action: policy.Allow, Rule: "egress"}
 	var dc egressDecisions
 	now := time.Now()
-	for i := range maxEgressDecisions + 10 {
+	for i := range maxCachedDecisions + 10 {
 		dc.put(e1, 1, egressDecisionKey{kind: "http", req: requestKey(&policy.Request{Host: "a.test", Port: i})}, allow, now)
-		if len(dc.m) > maxEgressDecisions {
+		if len(dc.m) > maxCachedDecisions {
 			t.Fatalf("after %d puts: %d entries", i+1, len(dc.m))
 		}
 	}
@@ -210,7 +210,7 @@ func TestEgressDecisionCache(t *testing.T) {
 	}
 	before := be.requests.Load()
 	status, code := get(ca, "http://pkg.example/x", nil)
-	if time.Since(start) >= egressDecisionTTL {
+	if time.Since(start) >= decisionTTL {
 		t.Skip("too slow to tell the reload from the cache's TTL")
 	}
 	if status != http.StatusForbidden || code != string(CodeEgressDenied) || be.requests.Load() != before {
