@@ -49,7 +49,7 @@ func newTelemetry() (*telemetry, error) {
 		metric.WithDescription("Time from a tool call's arrival to its answer, by decision."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 	t.reloads, errs[2] = m.Int64Counter("sluice.policy.reloads", metric.WithDescription("Policy reload attempts by result (ok, error)."))
-	t.refusals, errs[3] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request, by code."))
+	t.refusals, errs[3] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
 	t.audits, errs[4] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
 	t.reflected, errs[5] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
 	for _, e := range errs {
