@@ -55,6 +55,7 @@ type rawEgress struct {
 
 	mu      sync.Mutex
 	tunnels map[string]int // open tunnels and proxied requests per sandbox
+	live    liveTunnels    // egress_live.go: ended when the server stops
 
 	subs *subdomains
 
@@ -107,6 +108,7 @@ func (s *Server) newRawEgress() *rawEgress {
 		}
 	})
 	s.stop.atClose(e.upstreams.closeIdle) // idle upstream connections close when the server stops
+	s.stop.atClose(e.live.closeAll)       // open tunnels end, and write their records, before the audit log closes
 	m := s.tel.provider.Meter("sluice/gateway/egress")
 	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
 	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
@@ -436,6 +438,8 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	defer conn.Close()
+	lt := e.live.add(conn)
+	defer lt.done() // after the result record below
 	c.status = http.StatusOK
 	_ = conn.SetDeadline(time.Now().Add(e.hello))
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
@@ -486,6 +490,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	defer up.Close()
+	lt.dialled(up)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := up.Write(hello); err != nil {
 		return

@@ -252,8 +252,8 @@ func TestShutdownClosesIdleUpstreamConnections(t *testing.T) {
 	// admitted public address to the loopback upstream.
 	closers := len(g.Server.stop.closers)
 	eg := g.Server.newRawEgress()
-	if len(g.Server.stop.closers) != closers+1 {
-		t.Fatalf("newRawEgress registered %d closers, want 1 (its upstream pool)", len(g.Server.stop.closers)-closers)
+	if len(g.Server.stop.closers) != closers+2 {
+		t.Fatalf("newRawEgress registered %d closers, want 2 (its upstream pool and its live tunnels)", len(g.Server.stop.closers)-closers)
 	}
 	eg.dialer = guard.New(guard.Options{Resolver: eg.res, DialFunc: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, upstream.Listener.Addr().String())
@@ -318,5 +318,80 @@ func TestStopHooks(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s: ran %d times, want %d", c.name, c.got, c.want)
 		}
+	}
+}
+
+// TestShutdownEndsTunnels: a CONNECT tunnel is a hijacked connection, so
+// http.Server.Shutdown neither waits for it nor ends it. Before, Serve
+// returned with the tunnel still open and the process exit then cut it
+// with no result record. Now the stopping server ends each open tunnel
+// (socket to socket and copy loop alike) and its result record, with the
+// bytes it carried, is written before Serve returns.
+func TestShutdownEndsTunnels(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		copyLoop bool
+	}{
+		{"socket to socket", false},
+		{"copy loop", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := startBenchEgress(t, "", nil)
+			be.eg.copyLoop.Store(tc.copyLoop)
+			st := openSpliceTunnel(t, be)
+			if _, err := st.get("/x"); err != nil {
+				t.Fatalf("GET in the tunnel: %v", err)
+			}
+			if rs := connectResults(t, be.g); len(rs) != 0 {
+				t.Fatalf("%d result records while the tunnel is open, want 0", len(rs))
+			}
+			shutdown(t, be.g, 5*time.Second)
+			// The record is already there when Serve has returned.
+			rs := connectResults(t, be.g)
+			if len(rs) != 1 {
+				t.Fatalf("%d CONNECT result records after shutdown, want 1", len(rs))
+			}
+			if asInt(t, rs[0], "bytes_down") == 0 || asInt(t, rs[0], "bytes_up") == 0 {
+				t.Fatalf("result record counts no bytes: %v", rs[0])
+			}
+			_ = st.raw.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err := st.raw.Read(make([]byte, 1))
+			var ne net.Error
+			if err == nil || errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("the sandbox's end after shutdown: read err = %v, want the tunnel ended", err)
+			}
+		})
+	}
+}
+
+// TestLiveTunnelsAfterClose: a tunnel that registers after the server
+// began closing has its connections closed at once, so it cannot outlive
+// the stop; closeAll waits for registered tunnels' done.
+func TestLiveTunnelsAfterClose(t *testing.T) {
+	var ts liveTunnels
+	a, b := net.Pipe()
+	lt := ts.add(a)
+	finished := make(chan struct{})
+	go func() {
+		_, _ = b.Read(make([]byte, 1)) // ends when closeAll closes a
+		lt.done()
+		close(finished)
+	}()
+	ts.closeAll()
+	select {
+	case <-finished:
+	default:
+		t.Fatal("closeAll returned before the registered tunnel was done")
+	}
+	c, d := net.Pipe()
+	late := ts.add(c)
+	defer late.done()
+	if _, err := d.Write([]byte("x")); err == nil {
+		t.Fatal("a tunnel registered after closeAll is still open")
+	}
+	u, v := net.Pipe()
+	late.dialled(u)
+	if _, err := v.Write([]byte("x")); err == nil {
+		t.Fatal("an upstream recorded after closeAll is still open")
 	}
 }
