@@ -23,31 +23,6 @@ type dnsDecisionKey struct {
 	host   string
 }
 
-// decisionOpts caches the metric option of each (action, rule) pair so a
-// cached decision counts in sluice.decisions without allocating.
-type decisionOpts struct {
-	mu sync.RWMutex
-	m  map[[2]string]metric.AddOption
-}
-
-func (do *decisionOpts) get(action, rule string) metric.AddOption {
-	k := [2]string{action, rule}
-	do.mu.RLock()
-	o, ok := do.m[k]
-	do.mu.RUnlock()
-	if ok {
-		return o
-	}
-	o = metric.WithAttributes(attribute.String("action", action), attribute.String("rule", rule))
-	do.mu.Lock()
-	defer do.mu.Unlock()
-	if do.m == nil || len(do.m) >= 1024 {
-		do.m = make(map[[2]string]metric.AddOption)
-	}
-	do.m[k] = o
-	return o
-}
-
 // allowDNS decides host for c like decide (proxy.go) with kind "dns", at
 // c.start, through the decision cache: on a miss the same input document (the caller and
 // the name) goes to policy. c carries the decision for the audit record

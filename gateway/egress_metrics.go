@@ -7,15 +7,16 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// egressDecisionAttrs caches the sluice.decisions metric option of each
-// (action, rule) pair, so counting a proxied request's decision does not
-// build an attribute set per request.
-type egressDecisionAttrs struct {
+// decisionOpts caches the sluice.decisions metric option of each
+// (action, rule) pair, so counting a raw-egress decision (a proxied
+// request, a tunnel, a DNS question) does not build an attribute set each
+// time.
+type decisionOpts struct {
 	mu sync.RWMutex
 	m  map[[2]string]metric.AddOption
 }
 
-func (a *egressDecisionAttrs) get(action, rule string) metric.AddOption {
+func (a *decisionOpts) get(action, rule string) metric.AddOption {
 	k := [2]string{action, rule}
 	a.mu.RLock()
 	o, ok := a.m[k]

@@ -59,7 +59,7 @@ type rawEgress struct {
 
 	subs *subdomains
 
-	decisionAttrs egressDecisionAttrs
+	decisionAttrs decisionOpts
 	decisions     egressDecisions // egress_decisions.go
 
 	copyLoop atomic.Bool  // tests and benchmarks: relay every tunnel with splice
