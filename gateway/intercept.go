@@ -323,9 +323,11 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 	defer tr.CloseIdleConnections()
 	ln := &oneConnListener{conn: tconn, done: make(chan struct{})}
 	var closed sync.Once
+	var switched sync.WaitGroup // WebSocket relays, which outlive Serve
+	defer switched.Wait()
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			e.interceptRequest(w, r, tunnel, tr)
+			e.interceptRequest(w, r, tunnel, tr, &switched)
 		}),
 		ReadHeaderTimeout: e.hello,
 		IdleTimeout:       e.idle,
@@ -343,7 +345,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 }
 
 // interceptRequest decides and sends one request of an intercepted tunnel.
-func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport) {
+func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
 	ctx := r.Context()
 	in := e.s.icpt
 	c := &egressCall{rid: newRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
@@ -363,6 +365,14 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	hdr := r.Header.Clone()
 	stripHopByHop(hdr)
+	key := wsKey(r)
+	if key != "" {
+		if err := checkWSHandshake(r); err != nil {
+			e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed request: "+err.Error()))
+			return
+		}
+		hdr.Set("Upgrade", "websocket") // policy sees what is asked for
+	}
 	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: c.destHost, Port: c.port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
 		e.refuse(w, c, ee)
 		return
@@ -416,6 +426,9 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	out.URL.Scheme, out.URL.Host, out.URL.User = "https", authority, nil
 	out.Host = authority
 	out.Header = hdr
+	if key != "" {
+		wsUpgradeHeaders(hdr, scr != nil)
+	}
 	if r.ContentLength == 0 {
 		out.Body = nil
 	} else if len(in.phs) > 0 {
@@ -437,6 +450,10 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		e.logLine(c, ee)
 		w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
 		writeError(w, ee.apiError, c.rid)
+		return
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		e.relayWebSocket(w, c, key, resp, scr, switched)
 		return
 	}
 	defer resp.Body.Close()

@@ -72,6 +72,10 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 		w.mu.Lock()
 		w.seen = append(w.seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b)})
 		w.mu.Unlock()
+		if strings.HasPrefix(r.URL.Path, "/ws") {
+			wsUpstream.ServeHTTP(rw, r)
+			return
+		}
 		if r.URL.Path == "/echo" {
 			rw.Header().Set("X-Echo", r.Header.Get("Authorization"))
 			fmt.Fprintf(rw, "you sent %s", r.Header.Get("Authorization"))
