@@ -493,8 +493,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		n, _ := w.Write(body)
 		c.bytesDn.Add(int64(n))
 	} else {
-		n, _ := io.Copy(w, resp.Body)
-		c.bytesDn.Add(n)
+		c.bytesDn.Add(copyResponse(w, resp.Body, resp.ContentLength < 0))
 	}
 	// As in forward: the decision was written before the dial and the
 	// answer is relayed, so the result's fsync gates nothing.

@@ -40,6 +40,7 @@ type interceptWorld struct {
 	upstreamCA  *x509.CertPool // the upstream's own CA
 	gatewayCA   *x509.CertPool // from GET /ca.pem
 	placeholder string
+	release     chan struct{} // lets /stream send its second event
 
 	mu   sync.Mutex
 	seen []seenReq
@@ -58,7 +59,7 @@ func (w *interceptWorld) requests() []seenReq {
 func newInterceptWorld(t testing.TB) *interceptWorld {
 	t.Helper()
 	e := newEnv(t)
-	w := &interceptWorld{e: e}
+	w := &interceptWorld{e: e, release: make(chan struct{}, 16)}
 	e.NS.AddAddr(t, egressIP+"/32")
 	cert, caPEM, pool := gwenv.UpstreamPKI(t, "api.test", "other.test", "plain.test")
 	w.upstreamCA = pool
@@ -72,6 +73,19 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 		w.mu.Lock()
 		w.seen = append(w.seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b)})
 		w.mu.Unlock()
+		if r.URL.Path == "/stream" {
+			// Server-sent events: the first at once, the second when the
+			// test has seen the first (or after 10 s).
+			rw.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(rw, "data: one\n\n")
+			rw.(http.Flusher).Flush()
+			select {
+			case <-w.release:
+			case <-time.After(10 * time.Second):
+			}
+			fmt.Fprint(rw, "data: two\n\n")
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/ws") {
 			wsUpstream.ServeHTTP(rw, r)
 			return
@@ -320,6 +334,33 @@ func TestInterception(t *testing.T) {
 			t.Fatalf("body %q", body)
 		}
 		w.g.For(t).AwaitAuditFields("secret_reflected", map[string]any{"dest_host": "api.test"})
+	})
+	t.Run("a streamed reply reaches the client as it is sent", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", "https://other.test/stream", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		first := make(chan string, 1)
+		go func() {
+			b := make([]byte, 64)
+			k, _ := io.ReadAtLeast(resp.Body, b, len("data: one\n\n"))
+			first <- string(b[:k])
+		}()
+		select {
+		case got := <-first:
+			if got != "data: one\n\n" {
+				t.Fatalf("first event %q", got)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the first event did not arrive while the upstream held the stream open: the gateway buffered it")
+		}
+		w.release <- struct{}{}
+		rest, _ := io.ReadAll(resp.Body)
+		if string(rest) != "data: two\n\n" {
+			t.Fatalf("rest %q", rest)
+		}
 	})
 	t.Run("D5 plain http to a credentialed host is 403", func(t *testing.T) {
 		before := len(w.requests())

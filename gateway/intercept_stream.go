@@ -1,0 +1,34 @@
+package gateway
+
+import (
+	"io"
+	"net/http"
+)
+
+// copyResponse copies an upstream's body to w and returns how many bytes
+// it wrote. A body of unknown length (a stream: server-sent events, a
+// long poll, chunked progress) is flushed after every read, so the
+// sandbox gets each piece when the upstream sends it rather than when
+// w's buffer fills; a body of known length is left to w's buffering.
+func copyResponse(w http.ResponseWriter, body io.Reader, stream bool) int64 {
+	if !stream {
+		n, _ := io.Copy(w, body)
+		return n
+	}
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	var total int64
+	for {
+		k, err := body.Read(buf)
+		if k > 0 {
+			m, werr := w.Write(buf[:k])
+			total += int64(m)
+			if werr != nil || rc.Flush() != nil {
+				return total
+			}
+		}
+		if err != nil {
+			return total
+		}
+	}
+}
