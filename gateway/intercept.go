@@ -296,7 +296,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 	}
 	tconn := tls.Server(&replayConn{Conn: conn, r: r}, &tls.Config{
 		Certificates: []tls.Certificate{*leaf},
-		NextProtos:   []string{"http/1.1"},
+		NextProtos:   []string{"h2", "http/1.1"},
 		MinVersion:   tls.VersionTLS12,
 	})
 	hctx, cancel := context.WithTimeout(ctx, e.hello)
@@ -315,6 +315,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 		TLSClientConfig:        &tls.Config{RootCAs: in.roots, ServerName: tunnel.destHost, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout:    e.hello,
 		DisableCompression:     true,
+		ForceAttemptHTTP2:      true, // HTTP/2 when the upstream offers it (gRPC needs it end to end)
 		MaxIdleConnsPerHost:    2,
 		IdleConnTimeout:        e.idle,
 		ResponseHeaderTimeout:  e.s.cfg.Gateway.UpstreamTimeout.Std(),
@@ -332,6 +333,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 		ReadHeaderTimeout: e.hello,
 		IdleTimeout:       e.idle,
 		MaxHeaderBytes:    64 << 10,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: interceptStreams},
 		ErrorLog:          log.New(io.Discard, "", 0),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ConnState: func(_ net.Conn, st http.ConnState) {
@@ -365,6 +367,9 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	hdr := r.Header.Clone()
 	stripHopByHop(hdr)
+	if headerToken(r.Header, "Te", "trailers") {
+		hdr.Set("Te", "trailers") // the one TE that survives a hop: gRPC asks for it
+	}
 	key := wsKey(r)
 	if key != "" {
 		if err := checkWSHandshake(r); err != nil {
@@ -472,9 +477,10 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 			return
 		}
 		hf := scr.Header(resp.Header)
+		tf := scr.Header(resp.Trailer)
 		var bf bool
 		body, bf = scr.Bytes(body)
-		reflected = hf || bf
+		reflected = hf || tf || bf
 		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
 	for k, vs := range resp.Header {
@@ -494,6 +500,13 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		c.bytesDn.Add(int64(n))
 	} else {
 		c.bytesDn.Add(copyResponse(w, resp.Body, resp.ContentLength < 0))
+	}
+	// Trailers (gRPC's status) are known once the body is read; a
+	// scrubbed reply's were scrubbed with it.
+	for k, vs := range resp.Trailer {
+		if !isHopByHop(k) {
+			w.Header()[http.TrailerPrefix+k] = vs
+		}
 	}
 	// As in forward: the decision was written before the dial and the
 	// answer is relayed, so the result's fsync gates nothing.

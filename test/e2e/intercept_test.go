@@ -28,7 +28,7 @@ import (
 
 // seenReq is what the intercepting world's TLS upstream received.
 type seenReq struct {
-	host, path, auth, body string
+	host, path, auth, body, proto string
 }
 
 // interceptWorld: a TLS upstream on egressIP serving api.test (a secret is
@@ -71,8 +71,22 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		w.mu.Lock()
-		w.seen = append(w.seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b)})
+		w.seen = append(w.seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b), proto: r.Proto})
 		w.mu.Unlock()
+		if r.URL.Path == "/trailers" {
+			// gRPC's shape: a status in a trailer, sent only if asked
+			// with TE: trailers; an echo of the credential in another.
+			if r.Header.Get("Te") != "trailers" {
+				rw.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			rw.Header().Set("Content-Type", "application/grpc")
+			rw.WriteHeader(200)
+			fmt.Fprint(rw, "body")
+			rw.Header().Set(http.TrailerPrefix+"Grpc-Status", "0")
+			rw.Header().Set(http.TrailerPrefix+"X-Echo", r.Header.Get("Authorization"))
+			return
+		}
 		if r.URL.Path == "/stream" {
 			// Server-sent events: the first at once, the second when the
 			// test has seen the first (or after 10 s).
@@ -98,7 +112,9 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
 	})
 	ts := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = ts.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}})) }()
+	go func() {
+		_ = ts.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}))
+	}()
 	table := map[string]string{"api.test": egressIP, "other.test": egressIP, "plain.test": egressIP}
 	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) { _ = rw.WriteMsg(gwenv.DNSReply(q, table, 60)) })
 	t.Cleanup(func() { _ = ts.Close() })
