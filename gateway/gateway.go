@@ -101,6 +101,7 @@ type Server struct {
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
+	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 }
@@ -327,6 +328,11 @@ func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
 	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: opts.Logger}); perr != nil {
 		errs = append(errs, fmt.Errorf("rego: %w", perr))
 	}
+	if cfg.Gateway.RelayTLS.Listen != "" {
+		if _, err := relayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	errs = append(errs, checkSecretRefs(ctx, cfg)...)
 	errs = append(errs, dohAllowlistProblems(cfg)...)
 	return errors.Join(errs...)
@@ -338,6 +344,20 @@ func (s *Server) Serve(ctx context.Context) error {
 	sl, err := listenSandbox(s.cfg.Gateway.SandboxSocket, s.cfg.Gateway.TrustedRelayUIDs, s.log, s.tel.refused)
 	if err != nil {
 		return err
+	}
+	if rt := s.cfg.Gateway.RelayTLS; rt.Listen != "" {
+		tcfg, err := relayTLSConfig(rt)
+		if err == nil {
+			var a net.Addr
+			if a, err = sl.listenRelayTLS(rt.Listen, tcfg); err == nil {
+				addr := a.String()
+				s.relayAddr.Store(&addr)
+			}
+		}
+		if err != nil {
+			sl.Close()
+			return err
+		}
 	}
 	servers := []*http.Server{{
 		Handler:           s.sandboxHandler(),
@@ -372,7 +392,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()
 	}
-	s.log.Info("sluice gateway serving", "sandbox_socket", s.cfg.Gateway.SandboxSocket, "admin", s.AdminAddr(), "tools", len(s.catalog.list))
+	s.log.Info("sluice gateway serving", "sandbox_socket", s.cfg.Gateway.SandboxSocket, "relay_tls", s.RelayAddr(), "admin", s.AdminAddr(), "tools", len(s.catalog.list))
 	close(s.ready)
 	var first error
 	select {
@@ -392,6 +412,15 @@ func (s *Server) Ready() <-chan struct{} { return s.ready }
 // AdminAddr is the admin listener's address once Ready.
 func (s *Server) AdminAddr() string {
 	if p := s.adminAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// RelayAddr is the address remote relays connect to (gateway.relay_tls)
+// once Ready, "" when that listener is off.
+func (s *Server) RelayAddr() string {
+	if p := s.relayAddr.Load(); p != nil {
 		return *p
 	}
 	return ""

@@ -63,6 +63,20 @@ type Gateway struct {
 	// SessionTokensSHA256 are hex SHA-256s of tokens that machine callers
 	// (sandboxd) present to end sessions on the admin API.
 	SessionTokensSHA256 []string `yaml:"session_tokens_sha256"`
+	// RelayTLS is the listener for sandboxd relays on other hosts (mTLS);
+	// off unless Listen is set.
+	RelayTLS RelayTLS `yaml:"relay_tls"`
+}
+
+// RelayTLS configures the mTLS listener remote sandboxd relays connect
+// to. A relay is trusted when its client certificate verifies against
+// ClientCAFile; the host field of each preamble must be one of the
+// certificate's DNS names.
+type RelayTLS struct {
+	Listen       string `yaml:"listen"`
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // Audit configures the audit log.
@@ -467,6 +481,9 @@ func (c *Config) abs(p string) string {
 
 func (c *Config) resolvePaths() {
 	c.Gateway.SandboxSocket = c.abs(c.Gateway.SandboxSocket)
+	if rt := &c.Gateway.RelayTLS; rt.Listen != "" {
+		rt.CertFile, rt.KeyFile, rt.ClientCAFile = c.abs(rt.CertFile), c.abs(rt.KeyFile), c.abs(rt.ClientCAFile)
+	}
 	c.Audit.Path = c.abs(c.Audit.Path)
 	c.Secrets.Local.Path = c.abs(c.Secrets.Local.Path)
 	c.Secrets.Local.KeyFile = c.abs(c.Secrets.Local.KeyFile)
@@ -541,6 +558,20 @@ func (c *Config) Validate() error {
 		} else if host == "" {
 			bad("gateway.admin_listen", "host must be set (listening on every address is not a default; write 0.0.0.0 to mean it)")
 		}
+	}
+	if rt := g.RelayTLS; rt.Listen != "" {
+		if _, port, err := net.SplitHostPort(rt.Listen); err != nil {
+			bad("gateway.relay_tls.listen", "want host:port: %v", err)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			bad("gateway.relay_tls.listen", "bad port %q", port)
+		}
+		for _, kv := range [][2]string{{"cert_file", rt.CertFile}, {"key_file", rt.KeyFile}, {"client_ca_file", rt.ClientCAFile}} {
+			if kv[1] == "" {
+				bad("gateway.relay_tls."+kv[0], "must be set with gateway.relay_tls.listen")
+			}
+		}
+	} else if rt.CertFile != "" || rt.KeyFile != "" || rt.ClientCAFile != "" {
+		bad("gateway.relay_tls.listen", "must be set when the other gateway.relay_tls keys are")
 	}
 	switch {
 	case strings.HasPrefix(c.Store, "sqlite:"):
