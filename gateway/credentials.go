@@ -45,16 +45,20 @@ func openCredentials(ctx context.Context, cfg *config.Config, log *slog.Logger) 
 	}
 }
 
-// checkSecretRefs reports every connector credential that names a secret the
-// local store does not hold at any scope. It creates nothing: without a key
-// file there can be no secrets yet.
+// checkSecretRefs reports every named secret the configuration refers to
+// (a connector's credential.secret, an egress placeholder's secret) that
+// the local store does not hold at any scope. It creates nothing: without
+// a key file there can be no secrets yet.
 func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
-	var errs []error
-	var refs []int
+	type ref struct{ key, name string }
+	var refs []ref
 	for i, c := range cfg.Connectors {
 		if c.Credential != nil && c.Credential.Secret != "" {
-			refs = append(refs, i)
+			refs = append(refs, ref{fmt.Sprintf("connectors[%d].credential.secret", i), c.Credential.Secret})
 		}
+	}
+	for i, p := range cfg.Egress.Placeholders {
+		refs = append(refs, ref{fmt.Sprintf("egress.placeholders[%d].secret", i), p.Secret})
 	}
 	if len(refs) == 0 {
 		return nil
@@ -65,9 +69,10 @@ func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
 	if cfg.Secrets.Backend != "local" {
 		return []error{fmt.Errorf("secrets.backend: %q is not available in this build", cfg.Secrets.Backend)}
 	}
+	var errs []error
 	if _, err := os.Stat(cfg.Secrets.Local.KeyFile); err != nil {
-		for _, i := range refs {
-			errs = append(errs, fmt.Errorf("connectors[%d].credential.secret: %q cannot exist yet: the local store has no key file (%s); run `sluice secrets set %s`", i, cfg.Connectors[i].Credential.Secret, cfg.Secrets.Local.KeyFile, cfg.Connectors[i].Credential.Secret))
+		for _, r := range refs {
+			errs = append(errs, fmt.Errorf("%s: %q cannot exist yet: the local store has no key file (%s); run `sluice secrets set %s`", r.key, r.name, cfg.Secrets.Local.KeyFile, r.name))
 		}
 		return errs
 	}
@@ -83,10 +88,9 @@ func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
 	for _, e := range entries {
 		have[e.Name] = true
 	}
-	for _, i := range refs {
-		name := cfg.Connectors[i].Credential.Secret
-		if !have[name] {
-			errs = append(errs, fmt.Errorf("connectors[%d].credential.secret: no secret named %q in the local store; run `sluice secrets set %s`", i, name, name))
+	for _, r := range refs {
+		if !have[r.name] {
+			errs = append(errs, fmt.Errorf("%s: no secret named %q in the local store; run `sluice secrets set %s`", r.key, r.name, r.name))
 		}
 	}
 	return errs
