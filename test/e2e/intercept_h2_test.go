@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // TestInterceptHTTP2: a client that speaks HTTP/2 in an intercepted
@@ -87,6 +89,9 @@ func TestInterceptHTTP2(t *testing.T) {
 		}
 		echo := resp.Trailer.Get("X-Echo")
 		w.e.Keep([]byte(echo))
+		casebook.Expect(t, "D3", "upstream echoes the substituted Authorization in an HTTP/2 trailer (intercepted tunnel)",
+			"trailer scrubbed, audit secret_reflected").
+			Observef("trailer X-Echo %q, secret in it: %v", echo, strings.Contains(echo, w.e.Secret))
 		if strings.Contains(echo, w.e.Secret) || !strings.HasPrefix(echo, "Bearer ") {
 			t.Fatalf("X-Echo trailer carries the secret: %v", strings.Contains(echo, w.e.Secret))
 		}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // wsUpstream is the intercepting world's WebSocket service (paths /ws…):
@@ -124,8 +125,13 @@ func TestInterceptWebSocket(t *testing.T) {
 		if got := wsRoundTrip(t, ws, big); !bytes.Equal(got, big) {
 			t.Fatalf("128 KiB echo came back as %d bytes", len(got))
 		}
+		d3 := casebook.Expect(t, "D3", "upstream echoes the substituted Authorization inside a WebSocket message (intercepted tunnel)",
+			"message scrubbed to [redacted-by-sluice], audit secret_reflected")
 		got := wsRoundTrip(t, ws, []byte("whoami"))
 		w.e.Keep(got)
+		defer func() {
+			d3.Observef("message %q, secret in it: %v", got, bytes.Contains(got, []byte(w.e.Secret)))
+		}()
 		if string(got) != "you are Bearer [redacted-by-sluice]" {
 			t.Fatalf("whoami: %q (secret in it: %v)", got, bytes.Contains(got, []byte(w.e.Secret)))
 		}
