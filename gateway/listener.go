@@ -203,12 +203,21 @@ func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused 
 }
 
 func (l *sandboxListener) acceptLoop() {
+	if err := l.accepting(func() (net.Conn, error) { return l.ln.AcceptUnix() }, func(c net.Conn) { l.admit(c.(*net.UnixConn)) }); err != nil {
+		l.Close()
+	}
+}
+
+// accepting calls admit on its own goroutine for every connection accept
+// yields, until l is closed (nil) or accept fails for good (the error).
+// Running out of descriptors or a timeout is waited out (B6).
+func (l *sandboxListener) accepting(accept func() (net.Conn, error), admit func(net.Conn)) error {
 	for {
-		c, err := l.ln.AcceptUnix()
+		c, err := accept()
 		if err != nil {
 			select {
 			case <-l.done:
-				return
+				return nil
 			default:
 			}
 			var ne net.Error
@@ -216,10 +225,9 @@ func (l *sandboxListener) acceptLoop() {
 				time.Sleep(50 * time.Millisecond) // back off, then recover (B6)
 				continue
 			}
-			l.Close()
-			return
+			return err
 		}
-		go l.admit(c)
+		go admit(c)
 	}
 }
 

@@ -11,8 +11,6 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -62,23 +60,8 @@ func (l *sandboxListener) listenRelayTLS(addr string, cfg *tls.Config) (net.Addr
 		ln.Close()
 	}()
 	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				select {
-				case <-l.done:
-					return
-				default:
-				}
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
-					time.Sleep(50 * time.Millisecond) // back off, then recover (B6)
-					continue
-				}
-				l.log.Error("relay listener: accept failed; remote relays are no longer served", "err", err)
-				return
-			}
-			go l.admitTLS(c, cfg)
+		if err := l.accepting(ln.Accept, func(c net.Conn) { l.admitTLS(c, cfg) }); err != nil {
+			l.log.Error("relay listener: accept failed; remote relays are no longer served", "err", err)
 		}
 	}()
 	return ln.Addr(), nil

@@ -22,6 +22,12 @@ func Dial(ctx context.Context, path string, id Identity) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire: dial %s: %w", path, err)
 	}
+	return sendPreamble(ctx, c, line)
+}
+
+// sendPreamble writes line on c within ctx's deadline, closing c if it
+// cannot.
+func sendPreamble(ctx context.Context, c net.Conn, line []byte) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetWriteDeadline(dl)
 	}
@@ -48,13 +54,5 @@ func DialTLS(ctx context.Context, addr string, cfg *tls.Config, id Identity) (ne
 	if err != nil {
 		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetWriteDeadline(dl)
-	}
-	if _, err := c.Write(line); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("wire: write preamble: %w", err)
-	}
-	_ = c.SetWriteDeadline(time.Time{})
-	return c, nil
+	return sendPreamble(ctx, c, line)
 }
