@@ -212,6 +212,7 @@ func (l *sandboxListener) acceptLoop() {
 // yields, until l is closed (nil) or accept fails for good (the error).
 // Running out of descriptors or a timeout is waited out (B6).
 func (l *sandboxListener) accepting(accept func() (net.Conn, error), admit func(net.Conn)) error {
+	starved := false // out of descriptors since the last accept
 	for {
 		c, err := accept()
 		if err != nil {
@@ -221,11 +222,20 @@ func (l *sandboxListener) accepting(accept func() (net.Conn, error), admit func(
 			default:
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			fds := errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE)
+			if fds && !starved {
+				starved = true
+				l.log.Warn("sandbox connections: out of file descriptors; new connections wait in the listen backlog until some are freed (raise LimitNOFILE)", "err", err)
+			}
+			if fds || errors.As(err, &ne) && ne.Timeout() {
 				time.Sleep(50 * time.Millisecond) // back off, then recover (B6)
 				continue
 			}
 			return err
+		}
+		if starved {
+			starved = false
+			l.log.Info("sandbox connections: accepting again: file descriptors were freed")
 		}
 		go admit(c)
 	}

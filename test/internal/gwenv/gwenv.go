@@ -687,6 +687,9 @@ func (e *Env) Launch(d Doc, path string) *Gateway {
 	return g
 }
 
+// Pid is the gateway process's pid.
+func (g *Gateway) Pid() int { return g.cmd.Process.Pid }
+
 // Exited is closed when the process ended.
 func (g *Gateway) Exited() <-chan struct{} { return g.exited }
 
