@@ -182,6 +182,10 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		vspan.End()
 		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments could not be read")
 	}
+	if len(body) > connectors.MaxArgsBytes {
+		vspan.End()
+		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
+	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}

@@ -234,6 +234,29 @@ func TestSchemaViolations(t *testing.T) {
 		})
 	}
 
+	t.Run("oversized arguments", func(t *testing.T) {
+		// Valid JSON one byte over the 1 MiB bound: only its size is wrong.
+		pad := 1<<20 + 1 - len(`{"query":{"q":""}}`)
+		args := `{"query":{"q":"` + strings.Repeat("a", pad) + `"}}`
+		c := casebook.Expect(t, "F7", fmt.Sprintf("oversized arguments: tickets.list_tickets with %d bytes of JSON (1 MiB + 1)", len(args)),
+			"400 schema_violation naming the bound, no policy decision, nothing upstream")
+		before, acc := len(e.Up.Requests()), e.Up.Accepts.Load()
+		r := g.For(t).Call(agentA, "tickets.list_tickets", args)
+		defer func() {
+			c.Observef("%d %s %q, upstream requests +%d, connections +%d", r.Status, r.Code, r.Message,
+				len(e.Up.Requests())-before, e.Up.Accepts.Load()-acc)
+		}()
+		expect(t, r, http.StatusBadRequest, "schema_violation")
+		if !strings.Contains(r.Message, "larger than 1048576 bytes") {
+			t.Errorf("message %q does not name the bound", r.Message)
+		}
+		if len(e.Up.Requests()) != before || e.Up.Accepts.Load() != acc {
+			t.Errorf("upstream was reached for oversized arguments")
+		}
+		line := awaitDecision(t, g, r.RequestID)
+		wantFields(t, line, map[string]string{"decision": ""})
+	})
+
 	// Traversal: CVE-2021-41773 (Apache 2.4.49, "%2e%2e/" escaped the doc root).
 	traversal := []struct{ name, id string }{
 		{"dot-dot slash (CVE-2021-41773)", "../admin"},
