@@ -264,6 +264,24 @@ var cases = map[string]func(arg string) string{
 		}
 		return "fds=" + strings.Join(fds, ",")
 	},
+	// A7: runc CVE-2024-21626 reached a host directory by chdir to
+	// /proc/self/fd/N of a leaked descriptor. Every open descriptor is
+	// tried; each must refuse (ENOTDIR: none is a directory).
+	"fd-chdir": func(string) string {
+		var out []string
+		for fd := 0; fd < 64; fd++ {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+				continue // not open
+			}
+			out = append(out, strings.TrimPrefix(result(unix.Chdir(fmt.Sprintf("/proc/self/fd/%d", fd))), "errno="))
+		}
+		return "fd-chdir=" + strings.Join(out, ",")
+	},
+	// A7: the init's descriptors and root (/proc/1/fd, /proc/1/root).
+	"list-dir": func(path string) string {
+		_, err := os.ReadDir(path)
+		return result(err)
+	},
 	// A8: host reach
 	"kill": func(pid string) string {
 		p, _ := strconv.Atoi(pid)
