@@ -173,6 +173,18 @@ func TestSandboxEscape(t *testing.T) {
 		hostConnect = "errno=EACCES" // Landlock: TCP connect only to 3128 and 53
 	}
 
+	// D10: an audit log where a gateway on this host keeps one (0600 in
+	// a 0700 directory under /var/lib), which a sandbox must not open.
+	auditDir := fmt.Sprintf("/var/lib/sluice-attack-%d", os.Getpid())
+	if err := os.MkdirAll(auditDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(auditDir) })
+	auditLog := filepath.Join(auditDir, "audit.log")
+	if err := os.WriteFile(auditLog, []byte(`{"seq":1,"event":"decision"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	cases := []struct {
 		threat, name string
 		args         []string
@@ -232,6 +244,9 @@ func TestSandboxEscape(t *testing.T) {
 		{"A8", "cgroup release_agent", []string{"write-file", "/sys/fs/cgroup/release_agent"}, []string{"errno=EROFS", "errno=ENOENT" /* no sysfs */}},
 		{"A8", "signal a host pid", []string{"kill", strconv.Itoa(os.Getpid())}, []string{"errno=ESRCH"}},
 		{"A8", "control: signal itself", []string{"kill-self"}, []string{"ok"}},
+		{"D10", "read a gateway audit log kept on the host under /var/lib (0600 file in a 0700 dir)", []string{"read-file", auditLog}, []string{"errno=ENOENT", "errno=EACCES"}},
+		{"D10", "read the default audit log path /var/lib/sluice/audit.log", []string{"read-file", "/var/lib/sluice/audit.log"}, []string{"errno=ENOENT", "errno=EACCES"}},
+		{"D10", "control: read a file it wrote in /workspace", []string{"read-file", "/workspace/hostile"}, []string{"ok"}},
 		{"A9", "host Unix socket path", []string{"connect-unix", sock}, []string{"errno=ENOENT"}},
 		{"A9", "host abstract socket", []string{"connect-abstract", abstract}, []string{"errno=ECONNREFUSED", "errno=EPERM"}},
 		{"A9", "control: the per-sandbox gateway socket", []string{"connect-unix", "/run/sluice/gateway.sock"}, []string{"ok"}},

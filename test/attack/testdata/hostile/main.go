@@ -218,6 +218,10 @@ var cases = map[string]func(arg string) string{
 		}
 		return result(err)
 	},
+	"read-file": func(p string) string {
+		_, err := os.ReadFile(p)
+		return result(err)
+	},
 	"rename-out": func(string) string {
 		if err := os.WriteFile("/workspace/r", []byte("x"), 0o644); err != nil {
 			return result(err)
