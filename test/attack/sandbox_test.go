@@ -185,6 +185,33 @@ func TestSandboxEscape(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A6: a setuid-root program where the sandbox can run it (under
+	// /usr, which every sandbox sees read-only).
+	suidDir := fmt.Sprintf("/usr/local/lib/sluice-attack-%d", os.Getpid())
+	if err := os.MkdirAll(suidDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(suidDir) })
+	suid := filepath.Join(suidDir, "hostile-suid")
+	if b, err := os.ReadFile(hostile); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(suid, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(suid, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(suid, 0o4755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	// Control: outside a sandbox, uid 1000 running it does become euid 0.
+	ctl := exec.Command(suid, "status")
+	ctl.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
+	if out, err := ctl.Output(); err != nil || !strings.HasPrefix(string(out), "Uid=1000,0,0,0") {
+		t.Fatalf("control: the setuid copy run by uid 1000 on the host: %q %v, want euid 0", out, err)
+	}
+	const unprivileged = "Uid=1000,1000,1000,1000 CapInh=0000000000000000 CapPrm=0000000000000000 CapEff=0000000000000000 CapBnd=0000000000000000 CapAmb=0000000000000000 NoNewPrivs=1 Seccomp=2 core=0,0"
+
 	cases := []struct {
 		threat, name string
 		args         []string
@@ -232,8 +259,8 @@ func TestSandboxEscape(t *testing.T) {
 		{"A5", "rename out of the workspace", []string{"rename-out"}, []string{"errno=EXDEV"}},
 		{"A5", "control: write /workspace", []string{"write-file", "/workspace/ok"}, []string{"ok"}},
 		{"A5", "control: write /tmp", []string{"write-file", "/tmp/ok"}, []string{"ok"}},
-		{"A6", "no capabilities, no_new_privs, seccomp, no core dumps", []string{"status"},
-			[]string{"Uid=1000,1000,1000,1000 CapInh=0000000000000000 CapPrm=0000000000000000 CapEff=0000000000000000 CapBnd=0000000000000000 CapAmb=0000000000000000 NoNewPrivs=1 Seccomp=2 core=0,0"}},
+		{"A6", "no capabilities, no_new_privs, seccomp, no core dumps", []string{"status"}, []string{unprivileged}},
+		{"A6", "run a setuid-root program: it gains nothing", []string{"exec-status", suid}, []string{unprivileged}},
 		{"A7", "only fds 0-2 are open", []string{"fds"}, []string{"fds=0,1,2"}},
 		{"A7", "chdir through /proc/self/fd/N of every open fd (runc CVE-2024-21626)", []string{"fd-chdir"}, []string{"fd-chdir=ENOTDIR,ENOTDIR,ENOTDIR"}},
 		{"A7", "list the init's descriptors /proc/1/fd", []string{"list-dir", "/proc/1/fd"}, []string{"errno=EACCES"}},

@@ -247,6 +247,15 @@ var cases = map[string]func(arg string) string{
 		out = append(out, fmt.Sprintf("core=%d,%d", rl.Cur, rl.Max))
 		return strings.Join(out, " ")
 	},
+	// A6: run a setuid-root program (a copy of this one) and report what
+	// it got: its "status" line.
+	"exec-status": func(p string) string {
+		out, err := exec.Command(p, "status").Output()
+		if err != nil {
+			return result(err)
+		}
+		return strings.TrimSpace(string(out))
+	},
 	// A7: descriptors
 	"fds": func(string) string {
 		// Raw calls: os.Open would add the runtime poller's own fds.
