@@ -300,9 +300,11 @@ func TestGatewayMetadataAllowListed(t *testing.T) {
 	for _, tc := range []struct{ name, req string }{
 		{"CONNECT meta.test:443", "CONNECT meta.test:443 HTTP/1.1\r\nHost: meta.test:443\r\n\r\n"},
 		{"GET http://metadata.google.internal/computeMetadata/v1/", "GET http://metadata.google.internal/computeMetadata/v1/ HTTP/1.1\r\nHost: metadata.google.internal\r\nConnection: close\r\n\r\n"},
+		{"CONNECT meta6.test:443 (AAAA fd00:ec2::254)", "CONNECT meta6.test:443 HTTP/1.1\r\nHost: meta6.test:443\r\n\r\n"},
+		{"GET http://meta6.test/latest/meta-data/ (AAAA fd00:ec2::254)", "GET http://meta6.test/latest/meta-data/ HTTP/1.1\r\nHost: meta6.test\r\nConnection: close\r\n\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := casebook.Expect(t, "C1", tc.name+" (the name is on the agent's egress list and resolves to 169.254.169.254)",
+			c := casebook.Expect(t, "C1", tc.name+" (the name is on the agent's egress list and resolves to a metadata address)",
 				"403 egress_denied with Proxy-Status destination_ip_prohibited (refused after resolution), not 502: nothing dialled")
 			resp, body, _, _ := w.exchange(t, agentA, tc.req)
 			c.Observef("%d %s, Proxy-Status %q", resp.StatusCode, errCode(body), resp.Header.Get("Proxy-Status"))

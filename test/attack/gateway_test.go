@@ -128,7 +128,8 @@ func newWorld(t *testing.T) *world {
 		_ = ts.Serve(tls.NewListener(gwenv.Counting(tl, &w.tlsConn), &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	table := map[string]string{"pkg.test": egressIP, "api.test": egressIP, "other.test": egressIP,
-		"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254", "metadata.google.internal": "169.254.169.254"}
+		"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254", "metadata.google.internal": "169.254.169.254",
+		"meta6.test": "fd00:ec2::254"} // AWS's IPv6 metadata address, AAAA only
 	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) {
 		w.dnsQ.Add(1)
 		m := gwenv.DNSReply(q, table, 0)
@@ -149,7 +150,7 @@ func newWorld(t *testing.T) *world {
 	d := e.BaseConfig("atk")
 	d["rego"] = []string{w.rego}
 	d.Gateway()["max_pending_holds"] = 2
-	egress := []string{"pkg.test", "api.test", "other.test", "rebind.test", "meta.test", "servfail.test", "nx.test", "metadata.google.internal"}
+	egress := []string{"pkg.test", "api.test", "other.test", "rebind.test", "meta.test", "meta6.test", "servfail.test", "nx.test", "metadata.google.internal"}
 	d["agents"] = []map[string]any{
 		{"name": "agent-a", "connectors": []string{"tickets"}, "egress": egress},
 		{"name": "agent-b", "connectors": []string{}},

@@ -227,8 +227,11 @@ func DNSReply(q *mdns.Msg, table map[string]string, ttl uint32) *mdns.Msg {
 	switch {
 	case !ok:
 		m.Rcode = mdns.RcodeNameError
-	case q.Question[0].Qtype == mdns.TypeA:
+	case q.Question[0].Qtype == mdns.TypeA && !strings.Contains(ip, ":"):
 		rr, _ := mdns.NewRR(fmt.Sprintf("%s %d IN A %s", q.Question[0].Name, ttl, ip))
+		m.Answer = []mdns.RR{rr}
+	case q.Question[0].Qtype == mdns.TypeAAAA && strings.Contains(ip, ":"):
+		rr, _ := mdns.NewRR(fmt.Sprintf("%s %d IN AAAA %s", q.Question[0].Name, ttl, ip))
 		m.Answer = []mdns.RR{rr}
 	}
 	return m
