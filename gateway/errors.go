@@ -3,6 +3,8 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // Code is a stable refusal code; agents and tests rely on these strings.
@@ -37,10 +39,11 @@ const (
 // agent on purpose: it never carries a secret, a raw Vault error or an
 // upstream body. The private cause goes to the log only.
 type apiError struct {
-	Status  int
-	Code    Code
-	Message string
-	cause   error // logged, never returned
+	Status     int
+	Code       Code
+	Message    string
+	cause      error         // logged, never returned
+	retryAfter time.Duration // > 0: sent as Retry-After
 }
 
 func (e *apiError) Error() string { return string(e.Code) + ": " + e.Message }
@@ -60,6 +63,9 @@ type errorBody struct {
 func writeError(w http.ResponseWriter, e *apiError, requestID string) {
 	var b errorBody
 	b.Error.Code, b.Error.Message, b.Error.RequestID = e.Code, e.Message, requestID
+	if e.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
+	}
 	writeJSON(w, e.Status, b)
 }
 

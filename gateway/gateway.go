@@ -101,6 +101,7 @@ type Server struct {
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
+	limits    callLimits             // agents[].rate_limit buckets (ratelimit.go)
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)

@@ -164,6 +164,15 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		return nil, sessErr
 	}
 
+	// The agent's rate limit, per sandbox, before any work for the call.
+	if a := s.cfg.Agent(id.Agent); a != nil && a.RateLimit != nil {
+		if ok, wait := s.limits.allow(c.caller, a.RateLimit, time.Now()); !ok {
+			e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, a.RateLimit.PerSecond, a.RateLimit.Burst))
+			e.retryAfter = wait
+			return nil, e
+		}
+	}
+
 	// Tool and grant.
 	tool, ok := s.catalog.Tool(c.tool)
 	if !ok {

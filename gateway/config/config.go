@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -208,6 +209,16 @@ type Agent struct {
 	Name       string   `yaml:"name"`
 	Connectors []string `yaml:"connectors"`
 	Egress     []string `yaml:"egress"`
+	// RateLimit caps each of this agent's sandboxes' tool calls; nil is
+	// no cap (the pending-approval cap still applies).
+	RateLimit *RateLimit `yaml:"rate_limit"`
+}
+
+// RateLimit is a token bucket: PerSecond calls on average, Burst at once
+// (default: PerSecond rounded up).
+type RateLimit struct {
+	PerSecond float64 `yaml:"per_second"`
+	Burst     int     `yaml:"burst"`
 }
 
 // Policy is one simple rule.
@@ -742,6 +753,16 @@ func (c *Config) Validate() error {
 		for j, h := range a.Egress {
 			if !ValidEgress(h) {
 				bad(fmt.Sprintf("%s.egress[%d]", k, j), "want a lower-case host name or *.domain, got %q", h)
+			}
+		}
+		if rl := a.RateLimit; rl != nil {
+			switch {
+			case !(rl.PerSecond > 0) || rl.PerSecond > 1e6:
+				bad(k+".rate_limit.per_second", "want a number of calls per second above 0 and at most 1000000, got %v", rl.PerSecond)
+			case rl.Burst < 0 || rl.Burst > 1e6:
+				bad(k+".rate_limit.burst", "want 0 (per_second rounded up) to 1000000 calls, got %d", rl.Burst)
+			case rl.Burst == 0:
+				rl.Burst = int(math.Ceil(rl.PerSecond))
 			}
 		}
 	}
