@@ -68,21 +68,24 @@ func TestGatewayDoHRefused(t *testing.T) {
 	path := e.Write(d)
 	g := e.Start(d, path)
 
-	for _, tc := range []struct{ name, authority, host string }{
-		{"DoH: CONNECT dns.google:443 (RFC 8484)", "dns.google:443", "dns.google"},
-		{"DoT: CONNECT 1.1.1.1:853 (RFC 7858)", "1.1.1.1:853", "1.1.1.1"},
-		{"DoH by address: CONNECT 1.1.1.1:443", "1.1.1.1:443", "1.1.1.1"},
+	connect := func(a string) string { return "CONNECT " + a + " HTTP/1.1\r\nHost: " + a + "\r\n\r\n" }
+	for _, tc := range []struct{ name, req, host, kind string }{
+		{"DoH: CONNECT dns.google:443 (RFC 8484)", connect("dns.google:443"), "dns.google", "connect"},
+		{"DoT: CONNECT 1.1.1.1:853 (RFC 7858)", connect("1.1.1.1:853"), "1.1.1.1", "connect"},
+		{"DoH by address: CONNECT 1.1.1.1:443", connect("1.1.1.1:443"), "1.1.1.1", "connect"},
+		{"DoH in plain HTTP: GET http://dns.google/dns-query", "GET http://dns.google/dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB HTTP/1.1\r\nHost: dns.google\r\n\r\n", "dns.google", "http"},
+		{"the DoT port in plain HTTP: GET http://1.1.1.1:853/", "GET http://1.1.1.1:853/ HTTP/1.1\r\nHost: 1.1.1.1:853\r\n\r\n", "1.1.1.1", "http"},
 	} {
 		t.Run("C10 "+tc.name, func(t *testing.T) {
 			g := g.For(t)
 			c := casebook.Expect(t, "C10", tc.name+" through the sandbox proxy, with the host on the agent's egress allowlist",
 				"403 egress_denied, audit decision with reason doh_refused, 0 DNS queries, 0 upstream connections")
 			q, n := dnsQ.Load(), conns.Load()
-			raw, _ := g.Raw(agentA, []byte("CONNECT "+tc.authority+" HTTP/1.1\r\nHost: "+tc.authority+"\r\n\r\n"), 5*time.Second)
+			raw, _ := g.Raw(agentA, []byte(tc.req), 5*time.Second)
 			st, code, hdr := gwenv.StatusOf(raw)
 			var rec map[string]any
 			for _, r := range g.AuditEvent("decision", "doh_refused") {
-				if f := fieldsOf(r); f["dest_host"] == tc.host && f["reason"] == "doh_refused" && f["kind"] == "connect" {
+				if f := fieldsOf(r); f["dest_host"] == tc.host && f["reason"] == "doh_refused" && f["kind"] == tc.kind {
 					rec = r
 				}
 			}
