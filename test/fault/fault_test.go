@@ -541,3 +541,62 @@ func writeRego(t *testing.T, dir, src string) (rego, mod string) {
 	}
 	return rego, mod
 }
+
+// TestAuditFileReplaced: a file the gateway did not create is renamed over
+// the audit log's path (someone swapping in a forged log). The gateway
+// must refuse every call rather than write into or after that file, leave
+// it untouched, and resume with a new log of its own once the path is free.
+func TestAuditFileReplaced(t *testing.T) {
+	e := newEnv(t)
+	d := e.BaseConfig("replaced")
+	path := e.Write(d)
+	g := e.Start(d, path)
+	c := casebook.Expect(t, "G5", "a foreign file renamed over the audit log while the gateway runs (a forged log swapped in)",
+		"calls 503 audit_unavailable with nothing upstream, the foreign file untouched; once it is removed, a new log starting with audit_log_recreated and calls resume")
+
+	if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
+		t.Fatalf("control: %d %s", r.Status, r.Body)
+	}
+	forged := []byte(`{"seq":1,"event":"forged"}` + "\n")
+	tmp := g.Audit + ".forged"
+	if err := os.WriteFile(tmp, forged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, g.Audit); err != nil {
+		t.Fatal(err)
+	}
+	acc, n := e.Up.Accepts.Load(), len(e.Up.Requests())
+	r1 := g.Call(agentA, "tickets.list_tickets", `{}`)
+	r2 := g.Call(agentA, "tickets.list_tickets", `{}`)
+	reached := e.Up.Accepts.Load() != acc || len(e.Up.Requests()) != n
+	after, _ := os.ReadFile(g.Audit)
+	untouched := string(after) == string(forged)
+	if err := os.Remove(g.Audit); err != nil {
+		t.Fatal(err)
+	}
+	var r3 gwenv.Reply
+	for i := 0; i < 3 && r3.Status != http.StatusOK; i++ { // the first call after removal may find the path free mid-check
+		r3 = g.Call(agentA, "tickets.list_tickets", `{}`)
+	}
+	recs := g.AuditRecords()
+	first := map[string]any{}
+	if len(recs) > 0 {
+		first = recs[0]
+	}
+	c.Observef("replaced: %d %s then %d %s, upstream reached %v, foreign file untouched %v; removed: %d, new log starts with %v",
+		r1.Status, r1.Code, r2.Status, r2.Code, reached, untouched, r3.Status, first["event"])
+	for i, r := range []gwenv.Reply{r1, r2} {
+		if r.Status != http.StatusServiceUnavailable || r.Code != "audit_unavailable" {
+			t.Errorf("call %d with a foreign file at the path: %d %s, want 503 audit_unavailable", i+1, r.Status, r.Body)
+		}
+	}
+	if reached {
+		t.Error("a call reached the upstream while the audit path held a foreign file")
+	}
+	if !untouched {
+		t.Errorf("the gateway wrote into the foreign file: %q", after)
+	}
+	if r3.Status != http.StatusOK || first["event"] != "audit_log_recreated" {
+		t.Errorf("after the foreign file was removed: %d, new log starts with %v; want 200 and audit_log_recreated", r3.Status, first["event"])
+	}
+}
