@@ -23,6 +23,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
@@ -332,8 +333,11 @@ func TestInterception(t *testing.T) {
 		w.g.For(t).AwaitAuditFields("decision", map[string]any{"dest_host": "api.test", "kind": "http", "decision": "block", "rule": "team.no_admin"})
 	})
 	t.Run("Host header other than the CONNECT host is 403", func(t *testing.T) {
+		cb := casebook.Expect(t, "C5", "CONNECT api.test:443 (intercepted), then a request inside with Host: other.test",
+			"403 inside the tunnel, nothing sent upstream")
 		before := len(w.requests())
 		resp, _ := w.do(t, c, "GET", "https://api.test/user", "", bearer, "other.test")
+		cb.Observef("%d, upstream requests +%d", resp.StatusCode, len(w.requests())-before)
 		if resp.StatusCode != 403 {
 			t.Fatalf("got %d", resp.StatusCode)
 		}
