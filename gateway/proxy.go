@@ -915,6 +915,9 @@ func parseClientHelloSNI(m []byte) (string, error) {
 	if name == "" {
 		return bad("no server name")
 	}
+	if strings.HasSuffix(name, ".") {
+		return bad("server name ends in a dot (RFC 6066 3)")
+	}
 	host, _, err := guard.ParseAuthority(name, "443")
 	if err != nil || strings.Contains(name, ":") {
 		return bad("server name is not a host name")
