@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
@@ -91,5 +92,76 @@ func TestHoldSurvivesKill9(t *testing.T) {
 	reqs := e.Up.Requests()
 	if len(reqs) != 1 || reqs[0].Path != "/refunds" || reqs[0].Header.Get("X-Api-Key") != e.Secret {
 		t.Fatalf("upstream saw %d requests (%+v); want exactly one POST /refunds with the credential", len(reqs), reqs)
+	}
+}
+
+// TestHoldConcurrentDecisions is THREATS E3 through the real binary: six
+// approvals and six denials of one hold sent at once. Exactly one wins;
+// the other eleven are 409; the call is executed once if an approval
+// won and never if a denial did, and the agent's poll agrees.
+func TestHoldConcurrentDecisions(t *testing.T) {
+	e := newEnv(t)
+	d := mainConfig(e, "race")
+	withApprovers(d, gwenv.CarolToken)
+	g := e.Start(d, e.Write(d))
+	c := casebook.Expect(t, "E3", "6 approvals and 6 denials of one hold sent concurrently through the admin API",
+		"exactly one 200, eleven 409; one upstream request if an approval won, none if a denial did; the poll matches the winner")
+	r := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":5,"reason":"dup"}}`)
+	var held struct {
+		Hold struct{ ID, Poll string } `json:"hold"`
+	}
+	if err := json.Unmarshal(r.Body, &held); err != nil || r.Status != http.StatusAccepted {
+		t.Fatalf("ask: %d %s, want 202", r.Status, r.Body)
+	}
+	type answer struct {
+		action string
+		status int
+	}
+	answers := make(chan answer, 12)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 12 {
+		action := "approve"
+		if i%2 == 1 {
+			action = "deny"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			st, _, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/"+action, gwenv.CarolToken, `{"reason":"race"}`)
+			answers <- answer{action, st}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(answers)
+	var won []string
+	conflicts, other := 0, 0
+	for a := range answers {
+		switch a.status {
+		case http.StatusOK:
+			won = append(won, a.action)
+		case http.StatusConflict:
+			conflicts++
+		default:
+			other++
+		}
+	}
+	p := g.Do(agentA, http.MethodGet, held.Hold.Poll+"?wait=5s", "", nil)
+	sent := len(e.Up.Requests())
+	c.Observef("winners %v, 409s %d, other answers %d, upstream requests %d, poll %d %s", won, conflicts, other, sent, p.Status, p.Code)
+	if len(won) != 1 || conflicts != 11 || other != 0 {
+		t.Fatalf("winners %v, %d conflicts, %d other answers; want exactly one winner and 11 conflicts", won, conflicts, other)
+	}
+	switch won[0] {
+	case "approve":
+		if sent != 1 || p.Status != http.StatusOK {
+			t.Errorf("approval won: %d upstream requests, poll %d; want 1 and 200", sent, p.Status)
+		}
+	case "deny":
+		if sent != 0 || p.Status != http.StatusForbidden || p.Code != "approval_denied" {
+			t.Errorf("denial won: %d upstream requests, poll %d %s; want 0 and 403 approval_denied", sent, p.Status, p.Code)
+		}
 	}
 }
