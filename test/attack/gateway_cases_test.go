@@ -415,10 +415,10 @@ func TestGatewayDNS(t *testing.T) {
 		}
 	})
 	t.Run("C9 a high-entropy label raises an alert", func(t *testing.T) {
-		// 32 bytes of a secret in base32, one label: what an exfiltrating
+		// A secret in base32, one 54-character label: what an exfiltrating
 		// resolver lookup carries. The control, a long dictionary label
 		// under another domain, raises nothing.
-		c := casebook.Expect(t, "C9", "a 52-character base32 label (32 random bytes) under leak.example, and a control: a 24-character word label under words.example",
+		c := casebook.Expect(t, "C9", "a 54-character base32 label under leak.example, and a control: a 24-character word label under words.example",
 			"one dns_high_entropy audit record for leak.example naming the label's entropy; none for words.example")
 		ask := func(name string) {
 			resp, err := cl.Post("http://sluice/v1/dns", "application/dns-message", strings.NewReader(string(q(name, mdns.TypeA))))
