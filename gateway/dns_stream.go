@@ -99,6 +99,12 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 		stopping.Store(true)
 		_ = rc.SetReadDeadline(time.Now())
 	})()
+	// However the handler ends, the server then discards what is left of
+	// the request body, which never ends: with the read deadline the loop
+	// set (dnsStreamIdle ahead) that would hold the connection, and a
+	// shutdown, for minutes. A shutdown that began just before the loop
+	// moved the deadline forward is the case this closes.
+	defer func() { _ = rc.SetReadDeadline(time.Now()) }()
 	// The buffer holds a whole frame of any allowed size, so a frame is
 	// read in place (Peek) without a copy; dnsStreamReadBuf > 2+maxDNSMessage.
 	br := bufio.NewReaderSize(r.Body, dnsStreamReadBuf)
