@@ -606,9 +606,6 @@ func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egre
 		c.bytesUp.Add(int64(len(pending)))
 	}
 	e.direct.Add(1)
-	if e.kernelRelay(ic, client, upstream, c) {
-		return
-	}
 	relayTCP(ic, client, upstream, e.idle, &c.bytesUp, &c.bytesDn, &e.bulk)
 }
 
