@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/net/http2"
+
 	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
@@ -96,6 +98,28 @@ func TestInterceptHTTP2(t *testing.T) {
 			t.Fatalf("X-Echo trailer carries the secret: %v", strings.Contains(echo, w.e.Secret))
 		}
 		w.g.For(t).AwaitAuditFields("secret_reflected", map[string]any{"dest_host": "api.test"})
+	})
+	t.Run("the gateway allows 16 streams at once per tunnel", func(t *testing.T) {
+		conn := w.tunnelALPN(t, "other.test", "h2")
+		defer conn.Close()
+		if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+			t.Fatal(err)
+		}
+		fr := http2.NewFramer(conn, conn)
+		if err := fr.WriteSettings(); err != nil {
+			t.Fatal(err)
+		}
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sf, ok := f.(*http2.SettingsFrame)
+		if !ok {
+			t.Fatalf("first frame %T, want SETTINGS", f)
+		}
+		if v, ok := sf.Value(http2.SettingMaxConcurrentStreams); !ok || v != 16 {
+			t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS = %d (sent %v), want 16", v, ok)
+		}
 	})
 	t.Run("HTTP/1.1 clients are still served", func(t *testing.T) {
 		h1 := w.client(t, w.gatewayCA)

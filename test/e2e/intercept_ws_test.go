@@ -68,8 +68,24 @@ func (w *interceptWorld) wsDial(t *testing.T, host, path string, hdr http.Header
 }
 
 // tunnel answers CONNECT host:443 on the gateway's socket and starts TLS
-// in it, trusting roots.
+// in it, trusting roots, offering HTTP/1.1.
 func (w *interceptWorld) tunnel(t *testing.T, host string, roots *x509.CertPool) net.Conn {
+	t.Helper()
+	return w.tunnelWith(t, host, &tls.Config{RootCAs: roots, ServerName: host, NextProtos: []string{"http/1.1"}})
+}
+
+// tunnelALPN is tunnel through the gateway's CA offering only proto, which
+// the gateway must pick.
+func (w *interceptWorld) tunnelALPN(t *testing.T, host, proto string) *tls.Conn {
+	t.Helper()
+	c := w.tunnelWith(t, host, &tls.Config{RootCAs: w.gatewayCA, ServerName: host, NextProtos: []string{proto}})
+	if got := c.ConnectionState().NegotiatedProtocol; got != proto {
+		t.Fatalf("ALPN chose %q, want %q", got, proto)
+	}
+	return c
+}
+
+func (w *interceptWorld) tunnelWith(t *testing.T, host string, cfg *tls.Config) *tls.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -84,7 +100,7 @@ func (w *interceptWorld) tunnel(t *testing.T, host string, roots *x509.CertPool)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("CONNECT %s: %v %v\n%s", host, resp, err, w.g.Stderr())
 	}
-	tc := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: host, NextProtos: []string{"http/1.1"}})
+	tc := tls.Client(raw, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		t.Fatalf("TLS in the tunnel to %s: %v", host, err)
 	}
