@@ -1,9 +1,9 @@
 package sandboxd
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -24,6 +24,77 @@ const cgroupRoot = "/sys/fs/cgroup"
 type cgroup struct {
 	v2   bool
 	dirs map[string]string // controller -> directory; v2 uses key ""
+	// set are the limits last written in full (nil: unknown). Only
+	// sandboxd writes a group's files (a sandbox sees none of them), so
+	// a pooled group that already has a sandbox's limits keeps them.
+	set *cgroupLimits
+
+	// files are the group's files sandboxd uses on every fork and exec,
+	// opened once (they stay valid when the group is renamed and when
+	// it is pooled) and closed when it is removed.
+	mu    sync.Mutex
+	files map[string]*os.File // by path key (see path)
+}
+
+// file returns the group's file k (see path), opened once with flag.
+func (cg *cgroup) file(k string, flag int) (*os.File, error) {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	if f, ok := cg.files[k]; ok {
+		return f, nil
+	}
+	f, err := os.OpenFile(cg.path(k), flag|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	if cg.files == nil {
+		cg.files = map[string]*os.File{}
+	}
+	cg.files[k] = f
+	return f, nil
+}
+
+// closeFiles closes what file opened.
+func (cg *cgroup) closeFiles() {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	for k, f := range cg.files {
+		f.Close()
+		delete(cg.files, k)
+	}
+}
+
+// openTasks opens each controller's tasks file (v1), for enter.
+func (cg *cgroup) openTasks() error {
+	for c := range cg.dirs {
+		if _, err := cg.file(c+"/tasks", os.O_WRONLY); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enter moves the calling thread into the group (v1: "0" into each
+// controller's tasks). Its files are opened already (openTasks) or now,
+// in the calling thread's mount namespace.
+func (cg *cgroup) enter() error {
+	for c := range cg.dirs {
+		f, err := cg.file(c+"/tasks", os.O_WRONLY)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteAt([]byte("0"), 0); err != nil {
+			return fmt.Errorf("cgroup: enter %s: %w", cg.dirs[c], err)
+		}
+	}
+	return nil
+}
+
+// cgroupLimits are the parts of Limits a group's files hold.
+type cgroupLimits struct {
+	pids      int
+	memory    int64
+	cpuMillis int
 }
 
 // hasV2Controllers reports whether the unified hierarchy at cgroupRoot
@@ -84,8 +155,23 @@ func newCgroup(parent, id string, l Limits) (cg *cgroup, err error) {
 	return cg, cg.setLimits(l)
 }
 
-// setLimits writes l into the group's controller files.
+// setLimits writes l into the group's controller files, unless they
+// hold it already.
 func (cg *cgroup) setLimits(l Limits) error {
+	want := cgroupLimits{pids: l.Pids, memory: l.MemoryBytes, cpuMillis: l.CPUMillis}
+	if cg.set != nil && *cg.set == want {
+		return nil
+	}
+	cg.set = nil
+	if err := cg.writeLimits(l); err != nil {
+		return err
+	}
+	cg.set = &want
+	return nil
+}
+
+// writeLimits writes l into the group's controller files.
+func (cg *cgroup) writeLimits(l Limits) error {
 	if cg.v2 {
 		return cg.write([][2]string{
 			{"pids.max", strconv.Itoa(l.Pids)},
@@ -143,49 +229,52 @@ func (cg *cgroup) path(k string) string {
 // ms on small VMs); moving only the current thread (v1: "0" into tasks)
 // does not take it, and a child inherits the forking thread's groups. On
 // v2 the child is cloned straight into the group (CLONE_INTO_CGROUP via
-// set). The thread used is locked and never unlocked, so the runtime
-// discards it rather than reusing a thread that sits in a sandbox's group
-// (or in the mount namespace prepare moved it into).
-func (cg *cgroup) startIn(prepare func() error, set func(cgroupFD int), start func() error) error {
+// set). The thread used is one of threads' (a thread locked to its
+// goroutine); leave runs on it last, after the caller has its result, to
+// take it back to sandboxd's own namespaces and CPUs, and reports whether
+// it could. A thread left in a sandbox's group or namespaces is discarded,
+// never reused.
+func (cg *cgroup) startIn(threads *forkThreads, home *cgroup, prepare func() error, set func(cgroupFD int), start func() error, leave func() bool) error {
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+	threads.run(func() (clean bool) {
+		defer func() { clean = leave() && clean }()
+		// The groups' files first, from sandboxd's own mount namespace
+		// (prepare moves this thread into the sandbox's).
+		if !cg.v2 {
+			if home == nil {
+				errc <- errors.New("cgroup: sandboxd's own groups are unknown")
+				return true
+			}
+			if err := errors.Join(cg.openTasks(), home.openTasks()); err != nil {
+				errc <- err
+				return true
+			}
+		}
 		if err := prepare(); err != nil {
 			errc <- err
-			return
+			return true
 		}
 		if cg.v2 {
 			fd, err := unix.Open(cg.dirs[""], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				errc <- fmt.Errorf("cgroup: open %s: %w", cg.dirs[""], err)
-				return
+				return true
 			}
 			defer unix.Close(fd)
 			set(fd)
 			errc <- start()
-			return
+			return true
 		}
-		home, err := threadGroups()
-		if err != nil {
+		if err := cg.enter(); err != nil {
 			errc <- err
-			return
+			return false
 		}
-		for _, d := range cg.dirs {
-			if err := os.WriteFile(filepath.Join(d, "tasks"), []byte("0"), 0); err != nil {
-				errc <- fmt.Errorf("cgroup: enter %s: %w", d, err)
-				return
-			}
-		}
-		err = start()
+		errc <- start()
 		// Go home, so the group can be removed as soon as the sandbox
-		// is gone (the thread would otherwise linger until it exits).
-		for c := range cg.dirs {
-			if h, ok := home[c]; ok {
-				_ = os.WriteFile(filepath.Join(cgroupRoot, c, h, "tasks"), []byte("0"), 0)
-			}
-		}
-		errc <- err
-	}()
+		// is gone; after the caller has gone on: the child is born
+		// already.
+		return home.enter() == nil
+	})
 	return <-errc
 }
 
@@ -251,21 +340,29 @@ func (cg *cgroup) killAllBut(keep int) {
 // counters reads the OOM-kill and pids-limit-hit counters.
 func (cg *cgroup) counters() (oomKills, pidsMax int64) {
 	if cg.v2 {
-		return readKey(cg.path("memory.events"), "oom_kill"), readKey(cg.path("pids.events"), "max")
+		return cg.readKey("memory.events", "oom_kill"), cg.readKey("pids.events", "max")
 	}
-	return readKey(cg.path("memory/memory.oom_control"), "oom_kill"), readKey(cg.path("pids/pids.events"), "max")
+	return cg.readKey("memory/memory.oom_control", "oom_kill"), cg.readKey("pids/pids.events", "max")
 }
 
-// readKey returns the value of "key N" in a flat-keyed cgroup file.
-func readKey(path, key string) int64 {
-	f, err := os.Open(path)
+// readKey returns the value of "key N" in the group's flat-keyed file k.
+func (cg *cgroup) readKey(k, key string) int64 {
+	f, err := cg.file(k, os.O_RDONLY)
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		k, v, ok := strings.Cut(s.Text(), " ")
+	var buf [1024]byte
+	n, err := f.ReadAt(buf[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return 0
+	}
+	return parseKey(string(buf[:n]), key)
+}
+
+// parseKey returns the value of "key N" in a flat-keyed file's content.
+func parseKey(b, key string) int64 {
+	for l := range strings.SplitSeq(b, "\n") {
+		k, v, ok := strings.Cut(l, " ")
 		if ok && k == key {
 			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			return n
@@ -277,6 +374,7 @@ func readKey(path, key string) int64 {
 // remove kills everything left and removes the directories, retrying while
 // the kernel finishes tearing the processes down.
 func (cg *cgroup) remove() error {
+	cg.closeFiles()
 	if cg.v2 && cg.dirs[""] != "" {
 		_ = os.WriteFile(filepath.Join(cg.dirs[""], "cgroup.kill"), []byte("1"), 0)
 	}
@@ -341,6 +439,33 @@ type cgroupPool struct {
 
 	mu   sync.Mutex
 	idle []*cgroup
+	own  *cgroup // sandboxd's own groups (v1), where forking threads go back
+}
+
+// home returns sandboxd's own v1 groups (those of a thread running an
+// unlocked goroutine: see openHomeNS), read once; nil if unknown.
+func (p *cgroupPool) home() *cgroup {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.own != nil {
+		return p.own
+	}
+	runtime.LockOSThread()
+	groups, err := threadGroups()
+	runtime.UnlockOSThread()
+	if err != nil {
+		return nil
+	}
+	own := &cgroup{dirs: map[string]string{}}
+	for _, c := range []string{"pids", "memory", "cpu"} {
+		g, ok := groups[c]
+		if !ok {
+			return nil
+		}
+		own.dirs[c] = filepath.Join(cgroupRoot, c, g)
+	}
+	p.own = own
+	return own
 }
 
 // get returns a group named id with limits l: a pooled one renamed, or a
@@ -386,6 +511,10 @@ func (p *cgroupPool) close() error {
 	p.mu.Lock()
 	idle := p.idle
 	p.idle = nil
+	if p.own != nil {
+		p.own.closeFiles()
+		p.own = nil
+	}
 	p.mu.Unlock()
 	var errs []error
 	for _, cg := range idle {

@@ -96,7 +96,10 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = io.Copy(cw, r)
+			bp := copyBufs.Get().(*[]byte)
+			defer copyBufs.Put(bp)
+			// Hide File.WriteTo: it would allocate its own buffer.
+			_, _ = io.CopyBuffer(cw, struct{ io.Reader }{r}, *bp)
 		}()
 	}
 	defer func() {
@@ -187,6 +190,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	}
 	return res, nil
 }
+
+// copyBufs are the buffers Exec copies a command's output with.
+var copyBufs = sync.Pool{New: func() any {
+	b := make([]byte, 32<<10)
+	return &b
+}}
 
 func (m *Manager) markDead(sb *sandbox) {
 	sb.dead = true

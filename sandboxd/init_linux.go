@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -45,6 +44,11 @@ func RunInit() {
 	if err != nil {
 		os.Exit(120)
 	}
+	// Before any code of the sandbox runs: signals it sends to its pid 1
+	// must not kill it.
+	if err := ignoreSignals(); err != nil {
+		os.Exit(124)
+	}
 	var s setupMsg
 	if _, err := c.recv(&s); err != nil {
 		os.Exit(121)
@@ -69,10 +73,6 @@ func RunInit() {
 	if err := c.send(replyMsg{}); err != nil {
 		os.Exit(123)
 	}
-	// Signals the code inside may send to its own pid 1 are handled (so
-	// they do not kill it); SIGKILL from inside is ignored by the kernel.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP,
-		syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM)
 	r := newReaper()
 	// Started with GOGC=off: no collection during the build. From here
 	// on it serves execs for as long as the sandbox lives, and collects.
@@ -92,7 +92,7 @@ func RunInit() {
 			continue
 		}
 		_ = c.send(replyMsg{Started: true})
-		ws := r.wait(pid)
+		ws := r.waitExit(pid)
 		rep := replyMsg{Exited: true, Code: ws.ExitStatus()}
 		if ws.Signaled() {
 			rep.Code, rep.Signal = 128+int(ws.Signal()), int(ws.Signal())
@@ -154,10 +154,13 @@ type reaper struct {
 	mu      sync.Mutex
 	waiting map[int]chan syscall.WaitStatus
 	done    map[int]syscall.WaitStatus
+	// forgotten are children whose status waitExit already has: the
+	// reaper reaps them and drops the status.
+	forgotten map[int]bool
 }
 
 func newReaper() *reaper {
-	r := &reaper{waiting: map[int]chan syscall.WaitStatus{}, done: map[int]syscall.WaitStatus{}}
+	r := &reaper{waiting: map[int]chan syscall.WaitStatus{}, done: map[int]syscall.WaitStatus{}, forgotten: map[int]bool{}}
 	go r.loop()
 	return r
 }
@@ -178,6 +181,8 @@ func (r *reaper) loop() {
 		if ch, ok := r.waiting[pid]; ok {
 			delete(r.waiting, pid)
 			ch <- ws
+		} else if r.forgotten[pid] {
+			delete(r.forgotten, pid)
 		} else if len(r.done) < 4096 {
 			r.done[pid] = ws
 		}
@@ -185,10 +190,13 @@ func (r *reaper) loop() {
 	}
 }
 
-// childStarted wakes the reaper after a fork when it had nothing to wait for.
-var childStarted = make(chan struct{}, 1)
-
-func (r *reaper) wait(pid int) syscall.WaitStatus {
+// waitExit waits on this thread until pid has exited and returns its
+// status. It does not reap pid (waitid WNOWAIT): the reaper does, as it
+// does every child, so no status goes missing and no zombie stays. Waiting
+// here rather than for the reaper's hand-over saves two thread switches
+// on every exec; when the reaper was faster (pid is gone: ECHILD), its
+// hand-over delivers the status.
+func (r *reaper) waitExit(pid int) syscall.WaitStatus {
 	r.mu.Lock()
 	if ws, ok := r.done[pid]; ok {
 		delete(r.done, pid)
@@ -202,15 +210,85 @@ func (r *reaper) wait(pid int) syscall.WaitStatus {
 	case childStarted <- struct{}{}:
 	default:
 	}
-	return <-ch
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return <-ch // reaped already: the reaper hands the status over
+		}
+		break
+	}
+	r.mu.Lock()
+	if _, ok := r.waiting[pid]; ok {
+		// The reaper has not reaped it yet; it will find no waiter and
+		// must not keep the status: mark it as forgotten.
+		delete(r.waiting, pid)
+		r.forgotten[pid] = true
+	}
+	r.mu.Unlock()
+	return exitStatus(&info)
 }
 
-// setupNet names the host and brings lo up.
+// si_code values of SIGCHLD (include/uapi/asm-generic/siginfo.h).
+const (
+	cldExited = 1
+	cldDumped = 3
+)
+
+// exitStatus turns a CLD_* siginfo of waitid into a wait status.
+func exitStatus(info *unix.Siginfo) syscall.WaitStatus {
+	// After signo, errno, code and padding: si_pid, si_uid, si_status.
+	b := (*[128]byte)(unsafe.Pointer(info))
+	status := int(*(*int32)(unsafe.Pointer(&b[24])))
+	switch info.Code {
+	case cldExited:
+		return syscall.WaitStatus(status&0xff) << 8
+	case cldDumped:
+		return syscall.WaitStatus(status&0x7f | 0x80)
+	default: // CLD_KILLED
+		return syscall.WaitStatus(status & 0x7f)
+	}
+}
+
+// childStarted wakes the reaper after a fork when it had nothing to wait for.
+var childStarted = make(chan struct{}, 1)
+
+// initSignals are the signals code inside the sandbox may send its pid 1
+// (SIGKILL and SIGSTOP from inside the pid namespace the kernel ignores).
+var initSignals = []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP,
+	syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM}
+
+// ignoreSignals sets initSignals to be ignored, in the kernel. The Go
+// runtime installs a handler for each, whose default is to exit; ignored,
+// they never reach the init (or are dropped when it would take them). This
+// is what signal.Notify achieved, without the thread os/signal starts and a
+// hand-over to it per signal, which cost the first exec hundreds of
+// microseconds. (Not the default action: the kernel drops a default-action
+// signal sent to a pid namespace's init from inside, but not while one of
+// the init's threads happens to block it, as the runtime does around every
+// clone; then the signal kills the whole init.) The runtime still counts
+// the signals as its own, so a child it forks (ForkExec) gets them back at
+// the default action before it execs: commands inside see no difference.
+func ignoreSignals() error {
+	act := [4]uint64{1} // struct sigaction: SIG_IGN, no flags, no restorer, empty mask
+	for _, sig := range initSignals {
+		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
+			return fmt.Errorf("init: signal %d: %w", sig, e)
+		}
+	}
+	return nil
+}
+
+// setupNet names the host. The network namespace is sandboxd's (nsSet),
+// made with lo up.
 func setupNet(s setupMsg) error {
 	if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
 		return fmt.Errorf("init: hostname: %w", err)
 	}
-	return loopbackUp()
+	return nil
 }
 
 // setupSandbox builds the root, pivots into it and confines this process.
@@ -221,8 +299,8 @@ func setupSandbox(s setupMsg) error {
 	return confine(s)
 }
 
-// loopbackUp brings lo up: the sandbox's only interface, where sandboxd's
-// listeners live.
+// loopbackUp brings lo up in the calling thread's network namespace: the
+// sandbox's only interface, where sandboxd's listeners live.
 func loopbackUp() error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -299,8 +377,7 @@ func buildRoot(s setupMsg) error {
 	if err := mount("proc", in("proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
-	// sysfs is optional: without it /sys stays an empty directory.
-	_ = unix.Mount("sysfs", in("sys"), "sysfs", roFlags|unix.MS_NOEXEC, "")
+	// /sys came with the template (nsSet mounts it).
 	if err := mount("devpts", in("dev/pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
 		"newinstance,ptmxmode=0666,mode=0620"); err != nil {
 		return err
@@ -499,7 +576,13 @@ func confine(s setupMsg) error {
 	// thread waiting for a CPU makes that wait (and the CPU it burns)
 	// last milliseconds. On this thread's CPU, each yield of the wait
 	// hands the CPU to them.
-	defer pinThreads()()
+	if len(s.Affinity) > 0 {
+		// Born on one CPU (sandboxd pinned it): every thread is there
+		// already. Confined, they all get the mask they would have had.
+		defer restoreAffinity(s.Affinity)
+	} else {
+		defer pinThreads()()
+	}
 	// syscall.Set* apply to every thread of the process (CGO_ENABLED=0).
 	// sandboxd starts the init with the sandbox's gid already (every
 	// thread inherits it), which saves one all-threads call; any other gid
@@ -595,6 +678,24 @@ func pinThreads() (restore func()) {
 		for _, tid := range threadIDs() {
 			_ = unix.SchedSetaffinity(tid, &old)
 		}
+	}
+}
+
+// restoreAffinity gives every thread of this process the CPU mask words.
+func restoreAffinity(words []uint64) {
+	var set unix.CPUSet
+	for i, w := range words {
+		for b := 0; b < 64; b++ {
+			if w&(1<<b) != 0 {
+				set.Set(i*64 + b)
+			}
+		}
+	}
+	if set.Count() == 0 {
+		return
+	}
+	for _, tid := range threadIDs() {
+		_ = unix.SchedSetaffinity(tid, &set)
 	}
 }
 

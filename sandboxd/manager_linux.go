@@ -21,6 +21,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"golang.org/x/sys/unix"
@@ -152,6 +153,9 @@ type Manager struct {
 	tmplMu sync.Mutex
 	tmpl   *mountTemplate // built by the first fork
 	cgs    *cgroupPool
+	nss    *nsPool
+	home   *nsSet // sandboxd's own namespaces, where forking threads go back
+	forks  *forkThreads
 
 	mu      sync.Mutex
 	boxes   map[string]*sandbox
@@ -162,19 +166,22 @@ type Manager struct {
 }
 
 type sandbox struct {
-	info   Info
-	slot   int
-	dir    string
-	env    []string
-	cmd    *exec.Cmd
-	ctl    *ctlConn
-	cg     *cgroup
-	tmpl   string // the mount template's directory, in the init's mount namespace
-	exit   io.Closer
-	timer  *time.Timer
-	built  bool // setup done: built and confined
-	execMu sync.Mutex
-	dead   bool
+	info Info
+	slot int
+	dir  string
+	env  []string
+	cmd  *exec.Cmd
+	ctl  *ctlConn
+	cg   *cgroup
+	tmpl string // the mount template's directory, in the init's mount namespace
+	// affinity is the CPU mask the init gives itself once confined (it
+	// is born on one CPU); nil: it was not pinned.
+	affinity []uint64
+	exit     io.Closer
+	timer    *time.Timer
+	built    bool // setup done: built and confined
+	execMu   sync.Mutex
+	dead     bool
 }
 
 // New prepares the state directory and returns a Manager.
@@ -207,18 +214,26 @@ func New(opts Options) (*Manager, error) {
 		return nil, err
 	}
 	sweepStale(opts.Config.CgroupParent)
-	ev, err := openEventLog(filepath.Join(opts.Config.StateDir, "events.jsonl"))
+	home, err := openHomeNS()
 	if err != nil {
 		sd.close()
 		return nil, err
 	}
+	ev, err := openEventLog(filepath.Join(opts.Config.StateDir, "events.jsonl"))
+	if err != nil {
+		home.close()
+		sd.close()
+		return nil, err
+	}
 	m := &Manager{
-		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev, state: sd,
+		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev, state: sd, home: home,
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
 		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
 		spares: make(chan *sandbox, opts.Config.Spares),
 		cgs:    &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
 	}
+	m.nss = newNSPool(m.template, home)
+	m.forks = newForkThreads(2)
 	m.startRefill()
 	return m, nil
 }
@@ -443,7 +458,18 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 	if sb.slot < 0 {
 		return nil, ErrFull
 	}
-	for _, d := range []string{sb.dir, filepath.Join(sb.dir, "root"), filepath.Join(sb.dir, "run"), filepath.Join(sb.dir, "etc")} {
+	if err := os.Mkdir(sb.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandboxd: create: %w", err)
+	}
+	if sb.cg, err = m.cgs.get(id, lim); err != nil {
+		return nil, fmt.Errorf("sandboxd: create: %w", err)
+	}
+	if err := m.start(sb); err != nil {
+		return nil, err
+	}
+	// What the init builds on, made while its runtime starts: it reads
+	// none of it before the setup message.
+	for _, d := range []string{filepath.Join(sb.dir, "root"), filepath.Join(sb.dir, "run"), filepath.Join(sb.dir, "etc")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
 		}
@@ -459,12 +485,6 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 		if err := os.WriteFile(filepath.Join(sb.dir, "etc", name), []byte(body), 0o644); err != nil {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
 		}
-	}
-	if sb.cg, err = m.cgs.get(id, lim); err != nil {
-		return nil, fmt.Errorf("sandboxd: create: %w", err)
-	}
-	if err := m.start(sb); err != nil {
-		return nil, err
 	}
 	return sb, nil
 }
@@ -619,8 +639,10 @@ func (m *Manager) start(sb *sandbox) error {
 		Stderr:     logf,
 		ExtraFiles: []*os.File{child},
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
-				syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
+			// Network and IPC namespaces: the nsSet's, which the forking
+			// thread joins.
+			Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
+				syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
 			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host, Size: 65536}},
 			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host, Size: 65536}},
 			GidMappingsEnableSetgroups: true,
@@ -634,11 +656,71 @@ func (m *Manager) start(sb *sandbox) error {
 		},
 	}
 	// Born in its cgroup: nothing of the sandbox ever runs outside it.
-	// Forked from a thread in the template's mount namespace: the
-	// sandbox's starts as a copy of it.
-	err = sb.cg.startIn(tmpl.enter, func(fd int) {
+	// Forked from a thread inside a fresh nsSet (made ahead, or now when
+	// none waits): the sandbox's network and IPC namespaces are the
+	// set's, its mount namespace starts as a copy of the set's.
+	set := m.nss.take()
+	// Born on one CPU: the init's threads then share one, so its start
+	// needs no TLB shootdowns between CPUs (inter-processor interrupts,
+	// which a VM makes dear) and confine's all-threads steps do not spin
+	// waiting for a thread elsewhere. It gives all its threads this
+	// thread's mask back once confined, before any code of the sandbox.
+	var home unix.CPUSet
+	pinned := false
+	pin := func() {
+		var cpu uint32
+		if unix.SchedGetaffinity(0, &home) != nil {
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e != 0 {
+			return
+		}
+		var one unix.CPUSet
+		one.Set(int(cpu))
+		pinned = unix.SchedSetaffinity(0, &one) == nil
+	}
+	prepare := func() error {
+		pin()
+		if set != nil {
+			return set.enter()
+		}
+		var err error
+		set, err = makeNSSet(tmpl) // leaves this thread inside it
+		return err
+	}
+	// Then the thread goes home (namespaces and CPUs) to serve the next
+	// fork; one that cannot is discarded (forkThreads). No thread of
+	// sandboxd keeps a sandbox's namespaces.
+	leave := func() bool {
+		if pinned && unix.SchedSetaffinity(0, &home) != nil {
+			return false
+		}
+		if err := m.home.enter(); err != nil {
+			m.log.Error("sandboxd: forking thread cannot go back to its namespaces", "err", err)
+			return false
+		}
+		return true
+	}
+	var ownGroups *cgroup
+	if !sb.cg.v2 {
+		ownGroups = m.cgs.home()
+	}
+	err = sb.cg.startIn(m.forks, ownGroups, prepare, func(fd int) {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
-	}, cmd.Start)
+	}, cmd.Start, leave)
+	if set != nil {
+		set.close() // the init holds the namespaces now (or nobody)
+	}
+	if pinned {
+		words := home[:]
+		for len(words) > 0 && words[len(words)-1] == 0 {
+			words = words[:len(words)-1]
+		}
+		sb.affinity = make([]uint64, len(words))
+		for i, w := range words {
+			sb.affinity[i] = uint64(w)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("sandboxd: start init: %w", err)
 	}
@@ -658,6 +740,7 @@ func (m *Manager) setup(sb *sandbox, onNet func() error) (err error) {
 		Hostname: hostname(sb.info.ID), Template: sb.tmpl, RootDir: filepath.Join(sb.dir, "root"),
 		RunDir: filepath.Join(sb.dir, "run"), EtcDir: filepath.Join(sb.dir, "etc"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
 		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
+		Affinity: sb.affinity,
 	})
 	if err != nil {
 		return fmt.Errorf("sandboxd: start: %w", err)
@@ -904,7 +987,9 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.pending.Wait()
-	errs = append(errs, m.cgs.close())
+	errs = append(errs, m.cgs.close(), m.nss.close())
+	m.forks.close()
+	m.home.close()
 	m.tmplMu.Lock()
 	if m.tmpl != nil {
 		errs = append(errs, m.tmpl.close())

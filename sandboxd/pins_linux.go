@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/sandboxd/pin"
+	"github.com/sluice-gw/sluice/sandboxd/relay"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -170,7 +171,7 @@ func checkPinTarget(ns *os.File) (nsKey, error) {
 	if err := unix.Fstat(int(ns.Fd()), &st); err != nil {
 		return nsKey{}, fmt.Errorf("stat: %w", err)
 	}
-	if err := unix.Stat("/proc/self/ns/net", &own); err != nil {
+	if err := relay.OwnNetNS(&own); err != nil {
 		return nsKey{}, fmt.Errorf("stat own netns: %w", err)
 	}
 	if st.Dev == own.Dev && st.Ino == own.Ino {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,6 +36,10 @@ type setupMsg struct {
 	GID            int    `json:"gid"`
 	ProxyPort      int    `json:"proxy_port"`
 	DNSPort        int    `json:"dns_port"`
+	// Affinity is the CPU mask (unix.CPUSet's words) the init gives all
+	// its threads once confined: sandboxd starts it on one CPU (empty:
+	// it was not; the init then pins itself for confine).
+	Affinity []uint64 `json:"affinity,omitempty"`
 	// Seccomp is the filter program (assembled once by sandboxd) in its
 	// wire form (encodeSeccomp): one base64 string in the JSON, which the
 	// init decodes far faster than an array of instruction objects.
@@ -63,7 +68,9 @@ type replyMsg struct {
 // receives on it (setup, then Exec under the sandbox's execMu; in the init
 // its one loop), so the receive buffer is reused: allocating (and so
 // zeroing and faulting in) a fresh maximum-size buffer per message showed
-// up as a large share of an exec's cost.
+// up as a large share of an exec's cost. sandboxd's ends take theirs from
+// a pool shared by all sandboxes (replyBufs): one per sandbox showed up as
+// a share of every create.
 //
 // sandboxd's end is a net.UnixConn (deadlines, the poller). The init's end
 // is its blocking descriptor, used with plain recvmsg/sendmsg on the init's
@@ -125,10 +132,19 @@ func (c *ctlConn) send(v any, fds ...int) error {
 // recv reads one message into v and returns any received fds (already
 // close-on-exec).
 func (c *ctlConn) recv(v any) ([]int, error) {
-	if c.buf == nil {
-		c.buf = make([]byte, c.max)
+	var b []byte
+	if c.c != nil && c.max == maxReply {
+		// sandboxd's ends share their buffers: one per sandbox would
+		// be zeroed (and faulted in) for every sandbox created.
+		bp := replyBufs.Get().(*[]byte)
+		defer replyBufs.Put(bp)
+		b = *bp
+	} else {
+		if c.buf == nil {
+			c.buf = make([]byte, c.max)
+		}
+		b = c.buf
 	}
-	b := c.buf
 	var oobArr [64]byte // >= CmsgSpace(3*4)
 	oob := oobArr[:unix.CmsgSpace(3*4)]
 	var n, oobn, flags int
@@ -175,6 +191,13 @@ func (c *ctlConn) recv(v any) ([]int, error) {
 	}
 	return fds, nil
 }
+
+// replyBufs hold maxReply bytes each, for sandboxd's ends of the control
+// sockets.
+var replyBufs = sync.Pool{New: func() any {
+	b := make([]byte, maxReply)
+	return &b
+}}
 
 func (c *ctlConn) Close() error {
 	if c.c != nil {

@@ -22,9 +22,11 @@ const templateDir = "template"
 // rootfs bound read-only (recursively), the masks over /etc's secrets, a
 // read-only /dev with the few device nodes a sandbox gets, and /etc's
 // resolver file. It lives in a private mount namespace that sandboxd
-// holds open (nsFD); each init is forked from a thread that has joined it,
-// so the sandbox's mount namespace starts as a copy of it, and the init
-// binds it recursively as its root (one mount instead of about twenty).
+// holds open (nsFD); each sandbox's nsSet starts as a copy of it (adding
+// the sandbox's sysfs), its init is forked from a thread that has joined
+// that copy, so the sandbox's mount namespace starts as a copy in turn,
+// and the init binds the template recursively as its root (one mount
+// instead of about twenty).
 //
 // Why this keeps every mount as safe as before: the copy the kernel makes
 // for a sandbox's new mount namespace belongs to the sandbox's user
@@ -50,8 +52,10 @@ func etcMask(p string) bool { return strings.HasPrefix(p, "etc/") }
 const resolvConf = "nameserver 127.0.0.1\noptions edns0\n"
 
 // newMountTemplate builds the template from rootfs at dir in a new private
-// mount namespace. The thread that builds it stays in that namespace and is
-// discarded when its goroutine ends (it is never unlocked).
+// mount namespace. The thread that builds it goes back to its own mount
+// namespace (the runtime parks the main thread, should it be the one,
+// rather than ending it) and is discarded when its goroutine ends (it is
+// never unlocked: its working directory is no longer the process's).
 func newMountTemplate(rootfs, dir string) (*mountTemplate, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("sandboxd: mount template: %w", err)
@@ -63,7 +67,16 @@ func newMountTemplate(rootfs, dir string) (*mountTemplate, error) {
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			done <- result{-1, fmt.Errorf("open own namespace: %w", err)}
+			return
+		}
+		defer unix.Close(home)
 		fd, err := buildTemplate(rootfs, dir)
+		// Should this fail, the thread (discarded anyway) stays in the
+		// template's namespace.
+		_ = unix.Setns(home, unix.CLONE_NEWNS)
 		done <- result{fd, err}
 	}()
 	r := <-done

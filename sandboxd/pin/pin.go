@@ -166,7 +166,13 @@ func checkNetNS(ns *os.File) error {
 	}
 	for _, own := range []string{"/proc/self/ns/net", "/proc/1/ns/net"} {
 		var st unix.Stat_t
-		if err := unix.Stat(own, &st); err != nil {
+		var err error
+		if own == "/proc/self/ns/net" {
+			err = relay.OwnNetNS(&st) // the process's, not the main thread's
+		} else {
+			err = unix.Stat(own, &st)
+		}
+		if err != nil {
 			// sandboxd's own namespace must be comparable; init's may
 			// be hidden from it (a pid namespace, a restricted /proc).
 			if own != "/proc/self/ns/net" && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOENT)) {

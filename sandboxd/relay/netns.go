@@ -76,6 +76,21 @@ func loUp() error {
 	return nil
 }
 
+// OwnNetNS stats this process's own network namespace: the one of a thread
+// that runs goroutines not locked to it. /proc/self/ns/net is the main
+// thread's, and the main thread may be elsewhere: for a moment while it
+// forks a sandbox's init from inside the sandbox's namespaces, or for good
+// when a goroutine locked to it ended there (the runtime parks the main
+// thread instead of ending it). Every thread that leaves sandboxd's
+// namespaces stays locked to its goroutine until it is back, or for the
+// rest of its life; so the thread running this (unlocked) goroutine is at
+// home, and locking it keeps it here while it looks.
+func OwnNetNS(st *unix.Stat_t) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return unix.Stat("/proc/thread-self/ns/net", st)
+}
+
 // notOwnNetNS refuses sandboxd's own network namespace: listeners there
 // would let any host process connect as the sandbox.
 func notOwnNetNS(path string) error {
@@ -83,7 +98,7 @@ func notOwnNetNS(path string) error {
 	if err := unix.Stat(path, &target); err != nil {
 		return fmt.Errorf("stat netns %s: %w", path, err)
 	}
-	if err := unix.Stat("/proc/self/ns/net", &own); err != nil {
+	if err := OwnNetNS(&own); err != nil {
 		return fmt.Errorf("stat own netns: %w", err)
 	}
 	if target.Dev == own.Dev && target.Ino == own.Ino {

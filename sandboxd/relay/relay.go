@@ -203,12 +203,40 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 	}()
 	go func() {
 		defer r.wg.Done()
+		// The stub's UDP server sets up its batch buffers (hundreds of
+		// KB) as it starts: it starts with the first question, so a
+		// sandbox that never asks one over UDP costs none of it.
+		if !waitReadable(dnsUDP) {
+			return // closed
+		}
 		if err := r.stub.ServeUDP(dnsUDP); err != nil {
 			log.Error("relay: dns udp stopped", "err", err)
 		}
 	}()
 	log.Info("relay open", "netns", opts.NetNS, "proxy_port", opts.ProxyPort, "dns_port", opts.DNSPort, "socket", opts.SocketPath)
 	return r, nil
+}
+
+// waitReadable blocks until pc has something to read (or any error, such
+// as being closed: then false), reading nothing.
+func waitReadable(pc net.PacketConn) bool {
+	sc, ok := pc.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	waited := false
+	err = rc.Read(func(uintptr) bool {
+		if waited {
+			return true
+		}
+		waited = true
+		return false // wait for readiness, then return
+	})
+	return err == nil
 }
 
 func addr(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
