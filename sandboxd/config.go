@@ -29,6 +29,10 @@ type Config struct {
 	API string `yaml:"api"`
 	// Gateway is the gateway's sandbox socket that every exit relays to.
 	Gateway string `yaml:"gateway"`
+	// GatewayTLS, when its address is set, sends every exit to a gateway
+	// on another host instead (its gateway.relay_tls listener), over
+	// mutual TLS; Gateway is then not used.
+	GatewayTLS GatewayTLS `yaml:"gateway_tls"`
 	// StateDir holds events.jsonl, a lock, sandboxes/ with one directory
 	// per sandbox (a tmpfs sandboxd mounts there), and template/, where
 	// the read-only part every sandbox's root shares is mounted in a mount
@@ -67,6 +71,19 @@ type Config struct {
 	// without it). Optional; needs gateway_admin. The file is read at each
 	// use, so the token can be rotated.
 	GatewaySessionTokenFile string `yaml:"gateway_session_token_file"`
+}
+
+// GatewayTLS is where and how to reach a remote gateway's relay listener.
+// The certificate in CertFile is this host's: the gateway requires the
+// Host of every preamble to be one of its DNS names. The files are read
+// again when they change, so a renewed certificate is used from the next
+// connection on.
+type GatewayTLS struct {
+	Address    string `yaml:"address"`     // host:port of gateway.relay_tls.listen
+	CertFile   string `yaml:"cert_file"`   // this host's client certificate (PEM)
+	KeyFile    string `yaml:"key_file"`    // its key (PEM)
+	CAFile     string `yaml:"ca_file"`     // the CA the gateway's certificate must chain to
+	ServerName string `yaml:"server_name"` // the name the gateway's certificate must carry; default: address's host
 }
 
 // UIDRange is the host uid/gid range sandboxes map into: sandbox n of at
@@ -161,6 +178,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
 	}
 	if err := checkGatewayAdmin(c.GatewayAdmin); err != nil {
+		return err
+	}
+	if err := c.GatewayTLS.validate(c.Host); err != nil {
 		return err
 	}
 	if f := c.GatewaySessionTokenFile; f != "" {

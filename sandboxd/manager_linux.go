@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -51,8 +52,12 @@ type Exit struct {
 	Identity   wire.Identity // the preamble every relayed connection starts with
 	Gateway    string        // the gateway's socket
 	SocketPath string        // host path of the per-sandbox socket (seen at /run/sluice/gateway.sock)
-	ProxyPort  int
-	DNSPort    int
+	// GatewayAddr and GatewayTLS: a gateway on another host (config
+	// gateway_tls), used instead of Gateway when GatewayAddr is set.
+	GatewayAddr string
+	GatewayTLS  *tls.Config
+	ProxyPort   int
+	DNSPort     int
 }
 
 // ExitOpener opens a sandbox's listeners (sandboxd/relay); the Closer
@@ -140,6 +145,7 @@ type Manager struct {
 	cfg    Config
 	log    *slog.Logger
 	exits  ExitOpener
+	gwTLS  *tls.Config // config gateway_tls, nil when the gateway is local
 	init   string
 	events *eventLog
 	state  *stateDir
@@ -209,6 +215,13 @@ func New(opts Options) (*Manager, error) {
 	if _, err := seccompProgram(); err != nil {
 		return nil, fmt.Errorf("sandboxd: %w", err)
 	}
+	var gwTLS *tls.Config
+	if g := opts.Config.GatewayTLS; g.Address != "" {
+		var err error
+		if _, gwTLS, err = newGatewayTLS(g, opts.Config.Host); err != nil {
+			return nil, fmt.Errorf("sandboxd: %w", err)
+		}
+	}
 	sd, err := openStateDir(opts.Config.StateDir, opts.Logger)
 	if err != nil {
 		return nil, err
@@ -226,7 +239,7 @@ func New(opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, init: opts.InitPath, events: ev, state: sd, home: home,
+		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, gwTLS: gwTLS, init: opts.InitPath, events: ev, state: sd, home: home,
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
 		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
 		spares: make(chan *sandbox, opts.Config.Spares),
@@ -405,6 +418,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		}
 		x, err := m.exits(ctx, Exit{
 			NetNS: fmt.Sprintf("/proc/%d/ns/net", sb.info.Pid), Identity: ident, Gateway: m.cfg.Gateway,
+			GatewayAddr: m.cfg.GatewayTLS.Address, GatewayTLS: m.gwTLS,
 			SocketPath: filepath.Join(sb.dir, "run", "gateway.sock"), ProxyPort: ProxyPort, DNSPort: DNSPort,
 		})
 		if err != nil {

@@ -26,6 +26,12 @@ func TestParseConfig(t *testing.T) {
 		{"cgroup parent escapes", "cgroup_parent: ../x\n", "cgroup_parent"},
 		{"negative lifetime", "limits: {lifetime: -1s}\n", "limits.lifetime"},
 		{"spares use every uid slot", "uids: {base: 100000, count: 2}\nspares: 2\n", "spares"},
+		{"remote gateway", "host: node-a\ngateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: /c.key, ca_file: /ca.pem}\n", ""},
+		{"remote gateway without a port", "host: node-a\ngateway_tls: {address: gw, cert_file: /c.pem, key_file: /c.key, ca_file: /ca.pem}\n", "gateway_tls.address: want host:port"},
+		{"remote gateway, relative key", "host: node-a\ngateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: c.key, ca_file: /ca.pem}\n", "gateway_tls.key_file: must be an absolute path"},
+		{"remote gateway without a CA", "host: node-a\ngateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: /c.key}\n", "gateway_tls.ca_file"},
+		{"remote gateway without host", "gateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: /c.key, ca_file: /ca.pem}\n", "host: must be set with gateway_tls"},
+		{"gateway_tls keys without an address", "gateway_tls: {cert_file: /c.pem}\n", "gateway_tls.address: must be set"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

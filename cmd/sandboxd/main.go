@@ -51,6 +51,7 @@ func exits(log *slog.Logger) sandboxd.ExitOpener {
 	return func(ctx context.Context, e sandboxd.Exit) (io.Closer, error) {
 		return relay.Open(ctx, relay.Options{
 			NetNS: e.NetNS, Identity: e.Identity, Gateway: e.Gateway, SocketPath: e.SocketPath,
+			GatewayAddr: e.GatewayAddr, GatewayTLS: e.GatewayTLS,
 			ProxyPort: e.ProxyPort, DNSPort: e.DNSPort, Logger: log,
 		})
 	}

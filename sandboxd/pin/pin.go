@@ -16,6 +16,7 @@ package pin
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,13 +61,16 @@ table inet ` + Table + ` {
 // Options say which namespace to pin and whom its connections belong to.
 // Exactly one of NetNS and PID is set.
 type Options struct {
-	NetNS     string        // a network namespace path, e.g. /run/netns/NAME or /proc/PID/ns/net
-	PID       int           // or a process whose network namespace is pinned (/proc/PID/ns/net)
-	Identity  wire.Identity // sent as the preamble of every relayed connection
-	Gateway   string        // the gateway's Unix socket
-	ProxyPort int           // default relay.DefaultProxyPort
-	DNSPort   int           // default relay.DefaultDNSPort
-	Logger    *slog.Logger
+	NetNS    string        // a network namespace path, e.g. /run/netns/NAME or /proc/PID/ns/net
+	PID      int           // or a process whose network namespace is pinned (/proc/PID/ns/net)
+	Identity wire.Identity // sent as the preamble of every relayed connection
+	Gateway  string        // the gateway's Unix socket
+	// GatewayAddr and GatewayTLS: a remote gateway, as in relay.Options.
+	GatewayAddr string
+	GatewayTLS  *tls.Config
+	ProxyPort   int // default relay.DefaultProxyPort
+	DNSPort     int // default relay.DefaultDNSPort
+	Logger      *slog.Logger
 }
 
 // Pinned is a pinned namespace with its relay listeners open.
@@ -86,7 +90,7 @@ func Pin(ctx context.Context, opts Options) (*Pinned, error) {
 	if _, err := wire.Encode(opts.Identity); err != nil {
 		return nil, fmt.Errorf("pin: %w", err)
 	}
-	if opts.Gateway == "" {
+	if opts.Gateway == "" && opts.GatewayAddr == "" {
 		return nil, errors.New("pin: gateway socket is required")
 	}
 	log := opts.Logger
@@ -121,12 +125,14 @@ func Pin(ctx context.Context, opts Options) (*Pinned, error) {
 		return nil, err
 	}
 	r, err := relay.Open(ctx, relay.Options{
-		NetNS:     "/proc/self/fd/" + strconv.Itoa(int(ns.Fd())),
-		Identity:  opts.Identity,
-		Gateway:   opts.Gateway,
-		ProxyPort: opts.ProxyPort,
-		DNSPort:   opts.DNSPort,
-		Logger:    opts.Logger,
+		NetNS:       "/proc/self/fd/" + strconv.Itoa(int(ns.Fd())),
+		Identity:    opts.Identity,
+		Gateway:     opts.Gateway,
+		GatewayAddr: opts.GatewayAddr,
+		GatewayTLS:  opts.GatewayTLS,
+		ProxyPort:   opts.ProxyPort,
+		DNSPort:     opts.DNSPort,
+		Logger:      opts.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pin: %w", err)

@@ -20,6 +20,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -54,12 +55,20 @@ const maxDNSAnswer = 65535
 
 // Options say where to listen and whom to relay as.
 type Options struct {
-	NetNS      string        // the sandbox's network namespace: /proc/PID/ns/net or /run/netns/NAME
-	Identity   wire.Identity // sent as the preamble of every relayed connection
-	Gateway    string        // the gateway's Unix socket (gateway.sandbox_socket)
-	SocketPath string        // host path of the per-sandbox Unix socket to create ("" = none); bind-mounted into the sandbox at /run/sluice/gateway.sock
-	ProxyPort  int           // default 3128
-	DNSPort    int           // default 53 (UDP and TCP), answered by the dns stub
+	NetNS    string        // the sandbox's network namespace: /proc/PID/ns/net or /run/netns/NAME
+	Identity wire.Identity // sent as the preamble of every relayed connection
+	Gateway  string        // the gateway's Unix socket (gateway.sandbox_socket)
+
+	// GatewayAddr, when set, is a gateway on another host (its
+	// gateway.relay_tls listener), reached over TLS with GatewayTLS
+	// (wire.DialTLS) instead of Gateway. No descriptor crosses hosts:
+	// every connection is copied.
+	GatewayAddr string
+	GatewayTLS  *tls.Config
+
+	SocketPath string // host path of the per-sandbox Unix socket to create ("" = none); bind-mounted into the sandbox at /run/sluice/gateway.sock
+	ProxyPort  int    // default 3128
+	DNSPort    int    // default 53 (UDP and TCP), answered by the dns stub
 	Logger     *slog.Logger
 
 	MaxConns    int           // relayed connections open at once for this sandbox (a handed-off one until the gateway is done with it); more are closed at accept; default DefaultMaxConns
@@ -103,8 +112,11 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 	if opts.NetNS == "" {
 		return nil, errors.New("relay: open: netns is required")
 	}
-	if opts.Gateway == "" {
+	if opts.Gateway == "" && opts.GatewayAddr == "" {
 		return nil, errors.New("relay: open: gateway socket is required")
+	}
+	if opts.GatewayAddr != "" && opts.GatewayTLS == nil {
+		return nil, errors.New("relay: open: a remote gateway needs its TLS configuration")
 	}
 	if err := notOwnNetNS(opts.NetNS); err != nil {
 		return nil, fmt.Errorf("relay: open: %w", err)
@@ -135,7 +147,7 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 		sem:   make(chan struct{}, opts.MaxConns),
 		conns: map[net.Conn]struct{}{},
 	}
-	r.copyOnly.Store(opts.Copy)
+	r.copyOnly.Store(opts.Copy || opts.GatewayAddr != "")
 	r.tr = &http.Transport{
 		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return r.dialGateway(ctx) },
 		MaxIdleConns:        2,
@@ -334,7 +346,13 @@ func (r *Relay) untrack(c net.Conn) {
 func (r *Relay) dialGateway(ctx context.Context) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
 	defer cancel()
-	gc, err := wire.Dial(ctx, r.opts.Gateway, r.opts.Identity)
+	var gc net.Conn
+	var err error
+	if r.opts.GatewayAddr != "" {
+		gc, err = wire.DialTLS(ctx, r.opts.GatewayAddr, r.opts.GatewayTLS, r.opts.Identity)
+	} else {
+		gc, err = wire.Dial(ctx, r.opts.Gateway, r.opts.Identity)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}

@@ -1131,3 +1131,56 @@ func UpstreamPKI(t testing.TB, hosts ...string) (tls.Certificate, []byte, *x509.
 	pool.AddCert(ca)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool
 }
+
+// RelayPKI are the files of a gateway's relay_tls listener and of one
+// remote sandboxd: one CA signs both leaves.
+type RelayPKI struct {
+	CA                    string // the CA (PEM): the gateway's client_ca_file and sandboxd's ca_file
+	ServerCert, ServerKey string // the gateway's leaf, for 127.0.0.1
+	ClientCert, ClientKey string // sandboxd's leaf, for DNS name host
+	OtherCert, OtherKey   string // a leaf from another CA, for host too
+}
+
+// NewRelayPKI writes a RelayPKI into dir for a sandbox host named host.
+func NewRelayPKI(t testing.TB, dir, host string) RelayPKI {
+	t.Helper()
+	newCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, _ := x509.ParseCertificate(der)
+		return c, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	write := func(name string, b []byte, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	leaf := func(stem string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, usage x509.ExtKeyUsage, ips []net.IP, names []string) (string, string) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: stem},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: ips, DNSNames: names,
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kb, _ := x509.MarshalECPrivateKey(key)
+		return write(stem+".pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644),
+			write(stem+".key", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	}
+	ca, caKey, caPEM := newCA("relay test CA")
+	other, otherKey, _ := newCA("another CA")
+	p := RelayPKI{CA: write("relay-ca.pem", caPEM, 0o644)}
+	p.ServerCert, p.ServerKey = leaf("gateway-relay", ca, caKey, x509.ExtKeyUsageServerAuth, []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	p.ClientCert, p.ClientKey = leaf("sandbox-host", ca, caKey, x509.ExtKeyUsageClientAuth, nil, []string{host})
+	p.OtherCert, p.OtherKey = leaf("other-host", other, otherKey, x509.ExtKeyUsageClientAuth, nil, []string{host})
+	return p
+}
