@@ -377,7 +377,8 @@ func (r *Relay) handoffConn(c net.Conn) {
 	lease, err := wire.Handoff(ctx, r.opts.Gateway, r.opts.Identity, sc)
 	cancel()
 	if err != nil {
-		r.log.Warn("relay: connection dropped", "err", fmt.Errorf("relay: %w", err))
+		r.log.Warn("relay: gateway unreachable; answered 503", "err", fmt.Errorf("relay: %w", err))
+		gatewayUnavailable(c)
 		return
 	}
 	if !r.track(lease) {
@@ -415,7 +416,8 @@ func (r *Relay) handoffConn(c net.Conn) {
 func (r *Relay) relayConn(c net.Conn) {
 	gc, err := r.dialGateway(context.Background())
 	if err != nil {
-		r.log.Warn("relay: connection dropped", "err", err)
+		r.log.Warn("relay: gateway unreachable; answered 503", "err", err)
+		gatewayUnavailable(c)
 		return
 	}
 	if !r.track(gc) {
@@ -569,4 +571,29 @@ func (r *Relay) Close() error {
 	}
 	r.log.Info("relay closed")
 	return nil
+}
+
+// unavailableBody is the refusal a sandbox gets when the gateway cannot
+// be reached (stopped, restarting, its socket gone): the error shape the
+// gateway itself uses, so the agent's client reads one kind of refusal.
+const unavailableBody = `{"error":{"code":"gateway_unavailable","message":"the sluice gateway cannot be reached; nothing was sent, try again later","request_id":""}}` + "\n"
+
+// gatewayUnavailable answers c, whose client speaks HTTP on both of the
+// relay's stream listeners, with 503 gateway_unavailable and closes it
+// gently. It waits (briefly) for the request's first bytes before
+// answering: an HTTP client that reads an answer on a connection it has
+// not sent on yet takes it for a broken connection. Then its write side
+// closes first and what remains is drained a little, so that the close
+// does not become a reset that would lose the answer.
+func gatewayUnavailable(c net.Conn) {
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	var first [4096]byte
+	_, _ = c.Read(first[:])
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s",
+		len(unavailableBody), unavailableBody)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
