@@ -28,6 +28,8 @@ import (
 	"github.com/sluice-gw/sluice/gateway/review"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
+
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 const chromium = "/usr/bin/chromium"
@@ -440,7 +442,16 @@ func TestRequesterSeesHoldButCannotApprove(t *testing.T) {
 	}{"approver's approve without a CSRF token", alice, "/holds/" + h.ID + "/approve", map[string]string{"reason": "no token"}, 403})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			id := "E1" // the requester approving their own call
+			if c.who == alice {
+				id = "E2" // a decision without the UI session's CSRF token
+			}
+			cb := casebook.Expect(t, id, c.name+" (review UI in Chromium, signed in)", fmt.Sprintf("%d, the hold stays pending", c.want))
 			var got int
+			defer func() {
+				cur, _ := r.gw.Holds().Get(context.Background(), h.ID)
+				cb.Observef("%d, hold %s", got, cur.Status)
+			}()
 			if c.path == "" {
 				got = eval[int](c.who, fmt.Sprintf(`fetch("/api/v1/holds/%s/approve", {method: "POST", headers: {"X-CSRF-Token": %q,
 					"Content-Type": "application/json"}, body: "{}"}).then(r => r.status)`, h.ID, csrf))
