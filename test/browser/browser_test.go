@@ -507,6 +507,10 @@ func TestHostileHoldRendersSafely(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	cb := casebook.Expect(t, "E4", "a held call whose arguments carry <script>, an onerror <img>, bidi overrides (U+202E) and a zero-width space, shown to the approver in Chromium",
+		"the exact bytes shown as text (the script text visible, each invisible control as a visible marker), no element or script from the arguments, no dialog")
+	var shown []string
+	defer func() { cb.Observef("markers shown %v; failed checks: %v", shown, t.Failed()) }()
 	alice := r.signIn("alice", "alice-pw")
 	alice.do(chromedp.WaitVisible(chromedp.CSS("#queue li.hold-item")))
 	alice.shot("07-hostile-queue")
@@ -514,6 +518,7 @@ func TestHostileHoldRendersSafely(t *testing.T) {
 	alice.shot("08-hostile-hold")
 
 	markers := eval[[]string](alice, `Array.from(document.querySelectorAll("#args .cc")).map(e => e.textContent)`)
+	shown = markers
 	for _, want := range []string{"⟦U+202E⟧", "⟦U+202C⟧", "⟦U+200B⟧"} {
 		found := false
 		for _, m := range markers {
