@@ -78,20 +78,7 @@ func TestApprovals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("SLUICE_TOKEN", tc.env)
 			out, _, err := cli(t, "", append([]string{"approvals", "--admin", admin}, tc.args...)...)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(out, w) {
-					t.Errorf("output lacks %q:\n%s", w, out)
-				}
-			}
+			checkCLI(t, out, err, tc.want, tc.wantErr)
 		})
 	}
 }

@@ -420,20 +420,7 @@ func TestTools(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out, _, err := cli(t, "", append([]string{"tools", "--config", cfg}, tc.args...)...)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(out, w) {
-					t.Errorf("output lacks %q:\n%s", w, out)
-				}
-			}
+			checkCLI(t, out, err, tc.want, tc.wantErr)
 		})
 	}
 	t.Run("json has schemas", func(t *testing.T) {
@@ -746,5 +733,26 @@ func TestAuditVerifyRecreated(t *testing.T) {
 				t.Fatalf("err %v (want error %v), output %q, want it to contain %q", err, tc.wantErr, out, tc.want)
 			}
 		})
+	}
+}
+
+// checkCLI fails t unless a CLI run ended as wanted: with an error
+// containing wantErr, or, when wantErr is "", without one and with every
+// string of want in its output.
+func checkCLI(t *testing.T, out string, err error, want []string, wantErr string) {
+	t.Helper()
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("err = %v, want %q", err, wantErr)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
 	}
 }
