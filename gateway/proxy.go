@@ -36,6 +36,8 @@ const (
 	psDNS        = "dns_error"
 	psConnect    = "connection_refused"
 	psTLS        = "tls_protocol_error"
+	psTimeout    = "http_response_timeout"
+	psProtocol   = "http_protocol_error"
 	proxyStatusN = "sluice"
 )
 
@@ -48,7 +50,7 @@ type rawEgress struct {
 	s         *Server
 	dialer    *guard.Dialer
 	res       *resolver     // nil without dns.upstreams
-	upstreams *upstreamPool // absolute-form requests: a transport per caller
+	upstreams *upstreamPool // absolute-form requests: connections per caller and destination
 	ports     map[int]bool  // CONNECT ports
 	idle      time.Duration
 	hello     time.Duration
@@ -92,20 +94,14 @@ func (s *Server) newRawEgress() *rawEgress {
 		e.res = newResolver(cfg.DNS.Upstreams, cfg.DNS.Timeout.Std(), cfg.DNS.CacheMax)
 		e.dialer = guard.New(guard.Options{Resolver: e.res})
 	}
-	const idleConn = 90 * time.Second
-	e.upstreams = newUpstreamPool(idleConn, func() *http.Transport {
-		return &http.Transport{
-			Proxy: nil,
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				return e.dialer.DialContext(ctx, network, addr, nil) // never allow_private
-			},
-			DisableCompression:     true, // pass the client's own Accept-Encoding through
-			MaxIdleConns:           64,
-			MaxIdleConnsPerHost:    16,
-			IdleConnTimeout:        idleConn,
-			ResponseHeaderTimeout:  cfg.Gateway.UpstreamTimeout.Std(),
-			MaxResponseHeaderBytes: 64 << 10,
-		}
+	e.upstreams = newUpstreamPool(upstreamOptions{
+		dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			return e.dialer.DialContext(ctx, "tcp", addr, nil) // never allow_private
+		},
+		idle:             90 * time.Second,
+		maxIdlePerHost:   16,
+		maxIdlePerCaller: 64,
+		headerTimeout:    cfg.Gateway.UpstreamTimeout.Std(),
 	})
 	s.stop.atClose(e.upstreams.closeIdle) // idle upstream connections close when the server stops
 	s.stop.atClose(e.live.closeAll)       // open tunnels end, and write their records, before the audit log closes
@@ -129,8 +125,11 @@ type egressCall struct {
 	decided  bool
 	status   int
 	event    string // an extra audit event for the refusal (sni_mismatch …)
-	bytesUp  atomic.Int64
-	bytesDn  atomic.Int64
+	// upstreamErr says why an allowed request's upstream answer was not
+	// relayed, or was cut (malformed_response, response_timeout …).
+	upstreamErr string
+	bytesUp     atomic.Int64
+	bytesDn     atomic.Int64
 }
 
 // egressError is a refusal of raw egress: the JSON error plus the RFC 9209
@@ -298,7 +297,8 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, ee)
 		return
 	}
-	authority := net.JoinHostPort(host, strconv.Itoa(port))
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	authority := addr
 	if port == 80 {
 		authority = host
 		if strings.Contains(host, ":") {
@@ -307,28 +307,57 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	}
 	// A shallow copy with its own URL: hdr is already a copy, and the
 	// body is the client's, as with Clone, without copying the rest.
-	out := r.WithContext(httptraceEgress(ctx, c))
+	out := *r
 	u := *r.URL
 	u.Host, u.User = authority, nil
 	out.URL, out.RequestURI, out.Host, out.Header = &u, "", authority, hdr
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
-	resp, err := e.upstreams.get(c.caller).RoundTrip(out)
+	resp, err := e.upstreams.roundTrip(ctx, c.caller, addr, &out)
 	if err != nil {
-		e.refuse(w, c, dialRefusal(c, err))
+		e.refuse(w, c, upstreamRefusal(c, err))
 		return
 	}
-	defer resp.Body.Close()
-	stripHopByHop(resp.Header)
+	c.destIP.Store(resp.remote)
+	defer resp.body.Close()
+	// The start of the body is read before the answer is committed: a
+	// response whose framing breaks at once (a bad first chunk, a small
+	// body shorter than its Content-Length) is still refused with a 502.
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	n, rerr := resp.body.prefetch(buf)
+	if rerr != nil && rerr != io.EOF {
+		e.refuse(w, c, upstreamRefusal(c, rerr))
+		return
+	}
+	stripHopByHop(resp.header)
 	wh := w.Header()
-	for k, vs := range resp.Header {
+	for k, vs := range resp.header {
 		wh[k] = vs
 	}
-	c.status = resp.StatusCode
-	w.WriteHeader(resp.StatusCode)
-	n, _ := io.Copy(w, resp.Body)
-	c.bytesDn.Add(n)
+	c.status = resp.status
+	w.WriteHeader(resp.status)
+	if n > 0 {
+		m, _ := w.Write(buf[:n])
+		c.bytesDn.Add(int64(m))
+	}
+	if rerr == nil {
+		m, _ := io.CopyBuffer(writerOnly{w}, resp.body, buf)
+		c.bytesDn.Add(m)
+	}
+	// A body that broke its framing after the answer was committed
+	// cannot be refused any more: the client's connection is dropped,
+	// so that it sees a cut answer rather than a complete-looking one.
+	if berr := resp.body.failed(); berr != nil {
+		c.upstreamErr = "broken_body"
+		ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psProtocol, "the upstream's response broke its framing")
+		ee.cause = berr
+		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.apiError, false)
+		e.logLine(c, ee)
+		panic(http.ErrAbortHandler)
+	}
 	// The answer is released when the handler returns (the server holds
 	// up to its buffer's worth of it until then): its result record is
 	// written first, and fsynced first with audit.sync: always. If that
@@ -338,6 +367,39 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		panic(http.ErrAbortHandler)
 	}
 	e.logLine(c, nil)
+}
+
+// copyBufs are the buffers responses are relayed through.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// writerOnly hides a ResponseWriter's ReadFrom, so that io.CopyBuffer
+// uses the buffer it is given.
+type writerOnly struct{ io.Writer }
+
+// upstreamRefusal maps a failed upstream exchange (or its dial) to a
+// refusal.
+func upstreamRefusal(c *egressCall, err error) *egressError {
+	var ue *upstreamError
+	if !errors.As(err, &ue) {
+		return dialRefusal(c, err)
+	}
+	var ee *egressError
+	switch ue.kind {
+	case upTimeout:
+		c.upstreamErr = "response_timeout"
+		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psTimeout, "the destination did not answer in time")
+	case upProtocol, upBodyBroken:
+		c.upstreamErr = "malformed_response"
+		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psProtocol, "the destination's response was malformed or ambiguously framed; it was not relayed")
+	case upSend:
+		c.upstreamErr = "send_failed"
+		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the request could not be sent to the destination")
+	default:
+		c.upstreamErr = "closed_without_answer"
+		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the destination closed the connection without an answer")
+	}
+	ee.cause = err
+	return ee
 }
 
 // dialRefusal maps a guarded dial's failure to a refusal.
@@ -726,7 +788,7 @@ func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError
 // record appends c's audit record. presync only writes (the result's
 // fsync makes it durable); a record that cannot be written refuses.
 func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, refusal *apiError, presync bool) *egressError {
-	f := make(map[string]any, 16)
+	f := recordFields.Get().(map[string]any)
 	f["sandbox"], f["agent"], f["session"], f["user"] = c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User
 	f["kind"], f["dest_host"] = c.kind, c.destHost
 	if c.port != 0 {
@@ -743,6 +805,9 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 	if c.status != 0 {
 		f["status"] = c.status
 	}
+	if c.upstreamErr != "" {
+		f["upstream_error"] = c.upstreamErr
+	}
 	if refusal != nil {
 		f["code"] = string(refusal.Code)
 	}
@@ -755,14 +820,23 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 		appendFn = e.s.audit.AppendWritten
 	}
 	if _, err := appendFn(ctx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
+		// The record may still be queued (a cancelled wait): its map is
+		// not reused.
 		e.s.tel.audits.Add(ctx, 1)
 		e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
 		ee := egressRefuse(http.StatusServiceUnavailable, CodeAuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
 		ee.cause = err
 		return ee
 	}
+	// Written: the audit log keeps the line's bytes, never the map.
+	clear(f)
+	recordFields.Put(f)
 	return nil
 }
+
+// recordFields are the field maps of raw egress's audit records, reused:
+// a map of 16 fields is the largest allocation of a proxied request.
+var recordFields = sync.Pool{New: func() any { return make(map[string]any, 16) }}
 
 // logLine writes the one canonical decision line of a request or tunnel.
 func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
