@@ -38,6 +38,9 @@ func serve(ctx context.Context, g *globals, cmd *cobra.Command) error {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	if pct, limit, ok := gcDefaults(); ok { // gc.go
+		log.Info("gc defaults", "gogc", pct, "memory_limit_bytes", limit)
+	}
 	log.Info("starting", "config", lc.Source)
 	srv, err := gateway.New(ctx, lc.Config, gateway.Options{Logger: log})
 	if err != nil {
