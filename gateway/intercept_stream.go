@@ -33,8 +33,13 @@ func copyResponse(w http.ResponseWriter, body io.Reader, stream bool) int64 {
 		n, _ := io.Copy(w, body)
 		return n
 	}
+	return flushEach(w, body, make([]byte, 32<<10))
+}
+
+// flushEach copies body to w through buf, flushing w after every read,
+// and returns how many bytes it wrote.
+func flushEach(w http.ResponseWriter, body io.Reader, buf []byte) int64 {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
 	var total int64
 	for {
 		k, err := body.Read(buf)

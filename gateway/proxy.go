@@ -344,8 +344,19 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		c.bytesDn.Add(int64(m))
 	}
 	if rerr == nil {
-		m, _ := io.CopyBuffer(writerOnly{w}, resp.body, buf)
-		c.bytesDn.Add(m)
+		if resp.body.mode == bodyLength {
+			m, _ := io.CopyBuffer(writerOnly{w}, resp.body, buf)
+			c.bytesDn.Add(m)
+		} else {
+			// A body of unknown length is a stream (server-sent events,
+			// a long poll): each piece goes to the client as it comes,
+			// as in an intercepted tunnel (copyResponse); only the end of
+			// the answer waits for the result record below.
+			if n > 0 {
+				_ = http.NewResponseController(w).Flush()
+			}
+			c.bytesDn.Add(flushEach(w, resp.body, buf))
+		}
 	}
 	// A body that broke its framing after the answer was committed
 	// cannot be refused any more: the client's connection is dropped,

@@ -41,19 +41,33 @@ type egressWorld struct {
 	httpConn atomic.Int64 // connections accepted by the upstreams
 	tlsConn  atomic.Int64
 	dnsQ     atomic.Int64
-	loopConn atomic.Int64 // connections to 127.0.0.1:443, where nothing may arrive
-	flips    atomic.Int64 // A questions for flip.test
+	loopConn atomic.Int64  // connections to 127.0.0.1:443, where nothing may arrive
+	flips    atomic.Int64  // A questions for flip.test
+	release  chan struct{} // lets /stream send its second event
 }
 
 func newEgressWorld(t testing.TB) *egressWorld {
 	t.Helper()
 	e := newEnv(t)
-	w := &egressWorld{e: e}
+	w := &egressWorld{e: e, release: make(chan struct{}, 4)}
 	e.NS.AddAddr(t, egressIP+"/32")
 	cert, _, pool := gwenv.UpstreamPKI(t, "pkg.test", "flip.test")
 	w.ca = pool
 	hl, tl, ll := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443"), e.NS.Listen(t, "127.0.0.1:443")
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			// Server-sent events: the first at once, the second when the
+			// test has seen the first (or after 10 s).
+			rw.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(rw, "data: one\n\n")
+			rw.(http.Flusher).Flush()
+			select {
+			case <-w.release:
+			case <-time.After(10 * time.Second):
+			}
+			fmt.Fprint(rw, "data: two\n\n")
+			return
+		}
 		if r.Header.Get("Proxy-Authorization") != "" || r.Header.Get("Proxy-Connection") != "" {
 			http.Error(rw, "proxy header forwarded", http.StatusTeapot)
 			return
@@ -168,6 +182,32 @@ func TestEgressThroughTheGateway(t *testing.T) {
 		w.g.For(t).AwaitAuditFields("result", map[string]any{"kind": "connect", "dest_host": "pkg.test", "resolved_ip": egressIP})
 	})
 
+	t.Run("a streamed reply reaches the client as it is sent", func(t *testing.T) {
+		resp, err := c.Get("http://pkg.test/stream")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		first := make(chan string, 1)
+		go func() {
+			b := make([]byte, 64)
+			k, _ := io.ReadAtLeast(resp.Body, b, len("data: one\n\n"))
+			first <- string(b[:k])
+		}()
+		select {
+		case got := <-first:
+			if got != "data: one\n\n" {
+				t.Fatalf("first event %q", got)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the first event did not arrive while the upstream held the stream open: the gateway buffered it")
+		}
+		w.release <- struct{}{}
+		rest, _ := io.ReadAll(resp.Body)
+		if string(rest) != "data: two\n\n" {
+			t.Fatalf("rest %q", rest)
+		}
+	})
 	before := w.httpConn.Load() + w.tlsConn.Load()
 	t.Run("unlisted host is refused", func(t *testing.T) {
 		cb := casebook.Expect(t, "C8", "GET http://evil.test/ (not on the agent's egress list) through the sandbox proxy",
