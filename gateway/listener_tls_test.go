@@ -178,7 +178,19 @@ func TestRelayTLS(t *testing.T) {
 	t.Run("another host's identity: 403 untrusted_peer", func(t *testing.T) {
 		id := idA
 		id.Host = "node-b.sandbox.test"
-		resp, err := client(tlsFor(&nodeA), id).Get("http://sluice/v1/tools")
+		// Raw, not an http.Client: the refusal comes as soon as the
+		// preamble is read, and a pooled client that reads an answer
+		// before it has sent its request takes the connection for broken.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := wire.DialTLS(ctx, addr, tlsFor(&nodeA), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
