@@ -183,30 +183,7 @@ func TestEgressThroughTheGateway(t *testing.T) {
 	})
 
 	t.Run("a streamed reply reaches the client as it is sent", func(t *testing.T) {
-		resp, err := c.Get("http://pkg.test/stream")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		first := make(chan string, 1)
-		go func() {
-			b := make([]byte, 64)
-			k, _ := io.ReadAtLeast(resp.Body, b, len("data: one\n\n"))
-			first <- string(b[:k])
-		}()
-		select {
-		case got := <-first:
-			if got != "data: one\n\n" {
-				t.Fatalf("first event %q", got)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the first event did not arrive while the upstream held the stream open: the gateway buffered it")
-		}
-		w.release <- struct{}{}
-		rest, _ := io.ReadAll(resp.Body)
-		if string(rest) != "data: two\n\n" {
-			t.Fatalf("rest %q", rest)
-		}
+		expectStreamed(t, c, "http://pkg.test/stream", w.release)
 	})
 	before := w.httpConn.Load() + w.tlsConn.Load()
 	t.Run("unlisted host is refused", func(t *testing.T) {

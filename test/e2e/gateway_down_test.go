@@ -5,7 +5,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -27,14 +26,7 @@ func TestSandboxWhileGatewayDown(t *testing.T) {
 	cb := casebook.Expect(t, "G1", "a tool call from inside a sandbox (3128 and the per-sandbox socket) while the gateway is killed",
 		"503 gateway_unavailable from sandboxd's relay on both, nothing upstream")
 
-	state, err := os.MkdirTemp("", "sluice-e2e-down-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	state := sandboxState(t, "sluice-e2e-down-")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.Sock,

@@ -6,12 +6,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
@@ -176,3 +178,36 @@ func expect(t *testing.T, r gwenv.Reply, status int, code string) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// expectStreamed GETs url, an upstream's /stream (server-sent events: the
+// first at once, the second once release receives), through c, and fails
+// t unless the first event arrives while the upstream still holds the
+// stream open: a gateway that buffered the reply delivers nothing until
+// the end.
+func expectStreamed(t *testing.T, c *http.Client, url string, release chan<- struct{}) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make(chan string, 1)
+	go func() {
+		b := make([]byte, 64)
+		k, _ := io.ReadAtLeast(resp.Body, b, len("data: one\n\n"))
+		first <- string(b[:k])
+	}()
+	select {
+	case got := <-first:
+		if got != "data: one\n\n" {
+			t.Fatalf("first event %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first event did not arrive while the upstream held the stream open: the gateway buffered it")
+	}
+	release <- struct{}{}
+	rest, _ := io.ReadAll(resp.Body)
+	if string(rest) != "data: two\n\n" {
+		t.Fatalf("rest %q", rest)
+	}
+}

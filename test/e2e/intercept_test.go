@@ -356,31 +356,7 @@ func TestInterception(t *testing.T) {
 		w.g.For(t).AwaitAuditFields("secret_reflected", map[string]any{"dest_host": "api.test"})
 	})
 	t.Run("a streamed reply reaches the client as it is sent", func(t *testing.T) {
-		req, _ := http.NewRequest("GET", "https://other.test/stream", nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		first := make(chan string, 1)
-		go func() {
-			b := make([]byte, 64)
-			k, _ := io.ReadAtLeast(resp.Body, b, len("data: one\n\n"))
-			first <- string(b[:k])
-		}()
-		select {
-		case got := <-first:
-			if got != "data: one\n\n" {
-				t.Fatalf("first event %q", got)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the first event did not arrive while the upstream held the stream open: the gateway buffered it")
-		}
-		w.release <- struct{}{}
-		rest, _ := io.ReadAll(resp.Body)
-		if string(rest) != "data: two\n\n" {
-			t.Fatalf("rest %q", rest)
-		}
+		expectStreamed(t, c, "https://other.test/stream", w.release)
 	})
 	t.Run("D5 plain http to a credentialed host is 403", func(t *testing.T) {
 		before := len(w.requests())

@@ -34,14 +34,7 @@ func TestSandboxThroughRemoteGateway(t *testing.T) {
 	d.Gateway()["relay_tls"] = map[string]any{"listen": addr, "cert_file": pki.ServerCert, "key_file": pki.ServerKey, "client_ca_file": pki.CA}
 	g := e.Start(d, e.Write(d))
 
-	state, err := os.MkdirTemp("", "sluice-e2e-remote-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	state := sandboxState(t, "sluice-e2e-remote-")
 	sbxConfig := func(host, cert, key string) string {
 		p := filepath.Join(state, host+"-"+filepath.Base(cert)+".yaml")
 		y := fmt.Sprintf("state_dir: %s\nhost: %s\ngateway_tls: {address: %q, cert_file: %s, key_file: %s, ca_file: %s}\n",

@@ -164,14 +164,7 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 // whole run; the sandbox's own timeout is a little shorter.
 func runInSandbox(t *testing.T, sock, session, caFile, script string, limit time.Duration) *bytes.Buffer {
 	t.Helper()
-	state, err := os.MkdirTemp("", "sluice-e2e-"+session+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	state := sandboxState(t, "sluice-e2e-"+session+"-")
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	inner := limit * 5 / 6

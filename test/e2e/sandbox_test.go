@@ -45,6 +45,22 @@ func buildSandboxBins(t *testing.T) {
 	}
 }
 
+// sandboxState is a state directory for `sandboxd run`, removed when t
+// ends: 0711, so a sandbox's init (an unmapped uid) can reach its own
+// directory inside it.
+func sandboxState(t *testing.T, prefix string) string {
+	t.Helper()
+	state, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return state
+}
+
 // TestSandboxReachesGatewayWithItsIdentity runs code inside a real sandbox
 // made by sandboxd: its calls through 127.0.0.1:3128 and through
 // /run/sluice/gateway.sock reach the real gateway as exactly the identity
@@ -80,14 +96,7 @@ func TestSandboxReachesGatewayWithItsIdentity(t *testing.T) {
 		}
 	}()
 
-	state, err := os.MkdirTemp("", "sluice-e2e-sbx-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	state := sandboxState(t, "sluice-e2e-sbx-")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", g.Sock,
