@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // What sandboxd gives a sandbox for the gateway's TLS interception and
@@ -182,7 +184,7 @@ func placeholderEnv(body []byte) (map[string]string, error) {
 	}
 	env := map[string]string{}
 	for i, p := range *doc.Placeholders {
-		k := PlaceholderEnvName(p.Secret)
+		k := wire.PlaceholderEnvName(p.Secret)
 		if p.Secret == "" || !envKey.MatchString(k) {
 			return nil, fmt.Errorf("entry %d: bad secret name %q", i, p.Secret)
 		}
@@ -195,17 +197,6 @@ func placeholderEnv(body []byte) (map[string]string, error) {
 		env[k] = p.Placeholder
 	}
 	return env, nil
-}
-
-// PlaceholderEnvName is the variable a secret's placeholder is put in.
-func PlaceholderEnvName(secret string) string {
-	b := []byte(strings.ToUpper(secret))
-	for i, c := range b {
-		if !('A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_') {
-			b[i] = '_'
-		}
-	}
-	return "SLUICE_SECRET_" + string(b)
 }
 
 // install writes ca.pem and ca-bundle.pem into runDir (the host side of

@@ -16,8 +16,35 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// approvalsClient talks to the gateway's admin API with an approver token.
-type approvalsClient struct {
+// adminClient talks to the gateway's admin API with an approver token.
+// newAdminClient is the admin API client of the CLI's admin verbs: the
+// base URL is admin, else http:// + gateway.admin_listen from the
+// config; the token is tokenFile's content, else $SLUICE_TOKEN.
+func newAdminClient(g *globals, admin, tokenFile string, timeout time.Duration) (*adminClient, error) {
+	base := admin
+	if base == "" {
+		lc, err := g.loadConfig()
+		if err != nil {
+			return nil, err
+		}
+		base = "http://" + lc.Gateway.AdminListen
+	}
+	tok := os.Getenv("SLUICE_TOKEN")
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		tok = string(b)
+	}
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return nil, errors.New("no token: use --token-file or set SLUICE_TOKEN")
+	}
+	return &adminClient{admin: strings.TrimRight(base, "/"), token: tok, http: &http.Client{Timeout: timeout}}, nil
+}
+
+type adminClient struct {
 	admin string
 	token string
 	http  *http.Client
@@ -38,29 +65,7 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 	}
 	cmd.PersistentFlags().StringVar(&admin, "admin", "", "the admin API's base URL (default: http://ADMIN_LISTEN from the config)")
 	cmd.PersistentFlags().StringVar(&tokenFile, "token-file", "", "file holding the approver token (default: $SLUICE_TOKEN)")
-	client := func() (*approvalsClient, error) {
-		base := admin
-		if base == "" {
-			lc, err := g.loadConfig()
-			if err != nil {
-				return nil, err
-			}
-			base = "http://" + lc.Gateway.AdminListen
-		}
-		tok := os.Getenv("SLUICE_TOKEN")
-		if tokenFile != "" {
-			b, err := os.ReadFile(tokenFile)
-			if err != nil {
-				return nil, fmt.Errorf("--token-file: %w", err)
-			}
-			tok = string(b)
-		}
-		tok = strings.TrimSpace(tok)
-		if tok == "" {
-			return nil, errors.New("no token: use --token-file or set SLUICE_TOKEN")
-		}
-		return &approvalsClient{admin: strings.TrimRight(base, "/"), token: tok, http: &http.Client{Timeout: 2 * time.Minute}}, nil
-	}
+	client := func() (*adminClient, error) { return newAdminClient(g, admin, tokenFile, 2*time.Minute) }
 
 	var status string
 	list := &cobra.Command{
@@ -259,7 +264,7 @@ func clean(s string) string {
 	}, s)
 }
 
-func (c *approvalsClient) do(method, path string, body []byte, out any) error {
+func (c *adminClient) do(method, path string, body []byte, out any) error {
 	req, err := http.NewRequest(method, c.admin+path, bytes.NewReader(body))
 	if err != nil {
 		return err

@@ -90,6 +90,7 @@ Start with: sluice demo`,
 		auditCmd(g),
 		approvalsCmd(g),
 		sessionsCmd(g),
+		placeholdersCmd(g),
 		demoCmd(g),
 	)
 	return root.ExecuteContext(ctx)

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -34,27 +30,10 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 approval_expired). Ending a session twice is harmless and answers the same.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			base := admin
-			if base == "" {
-				lc, err := g.loadConfig()
-				if err != nil {
-					return fmt.Errorf("sessions end: %w", err)
-				}
-				base = "http://" + lc.Gateway.AdminListen
+			c, err := newAdminClient(g, admin, tokenFile, time.Minute)
+			if err != nil {
+				return fmt.Errorf("sessions end: %w", err)
 			}
-			tok := os.Getenv("SLUICE_TOKEN")
-			if tokenFile != "" {
-				b, err := os.ReadFile(tokenFile)
-				if err != nil {
-					return fmt.Errorf("sessions end: --token-file: %w", err)
-				}
-				tok = string(b)
-			}
-			tok = strings.TrimSpace(tok)
-			if tok == "" {
-				return errors.New("sessions end: no token: use --token-file or set SLUICE_TOKEN")
-			}
-			c := &approvalsClient{admin: strings.TrimRight(base, "/"), token: tok, http: &http.Client{Timeout: time.Minute}}
 			var out struct {
 				Session struct {
 					Session string    `json:"session"`
