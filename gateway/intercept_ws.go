@@ -138,9 +138,8 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	}
 	_ = conn.SetDeadline(time.Time{})
 
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
-	touch := func() { last.Store(time.Now().UnixNano()) }
+	act := newActivity()
+	touch := act.touch
 	var perr atomic.Pointer[error]
 	done := make(chan struct{}, 2)
 	go func() {
@@ -162,22 +161,9 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 			perr.Store(&err)
 		}
 	}()
-	tick := time.NewTicker(max(e.idle/4, time.Millisecond))
-	defer tick.Stop()
 	// Either side's end ends both: a WebSocket's closing handshake is
 	// over once one side closes its connection.
-	closeBoth := func() { conn.Close(); up.Close() }
-	for finished := 0; finished < 2; {
-		select {
-		case <-done:
-			finished++
-			closeBoth()
-		case <-tick.C:
-			if time.Since(time.Unix(0, last.Load())) >= e.idle {
-				closeBoth()
-			}
-		}
-	}
+	awaitRelay(done, e.idle, func() bool { return act.idleFor(e.idle) }, func() { conn.Close(); up.Close() }, true)
 	var ee *egressError
 	if p := perr.Load(); p != nil {
 		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the upstream broke the WebSocket protocol; the connection was closed")
@@ -189,31 +175,6 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	}
 	_ = e.record(context.Background(), c, "result", ref, false)
 	e.logLine(c, ee)
-}
-
-// copyCounted copies src to dst, adding what it wrote to n and calling
-// touch on every read that moved bytes.
-func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (int64, error) {
-	buf := make([]byte, 32<<10)
-	var total int64
-	for {
-		k, err := src.Read(buf)
-		if k > 0 {
-			touch()
-			m, werr := dst.Write(buf[:k])
-			total += int64(m)
-			n.Add(int64(m))
-			if werr != nil {
-				return total, werr
-			}
-		}
-		if err != nil {
-			if err == io.EOF {
-				return total, nil
-			}
-			return total, err
-		}
-	}
 }
 
 // errWSProtocol marks an upstream that broke RFC 6455's framing.

@@ -613,44 +613,13 @@ func (e *rawEgress) classify(ctx context.Context, host string) (netip.Addr, erro
 }
 
 // splice copies both ways until either side closes or nothing moves in
-// either direction for idle. A watchdog closes both connections when idle;
-// the copies themselves set no deadlines (one timer per tunnel rather than
-// two deadline updates per read).
+// either direction for idle, when the watchdog closes both connections.
 func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration, upN, dnN *atomic.Int64) {
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
-	cp := func(dst net.Conn, r io.Reader, n *atomic.Int64) {
-		buf := make([]byte, 32<<10)
-		for {
-			k, err := r.Read(buf)
-			if k > 0 {
-				last.Store(time.Now().UnixNano())
-				if _, werr := dst.Write(buf[:k]); werr != nil {
-					return
-				}
-				n.Add(int64(k))
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
+	act := newActivity()
 	done := make(chan struct{}, 2)
-	go func() { cp(up, clientR, upN); closeWrite(up); done <- struct{}{} }()
-	go func() { cp(client, up, dnN); closeWrite(client); done <- struct{}{} }()
-	tick := time.NewTicker(max(idle/4, time.Millisecond))
-	defer tick.Stop()
-	for finished := 0; finished < 2; {
-		select {
-		case <-done:
-			finished++
-		case <-tick.C:
-			if time.Since(time.Unix(0, last.Load())) >= idle {
-				client.Close()
-				up.Close()
-			}
-		}
-	}
+	go func() { _, _ = copyCounted(up, clientR, upN, act.touch); closeWrite(up); done <- struct{}{} }()
+	go func() { _, _ = copyCounted(client, up, dnN, act.touch); closeWrite(client); done <- struct{}{} }()
+	awaitRelay(done, idle, func() bool { return act.idleFor(idle) }, func() { client.Close(); up.Close() }, false)
 }
 
 // tunnel relays an answered CONNECT's bytes until either side is done or
@@ -694,8 +663,7 @@ func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egre
 // a handed-off socket the identConn, which also ends the lease) and up
 // are closed.
 func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN, dnN, bulk *atomic.Int64) {
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
+	act := newActivity()
 	var kernelUp, kernelDn atomic.Bool
 	cp := func(dst, src *net.TCPConn, n *atomic.Int64, kernel *atomic.Bool) {
 		defer func() { _ = dst.CloseWrite() }()
@@ -703,7 +671,7 @@ func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN,
 		for {
 			k, err := src.Read(buf)
 			if k > 0 {
-				last.Store(time.Now().UnixNano())
+				act.touch()
 				if _, werr := dst.Write(buf[:k]); werr != nil {
 					return
 				}
@@ -724,21 +692,12 @@ func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN,
 	done := make(chan struct{}, 2)
 	go func() { cp(up, client, upN, &kernelUp); done <- struct{}{} }()
 	go func() { cp(client, up, dnN, &kernelDn); done <- struct{}{} }()
-	tick := time.NewTicker(max(idle/4, time.Millisecond))
-	defer tick.Stop()
-	for finished := 0; finished < 2; {
-		select {
-		case <-done:
-			finished++
-		case <-tick.C:
-			if time.Since(time.Unix(0, last.Load())) >= idle &&
-				(!kernelUp.Load() || recvIdle(client) >= idle) &&
-				(!kernelDn.Load() || recvIdle(up) >= idle) {
-				closer.Close()
-				up.Close()
-			}
-		}
+	stalled := func() bool {
+		return act.idleFor(idle) &&
+			(!kernelUp.Load() || recvIdle(client) >= idle) &&
+			(!kernelDn.Load() || recvIdle(up) >= idle)
 	}
+	awaitRelay(done, idle, stalled, func() { closer.Close(); up.Close() }, false)
 }
 
 // recvIdle is how long ago c last received data, per the kernel. A socket
