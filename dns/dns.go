@@ -273,16 +273,9 @@ func (s *Stub) ServeUDP(pc net.PacketConn) error {
 	for {
 		n, addr, err := pc.ReadFrom(buf)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
+			if stop, serr := s.udpReadFailed(err); stop {
+				return serr
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return fmt.Errorf("dns: serve udp: %w", err)
-			}
-			// Transient errors (ICMP-induced ECONNREFUSED and the like)
-			// do not stop the stub.
-			s.logger().Debug("dns udp read", "err", err)
 			continue
 		}
 		slow(append([]byte(nil), buf[:n]...), addr)
@@ -374,4 +367,20 @@ func (s *Stub) serveConn(ctx context.Context, c net.Conn) {
 			return
 		}
 	}
+}
+
+// udpReadFailed says what a failed UDP read means for ServeUDP: the
+// socket closed (stop, nil), a deadline passed (stop, the error), or a
+// transient error such as an ICMP-induced ECONNREFUSED (logged; the stub
+// keeps reading).
+func (s *Stub) udpReadFailed(err error) (stop bool, _ error) {
+	if errors.Is(err, net.ErrClosed) {
+		return true, nil
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true, fmt.Errorf("dns: serve udp: %w", err)
+	}
+	s.logger().Debug("dns udp read", "err", err)
+	return false, nil
 }

@@ -3,7 +3,6 @@ package dns
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -110,14 +109,9 @@ func (s *Stub) serveBatch(ctx context.Context, pc net.PacketConn, bc *ipv4.Packe
 	for {
 		n, err := bc.ReadBatch(ms, 0)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
+			if stop, serr := s.udpReadFailed(err); stop {
+				return serr
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return fmt.Errorf("dns: serve udp: %w", err)
-			}
-			s.logger().Debug("dns udp read", "err", err)
 			continue
 		}
 		var st *stream
