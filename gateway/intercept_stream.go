@@ -3,7 +3,6 @@ package gateway
 import (
 	"io"
 	"net/http"
-	"strings"
 )
 
 // interceptStreams is how many requests an intercepted tunnel that speaks
@@ -11,17 +10,6 @@ import (
 // a time; this keeps one tunnel from fanning out to many upstream
 // requests (egress.max_tunnels_per_caller bounds the tunnels).
 const interceptStreams = 16
-
-// isHopByHop reports whether a header field name is one that never
-// crosses a proxy (RFC 9110 7.6.1), whatever its case.
-func isHopByHop(name string) bool {
-	for _, h := range hopByHop {
-		if strings.EqualFold(h, name) {
-			return true
-		}
-	}
-	return len(name) >= len("proxy-") && strings.EqualFold(name[:len("proxy-")], "proxy-")
-}
 
 // copyResponse copies an upstream's body to w and returns how many bytes
 // it wrote. A body of unknown length (a stream: server-sent events, a

@@ -452,10 +452,27 @@ func stripHopByHop(h http.Header) {
 		delete(h, k) // canonical keys, as Go's parsers store them
 	}
 	for k := range h {
-		if len(k) >= len("proxy-") && strings.EqualFold(k[:len("proxy-")], "proxy-") {
+		if isProxyField(k) {
 			delete(h, k)
 		}
 	}
+}
+
+// isProxyField reports whether a field name starts with "Proxy-", in any
+// case: such fields are for this hop only.
+func isProxyField(name string) bool {
+	return len(name) >= len("proxy-") && strings.EqualFold(name[:len("proxy-")], "proxy-")
+}
+
+// isHopByHop reports whether a field name, in any case, is one
+// stripHopByHop removes whatever Connection says (RFC 9110 7.6.1).
+func isHopByHop(name string) bool {
+	for _, h := range hopByHop {
+		if strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	return isProxyField(name)
 }
 
 // connect serves CONNECT host:port: port and policy first, then the
