@@ -47,30 +47,31 @@ type gatewayTLS struct {
 	modTime [2]time.Time // of CertFile and KeyFile when cert was loaded
 }
 
-// newGatewayTLS loads g's files once, so that a mistake shows at start:
-// the CA must parse, and the certificate must name host.
-func newGatewayTLS(g GatewayTLS, host string) (*gatewayTLS, *tls.Config, error) {
+// newGatewayTLS is the client configuration for g. It loads g's files
+// once, so that a mistake shows at start: the CA must parse, and the
+// certificate must name host.
+func newGatewayTLS(g GatewayTLS, host string) (*tls.Config, error) {
 	pemData, err := os.ReadFile(g.CAFile)
 	if err != nil {
-		return nil, nil, fmt.Errorf("gateway_tls.ca_file: %w", err)
+		return nil, fmt.Errorf("gateway_tls.ca_file: %w", err)
 	}
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(pemData) {
-		return nil, nil, errors.New("gateway_tls.ca_file: no PEM certificate in the file")
+		return nil, errors.New("gateway_tls.ca_file: no PEM certificate in the file")
 	}
 	gt := &gatewayTLS{cfg: g}
 	cert, err := gt.clientCert()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if !slices.Contains(cert.Leaf.DNSNames, host) {
-		return nil, nil, fmt.Errorf("gateway_tls.cert_file: the certificate does not name host %q among its DNS names %q; the gateway would refuse every connection", host, cert.Leaf.DNSNames)
+		return nil, fmt.Errorf("gateway_tls.cert_file: the certificate does not name host %q among its DNS names %q; the gateway would refuse every connection", host, cert.Leaf.DNSNames)
 	}
 	name := g.ServerName
 	if name == "" {
 		name, _, _ = net.SplitHostPort(g.Address)
 	}
-	return gt, &tls.Config{
+	return &tls.Config{
 		RootCAs:              roots,
 		ServerName:           name,
 		MinVersion:           tls.VersionTLS13,

@@ -218,7 +218,7 @@ func New(opts Options) (*Manager, error) {
 	var gwTLS *tls.Config
 	if g := opts.Config.GatewayTLS; g.Address != "" {
 		var err error
-		if _, gwTLS, err = newGatewayTLS(g, opts.Config.Host); err != nil {
+		if gwTLS, err = newGatewayTLS(g, opts.Config.Host); err != nil {
 			return nil, fmt.Errorf("sandboxd: %w", err)
 		}
 	}
