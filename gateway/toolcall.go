@@ -165,9 +165,10 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	}
 
 	// The agent's rate limit, per sandbox, before any work for the call.
-	if a := s.cfg.Agent(id.Agent); a != nil && a.RateLimit != nil {
-		if ok, wait := s.limits.allow(c.caller, a.RateLimit, time.Now()); !ok {
-			e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, a.RateLimit.PerSecond, a.RateLimit.Burst))
+	agent := s.cfg.Agent(id.Agent)
+	if agent != nil && agent.RateLimit != nil {
+		if ok, wait := s.limits.allow(c.caller, agent.RateLimit, time.Now()); !ok {
+			e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
 			e.retryAfter = wait
 			return nil, e
 		}
@@ -178,7 +179,6 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	if !ok {
 		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
 	}
-	agent := s.cfg.Agent(id.Agent)
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
 		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
 	}
