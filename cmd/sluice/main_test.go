@@ -619,6 +619,50 @@ func TestServe(t *testing.T) {
 	}
 }
 
+// With a flush delay longer than the test, info lines reach stderr only
+// through serve's flush on the way out: none is lost when it stops.
+func TestServeFlushesLogAtExit(t *testing.T) {
+	cfgPath := demoConfig(t)
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", cfgPath, "--log-flush", "1h"}, strings.NewReader(""), io.Discard, stderr)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(cfg.Gateway.SandboxSocket); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no sandbox socket after 30s:\n%s", stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Contains(stderr.String(), `"msg":"starting"`) {
+		t.Fatalf("an info line was written before its flush delay:\n%s", stderr)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after cancel: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop within 30s of its context ending")
+	}
+	for _, want := range []string{`"msg":"starting"`, `"msg":"stopped"`} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("no %s line after serve returned:\n%s", want, stderr)
+		}
+	}
+}
+
 func TestServeBadFlags(t *testing.T) {
 	tests := []struct {
 		name string
@@ -627,6 +671,7 @@ func TestServeBadFlags(t *testing.T) {
 	}{
 		{"log format", []string{"serve", "--log-format", "xml"}, "--log-format"},
 		{"log level", []string{"serve", "--log-level", "loud"}, "--log-level"},
+		{"log flush", []string{"serve", "--log-flush", "-1s"}, "--log-flush must not be negative"},
 		{"unknown verb", []string{"frobnicate"}, "unknown command"},
 	}
 	for _, tc := range tests {

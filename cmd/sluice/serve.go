@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -14,25 +16,44 @@ import (
 )
 
 func serveCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var logFlush time.Duration
+	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the gateway: the sandbox socket and the admin listener",
 		Long: `Run the gateway until SIGINT or SIGTERM.
 
 SIGHUP reloads the policy (simple rules are fixed at start; the Rego modules
 under rego: are re-read). A reload that fails keeps the previous policy
-serving and is logged. Logs go to stderr (--log-format, --log-level).`,
+serving and is logged. Logs go to stderr (--log-format, --log-level); info
+lines are written out together at most --log-flush after the first of them,
+warnings and errors at once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return serve(cmd.Context(), g, cmd)
+			return serve(cmd.Context(), g, cmd, logFlush)
 		},
 	}
+	cmd.Flags().DurationVar(&logFlush, "log-flush", 5*time.Millisecond,
+		"longest an info log line waits to be written with the lines after it; 0 writes each line at once")
+	return cmd
 }
 
-func serve(ctx context.Context, g *globals, cmd *cobra.Command) error {
-	log, err := g.logger(cmd.ErrOrStderr())
+func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Duration) error {
+	if logFlush < 0 {
+		return fmt.Errorf("serve: --log-flush must not be negative, got %s", logFlush)
+	}
+	out := cmd.ErrOrStderr()
+	var lb *logBuffer
+	if logFlush > 0 {
+		lb = newLogBuffer(out, logFlush) // logbuf.go
+		defer lb.Flush()                 // runs last: after "stopped" and Close's errors
+		out = lb
+	}
+	log, err := g.logger(out)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
+	}
+	if lb != nil {
+		log = slog.New(flushOnWarn{log.Handler(), lb})
 	}
 	lc, err := g.loadConfig()
 	if err != nil {
