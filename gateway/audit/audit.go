@@ -148,21 +148,26 @@ type Log struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// Owned by the writer goroutine (and by Open/Close outside its lifetime).
+	// wmu is the writer's lock: whoever holds it (a caller of Append, or
+	// the writer goroutine) owns the fields below.
+	wmu        sync.Mutex
 	f          file // nil after the file vanished, until re-created
 	off        int64
 	seq        uint64
 	prev       string
 	broken     bool // the last write failed: the file may hold a partial line past off
+	watch      *pathWatch
+	pathKnown  bool // l.path was seen to name f, and watch has seen no change since
 	needMarker bool // the file was re-created: start it with EventRecreated
 
-	// SyncInterval mode, owned by the writer goroutine: the bytes written
+	// SyncInterval mode, owned by the writer: the bytes written
 	// to f since its last successful fsync (from syncedOff to off), kept to
 	// write them again after a failed fsync.
 	unsynced   []byte
 	syncedOff  int64
-	syncFailed bool // the last fsync failed: unsynced must be rewritten and fsynced
-	syncDue    *time.Timer
+	syncFailed bool        // the last fsync failed: unsynced must be rewritten and fsynced
+	syncDue    *time.Timer // made stopped at Open; run waits on it
+	syncArmed  bool
 
 	records, syncs, batches, failures atomic.Uint64
 	truncatedTail                     int64
@@ -170,6 +175,7 @@ type Log struct {
 
 type request struct {
 	rec    Record
+	body   []byte      // rec's request_id, event and fields, encoded by Append; nil: encode rec whole
 	nosync bool        // answer once written to the file, before the fsync
 	res    result      // set by write, sent by commit
 	done   chan result // cap 1
@@ -250,6 +256,11 @@ func open(path string, o Options, wrap func(*os.File) file) (*Log, error) {
 	if err := l.adopt(osf); err != nil {
 		osf.Close()
 		return nil, err
+	}
+	l.watch = watchPath(path) // watch_linux.go
+	if interval > 0 {
+		l.syncDue = time.NewTimer(interval)
+		l.syncDue.Stop()
 	}
 	go l.run()
 	return l, nil
@@ -348,6 +359,12 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 		return Record{}, fmt.Errorf("audit: append: %w", err)
 	}
 	r := &request{rec: rec, nosync: nosync, done: make(chan result, 1)}
+	// Encode the caller's part of the line here, in parallel with other
+	// callers, so that the writer, which every record passes through in
+	// turn, only adds seq, time, prev and the hash.
+	if b, ok := appendRecordBody(make([]byte, 0, 384), &rec); ok {
+		r.body = b
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -355,9 +372,14 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	}
 	l.pending = append(l.pending, r)
 	l.mu.Unlock()
-	select {
-	case l.wake <- struct{}{}:
-	default: // the writer is already due to look
+	// Write the batch here when no one else is writing: the caller's own
+	// goroutine is already running, and a handoff to the writer goroutine
+	// and back cost more than the write. Whoever holds the writer's lock
+	// looks at pending again when it lets go (release), so a record left
+	// behind here is written by the writer goroutine.
+	if l.wmu.TryLock() {
+		l.commitPending()
+		l.release()
 	}
 	select {
 	case res := <-r.done:
@@ -367,30 +389,70 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	}
 }
 
-// run is the writer goroutine: it takes every pending record, writes them
-// with one write and one fsync, then answers all their callers.
-//
-// In SyncInterval mode it also fsyncs what it wrote: the first write after
-// an fsync arms a timer of the interval, and the fsync runs when it fires.
+// commitPending writes every pending record in one batch, with one write
+// and one fsync, and answers their callers. The caller holds wmu.
+func (l *Log) commitPending() {
+	l.mu.Lock()
+	batch := l.pending
+	l.pending = nil
+	l.mu.Unlock()
+	if len(batch) > 0 {
+		l.commit(batch)
+	}
+	l.armSync()
+}
+
+// armSync starts the SyncInterval timer when records wait for an fsync and
+// it is not running: the first write after an fsync arms it. The caller
+// holds wmu.
+func (l *Log) armSync() {
+	if l.interval > 0 && !l.syncArmed && len(l.unsynced) > 0 && !l.syncFailed {
+		l.syncArmed = true
+		l.syncDue.Reset(l.interval)
+	}
+}
+
+// release lets go of wmu and, if records arrived meanwhile, wakes the
+// writer goroutine for them: their callers found wmu held and left their
+// records to whoever held it.
+func (l *Log) release() {
+	l.wmu.Unlock()
+	l.mu.Lock()
+	more := len(l.pending) > 0
+	l.mu.Unlock()
+	if more {
+		select {
+		case l.wake <- struct{}{}:
+		default: // the writer is already due to look
+		}
+	}
+}
+
+// run is the writer goroutine. It writes the records that arrive while
+// another caller writes (see append), runs the SyncInterval fsyncs when
+// their timer fires, and at Close writes what is left and makes it durable.
 func (l *Log) run() {
 	defer close(l.done)
 	var due <-chan time.Time
+	if l.syncDue != nil {
+		due = l.syncDue.C
+	}
 	for {
 		select {
 		case <-l.wake:
-		case <-l.stop:
+			l.wmu.Lock()
+			l.commitPending()
+			l.release()
 		case <-due:
-			due = nil
+			l.wmu.Lock()
+			l.syncArmed = false
 			l.syncWritten()
-		}
-		l.mu.Lock()
-		batch, closed := l.pending, l.closed
-		l.pending = nil
-		l.mu.Unlock()
-		if len(batch) > 0 {
-			l.commit(batch)
-		}
-		if closed {
+			l.armSync()
+			l.release()
+		case <-l.stop:
+			// Append refuses new records once closed is set, before stop.
+			l.wmu.Lock()
+			l.commitPending()
 			if l.interval > 0 && l.f != nil {
 				// Close makes everything written durable.
 				if l.syncFailed {
@@ -399,15 +461,8 @@ func (l *Log) run() {
 					l.syncWritten()
 				}
 			}
-			return // Append refuses new records once closed is set
-		}
-		if l.interval > 0 && due == nil && len(l.unsynced) > 0 && !l.syncFailed {
-			if l.syncDue == nil {
-				l.syncDue = time.NewTimer(l.interval)
-			} else {
-				l.syncDue.Reset(l.interval)
-			}
-			due = l.syncDue.C
+			l.wmu.Unlock()
+			return
 		}
 	}
 }
@@ -482,7 +537,7 @@ func (l *Log) write(batch []*request) error {
 			"reason":       "log file was deleted or rotated; this file continues the chain",
 			"previous_seq": seq,
 		}}
-		line, rec, err := l.encode(rec, seq+1, prev)
+		line, rec, err := l.encode(rec, nil, seq+1, prev)
 		if err != nil {
 			err = fmt.Errorf("bug(): audit: encode marker: %w", err)
 			answerAll(batch, err)
@@ -492,7 +547,7 @@ func (l *Log) write(batch []*request) error {
 		seq, prev = rec.Seq, rec.Hash
 	}
 	for _, r := range batch {
-		line, rec, err := l.encode(r.rec, seq+1, prev)
+		line, rec, err := l.encode(r.rec, r.body, seq+1, prev)
 		if err != nil { // this record only: it never gets a Seq
 			r.res = result{err: err}
 			continue
@@ -562,10 +617,22 @@ func answerAll(batch []*request, err error) {
 	}
 }
 
-// encode fills the writer's fields of rec and returns its line.
-func (l *Log) encode(rec Record, seq uint64, prev string) ([]byte, Record, error) {
+// encode fills the writer's fields of rec and returns its line. body, when
+// not nil, is appendRecordBody's encoding of rec.
+func (l *Log) encode(rec Record, body []byte, seq uint64, prev string) ([]byte, Record, error) {
 	rec.Seq, rec.Time, rec.Prev, rec.Hash = seq, l.now().UTC(), prev, ""
-	b, ok := appendRecord(make([]byte, 0, 512), &rec) // encoding/json's bytes, faster
+	var (
+		b  []byte
+		ok bool
+	)
+	if body != nil {
+		// encoding/json's bytes, faster (encode.go)
+		if b, ok = appendRecordHead(make([]byte, 0, len(body)+192), &rec); ok {
+			b = appendRecordHash(append(b, body...), "")
+		}
+	} else {
+		b, ok = appendRecord(make([]byte, 0, 512), &rec)
+	}
 	if !ok {
 		var err error
 		if b, err = json.Marshal(rec); err != nil {
@@ -601,21 +668,11 @@ func (l *Log) ready() error {
 		l.dropUnsynced()
 		return ErrUnlinked
 	}
-	pfi, err := os.Stat(l.path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		// Renamed away (rotated) with the records intact: make what this
-		// file holds durable, then start a new file.
-		if err := l.syncBeforeClose(); err != nil {
+	// The path is looked up again only when the watch saw its name change.
+	if l.watch.changed() || !l.pathKnown {
+		if rotated, err := l.checkPath(fi); err != nil || rotated {
 			return err
 		}
-		l.f.Close()
-		l.f, l.needMarker = nil, true
-		return l.recreate()
-	case err != nil:
-		return fmt.Errorf("audit: stat log path: %w", err)
-	case !os.SameFile(fi, pfi):
-		return ErrReplaced
 	}
 	if !fi.Mode().IsRegular() {
 		return nil
@@ -633,6 +690,30 @@ func (l *Log) ready() error {
 		return l.resync()
 	}
 	return nil
+}
+
+// checkPath makes sure l.path still names l.f, whose stat is fi; when the
+// name is gone (rotated) it starts a new file there and reports true.
+func (l *Log) checkPath(fi os.FileInfo) (rotated bool, _ error) {
+	l.pathKnown = false
+	pfi, err := os.Stat(l.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Renamed away (rotated) with the records intact: make what this
+		// file holds durable, then start a new file.
+		if err := l.syncBeforeClose(); err != nil {
+			return false, err
+		}
+		l.f.Close()
+		l.f, l.needMarker = nil, true
+		return true, l.recreate()
+	case err != nil:
+		return false, fmt.Errorf("audit: stat log path: %w", err)
+	case !os.SameFile(fi, pfi):
+		return false, ErrReplaced
+	}
+	l.pathKnown = true
+	return false, nil
 }
 
 // syncBeforeClose makes the unsynced records of a SyncInterval log durable
@@ -684,6 +765,7 @@ func (l *Log) recreate() error {
 		}
 	}
 	l.f, l.off, l.broken, l.needMarker = l.wrap(osf), 0, false, true
+	l.pathKnown = false
 	l.unsynced, l.syncedOff, l.syncFailed = l.unsynced[:0], 0, false
 	return nil
 }
@@ -700,6 +782,11 @@ func (l *Log) Close() error {
 	l.mu.Unlock()
 	close(l.stop)
 	<-l.done
+	// A caller of Append that took the writer's lock after the writer
+	// goroutine's last batch finds nothing pending; it is let go first.
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.watch.close()
 	if l.syncDue != nil {
 		l.syncDue.Stop()
 	}

@@ -99,7 +99,7 @@ func TestVerifyDetectsTampering(t *testing.T) {
 		canon := append(append([]byte{}, b[:len(b)-66]...), `"}`...)
 		var r Record
 		must(t, jsonUnmarshal(canon, &r))
-		out, _, err := (&Log{now: func() time.Time { return r.Time }}).encode(r, r.Seq, r.Prev)
+		out, _, err := (&Log{now: func() time.Time { return r.Time }}).encode(r, nil, r.Seq, r.Prev)
 		must(t, err)
 		return string(out)
 	}

@@ -15,6 +15,19 @@ import (
 // the line's hash is over these bytes and the package documents them as
 // encoding/json's (FuzzAppendRecord holds them to it).
 func appendRecord(dst []byte, rec *Record) ([]byte, bool) {
+	dst, ok := appendRecordHead(dst, rec)
+	if !ok {
+		return dst, false
+	}
+	if dst, ok = appendRecordBody(dst, rec); !ok {
+		return dst, false
+	}
+	return appendRecordHash(dst, rec.Hash), true
+}
+
+// appendRecordHead appends the fields the writer fills first: seq, time
+// and prev, from the opening brace.
+func appendRecordHead(dst []byte, rec *Record) ([]byte, bool) {
 	if y := rec.Time.Year(); y < 0 || y > 9999 {
 		return dst, false
 	}
@@ -23,7 +36,13 @@ func appendRecord(dst []byte, rec *Record) ([]byte, bool) {
 	dst = append(dst, `,"time":"`...)
 	dst = rec.Time.AppendFormat(dst, time.RFC3339Nano)
 	dst = append(dst, `","prev":`...)
-	dst = appendJSONString(dst, rec.Prev)
+	return appendJSONString(dst, rec.Prev), true
+}
+
+// appendRecordBody appends the caller's fields, request_id, event and
+// fields, each after a comma: the part of the line Append encodes before
+// the record reaches the writer.
+func appendRecordBody(dst []byte, rec *Record) ([]byte, bool) {
 	dst = append(dst, `,"request_id":`...)
 	dst = appendJSONString(dst, rec.RequestID)
 	dst = append(dst, `,"event":`...)
@@ -60,9 +79,14 @@ func appendRecord(dst []byte, rec *Record) ([]byte, bool) {
 		}
 		dst = append(dst, '}')
 	}
+	return dst, true
+}
+
+// appendRecordHash appends the hash field and the closing brace.
+func appendRecordHash(dst []byte, hash string) []byte {
 	dst = append(dst, `,"hash":`...)
-	dst = appendJSONString(dst, rec.Hash)
-	return append(dst, '}'), true
+	dst = appendJSONString(dst, hash)
+	return append(dst, '}')
 }
 
 const hexDigits = "0123456789abcdef"

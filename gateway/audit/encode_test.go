@@ -73,6 +73,21 @@ func FuzzAppendRecord(f *testing.F) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("differs:\n got %s\nwant %s", got, want)
 		}
+		// The writer's line from the body Append encoded is the line it
+		// makes from the whole record.
+		l := &Log{now: func() time.Time { return rec.Time }}
+		body, ok := appendRecordBody(nil, &rec)
+		if !ok {
+			t.Fatalf("appendRecordBody declined what appendRecord encoded: %s", want)
+		}
+		whole, _, err1 := l.encode(rec, nil, rec.Seq, rec.Prev)
+		split, out, err2 := l.encode(rec, body, rec.Seq, rec.Prev)
+		if err1 != nil || err2 != nil || !bytes.Equal(whole, split) {
+			t.Fatalf("encode with the body differs (%v, %v):\n got %s\nwant %s", err2, err1, split, whole)
+		}
+		if _, err := VerifyFrom(bytes.NewReader(split), rec.Seq, rec.Prev); err != nil || out.Hash == "" {
+			t.Fatalf("the line from the body does not verify: %v\n%s", err, split)
+		}
 	})
 }
 
