@@ -78,6 +78,11 @@ type Stub struct {
 	// every other query still goes through Forward.
 	Stream *StreamForwarder
 
+	// CacheFor, if positive, lets the UDP fast path reuse the gateway's
+	// positive answers to A and AAAA questions for that long, never past
+	// their TTL (answerCache says what is kept and why that is safe).
+	CacheFor time.Duration
+
 	Timeout     time.Duration // per query, for Forward; default DefaultTimeout
 	MaxInflight int           // UDP queries being answered at once (on the Stream fast path, and through Forward); more are dropped; default DefaultMaxInflight
 	MaxTCPConns int           // TCP connections at once; more are closed; default DefaultMaxTCPConns

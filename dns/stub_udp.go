@@ -39,6 +39,7 @@ type udpServer struct {
 	s        *Stub
 	pc       *ipv4.PacketConn
 	inflight atomic.Int64 // fast-path questions sent and not yet answered
+	cache    *answerCache // nil without Stub.CacheFor
 
 	// rc sends replies of one size to one client as one UDP GSO send
 	// while gso holds (udp_gso_linux.go).
@@ -81,6 +82,9 @@ func batchConn(pc net.PacketConn) *ipv4.PacketConn {
 // that go the way of Answer.
 func (s *Stub) serveBatch(ctx context.Context, pc net.PacketConn, bc *ipv4.PacketConn, slow func(q []byte, addr net.Addr)) error {
 	u := &udpServer{s: s, pc: bc, rc: gsoConn(pc)}
+	if s.CacheFor > 0 {
+		u.cache = &answerCache{ttl: s.CacheFor}
+	}
 	u.gso.Store(u.rc != nil)
 	timeout := orDefault(s.Timeout, DefaultTimeout)
 	maxInflight := int64(orDefault(s.MaxInflight, DefaultMaxInflight))
@@ -135,6 +139,12 @@ func (s *Stub) serveBatch(ctx context.Context, pc net.PacketConn, bc *ipv4.Packe
 				continue
 			}
 			pq, ok := ParseQuery(q)
+			if ok {
+				if out, hit := u.cache.answer(nil, &pq, q, now); hit {
+					u.queue(out, m.Addr)
+					continue
+				}
+			}
 			if st == nil || !ok || notImplemented[pq.Type] {
 				slow(append([]byte(nil), q...), m.Addr)
 				continue
@@ -167,6 +177,9 @@ func (s *Stub) serveBatch(ctx context.Context, pc net.PacketConn, bc *ipv4.Packe
 func (u *udpServer) deliver(w *udpWait, ans []byte) {
 	u.inflight.Add(-1)
 	if plainAnswer(ans, w.query[headerLen:]) && len(ans) <= w.max && len(ans) <= len(w.buf) {
+		if q, ok := ParseQuery(w.query); ok {
+			u.cache.store(&q, w.query, ans, time.Now())
+		}
 		id := [2]byte{w.query[0], w.query[1]}
 		out := append(w.buf[:0], ans...) // the query is not needed any more
 		out[0], out[1] = id[0], id[1]

@@ -79,6 +79,11 @@ type Options struct {
 	// relay also switches to copying by itself the first time the gateway
 	// answers a handoff with a refusal (a gateway that predates handoff).
 	Copy bool
+
+	// DNSCacheFor is how long the DNS stub reuses the gateway's positive
+	// answer to an A or AAAA question (never past its TTL); 0 means
+	// dns.DefaultCacheFor, a negative value asks the gateway every time.
+	DNSCacheFor time.Duration
 }
 
 // Relay is one sandbox's set of listeners.
@@ -161,7 +166,11 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 	// dialed with this sandbox's preamble; a gateway that refuses streams
 	// gets one POST per question.
 	r.dnsFwd = &dns.StreamForwarder{Dial: r.dialGateway, Fallback: r.forwardDNS}
-	r.stub = &dns.Stub{Forward: r.dnsFwd.Forward, Stream: r.dnsFwd, Logger: log}
+	cacheFor := opts.DNSCacheFor
+	if cacheFor == 0 {
+		cacheFor = dns.DefaultCacheFor
+	}
+	r.stub = &dns.Stub{Forward: r.dnsFwd.Forward, Stream: r.dnsFwd, Logger: log, CacheFor: max(cacheFor, 0)}
 
 	var proxy, dnsTCP net.Listener
 	var dnsUDP net.PacketConn
