@@ -92,6 +92,9 @@ const (
 	SyncInterval                 // Append returns once written; fsync at most SyncInterval later
 )
 
+// maxKeptBatch bounds the batch buffer the writer keeps for the next batch.
+const maxKeptBatch = 256 << 10
+
 // maxUnsynced bounds the bytes kept in memory for a SyncInterval log between
 // fsyncs; a batch that would exceed it is fsynced at once.
 const maxUnsynced = 8 << 20
@@ -155,7 +158,8 @@ type Log struct {
 	off        int64
 	seq        uint64
 	prev       string
-	broken     bool // the last write failed: the file may hold a partial line past off
+	broken     bool   // the last write failed: the file may hold a partial line past off
+	wbuf       []byte // the last batch's lines: their memory is the next batch's
 	watch      *pathWatch
 	pathKnown  bool // l.path was seen to name f, and watch has seen no change since
 	needMarker bool // the file was re-created: start it with EventRecreated
@@ -529,36 +533,40 @@ func (l *Log) write(batch []*request) error {
 		return err
 	}
 	seq, prev := l.seq, l.prev
-	var buf []byte
-	var written []*request
-	var outs []Record
+	buf := l.wbuf[:0]
+	written := make([]*request, 0, len(batch))
+	outs := make([]Record, 0, len(batch))
 	if l.needMarker {
 		rec := Record{Event: EventRecreated, Fields: map[string]any{
 			"reason":       "log file was deleted or rotated; this file continues the chain",
 			"previous_seq": seq,
 		}}
-		line, rec, err := l.encode(rec, nil, seq+1, prev)
-		if err != nil {
+		var err error
+		if buf, rec, err = l.appendLine(buf, rec, nil, seq+1, prev); err != nil {
 			err = fmt.Errorf("bug(): audit: encode marker: %w", err)
 			answerAll(batch, err)
 			return err
 		}
-		buf = append(buf, line...)
 		seq, prev = rec.Seq, rec.Hash
 	}
 	for _, r := range batch {
-		line, rec, err := l.encode(r.rec, r.body, seq+1, prev)
-		if err != nil { // this record only: it never gets a Seq
-			r.res = result{err: err}
+		var (
+			rec Record
+			err error
+		)
+		if buf, rec, err = l.appendLine(buf, r.rec, r.body, seq+1, prev); err != nil {
+			r.res = result{err: err} // this record only: it never gets a Seq
 			continue
 		}
-		buf = append(buf, line...)
 		seq, prev = rec.Seq, rec.Hash
 		written = append(written, r)
 		outs = append(outs, rec)
 	}
 	if len(written) == 0 && !l.needMarker {
 		return nil
+	}
+	if cap(buf) <= maxKeptBatch {
+		l.wbuf = buf // the next batch encodes into the same memory
 	}
 	_, err := l.f.WriteAt(buf, l.off)
 	sync := needsSync(written)
@@ -620,34 +628,42 @@ func answerAll(batch []*request, err error) {
 // encode fills the writer's fields of rec and returns its line. body, when
 // not nil, is appendRecordBody's encoding of rec.
 func (l *Log) encode(rec Record, body []byte, seq uint64, prev string) ([]byte, Record, error) {
+	return l.appendLine(nil, rec, body, seq, prev)
+}
+
+// appendLine is encode appending the line to dst. On an error dst is
+// returned as it was.
+func (l *Log) appendLine(dst []byte, rec Record, body []byte, seq uint64, prev string) ([]byte, Record, error) {
 	rec.Seq, rec.Time, rec.Prev, rec.Hash = seq, l.now().UTC(), prev, ""
-	var (
-		b  []byte
-		ok bool
-	)
+	start := len(dst)
+	var ok bool
+	b := dst
 	if body != nil {
 		// encoding/json's bytes, faster (encode.go)
-		if b, ok = appendRecordHead(make([]byte, 0, len(body)+192), &rec); ok {
+		if b, ok = appendRecordHead(b, &rec); ok {
 			b = appendRecordHash(append(b, body...), "")
 		}
 	} else {
-		b, ok = appendRecord(make([]byte, 0, 512), &rec)
+		b, ok = appendRecord(b, &rec)
 	}
 	if !ok {
-		var err error
-		if b, err = json.Marshal(rec); err != nil {
-			return nil, Record{}, fmt.Errorf("audit: encode record: %w", err)
+		j, err := json.Marshal(rec)
+		if err != nil {
+			return dst[:start], Record{}, fmt.Errorf("audit: encode record: %w", err)
 		}
+		b = append(b[:start], j...)
 	}
-	if len(b)+64+1 > MaxRecord {
-		return nil, Record{}, fmt.Errorf("audit: encode record: %d bytes, limit %d", len(b)+65, MaxRecord)
+	if n := len(b) - start + 64 + 1; n > MaxRecord {
+		return dst[:start], Record{}, fmt.Errorf("audit: encode record: %d bytes, limit %d", n, MaxRecord)
 	}
-	sum := sha256.Sum256(b)
-	rec.Hash = hex.EncodeToString(sum[:])
-	line := b[:len(b)-len(`"}`)] // ends with the hash's opening quote
-	line = append(line, rec.Hash...)
-	line = append(line, "\"}\n"...)
-	return line, rec, nil
+	sum := sha256.Sum256(b[start:])
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	rec.Hash = string(hx[:])
+	b = b[:len(b)-len(`"}`)] // ends with the hash's opening quote
+	b = append(b, hx[:]...)
+	b = append(b, "\"}\n"...)
+	return b, rec, nil
 }
 
 // ready makes sure l.f is the file at l.path and ends at l.off.
