@@ -74,24 +74,25 @@ func TestStubUDPCache(t *testing.T) {
 		udpAsk(t, udp, query("other.example", mdns.TypeA))
 		asked(t, p, 3)
 	})
-	t.Run("kept for CacheFor only", func(t *testing.T) {
-		udp, p := start(t, answerWith(mdns.RcodeSuccess, 60, "192.0.2.7"), 100*time.Millisecond)
-		udpAsk(t, udp, query("pkg.example", mdns.TypeA))
-		udpAsk(t, udp, query("pkg.example", mdns.TypeA))
-		asked(t, p, 1)
-		time.Sleep(150 * time.Millisecond)
-		udpAsk(t, udp, query("pkg.example", mdns.TypeA))
-		asked(t, p, 2)
-	})
-	t.Run("kept no longer than the TTL", func(t *testing.T) {
-		udp, p := start(t, answerWith(mdns.RcodeSuccess, 1, "192.0.2.7"), time.Hour)
-		udpAsk(t, udp, query("pkg.example", mdns.TypeA))
-		udpAsk(t, udp, query("pkg.example", mdns.TypeA))
-		asked(t, p, 1)
-		time.Sleep(1100 * time.Millisecond)
-		udpAsk(t, udp, query("pkg.example", mdns.TypeA))
-		asked(t, p, 2)
-	})
+	for _, tc := range []struct {
+		name     string
+		ttl      uint32
+		cacheFor time.Duration
+		wait     time.Duration
+	}{
+		{"kept for CacheFor only", 60, 100 * time.Millisecond, 150 * time.Millisecond},
+		{"kept no longer than the TTL", 1, time.Hour, 1100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			udp, p := start(t, answerWith(mdns.RcodeSuccess, tc.ttl, "192.0.2.7"), tc.cacheFor)
+			udpAsk(t, udp, query("pkg.example", mdns.TypeA))
+			udpAsk(t, udp, query("pkg.example", mdns.TypeA))
+			asked(t, p, 1)
+			time.Sleep(tc.wait)
+			udpAsk(t, udp, query("pkg.example", mdns.TypeA))
+			asked(t, p, 2)
+		})
+	}
 	for _, tc := range []struct {
 		name   string
 		answer func(context.Context, []byte) ([]byte, error)

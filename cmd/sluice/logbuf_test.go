@@ -75,30 +75,26 @@ func TestLogBufferWritesWarningsAtOnce(t *testing.T) {
 func TestLogBufferTimerFlushes(t *testing.T) {
 	var w writes
 	lb := newLogBuffer(&w, time.Millisecond)
-	if _, err := lb.Write([]byte("line\n")); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, all := w.snapshot(); all == "line\n" {
-			break
+	// awaitWritten waits for the timer to have written want in all.
+	awaitWritten := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, all := w.snapshot(); all == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				_, all := w.snapshot()
+				t.Fatalf("the timer wrote %q, want %q", all, want)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a buffered line was never written by the timer")
-		}
-		time.Sleep(time.Millisecond)
 	}
+	_, _ = lb.Write([]byte("line\n"))
+	awaitWritten("line\n")
 	// The timer re-arms for the next line.
 	_, _ = lb.Write([]byte("again\n"))
-	for {
-		if _, all := w.snapshot(); all == "line\nagain\n" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the second buffered line was never written by the timer")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitWritten("line\nagain\n")
 }
 
 func TestLogBufferFullWritesInWrite(t *testing.T) {

@@ -564,6 +564,39 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// serving is a `sluice serve` run in process by startServe.
+type serving struct {
+	stderr *syncBuffer
+	done   chan error
+	cancel context.CancelFunc
+}
+
+// startServe runs `sluice serve args...` until the test ends or stop.
+func startServe(t *testing.T, args ...string) *serving {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sv := &serving{stderr: &syncBuffer{}, done: make(chan error, 1), cancel: cancel}
+	go func() {
+		sv.done <- run(ctx, append([]string{"serve"}, args...), strings.NewReader(""), io.Discard, sv.stderr)
+	}()
+	return sv
+}
+
+// stop ends serve's context and waits for it to return without an error.
+func (sv *serving) stop(t *testing.T) {
+	t.Helper()
+	sv.cancel()
+	select {
+	case err := <-sv.done:
+		if err != nil {
+			t.Fatalf("serve after cancel: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop within 30s of its context ending")
+	}
+}
+
 func TestServe(t *testing.T) {
 	cfgPath := demoConfig(t)
 	setSecret(t, cfgPath, "serve-secret-value")
@@ -571,13 +604,8 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--config", cfgPath, "--log-format", "json"}, strings.NewReader(""), io.Discard, stderr)
-	}()
+	sv := startServe(t, "--config", cfgPath, "--log-format", "json")
+	stderr, done := sv.stderr, sv.done
 	waitFor := func(what string) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
@@ -602,15 +630,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(`"msg":"policy: reloaded"`)
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve after cancel: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop within 30s of its context ending")
-	}
+	sv.stop(t)
 	if !strings.Contains(stderr.String(), `"msg":"stopped"`) {
 		t.Errorf("no stopped line:\n%s", stderr)
 	}
@@ -627,13 +647,8 @@ func TestServeFlushesLogAtExit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--config", cfgPath, "--log-flush", "1h"}, strings.NewReader(""), io.Discard, stderr)
-	}()
+	sv := startServe(t, "--config", cfgPath, "--log-flush", "1h")
+	stderr := sv.stderr
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, err := os.Stat(cfg.Gateway.SandboxSocket); err == nil {
@@ -647,15 +662,7 @@ func TestServeFlushesLogAtExit(t *testing.T) {
 	if strings.Contains(stderr.String(), `"msg":"starting"`) {
 		t.Fatalf("an info line was written before its flush delay:\n%s", stderr)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve after cancel: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop within 30s of its context ending")
-	}
+	sv.stop(t)
 	for _, want := range []string{`"msg":"starting"`, `"msg":"stopped"`} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("no %s line after serve returned:\n%s", want, stderr)
