@@ -287,7 +287,9 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	defer release()
-	hdr := r.Header.Clone()
+	// The request's own header map, stripped in place: the server took what
+	// it needs from it (Connection: close, Expect) when it read the head.
+	hdr := r.Header
 	stripHopByHop(hdr)
 	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
 		e.refuse(w, c, ee)
@@ -305,8 +307,8 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 			authority = "[" + host + "]"
 		}
 	}
-	// A shallow copy with its own URL: hdr is already a copy, and the
-	// body is the client's, as with Clone, without copying the rest.
+	// A shallow copy with its own URL, the stripped header and the
+	// client's body, as with Clone, without copying the rest.
 	out := *r
 	u := *r.URL
 	u.Host, u.User = authority, nil
