@@ -366,7 +366,7 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	// Encode the caller's part of the line here, in parallel with other
 	// callers, so that the writer, which every record passes through in
 	// turn, only adds seq, time, prev and the hash.
-	if b, ok := appendRecordBody(make([]byte, 0, 384), &rec); ok {
+	if b, ok := appendRecordBody(make([]byte, 0, 640), &rec); ok {
 		r.body = b
 	}
 	l.mu.Lock()
