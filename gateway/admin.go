@@ -31,8 +31,9 @@ func (s *Server) adminHandler() http.Handler {
 		s.handleAuditTail(w, r)
 	}))
 	s.adminHolds(mux)
-	s.adminSessions(mux)  // sessions.go
-	s.adminIntercept(mux) // intercept.go
+	s.adminSessions(mux)      // sessions.go
+	s.adminSandboxEvents(mux) // sandbox_events.go
+	s.adminIntercept(mux)     // intercept.go
 	if s.reviewUI != nil {
 		mux.Handle("/", s.reviewUI)
 	} else {

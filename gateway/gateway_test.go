@@ -231,7 +231,7 @@ func auditEvents(t testing.TB, g *testGateway) []audit.Record {
 		t.Error("audit log contains the secret")
 	}
 	var recs []audit.Record
-	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+	for l := range strings.Lines(string(data)) {
 		var r audit.Record
 		if err := json.Unmarshal([]byte(l), &r); err != nil {
 			t.Fatalf("audit line %q: %v", l, err)

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 	"unicode"
 
@@ -71,23 +70,27 @@ func (s *Server) adminSessions(mux *http.ServeMux) {
 // a token whose SHA-256 is in gateway.session_tokens_sha256 (named
 // "session_token[i]"), or an approver (token or review UI session).
 func (s *Server) sessionCaller(r *http.Request) (string, bool) {
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && tok != "" {
-		sum := sha256.Sum256([]byte(tok))
-		got := []byte(hex.EncodeToString(sum[:]))
-		found := -1
-		for i, h := range s.cfg.Gateway.SessionTokensSHA256 {
-			if subtle.ConstantTimeCompare(got, []byte(h)) == 1 && found < 0 {
-				found = i
-			}
-		}
-		if found >= 0 {
-			return fmt.Sprintf("session_token[%d]", found), true
-		}
+	if by, ok := s.machineCaller(r); ok { // sandbox_events.go
+		return by, true
 	}
 	if p, ok := s.adminPerson(r); ok && p.Name != "" {
 		return p.Name, true
 	}
 	return "", false
+}
+
+// sessionTokenIndex is the index in gateway.session_tokens_sha256 of tok's
+// SHA-256, or -1. Every entry is compared, in constant time.
+func (s *Server) sessionTokenIndex(tok string) int {
+	sum := sha256.Sum256([]byte(tok))
+	got := []byte(hex.EncodeToString(sum[:]))
+	found := -1
+	for i, h := range s.cfg.Gateway.SessionTokensSHA256 {
+		if subtle.ConstantTimeCompare(got, []byte(h)) == 1 && found < 0 {
+			found = i
+		}
+	}
+	return found
 }
 
 // validSessionID accepts what an identity preamble could carry and a

@@ -184,6 +184,9 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if res.KilledBy != KilledByNone {
 		name := map[KilledBy]string{KilledByOOM: "oom", KilledByPids: "pids_limit", KilledByTimeout: "timeout"}[res.KilledBy]
 		m.events.write(event{Event: name, Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session, Argv0: req.Argv[0]})
+		limit := map[KilledBy]int64{KilledByOOM: sb.info.Limits.MemoryBytes, KilledByPids: int64(sb.info.Limits.Pids),
+			KilledByTimeout: timeout.Milliseconds()}[res.KilledBy]
+		m.reportKill(sb, name, limit) // gateway_admin_linux.go
 	}
 	if died {
 		return res, fmt.Errorf("sandboxd: exec: sandbox %s: init has exited", id)

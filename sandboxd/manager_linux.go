@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -150,7 +149,8 @@ type Manager struct {
 	events *eventLog
 	state  *stateDir
 
-	pending sync.WaitGroup // background destroys and cleanups
+	pending sync.WaitGroup // background destroys, cleanups and reports
+	reports chan struct{}  // cap maxReports: limit reports in flight (gateway_admin_linux.go)
 	spares  chan *sandbox  // sandboxes built ahead, waiting for a Create
 	refills sync.WaitGroup
 	// refillDone is closed when the running refill ends (nil: none runs).
@@ -242,8 +242,9 @@ func New(opts Options) (*Manager, error) {
 		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, gwTLS: gwTLS, init: opts.InitPath, events: ev, state: sd, home: home,
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
 		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
-		spares: make(chan *sandbox, opts.Config.Spares),
-		cgs:    &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
+		spares:  make(chan *sandbox, opts.Config.Spares),
+		reports: make(chan struct{}, maxReports),
+		cgs:     &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
 	}
 	m.nss = newNSPool(m.template, home)
 	m.forks = newForkThreads(2)
@@ -851,9 +852,6 @@ func (m *Manager) Destroy(id string) error {
 	})
 }
 
-// sessionEndTimeout bounds the POST that ends a destroyed sandbox's session.
-const sessionEndTimeout = 5 * time.Second
-
 // endSession tells the gateway that a destroyed sandbox's session ended
 // (POST gateway_admin/api/v1/sessions/{session}/end with the token of
 // gateway_session_token_file), so its pending holds expire and anything
@@ -880,36 +878,8 @@ func (m *Manager) endSession(info Info) {
 // postSessionEnd ends session on the gateway's admin listener at base.
 // Errors name the step and never carry the token.
 func postSessionEnd(base, tokenFile, session string) error {
-	b, err := os.ReadFile(tokenFile)
-	if err != nil {
-		return fmt.Errorf("end session: gateway_session_token_file: %w", err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return errors.New("end session: gateway_session_token_file: empty")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), sessionEndTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		strings.TrimSuffix(base, "/")+"/api/v1/sessions/"+url.PathEscape(session)+"/end", nil)
-	if err != nil {
+	if err := postAdmin(base, tokenFile, "/api/v1/sessions/"+url.PathEscape(session)+"/end", nil); err != nil {
 		return fmt.Errorf("end session: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	// No proxy from the environment, no redirects: the token goes only to
-	// the configured admin listener.
-	client := &http.Client{Transport: &http.Transport{Proxy: nil}, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return http.ErrUseLastResponse
-	}}
-	defer client.CloseIdleConnections()
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("end session: %w", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("end session: status %d: %.200s", resp.StatusCode, body)
 	}
 	return nil
 }
