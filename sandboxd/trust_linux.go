@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,7 +25,9 @@ import (
 // variable. Both are fetched from the gateway's admin listener at every
 // Create; a failure fails the Create (a sandbox that cannot verify the
 // gateway's certificates is no use, and one without its placeholders
-// would send nothing the gateway can credential).
+// would send nothing the gateway can credential). A gateway with TLS
+// interception off answers GET /ca.pem 404 not_found: then no CA is
+// installed and no TLS variable set.
 //
 // Inside the sandbox (the per-sandbox run directory is bound read-only at
 // /run/sluice):
@@ -113,6 +116,9 @@ func fetchGatewayTrustWith(ctx context.Context, base, tokenFile string) (*gatewa
 		if resp.StatusCode == http.StatusUnauthorized && token == "" {
 			return nil, fmt.Errorf("status %d (set gateway_session_token_file): %.200s", resp.StatusCode, b)
 		}
+		if path == "/ca.pem" && resp.StatusCode == http.StatusNotFound && interceptionOff(b) {
+			return nil, errNoInterception
+		}
 		if resp.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
 		}
@@ -122,11 +128,17 @@ func fetchGatewayTrustWith(ctx context.Context, base, tokenFile string) (*gatewa
 		return b, nil
 	}
 	caPEM, err := get("/ca.pem", "", maxCABytes)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNoInterception):
+		// The gateway intercepts nothing: every TLS connection is the
+		// upstream's own, verified against the sandbox's usual roots.
+		caPEM = nil
+	case err != nil:
 		return nil, fmt.Errorf("gateway_admin: GET /ca.pem: %w", err)
-	}
-	if err := checkCAPEM(caPEM); err != nil {
-		return nil, fmt.Errorf("gateway_admin: GET /ca.pem: %w", err)
+	default:
+		if err := checkCAPEM(caPEM); err != nil {
+			return nil, fmt.Errorf("gateway_admin: GET /ca.pem: %w", err)
+		}
 	}
 	body, err := get("/api/v1/placeholders", token, maxPlaceholderBytes)
 	if err != nil {
@@ -199,9 +211,29 @@ func placeholderEnv(body []byte) (map[string]string, error) {
 	return env, nil
 }
 
+// errNoInterception is GET /ca.pem answered by a gateway with TLS
+// interception off.
+var errNoInterception = errors.New("TLS interception is not configured")
+
+// interceptionOff reports whether a 404 body is the gateway's answer
+// when TLS interception is not configured ({"error":{"code":"not_found"}}),
+// as opposed to any other server's 404.
+func interceptionOff(body []byte) bool {
+	var doc struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(body, &doc) == nil && doc.Error.Code == "not_found"
+}
+
 // install writes ca.pem and ca-bundle.pem into runDir (the host side of
-// the sandbox's /run/sluice) and returns the variables to set.
+// the sandbox's /run/sluice) and returns the variables to set. Without a
+// CA (interception off) it writes nothing and sets only the placeholders.
 func (g *gatewayTrust) install(runDir, rootfs string) (map[string]string, error) {
+	if g.caPEM == nil {
+		return maps.Clone(g.env), nil
+	}
 	bundle := []byte(nil)
 	for _, p := range systemBundles {
 		if b, err := os.ReadFile(filepath.Join(rootfs, p)); err == nil {

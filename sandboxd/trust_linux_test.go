@@ -72,7 +72,8 @@ func TestFetchGatewayTrust(t *testing.T) {
 	}{
 		{"ok", 200, string(ca), okPH, "", "SLUICE_SECRET_GITHUB_TOKEN=sluice:secret:github-token:AbC"},
 		{"no placeholders", 200, string(ca), `{"placeholders":[]}`, "", ""},
-		{"interception not configured (404)", 404, `{"error":{}}`, okPH, "GET /ca.pem: status 404", ""},
+		{"another server's 404", 404, `{"error":{}}`, okPH, "GET /ca.pem: status 404", ""},
+		{"interception off: the gateway's 404 not_found", 404, `{"error":{"code":"not_found","message":"TLS interception is not configured"}}`, okPH, "", "SLUICE_SECRET_GITHUB_TOKEN=sluice:secret:github-token:AbC"},
 		{"not PEM", 200, "hello", okPH, "GET /ca.pem: want PEM certificates", ""},
 		{"a private key", 200, string(ca) + "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", okPH, "want only CERTIFICATE", ""},
 		{"not a CA", 200, string(leaf), okPH, "not a CA", ""},
@@ -114,6 +115,21 @@ func TestFetchGatewayTrust(t *testing.T) {
 			env, err := g.install(run, root)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.caStatus == 404 {
+				// No CA: nothing written, no TLS variable, the placeholders.
+				if ents, _ := os.ReadDir(run); len(ents) != 0 {
+					t.Errorf("files written without a CA: %v", ents)
+				}
+				for _, k := range trustEnv {
+					if v, ok := env[k]; ok {
+						t.Errorf("%s = %q set without a CA", k, v)
+					}
+				}
+				if k, v, _ := strings.Cut(tc.wantEnv, "="); env[k] != v || len(env) != 1 {
+					t.Errorf("env %v, want only %s", env, tc.wantEnv)
+				}
+				return
 			}
 			if b, _ := os.ReadFile(filepath.Join(run, "ca.pem")); string(b) != string(ca) {
 				t.Errorf("ca.pem is not the served PEM")
