@@ -557,3 +557,64 @@ func TestHostileHoldRendersSafely(t *testing.T) {
 	default:
 	}
 }
+
+// TestAlwaysAllowFromTheForm (E7): the approver ticks "Always allow this
+// exact call" (1 hour) in Chromium and approves. The same call again is
+// sent at once (200, no hold, audited grant_used); the same tool with
+// other arguments is held again and reaches nothing.
+func TestAlwaysAllowFromTheForm(t *testing.T) {
+	r := newRig(t)
+	cb := casebook.Expect(t, "E7", `"always allow this exact call" ticked in the review UI (Chromium), then the same call and one with other arguments`,
+		"the same arguments: 200 at once with no hold, audited grant_used; other arguments: a new pending hold, nothing sent")
+	alice := r.signIn("alice", "alice-pw")
+	const args = `{"body":{"amount":7,"reason":"late parcel"}}`
+	answer, cancel := r.ask(args)
+	defer cancel()
+	alice.do(chromedp.WaitVisible(chromedp.CSS("#queue li.hold-item.actionable")),
+		chromedp.Click(chromedp.CSS("#queue li.hold-item a")), chromedp.WaitVisible(chromedp.CSS("#approve")),
+		chromedp.Click(chromedp.CSS("#approve-always")), chromedp.SetValue(chromedp.CSS("#approve-ttl"), "1h"),
+		chromedp.SendKeys(chromedp.CSS("#approve-reason"), "recurring"), chromedp.Click(chromedp.CSS("#approve")))
+	select {
+	case res := <-answer:
+		if res.err != nil || res.status != 200 {
+			t.Fatalf("the approved call: %d %q %v", res.status, res.body, res.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the approved call did not complete")
+	}
+	ctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	again, body, err := r.call(ctx, "payments.create_refund", args)
+	pending, _ := r.gw.Holds().List(context.Background(), holds.Filter{Status: []holds.Status{holds.Pending}})
+	if err != nil || again != 200 || len(pending) != 0 {
+		t.Fatalf("the same call again: %d %q %v with %d pending holds; want 200 and no hold", again, body, err, len(pending))
+	}
+	other, ocancel := r.ask(`{"body":{"amount":7000,"reason":"late parcel"}}`)
+	defer ocancel()
+	held := r.pending(1)
+	select {
+	case res := <-other:
+		t.Fatalf("the call with other arguments was answered without approval: %d %q", res.status, res.body)
+	default:
+	}
+	grantUsed := 0
+	recs, err := tailAudit(r.cfg.Audit.Path, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, raw := range recs {
+		var rec struct {
+			Event string `json:"event"`
+		}
+		if json.Unmarshal(raw, &rec) == nil && rec.Event == "grant_used" {
+			grantUsed++
+		}
+	}
+	r.mu.Lock()
+	hits := len(r.hits)
+	r.mu.Unlock()
+	cb.Observef("same call again %d with %d pending holds; other arguments held (%s); grant_used records %d; upstream requests %d", again, len(pending), held[0].ID, grantUsed, hits)
+	if grantUsed != 1 || hits != 2 {
+		t.Errorf("grant_used records %d, upstream requests %d; want 1 and 2 (the approved call and its repeat)", grantUsed, hits)
+	}
+}
