@@ -76,6 +76,13 @@ type Tool struct {
 	// BodyType is the request body's media type ("application/json",
 	// "application/x-www-form-urlencoded") or "" if the operation takes none.
 	BodyType string
+	// IdempotencyHeader is the name of the operation's header parameter
+	// Idempotency-Key, as the spec spells it (matched case-insensitively),
+	// or "" if it declares none. An operation that declares it promises
+	// that a repeated request with the same key is answered with the first
+	// reply and applied once (Stripe's convention), which is what lets the
+	// gateway re-send an approved call whose outcome a crash left unknown.
+	IdempotencyHeader string
 
 	params       []*param // path, query and header parameters, sorted by in then name
 	body         *openapi3.Schema
@@ -116,3 +123,7 @@ func (e *ArgError) Error() string {
 
 // MaxArgsBytes bounds a tool-call arguments document.
 const MaxArgsBytes = 1 << 20
+
+// IdempotencyKey is the header an operation declares to be
+// idempotency-keyed (see Tool.IdempotencyHeader).
+const IdempotencyKey = "Idempotency-Key"

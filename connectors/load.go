@@ -458,6 +458,11 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 	if err := checkTemplate(path, params); err != nil {
 		return nil, "", err
 	}
+	for _, p := range params {
+		if p.in == openapi3.ParameterInHeader && strings.EqualFold(p.name, IdempotencyKey) {
+			t.IdempotencyHeader = p.name
+		}
+	}
 
 	if op.RequestBody != nil {
 		rb := op.RequestBody.Value

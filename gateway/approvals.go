@@ -193,6 +193,7 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rid,
+		IdempotencyHeader: tool.IdempotencyHeader,
 	})
 	switch {
 	case errors.Is(err, holds.ErrTooMany):
@@ -323,6 +324,8 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 // executeHold runs an approved hold: the policy is evaluated again with
 // the stored input, the credential is attached now, and exactly the stored
 // request is sent, once. The result is the answer the agent's call gets.
+// The holds manager also re-sends an idempotency-keyed hold through here
+// after a crash left its outcome unknown (THREATS G2).
 func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, bool) {
 	c := &call{rid: h.RequestID, start: time.Now(), tool: h.Tool,
 		caller: policy.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User}}
@@ -336,15 +339,15 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 		var b errorBody
 		b.Error.Code, b.Error.Message, b.Error.RequestID = aerr.Code, aerr.Message, c.rid
 		data, _ := json.Marshal(b)
-		return holds.Result{HTTPStatus: aerr.Status, Body: data}, false
+		return holds.Result{HTTPStatus: aerr.Status, Body: data, Answered: c.answered}, false
 	}
 	res.RequestID = c.rid
 	data, err := json.Marshal(res)
 	if err != nil {
-		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`)}, false
+		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`), Answered: true}, false
 	}
 	s.logCall(c, nil)
-	return holds.Result{HTTPStatus: http.StatusOK, Body: data}, true
+	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true}, true
 }
 
 func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *apiError) {
@@ -389,6 +392,16 @@ func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *
 		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
 	}
 	// Ask again is fine: a person approved exactly this request.
+	//
+	// An idempotency-keyed operation is sent with the key: the agent's own
+	// value when the approved request has one, else the hold's ID. The ID
+	// is stable and stored, so a re-send after a crash carries the same key
+	// and the upstream answers it with its first reply instead of acting
+	// twice. It is added after the decision, which saw the request exactly
+	// as it was approved.
+	if hk := h.IdempotencyHeader; hk != "" && req.Header.Get(hk) == "" {
+		req.Header.Set(hk, h.ID)
+	}
 	scr, aerr := s.credential(ctx, c, tool, up, req)
 	if aerr != nil {
 		return nil, aerr

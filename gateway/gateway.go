@@ -174,7 +174,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	s.webhook = &http.Client{Timeout: 10 * time.Second}
 	s.holds = s.newHolds()
 	// Before anything is served: an execution the last run left unfinished
-	// becomes outcome_unknown and is never re-sent (THREATS G2).
+	// becomes outcome_unknown, or, when its operation is idempotency-keyed,
+	// is re-sent once with the same key by holds.Run (THREATS G2).
 	if err := s.holds.Recover(ctx); err != nil {
 		s.audit.Close()
 		s.store.Close()

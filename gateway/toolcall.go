@@ -111,6 +111,7 @@ type call struct {
 	audited  bool       // the outcome is already in the audit log
 	presync  bool       // the next record need only reach the file; a later one syncs
 	held     *heldReply // the call was held: this is the answer
+	answered bool       // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
 }
 
 // handleToolCall runs the pipeline. Each stage either passes the call on or
@@ -406,6 +407,7 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 		return nil, e
 	}
 	defer resp.Body.Close()
+	c.answered = true
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		// Go's client takes any three digits; a status outside HTTP's
 		// range is a broken or hostile upstream (THREATS F6).

@@ -5,7 +5,10 @@
 // credentials) and its SHA-256; approval is bound to that hash. Holds live
 // in the gateway's store, so they survive a restart; an execution that was
 // started but whose outcome was never recorded is shown to people as
-// "outcome unknown" and never re-sent blindly.
+// "outcome unknown" and never re-sent blindly: only a call whose operation
+// is idempotency-keyed (it declares the Idempotency-Key header) is re-sent,
+// once, with the same key, so that the upstream answers with the first
+// reply instead of acting twice (THREATS G2).
 package holds
 
 import (
@@ -67,6 +70,12 @@ type Hold struct {
 	Result         *Result   `json:"result,omitempty"`
 	// RequestID is the agent's call that created the hold (audit correlation).
 	RequestID string `json:"request_id"`
+	// IdempotencyHeader is the Idempotency-Key header of the hold's
+	// operation ("" if it declares none). Every send of the hold carries it:
+	// the agent's own value if the request has one (it is part of what was
+	// approved), else the hold's ID, which is stable and stored. Only such
+	// a hold is re-sent after a crash left its outcome unknown.
+	IdempotencyHeader string `json:"idempotency_header,omitempty"`
 }
 
 // Terminal says whether the hold's state can no longer change.
@@ -97,6 +106,11 @@ type Result struct {
 	// Truncated says the upstream's answer was larger than the result bound
 	// and Body is a refusal saying so, not the answer.
 	Truncated bool `json:"truncated,omitempty"`
+	// Answered says the upstream answered the send over HTTP (whatever its
+	// status). Execute sets it; it is not stored. A re-send after a crash
+	// that got no answer (never sent, network error, timeout) leaves the
+	// outcome unknown.
+	Answered bool `json:"-"`
 }
 
 // Person is an authenticated approver (never anything from the sandbox socket).

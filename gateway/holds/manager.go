@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -20,9 +21,12 @@ import (
 type Options struct {
 	Store *store.Store
 	// Execute runs an approved hold: it evaluates policy again, attaches the
-	// credential and sends exactly h.Request, once. Its Result is what the
-	// agent gets; ok false marks the hold Failed (blocked on re-evaluation,
-	// upstream unreachable) instead of Done.
+	// credential and sends exactly h.Request, once (with h's idempotency
+	// key, if its operation has one). Its Result is what the agent gets; ok
+	// false marks the hold Failed (blocked on re-evaluation, upstream
+	// unreachable) instead of Done. It sets Result.Answered when the
+	// upstream answered over HTTP. Recovery re-sends an idempotency-keyed
+	// hold through it too.
 	Execute func(ctx context.Context, h Hold) (res Result, ok bool)
 	// Audit appends an audit record for the hold; an error on "hold_created"
 	// fails the hold.
@@ -46,6 +50,11 @@ type Manager struct {
 	mu      sync.Mutex
 	waiters map[string]chan struct{} // closed when the hold changes
 	subs    map[chan Event]struct{}
+	// reconcile is what Recover found to re-send (idempotency-keyed holds
+	// left executing); Run starts the re-sends. inflight holds the IDs
+	// being re-sent by this process: at most one re-send per hold at a time.
+	reconcile []string
+	inflight  map[string]struct{}
 }
 
 // New returns a Manager over o.Store.
@@ -56,7 +65,8 @@ func New(o Options) *Manager {
 	if o.MaxResultBytes <= 0 {
 		o.MaxResultBytes = 1 << 20
 	}
-	m := &Manager{o: o, now: o.Now, log: o.Logger, waiters: map[string]chan struct{}{}, subs: map[chan Event]struct{}{}}
+	m := &Manager{o: o, now: o.Now, log: o.Logger, waiters: map[string]chan struct{}{}, subs: map[chan Event]struct{}{},
+		inflight: map[string]struct{}{}}
 	if m.now == nil {
 		m.now = time.Now
 	}
@@ -80,6 +90,9 @@ type doc struct {
 	Rule       string   `json:"rule"`
 	Reason     string   `json:"reason"`
 	RequestID  string   `json:"request_id"`
+	// IdempotencyHeader: absent in holds stored before it existed, which
+	// are therefore never re-sent.
+	IdempotencyHeader string `json:"idempotency_header,omitempty"`
 }
 
 func fromRow(r store.HoldRow) (Hold, error) {
@@ -90,7 +103,7 @@ func fromRow(r store.HoldRow) (Hold, error) {
 	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
 		Credential: d.Credential, Caller: d.Caller, Approvers: d.Approvers, Rule: d.Rule, Reason: d.Reason,
 		Created: r.Created, Expires: r.Expires, DecidedBy: r.DecidedBy, DecisionReason: r.DecisionReason, Decided: r.Decided,
-		RequestID: d.RequestID}
+		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader}
 	if r.Result != nil {
 		h.Result = &Result{}
 		if err := json.Unmarshal(r.Result, h.Result); err != nil {
@@ -132,7 +145,7 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	}
 	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
 	d, err := json.Marshal(doc{Tool: h.Tool, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
-		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID})
+		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}
@@ -306,22 +319,30 @@ func (m *Manager) approve(ctx context.Context, id string, p Person, reason strin
 				m.log.Error("holds: unaudited grant not deleted", "grant", g.ID, "err", derr)
 			}
 		}
-		return m.finish(ctx, h, Failed, Result{HTTPStatus: 503, Body: refusalBody("audit_unavailable", "the audit log cannot be written; the approved call was not sent", h.RequestID)}, "failed")
+		return m.finish(ctx, h, Failed, Result{HTTPStatus: 503, Body: refusalBody("audit_unavailable", "the audit log cannot be written; the approved call was not sent", h.RequestID)}, "failed", nil)
 	}
 	m.publish(h, "approved")
 	res, ok := m.o.Execute(ctx, h)
-	if len(res.Body) > m.o.MaxResultBytes {
-		res = Result{HTTPStatus: 502, Truncated: true, Body: refusalBody("upstream_error",
-			fmt.Sprintf("the approved call was sent, but its reply is larger than the %d bytes a hold keeps", m.o.MaxResultBytes), h.RequestID)}
-	}
-	status, kind := Done, "executed"
-	if !ok {
-		status, kind = Failed, "failed"
-	}
-	return m.finish(ctx, h, status, res, kind)
+	status, kind, res := m.outcome(h, res, ok)
+	return m.finish(ctx, h, status, res, kind, nil)
 }
 
-func (m *Manager) finish(ctx context.Context, h Hold, status Status, res Result, kind string) (Hold, error) {
+// outcome is the status an execution's result gives the hold, with the
+// result bounded to MaxResultBytes.
+func (m *Manager) outcome(h Hold, res Result, ok bool) (Status, string, Result) {
+	if len(res.Body) > m.o.MaxResultBytes {
+		res = Result{HTTPStatus: 502, Truncated: true, Answered: res.Answered, Body: refusalBody("upstream_error",
+			fmt.Sprintf("the approved call was sent, but its reply is larger than the %d bytes a hold keeps", m.o.MaxResultBytes), h.RequestID)}
+	}
+	if !ok {
+		return Failed, "failed", res
+	}
+	return Done, "executed", res
+}
+
+// finish records an execution's outcome (hold_executed, with extra's
+// fields too).
+func (m *Manager) finish(ctx context.Context, h Hold, status Status, res Result, kind string, extra map[string]any) (Hold, error) {
 	data, err := json.Marshal(res)
 	if err != nil {
 		return h, fmt.Errorf("holds: result: %w", err)
@@ -332,7 +353,11 @@ func (m *Manager) finish(ctx context.Context, h Hold, status Status, res Result,
 		return h, fmt.Errorf("holds: record result: %w", err)
 	}
 	h.Status, h.Result = status, &res
-	if err := m.o.Audit(ctx, "hold_executed", h, map[string]any{"status": res.HTTPStatus, "outcome": string(status)}); err != nil {
+	fields := map[string]any{"status": res.HTTPStatus, "outcome": string(status)}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	if err := m.o.Audit(ctx, "hold_executed", h, fields); err != nil {
 		m.log.Error("holds: execution not audited", "hold", h.ID, "err", err)
 	}
 	m.publish(h, kind)
@@ -445,31 +470,72 @@ func (m *Manager) ExpireDue(ctx context.Context) {
 	}
 }
 
-// Recover runs at startup, before anything is served: a hold that was
+// Recover runs at startup, before anything is served. A hold that was
 // executing when the gateway stopped may or may not have reached the
-// upstream, so it becomes outcome_unknown (audited) for a person to look
-// at; it is never re-sent. Pending holds stay pending (or expire).
+// upstream:
+//   - if its operation is not idempotency-keyed it becomes outcome_unknown
+//     (audited hold_outcome_unknown) for a person to look at, and is never
+//     re-sent;
+//   - if it is, it stays executing, is audited hold_reconciling, and Run
+//     re-sends it once in the background with the same key (the upstream
+//     answers a repeated key with its first reply and does not act twice);
+//     see reconcileHold.
+//
+// Pending holds stay pending (or expire). Recover does not wait for any
+// upstream.
 func (m *Manager) Recover(ctx context.Context) error {
-	ids, err := m.o.Store.MarkHolds(ctx, string(Running), string(Unknown))
+	rows, err := m.o.Store.ListHolds(ctx, store.HoldQuery{Statuses: []string{string(Running)}, Limit: maxRecover})
 	if err != nil {
 		return fmt.Errorf("holds: recover: %w", err)
 	}
-	for _, id := range ids {
-		h, err := m.get(ctx, id)
+	var keyed []string
+	for _, r := range rows {
+		h, err := fromRow(r)
 		if err != nil {
 			return fmt.Errorf("holds: recover: %w", err)
 		}
+		if h.IdempotencyHeader != "" {
+			from := "hold_id"
+			if http.Header(h.Request.Headers).Get(h.IdempotencyHeader) != "" {
+				from = "arguments"
+			}
+			// The header's name and where its value comes from; the value
+			// itself is the hold's ID or the agent's (in the stored request).
+			if err := m.o.Audit(ctx, "hold_reconciling", h, map[string]any{"idempotency_header": h.IdempotencyHeader, "idempotency_key_from": from}); err != nil {
+				return fmt.Errorf("holds: recover: audit: %w", err)
+			}
+			m.log.Warn("holds: the gateway stopped while this approved call was being sent; it is idempotency-keyed and is re-sent once with the same key", "hold", h.ID)
+			keyed = append(keyed, h.ID)
+			continue
+		}
+		ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(Unknown), nil)
+		if err != nil {
+			return fmt.Errorf("holds: recover: %w", err)
+		}
+		if !ok {
+			continue // no longer executing: someone else recorded it
+		}
+		h.Status = Unknown
 		if err := m.o.Audit(ctx, "hold_outcome_unknown", h, nil); err != nil {
 			return fmt.Errorf("holds: recover: audit: %w", err)
 		}
-		m.log.Warn("holds: the gateway stopped while this approved call was being sent; its outcome is unknown and it is not re-sent", "hold", id)
+		m.log.Warn("holds: the gateway stopped while this approved call was being sent; its outcome is unknown and it is not re-sent", "hold", h.ID)
 	}
+	m.mu.Lock()
+	m.reconcile = keyed
+	m.mu.Unlock()
 	m.ExpireDue(ctx)
 	return nil
 }
 
-// Run expires holds as they come due, until ctx ends.
+// maxRecover bounds the executing holds one Recover looks at (a crash
+// leaves at most the calls that were in flight).
+const maxRecover = 1 << 20
+
+// Run re-sends what Recover left to reconcile (in the background), then
+// expires holds as they come due, until ctx ends.
 func (m *Manager) Run(ctx context.Context) {
+	m.startReconcile(ctx)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -480,6 +546,99 @@ func (m *Manager) Run(ctx context.Context) {
 			m.ExpireDue(ctx)
 		}
 	}
+}
+
+// startReconcile starts one goroutine per hold Recover queued and returns
+// at once: the gateway serves while the re-sends wait for their upstreams.
+func (m *Manager) startReconcile(ctx context.Context) {
+	m.mu.Lock()
+	ids := m.reconcile
+	m.reconcile = nil
+	m.mu.Unlock()
+	// Like an approval: once started, a re-send is finished (recorded)
+	// even if the gateway is shutting down; the upstream timeout bounds it.
+	ctx = context.WithoutCancel(ctx)
+	for _, id := range ids {
+		if !m.claim(id) {
+			continue
+		}
+		go func() {
+			defer m.unclaim(id)
+			m.reconcileHold(ctx, id)
+		}()
+	}
+}
+
+// claim marks id as being re-sent by this process; false if it already is.
+//
+// This makes a re-send unique per hold per process only. Another process
+// (the gateway restarted again while a re-send was in flight: the hold is
+// still executing, so the next start re-sends it too) may send it again,
+// possibly while the old connection is still open at the upstream; that
+// is harmless because every send carries the same idempotency key, and
+// the upstream answers a repeated key with its first reply.
+func (m *Manager) claim(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, busy := m.inflight[id]; busy {
+		return false
+	}
+	m.inflight[id] = struct{}{}
+	return true
+}
+
+func (m *Manager) unclaim(id string) {
+	m.mu.Lock()
+	delete(m.inflight, id)
+	m.mu.Unlock()
+}
+
+// reconcileHold re-sends one idempotency-keyed hold that a crash left
+// executing, through Execute (policy evaluated again, credential attached,
+// the same key), once. An HTTP answer finishes it like an approval's
+// execution (hold_executed, reconciled=true); no answer (not sent because
+// policy, session or credential now refuse it, network error, timeout)
+// makes it outcome_unknown, audited: the first send may have been applied,
+// so only a person can tell. It is never retried in a loop.
+func (m *Manager) reconcileHold(ctx context.Context, id string) {
+	h, err := m.get(ctx, id)
+	if err != nil {
+		m.log.Error("holds: reconcile: the hold cannot be read; it stays executing until the next start", "hold", id, "err", err)
+		return
+	}
+	if h.Status != Running || h.IdempotencyHeader == "" {
+		return // recorded meanwhile (or never re-sendable)
+	}
+	res, ok := m.o.Execute(ctx, h)
+	if !res.Answered {
+		if _, err := m.unknown(ctx, h, map[string]any{"reconciled": true, "reason": "the re-send got no answer from the upstream"}); err != nil {
+			m.log.Error("holds: reconcile", "hold", id, "err", err)
+		}
+		return
+	}
+	status, kind, res := m.outcome(h, res, ok)
+	if _, err := m.finish(ctx, h, status, res, kind, map[string]any{"reconciled": true}); err != nil {
+		m.log.Error("holds: reconcile", "hold", id, "err", err)
+	}
+}
+
+// unknown moves an executing hold to outcome_unknown (audited
+// hold_outcome_unknown with fields).
+func (m *Manager) unknown(ctx context.Context, h Hold, fields map[string]any) (Hold, error) {
+	ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(Unknown), nil)
+	if err != nil {
+		return h, fmt.Errorf("holds: record outcome unknown: %w", err)
+	}
+	if !ok {
+		return h, nil
+	}
+	h.Status = Unknown
+	if err := m.o.Audit(ctx, "hold_outcome_unknown", h, fields); err != nil {
+		m.log.Error("holds: outcome unknown not audited", "hold", h.ID, "err", err)
+	}
+	m.log.Warn("holds: the re-sent approved call got no answer; its outcome is unknown and it is not sent again", "hold", h.ID)
+	m.publish(h, "outcome_unknown")
+	return h, nil
 }
 
 // refusalBody is the JSON of a refusal as the agent sees it.

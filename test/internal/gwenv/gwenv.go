@@ -273,8 +273,10 @@ type Upstream struct {
 	arrived chan struct{} // one value per request received
 	release chan struct{} // closed at cleanup: hung handlers return
 
-	mu   sync.Mutex
-	reqs []Seen
+	mu      sync.Mutex
+	reqs    []Seen
+	idem    map[string]string // POST /charges: Idempotency-Key → the first reply
+	charges int               // POST /charges applied (the side effect)
 }
 
 // Counting returns ln counting each connection it accepts in n.
@@ -321,6 +323,41 @@ func (u *Upstream) Requests() []Seen {
 	return append([]Seen(nil), u.reqs...)
 }
 
+// Charges returns how many charges POST /charges applied: a request whose
+// Idempotency-Key was seen before is answered with the stored first reply
+// and applies none.
+func (u *Upstream) Charges() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.charges
+}
+
+// charge applies POST /charges as an API that honours Idempotency-Key
+// does (Stripe's convention): the first request with a key is applied and
+// its reply stored before anything is answered; a repeated key gets the
+// stored reply, replayed true, and is not applied again. A request
+// without a key is always applied.
+func (u *Upstream) charge(key, body string) (reply string, replayed bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if r, ok := u.idem[key]; ok && key != "" {
+		return r, true
+	}
+	u.charges++
+	var in struct {
+		Amount int `json:"amount"`
+	}
+	_ = json.Unmarshal([]byte(body), &in)
+	b, _ := json.Marshal(map[string]any{"charge": fmt.Sprintf("ch_%d", u.charges), "amount": in.Amount})
+	if key != "" {
+		if u.idem == nil {
+			u.idem = map[string]string{}
+		}
+		u.idem[key] = string(b)
+	}
+	return string(b), false
+}
+
 // AwaitRequest waits until a request arrived (one per call).
 func (u *Upstream) AwaitRequest(t testing.TB, within time.Duration) {
 	t.Helper()
@@ -335,13 +372,20 @@ func (u *Upstream) AwaitRequest(t testing.TB, within time.Duration) {
 // In ModeOK it is the tickets API: GET /tickets, any method on
 // /tickets/{id} (the id as received, still escaped), POST /refunds, and
 // GET /echo, a hostile endpoint that reflects X-Api-Key in its body and
-// headers, plain and base64.
+// headers, plain and base64. POST /charges honours Idempotency-Key (see
+// charge) and is applied when it arrives, in every mode: in ModeHang the
+// charge is made and its reply lost, the case a retry must not repeat.
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
 	u.reqs = append(u.reqs, Seen{Method: r.Method, Path: r.URL.Path, EscapedPath: r.URL.EscapedPath(), RequestURI: r.RequestURI,
 		Header: r.Header.Clone(), Body: string(body)})
 	u.mu.Unlock()
+	var charged string
+	var replayed bool
+	if r.Method == http.MethodPost && r.URL.EscapedPath() == "/charges" {
+		charged, replayed = u.charge(r.Header.Get("Idempotency-Key"), string(body))
+	}
 	select {
 	case u.arrived <- struct{}{}:
 	default:
@@ -406,6 +450,11 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(map[string]string{"id": strings.TrimPrefix(esc, "/tickets/"), "method": r.Method})
 	case r.Method == http.MethodPost && esc == "/refunds":
 		reply(map[string]string{"refund": "ok"})
+	case r.Method == http.MethodPost && esc == "/charges":
+		if replayed {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		reply(json.RawMessage(charged))
 	default:
 		http.NotFound(w, r)
 	}
