@@ -452,8 +452,11 @@ func TestUpstreamFaults(t *testing.T) {
 
 // TestPolicyEvalFailures (G7): a Rego module whose evaluation fails for the
 // list tool — a runtime error, a conflicting complete rule, an endless
-// loop past the 1s eval timeout — turns the simple rules' allow into 403
-// policy_block (rule policy_error) with nothing upstream. The control is
+// loop past the 1s eval timeout, or a malformed decision (a non-string
+// approver or rule id, an unknown action) — turns the simple rules' allow
+// into 403 policy_block (rule policy_error, or for an unknown action the
+// module's own rule, naming it) with nothing upstream; the audited reason
+// names what failed. The control is
 // the same module for another tool: the refund is still held (202).
 func TestPolicyEvalFailures(t *testing.T) {
 	e := newEnv(t)
@@ -462,20 +465,28 @@ func TestPolicyEvalFailures(t *testing.T) {
 	d["rego"] = []string{rego}
 	path := e.Write(d)
 	g := e.Start(d, path)
-	cases := []struct{ name, body, reason string }{
+	// rule is the decision's rule: policy_error, except for an unknown
+	// action, which blocks in the name of the module's own rule.
+	cases := []struct{ name, body, reason, rule string }{
 		{"divide by zero (strict builtin errors)", `decisions contains {"action": "allow", "rule": "x", "reason": sprintf("%v", [10 / (count(input.tool) - count(input.tool))])} if {
 	input.tool == "tickets.list_tickets"
 }
-`, "policy"},
+`, "policy", "policy_error"},
 		{"conflicting complete rule", `level := 1 if input.tool == "tickets.list_tickets"
 level := 2 if startswith(input.tool, "tickets.list")
 decisions contains {"action": "allow", "rule": "x", "reason": "r"} if level > 0
-`, "conflict"},
+`, "conflict", "policy_error"},
 		{"endless loop past the eval timeout", `decisions contains {"action": "allow", "rule": "slow", "reason": "r"} if {
 	input.tool == "tickets.list_tickets"
 	count([x | some x in numbers.range(1, 100000000); x < 0]) == 0
 }
-`, "timed out"},
+`, "timed out", "policy_error"},
+		{"a non-string approver in an ask", `decisions contains {"action": "ask", "rule": "x", "reason": "r", "approvers": [1]} if input.tool == "tickets.list_tickets"
+`, "approver 1", "policy_error"},
+		{"a non-string rule id", `decisions contains {"action": "allow", "rule": 7, "reason": "r"} if input.tool == "tickets.list_tickets"
+`, "rule 7", "policy_error"},
+		{"an action that is not allow, ask or block", `decisions contains {"action": "maybe", "rule": "x", "reason": "r"} if input.tool == "tickets.list_tickets"
+`, "invalid action maybe", "x"},
 	}
 	version := func() float64 {
 		_, b, _ := g.AdminGet("/readyz")
@@ -489,7 +500,7 @@ decisions contains {"action": "allow", "rule": "x", "reason": "r"} if level > 0
 		t.Run(tc.name, func(t *testing.T) {
 			g := g.For(t)
 			c := casebook.Expect(t, "G7", "policy evaluation fails for an allowed tool: "+tc.name,
-				"403 policy_block by rule policy_error, nothing upstream; control: another tool under the same module is still held 202")
+				"403 policy_block by rule "+tc.rule+" naming "+tc.reason+", nothing upstream; control: another tool under the same module is still held 202")
 			v := version()
 			body := "package sluice.policies.team\n\nimport rego.v1\n\n" + tc.body
 			if err := os.WriteFile(mod, []byte(body), 0o644); err != nil {
@@ -517,8 +528,8 @@ decisions contains {"action": "allow", "rule": "x", "reason": "r"} if level > 0
 			if r.Status != http.StatusForbidden || r.Code != "policy_block" || reached != 0 {
 				t.Errorf("got %d %s with %d upstream requests, want 403 policy_block and none", r.Status, r.Body, reached)
 			}
-			if rule != "policy_error" {
-				t.Errorf("decision record rule %q reason %q, want policy_error", rule, reason)
+			if rule != tc.rule || !strings.Contains(reason, tc.reason) {
+				t.Errorf("decision record rule %q reason %q, want %s naming %q", rule, reason, tc.rule, tc.reason)
 			}
 			if ctl.Status != http.StatusAccepted {
 				t.Errorf("control: refund %d %s, want 202 held", ctl.Status, ctl.Body)
