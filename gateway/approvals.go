@@ -546,8 +546,7 @@ func (s *Server) withPerson(fn func(http.ResponseWriter, *http.Request, holds.Pe
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, ok := s.adminPerson(r)
 		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-			writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", "a valid approver token is required"), newRequestID())
+			writeUnauthenticated(w, "a valid approver token is required", newRequestID())
 			return
 		}
 		if s.holds == nil {

@@ -80,3 +80,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_, _ = w.Write(append(data, '\n'))
 }
+
+// writeUnauthenticated answers an admin API request without the credential
+// it needs: 401 unauthenticated, with the Bearer challenge; msg says which.
+func writeUnauthenticated(w http.ResponseWriter, msg, requestID string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+	writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", msg), requestID)
+}

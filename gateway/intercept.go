@@ -551,8 +551,7 @@ func (s *Server) adminIntercept(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := s.sessionCaller(r); !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-			writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", "an approver token or a session token is required"), newRequestID())
+			writeUnauthenticated(w, "an approver token or a session token is required", newRequestID())
 			return
 		}
 		views := []placeholderView{}

@@ -49,8 +49,7 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 	rid := newRequestID()
 	by, ok := s.machineCaller(r)
 	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-		writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", "a session token (gateway.session_tokens_sha256) is required"), rid)
+		writeUnauthenticated(w, "a session token (gateway.session_tokens_sha256) is required", rid)
 		return
 	}
 	ev, err := decodeSandboxEvent(http.MaxBytesReader(w, r.Body, maxSandboxEventBytes))

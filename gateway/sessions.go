@@ -126,8 +126,7 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	rid := newRequestID()
 	by, ok := s.sessionCaller(r)
 	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-		writeError(w, refuse(http.StatusUnauthorized, "unauthenticated", "an approver token or a session token is required"), rid)
+		writeUnauthenticated(w, "an approver token or a session token is required", rid)
 		return
 	}
 	session := r.PathValue("session")

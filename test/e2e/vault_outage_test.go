@@ -191,46 +191,6 @@ func TestVaultDynamicLeaseOutage(t *testing.T) {
 	}
 }
 
-// mountTmpfs mounts a tmpfs of size at dir/name, unmounted at the end of
-// t (test/fault's tmpfs, for Vault's audit file).
-func mountTmpfs(t *testing.T, dir, name, size string) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.Mkdir(p, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0700", "tmpfs", p).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs at %s: %v: %s", p, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", "-l", p).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", p, err, out)
-		}
-	})
-	return p
-}
-
-// fillDir writes dir/filler until the filesystem is full and returns its
-// path: removing it gives the space back.
-func fillDir(t *testing.T, dir string) string {
-	t.Helper()
-	p := filepath.Join(dir, "filler")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 512)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if !strings.Contains(err.Error(), "no space left") {
-				t.Fatalf("filler: %v", err)
-			}
-			return p
-		}
-	}
-}
-
 // TestVaultFileAuditFull: Vault's only audit device is a file on a small
 // tmpfs. Once the disk is full Vault refuses requests it cannot log, and
 // the gateway, its KV cache expired, answers 503 credential_unavailable
@@ -241,7 +201,7 @@ func TestVaultFileAuditFull(t *testing.T) {
 		"Vault refuses what it cannot log; the gateway answers 503 credential_unavailable, no upstream connection, audited; space back: 200 again")
 	e := newEnv(t)
 	w := newVaultWorld(t, e, false)
-	fs := mountTmpfs(t, e.Dir, "vaultaudit", "256k")
+	fs := gwenv.Tmpfs(t, e.Dir, "vaultaudit", "256k")
 	auditFile := filepath.Join(fs, "audit.log")
 	root := w.srv.Client(t)
 	if err := root.Sys().EnableAuditWithOptions("file", &api.EnableAuditOptions{Type: "file", Options: map[string]string{"file_path": auditFile}}); err != nil {
@@ -258,7 +218,7 @@ func TestVaultFileAuditFull(t *testing.T) {
 		t.Fatalf("Vault wrote nothing to its file audit device (%v): the control did not exercise it", err)
 	}
 
-	filler := fillDir(t, fs)
+	filler := gwenv.Fill(t, fs)
 	// tmpfs allocates pages: the audit file's last page may still take an
 	// entry or two. Ask Vault directly until it refuses.
 	var vaultErr error

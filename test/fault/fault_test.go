@@ -119,7 +119,7 @@ func TestKill9WithHeldCalls(t *testing.T) {
 // the chain verifies.
 func TestAuditFullDisk(t *testing.T) {
 	e := newEnv(t)
-	fs := tmpfs(t, e, "auditfs", "64k")
+	fs := gwenv.Tmpfs(t, e.Dir, "auditfs", "64k")
 	d := e.BaseConfig("full")
 	d["audit"] = map[string]any{"path": filepath.Join(fs, "audit.log")}
 	path := e.Write(d)
@@ -130,7 +130,7 @@ func TestAuditFullDisk(t *testing.T) {
 	if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
 		t.Fatalf("control: %d %s", r.Status, r.Body)
 	}
-	filler := fill(t, fs)
+	filler := gwenv.Fill(t, fs)
 	// tmpfs allocates pages: the log's last page may still hold a record
 	// or two. Calls succeed until it does not; each refused one must have
 	// reached nothing.
@@ -339,7 +339,7 @@ func TestBrokenPolicyAtColdStart(t *testing.T) {
 // Ask is held again.
 func TestStoreUnavailable(t *testing.T) {
 	e := newEnv(t)
-	fs := tmpfs(t, e, "storefs", "1m")
+	fs := gwenv.Tmpfs(t, e.Dir, "storefs", "1m")
 	d := e.BaseConfig("store")
 	d["store"] = "sqlite:" + filepath.Join(fs, "sluice.db")
 	d.Gateway()["max_pending_holds"] = 100
@@ -351,7 +351,7 @@ func TestStoreUnavailable(t *testing.T) {
 	if r := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":1}}`); r.Status != http.StatusAccepted {
 		t.Fatalf("control: %d %s, want 202 held", r.Status, r.Body)
 	}
-	filler := fill(t, fs)
+	filler := gwenv.Fill(t, fs)
 	var refused gwenv.Reply
 	held := 0
 	for i := 0; i < 40; i++ {
