@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/policy"
 )
 
 // TestProxyAuditSyncModes: with either audit.sync mode a proxied request's
@@ -143,5 +144,39 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEgressAuditFieldsSorted: the fields of every kind of egress record
+// are in strictly increasing key order, as audit.Record.Sorted requires
+// (out of order, the log would fold them into a map: the same line, at the
+// cost the pairs exist to avoid).
+func TestEgressAuditFieldsSorted(t *testing.T) {
+	full := &egressCall{kind: "http", destHost: "pkg.example", port: 80, status: 200, upstreamErr: "broken_body",
+		decided: true, event: "x", caller: policy.Caller{Sandbox: "sb", Agent: "a", Session: "s", User: "u"}}
+	full.destIP.Store("192.0.2.1")
+	bare := &egressCall{kind: "dns", destHost: "pkg.example", event: "doh_refused"}
+	for _, tc := range []struct {
+		name    string
+		c       *egressCall
+		event   string
+		refusal *apiError
+		want    int
+	}{
+		{"every field of a result", full, "result", &apiError{Code: CodeUpstreamError}, 17},
+		{"a decision", full, "decision", nil, 13},
+		{"a refusal before policy", bare, "decision", &apiError{Code: CodeEgressDenied}, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.c.auditFields(tc.event, tc.refusal)
+			for i := 1; i < len(f); i++ {
+				if f[i-1].Key >= f[i].Key {
+					t.Fatalf("%q before %q", f[i-1].Key, f[i].Key)
+				}
+			}
+			if len(f) != tc.want {
+				t.Fatalf("%d fields %v, want %d", len(f), f, tc.want)
+			}
+		})
 	}
 }

@@ -777,55 +777,66 @@ func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError
 // record appends c's audit record. presync only writes (the result's
 // fsync makes it durable); a record that cannot be written refuses.
 func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, refusal *apiError, presync bool) *egressError {
-	f := recordFields.Get().(map[string]any)
-	f["sandbox"], f["agent"], f["session"], f["user"] = c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User
-	f["kind"], f["dest_host"] = c.kind, c.destHost
-	if c.port != 0 {
-		f["port"] = c.port
-	}
-	if ip := c.destIP.Load(); ip != "" {
-		f["resolved_ip"] = ip
-	}
-	if c.decided {
-		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason
-	} else if c.event != "" {
-		f["reason"] = c.event // a refusal before policy (doh_refused …)
-	}
-	if c.status != 0 {
-		f["status"] = c.status
-	}
-	if c.upstreamErr != "" {
-		f["upstream_error"] = c.upstreamErr
-	}
-	if refusal != nil {
-		f["code"] = string(refusal.Code)
-	}
-	if event == "result" {
-		f["duration_ms"] = time.Since(c.start).Milliseconds()
-		f["bytes_up"], f["bytes_down"] = c.bytesUp.Load(), c.bytesDn.Load()
-	}
+	f := c.auditFields(event, refusal)
 	appendFn := e.s.audit.Append
 	if presync {
 		appendFn = e.s.audit.AppendWritten
 	}
-	if _, err := appendFn(ctx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
-		// The record may still be queued (a cancelled wait): its map is
-		// not reused.
+	if _, err := appendFn(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}); err != nil {
 		e.s.tel.audits.Add(ctx, 1)
 		e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
 		ee := egressRefuse(http.StatusServiceUnavailable, CodeAuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
 		ee.cause = err
 		return ee
 	}
-	// Written: the audit log keeps the line's bytes, never the map.
-	clear(f)
-	recordFields.Put(f)
 	return nil
 }
 
-// recordFields are the field maps of raw egress's audit records, reused:
-// a map of 16 fields is the largest allocation of a proxied request.
-var recordFields = sync.Pool{New: func() any { return make(map[string]any, 16) }}
+// auditFields are the fields of c's audit record for event, in increasing
+// key order (audit.Record.Sorted): every proxied request writes two of
+// these records, and a map per record was its largest allocation.
+func (c *egressCall) auditFields(event string, refusal *apiError) []audit.Field {
+	f := make([]audit.Field, 0, 17)
+	f = append(f, audit.Field{Key: "agent", Value: c.caller.Agent})
+	if event == "result" {
+		f = append(f, audit.Field{Key: "bytes_down", Value: c.bytesDn.Load()}, audit.Field{Key: "bytes_up", Value: c.bytesUp.Load()})
+	}
+	if refusal != nil {
+		f = append(f, audit.Field{Key: "code", Value: string(refusal.Code)})
+	}
+	if c.decided {
+		f = append(f, audit.Field{Key: "decision", Value: c.decision.Action.String()})
+	}
+	f = append(f, audit.Field{Key: "dest_host", Value: c.destHost})
+	if event == "result" {
+		f = append(f, audit.Field{Key: "duration_ms", Value: time.Since(c.start).Milliseconds()})
+	}
+	f = append(f, audit.Field{Key: "kind", Value: c.kind})
+	if c.port != 0 {
+		f = append(f, audit.Field{Key: "port", Value: c.port})
+	}
+	switch {
+	case c.decided:
+		f = append(f, audit.Field{Key: "reason", Value: c.decision.Reason})
+	case c.event != "":
+		f = append(f, audit.Field{Key: "reason", Value: c.event}) // a refusal before policy (doh_refused …)
+	}
+	if ip := c.destIP.Load(); ip != "" {
+		f = append(f, audit.Field{Key: "resolved_ip", Value: ip})
+	}
+	if c.decided {
+		f = append(f, audit.Field{Key: "rule", Value: c.decision.Rule})
+	}
+	f = append(f, audit.Field{Key: "sandbox", Value: c.caller.Sandbox}, audit.Field{Key: "session", Value: c.caller.Session})
+	if c.status != 0 {
+		f = append(f, audit.Field{Key: "status", Value: c.status})
+	}
+	if c.upstreamErr != "" {
+		f = append(f, audit.Field{Key: "upstream_error", Value: c.upstreamErr})
+	}
+	f = append(f, audit.Field{Key: "user", Value: c.caller.User})
+	return f
+}
 
 // logLine writes the one canonical decision line of a request or tunnel.
 func (e *rawEgress) logLine(c *egressCall, ee *egressError) {

@@ -124,6 +124,29 @@ type Record struct {
 	Event     string         `json:"event"` // "decision", "secret_reflected", ...
 	Fields    map[string]any `json:"fields,omitempty"`
 	Hash      string         `json:"hash"` // hex sha256 of this record with Hash empty
+
+	// Sorted is Fields as key/value pairs in increasing key order, no key
+	// twice: a caller that writes the same shape of record for every
+	// request hands it over without building a map. The line is the one
+	// Fields would give; pairs out of order are put into Fields first.
+	Sorted []Field `json:"-"`
+}
+
+// Field is one key and value of a record's fields.
+type Field struct {
+	Key   string
+	Value any
+}
+
+// foldSorted moves rec.Sorted into rec.Fields.
+func foldSorted(rec *Record) {
+	if rec.Fields == nil {
+		rec.Fields = make(map[string]any, len(rec.Sorted))
+	}
+	for _, f := range rec.Sorted {
+		rec.Fields[f.Key] = f.Value
+	}
+	rec.Sorted = nil
 }
 
 // file is the part of *os.File the writer uses; tests wrap it to inject faults.
@@ -366,9 +389,20 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	// Encode the caller's part of the line here, in parallel with other
 	// callers, so that the writer, which every record passes through in
 	// turn, only adds seq, time, prev and the hash.
-	if b, ok := appendRecordBody(make([]byte, 0, 640), &rec); ok {
+	if rec.Sorted != nil && (len(rec.Fields) > 0 || !sortedFields(rec.Sorted)) {
+		foldSorted(&rec)
+	}
+	b, ok := appendRecordBody(make([]byte, 0, 640), &rec)
+	if !ok && rec.Sorted != nil {
+		// A value the fast encoder declines: the writer encodes the
+		// record whole, with encoding/json, which needs the map.
+		foldSorted(&rec)
+		b, ok = appendRecordBody(b[:0], &rec)
+	}
+	if ok {
 		r.body = b
 	}
+	r.rec = rec
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()

@@ -47,6 +47,21 @@ func appendRecordBody(dst []byte, rec *Record) ([]byte, bool) {
 	dst = appendJSONString(dst, rec.RequestID)
 	dst = append(dst, `,"event":`...)
 	dst = appendJSONString(dst, rec.Event)
+	if len(rec.Fields) == 0 && len(rec.Sorted) > 0 {
+		dst = append(dst, `,"fields":{`...)
+		for i, f := range rec.Sorted {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendJSONString(dst, f.Key)
+			dst = append(dst, ':')
+			var ok bool
+			if dst, ok = appendValue(dst, f.Value); !ok {
+				return dst, false
+			}
+		}
+		return append(dst, '}'), true
+	}
 	if len(rec.Fields) > 0 {
 		keys := make([]string, 0, len(rec.Fields))
 		for k := range rec.Fields {
@@ -60,26 +75,44 @@ func appendRecordBody(dst []byte, rec *Record) ([]byte, bool) {
 			}
 			dst = appendJSONString(dst, k)
 			dst = append(dst, ':')
-			switch v := rec.Fields[k].(type) {
-			case string:
-				dst = appendJSONString(dst, v)
-			case int:
-				dst = strconv.AppendInt(dst, int64(v), 10)
-			case int64:
-				dst = strconv.AppendInt(dst, v, 10)
-			case uint64:
-				dst = strconv.AppendUint(dst, v, 10)
-			case bool:
-				dst = strconv.AppendBool(dst, v)
-			case nil:
-				dst = append(dst, "null"...)
-			default:
+			var ok bool
+			if dst, ok = appendValue(dst, rec.Fields[k]); !ok {
 				return dst, false
 			}
 		}
 		dst = append(dst, '}')
 	}
 	return dst, true
+}
+
+// appendValue appends a field value of a type the fast encoder takes.
+func appendValue(dst []byte, v any) ([]byte, bool) {
+	switch v := v.(type) {
+	case string:
+		return appendJSONString(dst, v), true
+	case int:
+		return strconv.AppendInt(dst, int64(v), 10), true
+	case int64:
+		return strconv.AppendInt(dst, v, 10), true
+	case uint64:
+		return strconv.AppendUint(dst, v, 10), true
+	case bool:
+		return strconv.AppendBool(dst, v), true
+	case nil:
+		return append(dst, "null"...), true
+	}
+	return dst, false
+}
+
+// sortedFields reports whether fs's keys increase strictly, as
+// Record.Sorted requires.
+func sortedFields(fs []Field) bool {
+	for i := 1; i < len(fs); i++ {
+		if fs[i-1].Key >= fs[i].Key {
+			return false
+		}
+	}
+	return true
 }
 
 // appendRecordHash appends the hash field and the closing brace.

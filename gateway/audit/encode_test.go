@@ -2,7 +2,11 @@ package audit
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"maps"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -73,6 +77,16 @@ func FuzzAppendRecord(f *testing.F) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("differs:\n got %s\nwant %s", got, want)
 		}
+		// The same fields as sorted pairs encode to the same bytes.
+		keys := slices.Sorted(maps.Keys(rec.Fields))
+		sorted := rec
+		sorted.Fields = nil
+		for _, k := range keys {
+			sorted.Sorted = append(sorted.Sorted, Field{k, rec.Fields[k]})
+		}
+		if got2, ok := appendRecord(nil, &sorted); !ok || !bytes.Equal(got2, want) {
+			t.Fatalf("from sorted pairs (ok %v):\n got %s\nwant %s", ok, got2, want)
+		}
 		// The writer's line from the body Append encoded is the line it
 		// makes from the whole record.
 		l := &Log{now: func() time.Time { return rec.Time }}
@@ -113,4 +127,56 @@ func BenchmarkEncode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestSortedFieldsAppend: a record handed over as sorted pairs is written
+// as the same line as with the map; pairs out of order, a key twice, a
+// value the fast encoder declines, or pairs beside a map are folded into
+// the map first, and the line is still the map's.
+func TestSortedFieldsAppend(t *testing.T) {
+	at := time.Date(2026, 11, 30, 10, 0, 0, 123, time.UTC)
+	cases := []struct {
+		name   string
+		sorted []Field
+		fields map[string]any
+	}{
+		{"in order", []Field{{"agent", "a"}, {"bytes_up", int64(5)}, {"port", 80}}, nil},
+		{"out of order", []Field{{"port", 80}, {"agent", "a"}}, nil},
+		{"a key twice: the last wins, as in a map", []Field{{"agent", "a"}, {"agent", "b"}}, nil},
+		{"a float", []Field{{"agent", "a"}, {"ms", 1.5}}, nil},
+		{"beside a map", []Field{{"agent", "a"}}, map[string]any{"tool": "t"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// The expected line: the same record with a map.
+			m := map[string]any{}
+			for k, v := range tc.fields {
+				m[k] = v
+			}
+			for _, f := range tc.sorted {
+				m[f.Key] = f.Value
+			}
+			dir := t.TempDir()
+			logs := map[string]Record{
+				"sorted": {RequestID: "r", Event: "e", Sorted: tc.sorted, Fields: tc.fields},
+				"map":    {RequestID: "r", Event: "e", Fields: m},
+			}
+			lines := map[string]string{}
+			for name, rec := range logs {
+				l, err := Open(filepath.Join(dir, name+".log"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				l.now = func() time.Time { return at }
+				if _, err := l.Append(context.Background(), rec); err != nil {
+					t.Fatal(err)
+				}
+				must(t, l.Close())
+				lines[name] = readString(t, filepath.Join(dir, name+".log"))
+			}
+			if lines["sorted"] != lines["map"] {
+				t.Fatalf("lines differ:\n sorted %s\n    map %s", lines["sorted"], lines["map"])
+			}
+		})
+	}
 }
