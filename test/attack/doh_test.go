@@ -34,7 +34,8 @@ func TestGatewayDoHRefused(t *testing.T) {
 	e.NS.AddAddr(t, egressIP+"/32")
 	e.NS.AddAddr(t, "1.1.1.1/32")
 	var conns, dnsQ atomic.Int64
-	for _, a := range []string{egressIP + ":443", "1.1.1.1:443", "1.1.1.1:853"} {
+	e.NS.AddAddr(t, "2606:4700:4700::1111/128")
+	for _, a := range []string{egressIP + ":443", "1.1.1.1:443", "1.1.1.1:853", "[2606:4700:4700::1111]:443"} {
 		ln := e.NS.Listen(t, a)
 		go func() {
 			for {
@@ -73,6 +74,8 @@ func TestGatewayDoHRefused(t *testing.T) {
 		{"DoH: CONNECT dns.google:443 (RFC 8484)", connect("dns.google:443"), "dns.google", "connect"},
 		{"DoT: CONNECT 1.1.1.1:853 (RFC 7858)", connect("1.1.1.1:853"), "1.1.1.1", "connect"},
 		{"DoH by address: CONNECT 1.1.1.1:443", connect("1.1.1.1:443"), "1.1.1.1", "connect"},
+		{"DoH by IPv6 address, not on the allowlist: CONNECT [2606:4700:4700::1111]:443", connect("[2606:4700:4700::1111]:443"), "2606:4700:4700::1111", "connect"},
+		{"DoH by IPv4-mapped address: CONNECT [::ffff:1.1.1.1]:443", connect("[::ffff:1.1.1.1]:443"), "::ffff:1.1.1.1", "connect"},
 		{"DoH in plain HTTP: GET http://dns.google/dns-query", "GET http://dns.google/dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB HTTP/1.1\r\nHost: dns.google\r\n\r\n", "dns.google", "http"},
 		{"the DoT port in plain HTTP: GET http://1.1.1.1:853/", "GET http://1.1.1.1:853/ HTTP/1.1\r\nHost: 1.1.1.1:853\r\n\r\n", "1.1.1.1", "http"},
 	} {
