@@ -71,6 +71,19 @@ type Config struct {
 	// without it). Optional; needs gateway_admin. The file is read at each
 	// use, so the token can be rotated.
 	GatewaySessionTokenFile string `yaml:"gateway_session_token_file"`
+	// DNSCache is how long each sandbox's DNS stub reuses the gateway's
+	// positive answer to an A or AAAA question, never past its TTL (the
+	// relay's DNSCacheFor); 0 asks the gateway every time. Default 1s.
+	DNSCache time.Duration `yaml:"dns_cache"`
+}
+
+// relayDNSCache is DNSCache as relay.Options.DNSCacheFor says it (there 0
+// means the default and a negative value means off).
+func (c Config) relayDNSCache() time.Duration {
+	if c.DNSCache <= 0 {
+		return -1
+	}
+	return c.DNSCache
 }
 
 // GatewayTLS is where and how to reach a remote gateway's relay listener.
@@ -128,6 +141,7 @@ func Default() Config {
 		CgroupParent: "sluice-sandboxd",
 		UIDs:         UIDRange{Base: 100000, Count: 256},
 		Limits:       DefaultLimits,
+		DNSCache:     time.Second,
 	}
 }
 
@@ -173,6 +187,9 @@ func (c Config) Validate() error {
 	}
 	if c.UIDs.Count < 1 || int64(c.UIDs.Base)+int64(c.UIDs.Count)*65536 > 1<<32-2 {
 		return fmt.Errorf("config: uids.count: %d slots do not fit above base %d", c.UIDs.Count, c.UIDs.Base)
+	}
+	if c.DNSCache < 0 || c.DNSCache > time.Hour {
+		return fmt.Errorf("config: dns_cache: must be in 0s..1h, got %s", c.DNSCache)
 	}
 	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
 		return fmt.Errorf("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)

@@ -57,6 +57,7 @@ type Exit struct {
 	GatewayTLS  *tls.Config
 	ProxyPort   int
 	DNSPort     int
+	DNSCacheFor time.Duration // as relay.Options.DNSCacheFor (config dns_cache)
 }
 
 // ExitOpener opens a sandbox's listeners (sandboxd/relay); the Closer
@@ -420,7 +421,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		x, err := m.exits(ctx, Exit{
 			NetNS: fmt.Sprintf("/proc/%d/ns/net", sb.info.Pid), Identity: ident, Gateway: m.cfg.Gateway,
 			GatewayAddr: m.cfg.GatewayTLS.Address, GatewayTLS: m.gwTLS,
-			SocketPath: filepath.Join(sb.dir, "run", "gateway.sock"), ProxyPort: ProxyPort, DNSPort: DNSPort,
+			SocketPath: filepath.Join(sb.dir, "run", "gateway.sock"), ProxyPort: ProxyPort, DNSPort: DNSPort, DNSCacheFor: m.cfg.relayDNSCache(),
 		})
 		if err != nil {
 			return fmt.Errorf("sandboxd: create: open exits: %w", err)

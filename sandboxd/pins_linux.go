@@ -109,7 +109,7 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 	p, err := pin.Pin(ctx, pin.Options{
 		NetNS: "/proc/self/fd/" + strconv.Itoa(int(ns.Fd())), Identity: ident, Gateway: m.cfg.Gateway,
 		GatewayAddr: m.cfg.GatewayTLS.Address, GatewayTLS: m.gwTLS,
-		ProxyPort: ProxyPort, DNSPort: DNSPort, Logger: m.log,
+		ProxyPort: ProxyPort, DNSPort: DNSPort, DNSCacheFor: m.cfg.relayDNSCache(), Logger: m.log,
 	})
 	if err != nil {
 		return PinInfo{}, fmt.Errorf("sandboxd: pin %s: %w", path, err)

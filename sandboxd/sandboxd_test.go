@@ -32,6 +32,8 @@ func TestParseConfig(t *testing.T) {
 		{"remote gateway without a CA", "host: node-a\ngateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: /c.key}\n", "gateway_tls.ca_file"},
 		{"remote gateway without host", "gateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: /c.key, ca_file: /ca.pem}\n", "host: must be set with gateway_tls"},
 		{"gateway_tls keys without an address", "gateway_tls: {cert_file: /c.pem}\n", "gateway_tls.address: must be set"},
+		{"negative dns_cache", "dns_cache: -1s\n", "dns_cache: must be in 0s..1h"},
+		{"dns_cache over an hour", "dns_cache: 2h\n", "dns_cache: must be in 0s..1h"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -49,6 +51,18 @@ func TestParseConfig(t *testing.T) {
 				t.Fatalf("got %v, want error containing %q", err, tc.wantErr)
 			}
 		})
+	}
+	// dns_cache: 1s by default; 0 turns the stub's cache off, which the
+	// relay takes as a negative DNSCacheFor (its 0 means the default).
+	for _, tc := range []struct {
+		yaml      string
+		cache     time.Duration
+		relayWant time.Duration
+	}{{"", time.Second, time.Second}, {"dns_cache: 0s\n", 0, -1}, {"dns_cache: 250ms\n", 250 * time.Millisecond, 250 * time.Millisecond}} {
+		c, err := ParseConfig([]byte(tc.yaml))
+		if err != nil || c.DNSCache != tc.cache || c.relayDNSCache() != tc.relayWant {
+			t.Errorf("%q: dns_cache %s, relay %s, %v; want %s and %s", tc.yaml, c.DNSCache, c.relayDNSCache(), err, tc.cache, tc.relayWant)
+		}
 	}
 	c, _ := ParseConfig([]byte("limits: {pids: 64, exec_timeout: 5s}\n"))
 	if c.Limits.Pids != 64 || c.Limits.ExecTimeout != 5*time.Second || c.Limits.MemoryBytes != DefaultLimits.MemoryBytes {

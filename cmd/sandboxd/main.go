@@ -52,7 +52,7 @@ func exits(log *slog.Logger) sandboxd.ExitOpener {
 		return relay.Open(ctx, relay.Options{
 			NetNS: e.NetNS, Identity: e.Identity, Gateway: e.Gateway, SocketPath: e.SocketPath,
 			GatewayAddr: e.GatewayAddr, GatewayTLS: e.GatewayTLS,
-			ProxyPort: e.ProxyPort, DNSPort: e.DNSPort, Logger: log,
+			ProxyPort: e.ProxyPort, DNSPort: e.DNSPort, DNSCacheFor: e.DNSCacheFor, Logger: log,
 		})
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -68,8 +69,9 @@ type Options struct {
 	// GatewayAddr and GatewayTLS: a remote gateway, as in relay.Options.
 	GatewayAddr string
 	GatewayTLS  *tls.Config
-	ProxyPort   int // default relay.DefaultProxyPort
-	DNSPort     int // default relay.DefaultDNSPort
+	ProxyPort   int           // default relay.DefaultProxyPort
+	DNSPort     int           // default relay.DefaultDNSPort
+	DNSCacheFor time.Duration // as relay.Options.DNSCacheFor
 	Logger      *slog.Logger
 }
 
@@ -132,6 +134,7 @@ func Pin(ctx context.Context, opts Options) (*Pinned, error) {
 		GatewayTLS:  opts.GatewayTLS,
 		ProxyPort:   opts.ProxyPort,
 		DNSPort:     opts.DNSPort,
+		DNSCacheFor: opts.DNSCacheFor,
 		Logger:      opts.Logger,
 	})
 	if err != nil {
