@@ -134,7 +134,7 @@ func TestAnswerCacheBounded(t *testing.T) {
 			t.Fatal("not a plain query")
 		}
 		ans := AppendAnswer(nil, &q, mdns.RcodeSuccess, []netip.Addr{netip.MustParseAddr("192.0.2.1")}, 60)
-		c.store(&q, b, ans, now)
+		c.store(&q, ans, now)
 	}
 	if len(c.m) > maxCached {
 		t.Fatalf("%d answers kept, bound %d", len(c.m), maxCached)

@@ -177,8 +177,10 @@ func (s *Stub) serveBatch(ctx context.Context, pc net.PacketConn, bc *ipv4.Packe
 func (u *udpServer) deliver(w *udpWait, ans []byte) {
 	u.inflight.Add(-1)
 	if plainAnswer(ans, w.query[headerLen:]) && len(ans) <= w.max && len(ans) <= len(w.buf) {
-		if q, ok := ParseQuery(w.query); ok {
-			u.cache.store(&q, w.query, ans, time.Now())
+		if u.cache != nil {
+			if q, ok := ParseQuery(w.query); ok {
+				u.cache.store(&q, ans, time.Now())
+			}
 		}
 		id := [2]byte{w.query[0], w.query[1]}
 		out := append(w.buf[:0], ans...) // the query is not needed any more

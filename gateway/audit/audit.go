@@ -385,24 +385,23 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	if err := ctx.Err(); err != nil {
 		return Record{}, fmt.Errorf("audit: append: %w", err)
 	}
-	r := &request{rec: rec, nosync: nosync, done: make(chan result, 1)}
 	// Encode the caller's part of the line here, in parallel with other
 	// callers, so that the writer, which every record passes through in
 	// turn, only adds seq, time, prev and the hash.
 	if rec.Sorted != nil && (len(rec.Fields) > 0 || !sortedFields(rec.Sorted)) {
 		foldSorted(&rec)
 	}
-	b, ok := appendRecordBody(make([]byte, 0, 640), &rec)
+	body, ok := appendRecordBody(make([]byte, 0, 640), &rec)
 	if !ok && rec.Sorted != nil {
 		// A value the fast encoder declines: the writer encodes the
 		// record whole, with encoding/json, which needs the map.
 		foldSorted(&rec)
-		b, ok = appendRecordBody(b[:0], &rec)
+		body, ok = appendRecordBody(body[:0], &rec)
 	}
-	if ok {
-		r.body = b
+	if !ok {
+		body = nil
 	}
-	r.rec = rec
+	r := &request{rec: rec, body: body, nosync: nosync, done: make(chan result, 1)}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
