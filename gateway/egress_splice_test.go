@@ -133,6 +133,16 @@ func asInt(t *testing.T, f map[string]any, k string) int64 {
 	return 0
 }
 
+// tunnelRelays are the two ways a CONNECT tunnel is relayed: socket to
+// socket (relayTCP) and the copy loop (splice), for tests that run both.
+var tunnelRelays = []struct {
+	name     string
+	copyLoop bool
+}{
+	{"socket to socket", false},
+	{"copy loop", true},
+}
+
 // TestEgressSplicedTunnel: a CONNECT tunnel between a handed-off sandbox
 // TCP socket and a TCP upstream is relayed socket to socket (relayTCP,
 // with splice(2) for the bulk of a download); it
@@ -141,13 +151,7 @@ func asInt(t *testing.T, f map[string]any, k string) int64 {
 // loop's does, and the bytes buffered above the socket before the splice
 // are not lost.
 func TestEgressSplicedTunnel(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		copyLoop bool
-	}{
-		{"socket to socket", false},
-		{"copy loop", true},
-	} {
+	for _, tc := range tunnelRelays {
 		t.Run(tc.name, func(t *testing.T) {
 			be := startBenchEgress(t, "", nil)
 			be.eg.copyLoop.Store(tc.copyLoop)

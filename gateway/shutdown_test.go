@@ -328,13 +328,7 @@ func TestStopHooks(t *testing.T) {
 // (socket to socket and copy loop alike) and its result record, with the
 // bytes it carried, is written before Serve returns.
 func TestShutdownEndsTunnels(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		copyLoop bool
-	}{
-		{"socket to socket", false},
-		{"copy loop", true},
-	} {
+	for _, tc := range tunnelRelays {
 		t.Run(tc.name, func(t *testing.T) {
 			be := startBenchEgress(t, "", nil)
 			be.eg.copyLoop.Store(tc.copyLoop)

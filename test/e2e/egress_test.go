@@ -56,16 +56,7 @@ func newEgressWorld(t testing.TB) *egressWorld {
 	hl, tl, ll := e.NS.Listen(t, egressIP+":80"), e.NS.Listen(t, egressIP+":443"), e.NS.Listen(t, "127.0.0.1:443")
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/stream" {
-			// Server-sent events: the first at once, the second when the
-			// test has seen the first (or after 10 s).
-			rw.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(rw, "data: one\n\n")
-			rw.(http.Flusher).Flush()
-			select {
-			case <-w.release:
-			case <-time.After(10 * time.Second):
-			}
-			fmt.Fprint(rw, "data: two\n\n")
+			serveStream(rw, w.release)
 			return
 		}
 		if r.Header.Get("Proxy-Authorization") != "" || r.Header.Get("Proxy-Connection") != "" {

@@ -179,6 +179,20 @@ func expect(t *testing.T, r gwenv.Reply, status int, code string) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
+// serveStream is an upstream's /stream for expectStreamed: server-sent
+// events, the first at once, the second when release receives (the test
+// has seen the first) or after 10 s.
+func serveStream(rw http.ResponseWriter, release <-chan struct{}) {
+	rw.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(rw, "data: one\n\n")
+	rw.(http.Flusher).Flush()
+	select {
+	case <-release:
+	case <-time.After(10 * time.Second):
+	}
+	fmt.Fprint(rw, "data: two\n\n")
+}
+
 // expectStreamed GETs url, an upstream's /stream (server-sent events: the
 // first at once, the second once release receives), through c, and fails
 // t unless the first event arrives while the upstream still holds the

@@ -89,16 +89,7 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 			return
 		}
 		if r.URL.Path == "/stream" {
-			// Server-sent events: the first at once, the second when the
-			// test has seen the first (or after 10 s).
-			rw.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(rw, "data: one\n\n")
-			rw.(http.Flusher).Flush()
-			select {
-			case <-w.release:
-			case <-time.After(10 * time.Second):
-			}
-			fmt.Fprint(rw, "data: two\n\n")
+			serveStream(rw, w.release)
 			return
 		}
 		if strings.HasPrefix(r.URL.Path, "/ws") {
