@@ -119,7 +119,7 @@ func benchDNS(t *testing.T, w *world) []*section {
 			"The bare responder is a miekg/dns server that answers from a Go map; dnsmasq caches and forwards to it; "+
 			"sluice is the sandbox's resolver: the relay's DNS stub in the namespace, which streams each question to the gateway's `/v1/dns` (two long-lived streams per sandbox; the stub reads queries in batches with recvmmsg, writes the frames of a batch as one chunk and sends replies with sendmmsg) "+
 			"over the identity-stamped socket, where it is decided by Rego (kind `dns`, agent-a may resolve pkg.test) and answered from the gateway's cache or the bare responder. "+
-			"As sandboxd runs it, the stub reuses the gateway's positive A/AAAA answer to the same question for up to 1 s (never past its TTL; refusals are never reused), so the gateway decides `pkg.test` about once a second of the run; the cache-off row sends every question to the gateway.",
+			"As sandboxd runs it, the stub reuses the gateway's positive A/AAAA answer to the same question for up to 1 s (never past its TTL; refusals are never reused), so the gateway decides `pkg.test` at most once a second (its answer TTL is longer); the cache-off row sends every question to the gateway.",
 			int(dur.Seconds()), turns())}
 	n := iterations(2000)
 	targets := []struct {
