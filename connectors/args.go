@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/getkin/kin-openapi/openapi3"
 )
 
 const (
@@ -193,11 +191,6 @@ func (t *Tool) Validate(args Args) error {
 			if err := checkParamShape(p, v, field); err != nil {
 				return err
 			}
-			if p.schema != nil {
-				if err := t.visit(p.schema, v, field); err != nil {
-					return err
-				}
-			}
 		}
 	}
 
@@ -205,23 +198,38 @@ func (t *Tool) Validate(args Args) error {
 		if args.Body != nil {
 			return &ArgError{Field: "body", Reason: "this tool takes no request body"}
 		}
-		return nil
-	}
-	if args.Body == nil {
+	} else if args.Body == nil {
 		if t.bodyRequired {
 			return &ArgError{Field: "body", Reason: "required"}
 		}
-		return nil
-	}
-	if err := checkStrings(args.Body, "body", false); err != nil {
-		return err
-	}
-	if t.BodyType == formType {
-		if err := checkFormBody(args.Body); err != nil {
+	} else {
+		if err := checkStrings(args.Body, "body", false); err != nil {
 			return err
 		}
+		if t.BodyType == formType {
+			if err := checkFormBody(args.Body); err != nil {
+				return err
+			}
+		}
 	}
-	return t.visit(t.body, args.Body, "body")
+	return t.validateSchema(args)
+}
+
+// validateSchema checks the whole arguments document against the tool's
+// compiled schema: the same document agents are given as Tool.Schema.
+func (t *Tool) validateSchema(args Args) (err error) {
+	if t.compiled == nil {
+		return &ArgError{Reason: "tool has no compiled schema"}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = &ArgError{Reason: "schema validation failed"}
+		}
+	}()
+	if verr := t.compiled.Validate(instance(args)); verr != nil {
+		return argErrorFrom(verr)
+	}
+	return nil
 }
 
 // checkStrings caps every string in v and, for a header, refuses control
@@ -324,45 +332,6 @@ func checkFormBody(body any) error {
 		}
 	}
 	return nil
-}
-
-// visit validates v against s with kin-openapi and reports the failing
-// field as a dotted path under prefix.
-func (t *Tool) visit(s *openapi3.Schema, v any, prefix string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &ArgError{Field: prefix, Reason: "schema validation failed"}
-		}
-	}()
-	opts := []openapi3.SchemaValidationOption{openapi3.VisitAsRequest()}
-	if t.schema2020 {
-		opts = append(opts, openapi3.EnableJSONSchema2020())
-	}
-	verr := s.VisitJSON(v, opts...)
-	if verr == nil {
-		return nil
-	}
-	var me openapi3.MultiError
-	if errors.As(verr, &me) && len(me) > 0 {
-		verr = me[0]
-	}
-	var se *openapi3.SchemaError
-	if !errors.As(verr, &se) {
-		return &ArgError{Field: prefix, Reason: "does not match the schema"}
-	}
-	field := prefix
-	for _, part := range se.JSONPointer() {
-		if _, err := strconv.Atoi(part); err == nil {
-			field += "[" + part + "]"
-		} else {
-			field += "." + part
-		}
-	}
-	reason := se.Reason
-	if reason == "" {
-		reason = "does not match the schema"
-	}
-	return &ArgError{Field: field, Reason: reason}
 }
 
 func isScalar(v any) bool {

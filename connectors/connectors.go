@@ -2,13 +2,22 @@
 // schema-checked operations that the gateway can call on an agent's behalf.
 //
 // A connector is one API (one spec plus a base URL). Each operation becomes a
-// Tool named "<slug>.<operationId in snake_case>" with a JSON Schema for its
-// arguments ({"path","query","headers","body"}) and a risk class. Arguments
-// are validated here, before any policy runs, and the upstream request is
-// built here so that path parameters can never change the upstream path.
+// Tool named "<slug>.<operationId in snake_case>" (with a function-safe
+// alias) with a JSON Schema 2020-12 document for its arguments
+// ({"path","query","headers","body"}) and a risk class. That document is
+// both what agents are shown and what is compiled to validate their
+// arguments. Arguments are validated here, before any policy runs, and the
+// upstream request is built here so that path parameters can never change
+// the upstream path.
 //
-// This package imports no other package of sluice; its one dependency is
-// kin-openapi.
+// Loading is lenient: an operation that cannot be understood is skipped
+// with its JSON pointer and reason (Connector.Skipped), a defect that
+// touches no operation is reported (Connector.Defects), and only
+// Options.Strict turns either into a failed load.
+//
+// This package imports no other package of sluice. It reads specs with
+// kin-openapi and validates arguments with santhosh-tekuri/jsonschema,
+// whose patterns are ECMA-262 (dlclark/regexp2, with a match timeout).
 package connectors
 
 import (
@@ -17,6 +26,7 @@ import (
 	"net/url"
 
 	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // Risk classifies what a tool does to the world.
@@ -41,6 +51,10 @@ type Options struct {
 	Spec    string       // a file path or an https:// URL
 	BaseURL string       // overrides the spec's servers when set
 	Client  *http.Client // used to fetch an https spec; nil means a default client with a timeout
+	// Strict fails the load on any skipped operation or defect, and on
+	// anything kin-openapi's validator finds in the document, instead of
+	// loading what can be loaded.
+	Strict bool
 }
 
 // Connector is one loaded API.
@@ -49,15 +63,36 @@ type Connector struct {
 	BaseURL *url.URL                   // from Options.BaseURL or the spec's first server; nil if neither
 	Tools   []*Tool                    // sorted by Name
 	Schemes map[string]*SecurityScheme // the spec's components.securitySchemes by name
-	// Skipped lists operations that yield no tool, each as
-	// "METHOD /path (operationId): reason" (for example a request body
-	// only in multipart/form-data).
-	Skipped []string
+	// Skipped lists the operations that yield no tool, each with the JSON
+	// pointer of the part at fault and why.
+	Skipped []Problem
+	// Defects lists what is wrong in the spec but dropped nothing: a named
+	// schema no tool uses that would not compile, for example.
+	Defects []Problem
+}
+
+// Problem is one thing in a spec that was left out or is defective.
+type Problem struct {
+	Operation string // "POST /pets (createPet)"; empty for a defect outside operations
+	Pointer   string // JSON pointer into the spec ("#/paths/~1pets/post/requestBody")
+	Reason    string
+}
+
+func (p Problem) String() string {
+	s := p.Pointer + ": " + p.Reason
+	if p.Operation != "" {
+		s = p.Operation + ": " + s
+	}
+	return s
 }
 
 // Tool is one operation an agent may call.
 type Tool struct {
-	Name         string // "<slug>.<snake_case operationId>"
+	Name string // "<slug>.<snake_case operationId>"
+	// Alias is a function-safe name (^[a-zA-Z0-9_-]{1,64}$, as OpenAI's
+	// and Anthropic's function names must be) that a call may use instead
+	// of Name; stable for a given Name and unique within a catalogue.
+	Alias        string
 	Connector    string // the slug
 	OperationID  string // as written in the spec (or derived from method and path)
 	Method       string // upper case
@@ -86,8 +121,11 @@ type Tool struct {
 
 	params       []*param // path, query and header parameters, sorted by in then name
 	body         *openapi3.Schema
+	bodyRef      *openapi3.SchemaRef // as written, for rendering ($ref kept)
+	bodyPointer  string              // JSON pointer of the body's schema in the spec
 	bodyRequired bool
-	schema2020   bool // validate with JSON Schema 2020-12 (OpenAPI 3.1 documents)
+	fixedQuery   string             // sent with every call: from a path key "/x?beta=true"
+	compiled     *jsonschema.Schema // Schema, compiled: what Validate enforces
 }
 
 // SecurityScheme is an OpenAPI security scheme the gateway knows how to satisfy.

@@ -2,6 +2,7 @@ package connectors
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -35,6 +37,9 @@ type param struct {
 	explode  bool
 	schema   *openapi3.Schema // nil accepts any value
 	desc     string
+
+	schemaRef *openapi3.SchemaRef // as written, for rendering ($ref kept)
+	pointer   string              // JSON pointer of the parameter in the spec
 }
 
 // Load reads a spec and returns its tools. Errors name the spec and, where
@@ -47,7 +52,7 @@ func Load(ctx context.Context, opts Options) (*Connector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
 	}
-	c, err := build(ctx, opts.Slug, doc, specURL, opts.BaseURL)
+	c, err := build(ctx, opts.Slug, doc, specURL, opts.BaseURL, opts.Strict)
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
 	}
@@ -72,7 +77,7 @@ func LoadData(ctx context.Context, slug string, data []byte, baseURL string) (*C
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load data: parse: %w", err)
 	}
-	c, err := build(ctx, slug, doc, nil, baseURL)
+	c, err := build(ctx, slug, doc, nil, baseURL, false)
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load data: %w", err)
 	}
@@ -238,38 +243,39 @@ func fetch(ctx context.Context, client *http.Client, u *url.URL, b *budget) ([]b
 // tools are built (the result is sorted by name anyway).
 var methods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
 
-// build validates doc and turns each operation into a Tool.
-func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, baseOverride string) (c *Connector, err error) {
+// build turns each operation of doc into a Tool. It is lenient the way a
+// user needs it to be with a vendor's spec: an operation whose own
+// parameters, request body or security cannot be understood is skipped
+// with its reason, and a defect anywhere else (a response schema, an
+// unused component) is reported and drops nothing. With strict, any
+// skipped operation or defect, or anything kin-openapi's validator finds,
+// fails the load, listing all of them.
+func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, baseOverride string, strict bool) (c *Connector, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			c, err = nil, fmt.Errorf("validate: openapi validator panicked: %v", r)
+			c, err = nil, fmt.Errorf("build: openapi document panicked: %v", r)
 		}
 	}()
 	is31 := strings.HasPrefix(doc.OpenAPI, "3.1")
 	if !is31 && !strings.HasPrefix(doc.OpenAPI, "3.0") {
-		return nil, fmt.Errorf("version: openapi %q is not supported (want 3.0 or 3.1)", doc.OpenAPI)
-	}
-	vopts := []openapi3.ValidationOption{
-		openapi3.DisableExamplesValidation(),
-		openapi3.DisableSchemaDefaultsValidation(),
-	}
-	if err := doc.Validate(ctx, vopts...); err != nil {
-		return nil, fmt.Errorf("validate: %w", err)
+		return nil, fmt.Errorf("version: openapi %q is not supported (want 3.0 or 3.1, or Swagger 2.0)", doc.OpenAPI)
 	}
 	base, err := baseURL(doc, specURL, baseOverride)
 	if err != nil {
 		return nil, err
 	}
 	c = &Connector{Slug: slug, BaseURL: base, Schemes: securitySchemes(doc)}
+	d := newDefs(is31)
 
-	if doc.Paths == nil {
-		return c, nil
-	}
 	byName := map[string]string{} // tool name → "METHOD /path"
-	pathMap := doc.Paths.Map()
-	paths := make([]string, 0, len(pathMap))
-	for p := range pathMap {
-		paths = append(paths, p)
+	aliases := map[string]string{}
+	var paths []string
+	var pathMap map[string]*openapi3.PathItem
+	if doc.Paths != nil {
+		pathMap = doc.Paths.Map()
+		for p := range pathMap {
+			paths = append(paths, p)
+		}
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
@@ -284,23 +290,138 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 			if op.OperationID != "" {
 				where += " (" + op.OperationID + ")"
 			}
-			t, skip, err := buildTool(slug, doc, c.Schemes, p, strings.ToUpper(m), item, op, is31)
-			if err != nil {
-				return nil, fmt.Errorf("operation %s: %w", where, err)
+			ptr := "#/paths/" + pointerEscape(p) + "/" + strings.ToLower(m)
+			skip := func(pointer string, err error) {
+				var se *specError
+				if errors.As(err, &se) {
+					pointer, err = se.Pointer, se.Err
+				}
+				c.Skipped = append(c.Skipped, Problem{Operation: where, Pointer: pointer, Reason: err.Error()})
 			}
-			if skip != "" {
-				c.Skipped = append(c.Skipped, where+": "+skip)
+			t, err := buildTool(slug, doc, c.Schemes, p, ptr, strings.ToUpper(m), item, op, d)
+			if err != nil {
+				skip(ptr, err)
 				continue
 			}
 			if prev, dup := byName[t.Name]; dup {
-				return nil, fmt.Errorf("operation %s: tool name %s is also the name of operation %s", where, t.Name, prev)
+				skip(ptr, fmt.Errorf("tool name %s is also the name of operation %s", t.Name, prev))
+				continue
+			}
+			t.Alias = aliasFor(t.Name)
+			if prev, dup := aliases[t.Alias]; dup {
+				skip(ptr, fmt.Errorf("tool alias %s is also the alias of %s", t.Alias, prev))
+				continue
 			}
 			byName[t.Name] = where
+			aliases[t.Alias] = t.Name
 			c.Tools = append(c.Tools, t)
 		}
 	}
 	sort.Slice(c.Tools, func(i, j int) bool { return c.Tools[i].Name < c.Tools[j].Name })
+	c.Defects = componentDefects(doc, d, c.Skipped)
+	if strict {
+		if err := strictCheck(ctx, doc, c); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// componentDefects renders and compiles every named schema, so that a
+// defect in one no tool uses is reported (it would fail an operation that
+// used it) without dropping anything. All of them are compiled as one
+// document first; only when that fails is each compiled alone, to say
+// which. Defects already given as a skipped operation's reason are not
+// repeated.
+func componentDefects(doc *openapi3.T, d *defs, skipped []Problem) []Problem {
+	if doc.Components == nil || len(doc.Components.Schemas) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(doc.Components.Schemas))
+	for n := range doc.Components.Schemas {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []Problem
+	add := func(p Problem) {
+		if !slices.ContainsFunc(out, func(q Problem) bool { return q.Pointer == p.Pointer }) &&
+			!slices.ContainsFunc(skipped, func(q Problem) bool { return q.Pointer == p.Pointer }) {
+			out = append(out, p)
+		}
+	}
+	var all []*def
+	for _, n := range names {
+		ref := doc.Components.Schemas[n]
+		ptr := "#/components/schemas/" + pointerEscape(n)
+		if ref == nil || ref.Value == nil {
+			add(Problem{Pointer: ptr, Reason: "unresolved schema"})
+			continue
+		}
+		x := d.get(ptr, ref.Value)
+		if x.err != nil {
+			add(Problem{Pointer: x.ref, Reason: x.err.Error()})
+			continue
+		}
+		all = append(all, x)
+	}
+	if compileDefs(all) == nil {
+		return out
+	}
+	for _, x := range all {
+		used, err := closure([]*def{x})
+		if err == nil {
+			err = compileDefs(used)
+		}
+		if err == nil {
+			continue
+		}
+		loc, msg := compileLocation(err)
+		ptr := d.specPointer(loc)
+		if ptr == "" {
+			ptr = x.ref
+		}
+		add(Problem{Pointer: ptr, Reason: msg})
+	}
+	return out
+}
+
+// compileDefs compiles a document that holds only the given defs.
+func compileDefs(list []*def) error {
+	m := make(map[string]any, len(list))
+	for _, x := range list {
+		m[x.name] = x.value
+	}
+	raw, err := json.Marshal(map[string]any{"$schema": "https://json-schema.org/draft/2020-12/schema", "$defs": m})
+	if err != nil {
+		return err
+	}
+	_, err = compileSchema(raw)
+	return err
+}
+
+// strictCheck is today's all-or-nothing rule for teams that want it: the
+// whole document must pass kin-openapi's validator, and nothing may be
+// skipped or defective.
+func strictCheck(ctx context.Context, doc *openapi3.T, c *Connector) error {
+	var errs []error
+	if err := doc.Validate(ctx, openapi3.DisableExamplesValidation(), openapi3.DisableSchemaDefaultsValidation()); err != nil {
+		errs = append(errs, fmt.Errorf("validate: %w", err))
+	}
+	for _, p := range c.Skipped {
+		errs = append(errs, fmt.Errorf("skipped %s", p))
+	}
+	for _, p := range c.Defects {
+		errs = append(errs, fmt.Errorf("defect %s", p))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("strict: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// pointerEscape escapes one JSON pointer token (RFC 6901).
+func pointerEscape(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
 
 func sortedMethods(ops map[string]*openapi3.Operation) []string {
@@ -394,9 +515,15 @@ func securitySchemes(doc *openapi3.T) map[string]*SecurityScheme {
 	return out
 }
 
-// buildTool converts one operation. A non-empty skip says why the operation
-// yields no tool (a request body in no media type this package can send).
-func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme, path, method string, item *openapi3.PathItem, op *openapi3.Operation, is31 bool) (*Tool, string, error) {
+// buildTool converts one operation, or says (with the JSON pointer of the
+// part at fault, as a *specError where it is narrower than ptr) why the
+// operation yields no tool.
+func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme, path, ptr, method string, item *openapi3.PathItem, op *openapi3.Operation, d *defs) (t *Tool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			t, err = nil, fmt.Errorf("operation could not be read: %v", r)
+		}
+	}()
 	opID := op.OperationID
 	snake := snakeCase(opID)
 	if opID == "" {
@@ -404,9 +531,9 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		snake = opID
 	}
 	if snake == "" {
-		return nil, "", fmt.Errorf("operationId %q has no letters or digits to name a tool", op.OperationID)
+		return nil, fmt.Errorf("operationId %q has no letters or digits to name a tool", op.OperationID)
 	}
-	t := &Tool{
+	t = &Tool{
 		Name:         slug + "." + snake,
 		Connector:    slug,
 		OperationID:  opID,
@@ -415,7 +542,6 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		Tags:         append([]string(nil), op.Tags...),
 		Summary:      op.Summary,
 		Description:  op.Description,
-		schema2020:   is31,
 	}
 
 	t.Risk = RiskWrite
@@ -429,20 +555,20 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		case "write":
 			t.Risk = RiskWrite
 		default:
-			return nil, "", fmt.Errorf("x-sluice-risk %v: must be \"read\" or \"write\"", v)
+			return nil, &specError{Pointer: ptr + "/x-sluice-risk", Err: fmt.Errorf("x-sluice-risk %v: must be \"read\" or \"write\"", v)}
 		}
 	}
 
-	sec := doc.Security
+	sec, secPtr := doc.Security, "#/security"
 	if op.Security != nil {
-		sec = *op.Security
+		sec, secPtr = *op.Security, ptr+"/security"
 	}
 	t.Security = [][]string{}
-	for _, req := range sec {
+	for i, req := range sec {
 		alt := make([]string, 0, len(req))
 		for name := range req {
 			if _, ok := schemes[name]; !ok {
-				return nil, "", fmt.Errorf("security: scheme %q is not in components.securitySchemes", name)
+				return nil, &specError{Pointer: fmt.Sprintf("%s/%d/%s", secPtr, i, pointerEscape(name)), Err: fmt.Errorf("security: scheme %q is not in components.securitySchemes", name)}
 			}
 			alt = append(alt, name)
 		}
@@ -452,11 +578,23 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 
 	params, err := mergeParams(item.Parameters, op.Parameters, schemes)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
+	locateParams(params, item, op, ptr)
 	t.params = params
-	if err := checkTemplate(path, params); err != nil {
-		return nil, "", err
+	// Some vendors' generators put a fixed query in the path key
+	// ("/responses?beta=true"). OpenAPI does not allow it, but the intent
+	// is plain: the template is the part before "?", and the fixed query is
+	// sent with every call and may not be set by the agent.
+	if tmpl, q, ok := strings.Cut(path, "?"); ok {
+		fixed, err := fixedQuery(q, params)
+		if err != nil {
+			return nil, fmt.Errorf("path %q: %w", path, err)
+		}
+		t.PathTemplate, t.fixedQuery = tmpl, fixed
+	}
+	if err := checkTemplate(t.PathTemplate, params); err != nil {
+		return nil, err
 	}
 	for _, p := range params {
 		if p.in == openapi3.ParameterInHeader && strings.EqualFold(p.name, IdempotencyKey) {
@@ -467,14 +605,16 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 	if op.RequestBody != nil {
 		rb := op.RequestBody.Value
 		if rb == nil {
-			return nil, "", errors.New("requestBody: unresolved")
+			return nil, &specError{Pointer: ptr + "/requestBody", Err: errors.New("requestBody: unresolved")}
 		}
 		mt, media := pickMedia(rb.Content)
 		if mt == "" {
-			return nil, "request body has no application/json, +json or application/x-www-form-urlencoded media type", nil
+			return nil, &specError{Pointer: ptr + "/requestBody/content", Err: errors.New("request body has no application/json, +json or application/x-www-form-urlencoded media type")}
 		}
 		t.BodyType = mt
 		t.bodyRequired = rb.Required
+		t.bodyPointer = ptr + "/requestBody/content/" + pointerEscape(mediaKey(rb.Content, media)) + "/schema"
+		t.bodyRef = media.Schema
 		if media.Schema != nil && media.Schema.Value != nil {
 			t.body = media.Schema.Value
 		} else {
@@ -482,12 +622,97 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		}
 	}
 
-	schema, err := renderToolSchema(t, is31)
+	schema, err := renderToolSchema(t, d)
 	if err != nil {
-		return nil, "", err
+		return nil, err
+	}
+	compiled, err := compileSchema(schema)
+	if err != nil {
+		loc, msg := compileLocation(err)
+		return nil, &specError{Pointer: t.specPointer(d, loc, ptr), Err: errors.New(msg)}
 	}
 	t.Schema = schema
-	return t, "", nil
+	t.compiled = compiled
+	return t, nil
+}
+
+// mediaKey is the key under which media is in content, as the spec spells it.
+func mediaKey(content openapi3.Content, media *openapi3.MediaType) string {
+	for k, v := range content {
+		if v == media {
+			return k
+		}
+	}
+	return ""
+}
+
+// locateParams fills in each parameter's schema reference and JSON
+// pointer, from the operation's list (which wins) or the path item's.
+func locateParams(params []*param, item *openapi3.PathItem, op *openapi3.Operation, ptr string) {
+	itemPtr := ptr[:strings.LastIndexByte(ptr, '/')]
+	find := func(list openapi3.Parameters, in, name string) (*openapi3.Parameter, int) {
+		for i, ref := range list {
+			if ref == nil || ref.Value == nil || ref.Value.In != in {
+				continue
+			}
+			if ref.Value.Name == name || (in == openapi3.ParameterInHeader && strings.EqualFold(ref.Value.Name, name)) {
+				return ref.Value, i
+			}
+		}
+		return nil, -1
+	}
+	for _, p := range params {
+		if v, i := find(op.Parameters, p.in, p.name); v != nil {
+			p.schemaRef, p.pointer = v.Schema, fmt.Sprintf("%s/parameters/%d", ptr, i)
+		} else if v, i := find(item.Parameters, p.in, p.name); v != nil {
+			p.schemaRef, p.pointer = v.Schema, fmt.Sprintf("%s/parameters/%d", itemPtr, i)
+		}
+	}
+}
+
+// specPointer maps a location inside a def of a rendered schema back to
+// the spec, or returns "" when loc is not in a def.
+func (d *defs) specPointer(loc string) string {
+	rest, ok := strings.CutPrefix(loc, "#/$defs/")
+	if !ok {
+		return ""
+	}
+	name, tail, _ := strings.Cut(rest, "/")
+	x := d.byName[name]
+	if x == nil {
+		return ""
+	}
+	if tail != "" {
+		return x.ref + "/" + tail
+	}
+	return x.ref
+}
+
+// specPointer maps a location in the tool's rendered schema back to the
+// spec: "#/$defs/Pet/properties/tag" to "#/components/schemas/Pet/properties/tag",
+// "#/properties/body/…" to the request body's schema. Locations that do
+// not map (a wrapper the renderer added) give the operation's pointer.
+func (t *Tool) specPointer(d *defs, loc, opPtr string) string {
+	if p := d.specPointer(loc); p != "" {
+		return p
+	}
+	if rest, ok := strings.CutPrefix(loc, "#/properties/body"); ok && t.bodyPointer != "" {
+		return t.bodyPointer + rest
+	}
+	for _, in := range []string{"path", "query", "headers"} {
+		if rest, ok := strings.CutPrefix(loc, "#/properties/"+in+"/properties/"); ok {
+			name, tail, _ := strings.Cut(rest, "/")
+			for _, p := range t.params {
+				if p.name == name && p.pointer != "" && (p.in == in || (in == "headers" && p.in == "header")) {
+					if tail != "" {
+						return p.pointer + "/schema/" + tail
+					}
+					return p.pointer + "/schema"
+				}
+			}
+		}
+	}
+	return opPtr
 }
 
 // mergeParams merges path-item and operation parameters (the operation's win
@@ -591,6 +816,25 @@ func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*Sec
 		return out[i].name < out[j].name
 	})
 	return out, nil
+}
+
+// fixedQuery checks the query part of a path key and returns it encoded
+// canonically: no fragment, valid escapes, and no name the operation also
+// declares as a query parameter.
+func fixedQuery(q string, params []*param) (string, error) {
+	if strings.Contains(q, "#") {
+		return "", errors.New("must not hold a fragment")
+	}
+	vals, err := url.ParseQuery(q)
+	if err != nil {
+		return "", fmt.Errorf("fixed query: %w", err)
+	}
+	for _, p := range params {
+		if p.in == openapi3.ParameterInQuery && vals.Has(p.name) {
+			return "", fmt.Errorf("fixed query sets %s, which is also a query parameter", p.name)
+		}
+	}
+	return vals.Encode(), nil
 }
 
 // checkTemplate makes sure the path template and the path parameters agree,

@@ -1,6 +1,8 @@
 package connectors
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strings"
@@ -59,3 +61,22 @@ func snakeCase(s string) string {
 func derivedOperationID(method, path string) string {
 	return snakeCase(strings.ToLower(method) + "_" + path)
 }
+
+// maxAlias is the longest function name OpenAI and Anthropic accept.
+const maxAlias = 64
+
+// aliasFor derives a tool's function-safe alias from its name: the dot
+// becomes "_" (a slug has no "_", so the first "_" is the boundary and
+// two names never share an alias), and a name too long is cut and given
+// the first 8 hex digits of its SHA-256, so the alias is stable.
+func aliasFor(name string) string {
+	a := strings.Replace(name, ".", "_", 1)
+	if len(a) <= maxAlias {
+		return a
+	}
+	sum := sha256.Sum256([]byte(name))
+	return a[:maxAlias-9] + "_" + hex.EncodeToString(sum[:4])
+}
+
+// aliasRE is the shape of a function name OpenAI and Anthropic accept.
+var aliasRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)

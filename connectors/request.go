@@ -42,6 +42,9 @@ func (t *Tool) NewRequest(ctx context.Context, base *url.URL, args Args) (*http.
 	if err != nil {
 		return nil, err
 	}
+	if t.fixedQuery != "" {
+		u.RawQuery = strings.TrimSuffix(t.fixedQuery+"&"+u.RawQuery, "&")
+	}
 
 	var body io.Reader
 	contentType := ""
