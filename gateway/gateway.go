@@ -110,6 +110,7 @@ type Server struct {
 // catalog is the loaded tools and, per tool, how to reach its API.
 type catalog struct {
 	tools      map[string]*connectors.Tool
+	aliases    map[string]*connectors.Tool // Tool.Alias → tool
 	list       []*connectors.Tool
 	connectors map[string]*upstream
 }
@@ -123,8 +124,15 @@ type upstream struct {
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
-func (c *catalog) Tool(name string) (*connectors.Tool, bool) { t, ok := c.tools[name]; return t, ok }
-func (c *catalog) Tools() []*connectors.Tool                 { return c.list }
+// Tool finds a tool by its name or its function-safe alias.
+func (c *catalog) Tool(name string) (*connectors.Tool, bool) {
+	if t, ok := c.tools[name]; ok {
+		return t, true
+	}
+	t, ok := c.aliases[name]
+	return t, ok
+}
+func (c *catalog) Tools() []*connectors.Tool { return c.list }
 
 // New provisions a gateway from cfg: loads every connector's spec, compiles
 // the policy (a policy that fails to compile is reported and the server
@@ -191,11 +199,11 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 }
 
 func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*catalog, error) {
-	c := &catalog{tools: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
+	c := &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
 	var errs []error
 	for i, cc := range cfg.Connectors {
 		key := fmt.Sprintf("connectors[%d]", i)
-		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL})
+		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Strict: cc.Strict})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
 			continue
@@ -216,7 +224,12 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*cat
 		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std())
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
+			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
+				errs = append(errs, fmt.Errorf("%s: tool %s has the alias %s of tool %s", key, t.Name, t.Alias, other.Name))
+				continue
+			}
 			c.tools[t.Name] = t
+			c.aliases[t.Alias] = t
 			c.list = append(c.list, t)
 		}
 	}

@@ -281,6 +281,29 @@ func TestToolCallPipeline(t *testing.T) {
 		}
 	})
 
+	t.Run("a call by its function-safe alias is the tool's call", func(t *testing.T) {
+		r := doCall(t, c, "tickets_list_tickets", `{"query":{"limit":5}}`)
+		if r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.raw)
+		}
+		rid, _ := r.body["request_id"].(string)
+		n := 0
+		for _, rec := range auditEvents(t, g) {
+			if rec.RequestID == rid {
+				n++
+				if rec.Fields["tool"] != "tickets.list_tickets" {
+					t.Errorf("audit record %s names tool %v, want tickets.list_tickets", rec.Event, rec.Fields["tool"])
+				}
+			}
+		}
+		if n == 0 {
+			t.Errorf("no audit record for the alias call %s", rid)
+		}
+		if !strings.Contains(g.logBuf.String(), `"request_id":"`+rid+`","decision":"allow"`) {
+			t.Fatalf("no decision line for the alias call %s", rid)
+		}
+	})
+
 	refusals := []struct {
 		name, tool, args string
 		status           int
@@ -419,6 +442,7 @@ func toolNames(t *testing.T, c *http.Client) map[string]bool {
 	var v struct {
 		Tools []struct {
 			Name   string          `json:"name"`
+			Alias  string          `json:"alias"`
 			Schema json.RawMessage `json:"schema"`
 		} `json:"tools"`
 	}
@@ -429,6 +453,9 @@ func toolNames(t *testing.T, c *http.Client) map[string]bool {
 	for _, tl := range v.Tools {
 		if len(tl.Schema) == 0 {
 			t.Errorf("tool %s has no schema", tl.Name)
+		}
+		if tl.Alias != strings.Replace(tl.Name, ".", "_", 1) {
+			t.Errorf("tool %s is listed with alias %q", tl.Name, tl.Alias)
 		}
 		names[tl.Name] = true
 	}

@@ -53,6 +53,7 @@ func (s *Server) sandboxHandler() http.Handler {
 // toolView is a tool as an agent sees it in GET /v1/tools.
 type toolView struct {
 	Name        string          `json:"name"`
+	Alias       string          `json:"alias"` // function-safe: ^[a-zA-Z0-9_-]{1,64}$; a call may use it
 	Description string          `json:"description,omitempty"`
 	Method      string          `json:"method"`
 	Path        string          `json:"path"`
@@ -88,7 +89,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 			if desc == "" {
 				desc = t.Description
 			}
-			views = append(views, toolView{Name: t.Name, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
+			views = append(views, toolView{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tools": views, "request_id": rid})
@@ -180,6 +181,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	if !ok {
 		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
 	}
+	c.tool = tool.Name // a call by alias is decided, held and audited under the tool's name
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
 		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
 	}

@@ -92,6 +92,39 @@ func TestValidate(t *testing.T) {
 		})
 	}
 
+	// A spec with an operation that cannot be understood: the rest loads,
+	// validate prints the skip with its JSON pointer as a warning and exits
+	// 0; --strict makes it an error.
+	t.Run("skipped operations are warnings, errors with --strict", func(t *testing.T) {
+		spec := filepath.Join(filepath.Dir(good), demoSpec)
+		sdata, err := os.ReadFile(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		broken := "paths:\n  /broken/{id}:\n    get:\n      operationId: broken\n      responses: {\"200\": {description: ok}}\n"
+		if err := os.WriteFile(spec, bytes.Replace(sdata, []byte("paths:\n"), []byte(broken), 1), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.WriteFile(spec, sdata, 0o644)
+		out, _, err := cli(t, "", "validate", "--config", good)
+		if err != nil {
+			t.Fatalf("validate: %v\n%s", err, out)
+		}
+		for _, w := range []string{"warning: tickets: skipped GET /broken/{id} (broken): #/paths/~1broken~1{id}/get:", "{id} has no path parameter", "ok: 1 connectors, 4 tools, 4 rules, 1 warnings"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("output lacks %q:\n%s", w, out)
+			}
+		}
+		out, _, err = cli(t, "", "validate", "--strict", "--config", good)
+		if err == nil || !strings.Contains(out, "error:") || !strings.Contains(out, "strict") || !strings.Contains(out, "GET /broken/{id} (broken)") {
+			t.Errorf("validate --strict err = %v, output:\n%s\nwant an error naming the skipped operation", err, out)
+		}
+		out, errOut, err := cli(t, "", "tools", "--config", good)
+		if err != nil || !strings.Contains(errOut, "skipped GET /broken/{id}") || !strings.Contains(out, "tickets_list_tickets") {
+			t.Errorf("tools: err %v, stderr %q, stdout %q: want the skip on stderr and aliases listed", err, errOut, out)
+		}
+	})
+
 	t.Run("missing explicit config is named, not replaced by defaults", func(t *testing.T) {
 		missing := filepath.Join(t.TempDir(), "nope.yaml")
 		out, _, err := cli(t, "", "validate", "--config", missing)
@@ -107,7 +140,7 @@ func TestDefaultsFallback(t *testing.T) {
 	if err != nil {
 		t.Fatalf("tools on embedded defaults: %v", err)
 	}
-	if strings.TrimSpace(out) != "TOOL  RISK  METHOD  PATH" {
+	if strings.TrimSpace(out) != "TOOL  ALIAS  RISK  METHOD  PATH" {
 		t.Errorf("tools on embedded defaults = %q, want only the header (no connectors)", out)
 	}
 	// An error names where the config came from.
@@ -409,10 +442,10 @@ func TestTools(t *testing.T) {
 		wantErr string
 	}{
 		{"all", nil, []string{
-			"tickets.create_refund  write  POST",
-			"tickets.delete_ticket  write  DELETE  /tickets/{id}",
-			"tickets.get_ticket     read   GET     /tickets/{id}",
-			"tickets.list_tickets   read   GET     /tickets",
+			"tickets.create_refund  tickets_create_refund  write  POST",
+			"tickets.delete_ticket  tickets_delete_ticket  write  DELETE  /tickets/{id}",
+			"tickets.get_ticket     tickets_get_ticket     read   GET     /tickets/{id}",
+			"tickets.list_tickets   tickets_list_tickets   read   GET     /tickets",
 		}, ""},
 		{"granted to demo-agent", []string{"--agent", "demo-agent"}, []string{"tickets.list_tickets"}, ""},
 		{"unknown agent", []string{"--agent", "nobody"}, nil, `no agent "nobody"`},

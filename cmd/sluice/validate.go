@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,12 +18,18 @@ import (
 )
 
 func validateCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var strict bool
+	cmd := &cobra.Command{
 		Use:   "validate",
 		Short: "Check the config, its specs, its Rego and its secret references without listening",
 		Long: `Load everything serve would load — the config (strictly: a misspelt key is an
 error naming its path), every connector's OpenAPI spec, the Rego, every secret
-reference — and report every problem found. Opens no listener, writes nothing.`,
+reference — and report every problem found. Opens no listener, writes nothing.
+
+A vendor's spec is loaded leniently: an operation that cannot be understood is
+skipped, and a defect that touches no operation drops nothing. Every skipped
+operation and every defect is printed (with its JSON pointer into the spec) as
+a warning; --strict (or strict: true on a connector) makes each an error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -35,18 +42,38 @@ reference — and report every problem found. Opens no listener, writes nothing.
 			if err := gateway.Validate(ctx, lc.Config, gateway.Options{Logger: log}); err != nil {
 				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
 			}
-			conns, err := loadConnectors(ctx, lc.Config, nil)
+			conns, err := loadConnectors(ctx, lc.Config, nil, strict)
 			if err != nil {
 				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
 			}
-			n := 0
+			n := printSkipped(out, conns)
+			tools := 0
 			for _, c := range conns {
-				n += len(c.Tools)
+				tools += len(c.Tools)
 			}
-			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules (%s)\n", len(conns), n, len(lc.Policies), lc.Source)
+			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules, %d warnings (%s)\n", len(conns), tools, len(lc.Policies), n, lc.Source)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&strict, "strict", false, "fail on any skipped operation or spec defect (all-or-nothing loading)")
+	return cmd
+}
+
+// printSkipped prints, per connector, every operation its spec yielded no
+// tool for and every defect found, and returns how many lines it printed.
+func printSkipped(w io.Writer, conns []*connectors.Connector) int {
+	n := 0
+	for _, c := range conns {
+		for _, p := range c.Skipped {
+			fmt.Fprintf(w, "warning: %s: skipped %s\n", c.Slug, p)
+			n++
+		}
+		for _, p := range c.Defects {
+			fmt.Fprintf(w, "warning: %s: defect %s\n", c.Slug, p)
+			n++
+		}
+	}
+	return n
 }
 
 // printProblems lists every problem in err, one a line, and returns the
@@ -60,26 +87,29 @@ func printProblems(w io.Writer, err error) error {
 }
 
 // loadConnectors loads the spec of every configured connector, or only of
-// those whose slug is in only when only is non-nil. It makes no upstream
-// call; a spec given as an https URL is fetched.
-func loadConnectors(ctx context.Context, cfg *config.Config, only []string) ([]*connectors.Connector, error) {
+// those whose slug is in only when only is non-nil, and reports every
+// connector that fails, not the first. It makes no upstream call; a spec
+// given as an https URL is fetched. strict applies to every connector.
+func loadConnectors(ctx context.Context, cfg *config.Config, only []string, strict bool) ([]*connectors.Connector, error) {
 	var out []*connectors.Connector
+	var errs []error
 	for i, cc := range cfg.Connectors {
 		if only != nil && !slices.Contains(only, cc.Slug) {
 			continue
 		}
-		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL})
+		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Strict: strict || cc.Strict})
 		if err != nil {
-			return nil, fmt.Errorf("connectors[%d].spec: %w", i, err)
+			errs = append(errs, fmt.Errorf("connectors[%d].spec: %w", i, err))
+			continue
 		}
 		out = append(out, c)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func toolsCmd(g *globals) *cobra.Command {
 	var agent string
-	var asJSON bool
+	var asJSON, strict bool
 	cmd := &cobra.Command{
 		Use:   "tools",
 		Short: "List the tools the configured connectors provide",
@@ -101,21 +131,24 @@ may still be blocked for a caller (see sluice policy eval).`,
 				}
 				only = append([]string{}, a.Connectors...)
 			}
-			conns, err := loadConnectors(cmd.Context(), lc.Config, only)
+			conns, err := loadConnectors(cmd.Context(), lc.Config, only, strict)
 			if err != nil {
 				return fmt.Errorf("tools (%s): %w", lc.Source, err)
 			}
+			printSkipped(cmd.ErrOrStderr(), conns) // stdout stays the list (or the JSON)
 			return printTools(cmd.OutOrStdout(), conns, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&agent, "agent", "", "list only the tools of the connectors granted to this agent")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON with each tool's argument schema")
+	cmd.Flags().BoolVar(&strict, "strict", false, "fail on any skipped operation or spec defect (all-or-nothing loading)")
 	return cmd
 }
 
 // toolJSON is one tool in `sluice tools --json`.
 type toolJSON struct {
 	Name        string          `json:"name"`
+	Alias       string          `json:"alias"`
 	Connector   string          `json:"connector"`
 	Risk        string          `json:"risk"`
 	Method      string          `json:"method"`
@@ -131,7 +164,7 @@ func printTools(w io.Writer, conns []*connectors.Connector, asJSON bool) error {
 		for _, c := range conns {
 			for _, t := range c.Tools {
 				out = append(out, toolJSON{
-					Name: t.Name, Connector: t.Connector, Risk: t.Risk.String(),
+					Name: t.Name, Alias: t.Alias, Connector: t.Connector, Risk: t.Risk.String(),
 					Method: t.Method, Path: t.PathTemplate, Summary: t.Summary,
 					Description: t.Description, Schema: t.Schema,
 				})
@@ -142,10 +175,10 @@ func printTools(w io.Writer, conns []*connectors.Connector, asJSON bool) error {
 		return enc.Encode(out)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TOOL\tRISK\tMETHOD\tPATH")
+	fmt.Fprintln(tw, "TOOL\tALIAS\tRISK\tMETHOD\tPATH")
 	for _, c := range conns {
 		for _, t := range c.Tools {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, t.Risk, t.Method, t.PathTemplate)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, t.Alias, t.Risk, t.Method, t.PathTemplate)
 		}
 	}
 	return tw.Flush()

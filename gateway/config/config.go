@@ -163,6 +163,9 @@ type Connector struct {
 	BaseURL      string      `yaml:"base_url"`
 	AllowPrivate []string    `yaml:"allow_private"`
 	Credential   *Credential `yaml:"credential"`
+	// Strict refuses the connector when any operation of its spec is
+	// skipped or any defect is found, instead of loading what can be.
+	Strict bool `yaml:"strict"`
 }
 
 // Credential says how the gateway authenticates to a connector's API.
