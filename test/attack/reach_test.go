@@ -162,7 +162,7 @@ func execAPI(t *testing.T, do apiDo, id string, argv ...string) (int, int, strin
 // every signal 0..64 (kill), the fatal ones at each of its threads
 // (tgkill), by pidfd and by sigqueue, and as its SIGIO owner; it lowers
 // its limits, priority, scheduling class, I/O priority and CPUs, on pid 1
-// and on each thread id. The init runs as a uid of its own, so the kernel
+// and on each thread id, and attaches to it (ptrace, /proc/1/mem). The init runs as a uid of its own, so the kernel
 // refuses every one with EPERM; a later exec in the same sandbox runs, and
 // the init's nice value is unchanged after the command reniced its own uid.
 func TestInitUntouchable(t *testing.T) {
@@ -177,8 +177,8 @@ func TestInitUntouchable(t *testing.T) {
 	sig += " pidfd_send_signal=EPERM rt_sigqueueinfo=EPERM sigio=written"
 	for _, tc := range []struct{ name, arg, want string }{
 		{"every signal 0..64 and SEGV, ABRT, TRAP, SYS, BUS, FPE, ILL, TERM to each init thread", "signal-init", sig},
-		{"prlimit, setpriority, sched_setaffinity, sched_setscheduler, ioprio_set on pid 1 and each init thread", "limit-init",
-			"prlimit=EPERM prlimit_cpu=EPERM setpriority=EPERM prio_pgrp=EPERM sched_setaffinity=EPERM sched_setscheduler=EPERM ioprio_set=EPERM prio_user=ok init_nice=0"},
+		{"prlimit, setpriority, sched_setaffinity, sched_setscheduler, ioprio_set on pid 1 and each init thread; ptrace and /proc/1/mem", "limit-init",
+			"prlimit=EPERM prlimit_cpu=EPERM setpriority=EPERM prio_pgrp=EPERM sched_setaffinity=EPERM sched_setscheduler=EPERM ioprio_set=EPERM prio_user=ok ptrace=EPERM proc_mem=EACCES init_nice=0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := casebook.Expect(t, "A13", tc.name+", then exec again in the same sandbox", tc.want+"; then /bin/true exits 0")

@@ -287,8 +287,8 @@ var reachCases = map[string]func(arg string) string{
 		return strings.Join(out, " ")
 	},
 	// A13: limits, priority, scheduling and affinity of pid 1 and of each
-	// of its threads; PRIO_USER of the command's own uid (allowed) leaves
-	// the init's nice value alone.
+	// of its threads, ptrace and /proc/1/mem; PRIO_USER of the command's
+	// own uid (allowed) leaves the init's nice value alone.
 	"limit-init": func(string) string {
 		tids := initThreads()
 		zero := unix.Rlimit{}
@@ -310,6 +310,14 @@ var reachCases = map[string]func(arg string) string{
 				return sys(unix.SYS_IOPRIO_SET, 1 /* IOPRIO_WHO_PROCESS */, uintptr(t), 3<<13 /* IDLE */)
 			}),
 			"prio_user=" + strings.TrimPrefix(result(unix.Setpriority(unix.PRIO_USER, 0, 19)), "errno="),
+			"ptrace=" + all([]int{1}, func(t int) error { return sys(unix.SYS_PTRACE, unix.PTRACE_ATTACH, uintptr(t)) }),
+			"proc_mem=" + all([]int{1}, func(t int) error {
+				fd, err := unix.Open(fmt.Sprintf("/proc/%d/mem", t), unix.O_RDWR|unix.O_CLOEXEC, 0)
+				if err == nil {
+					unix.Close(fd)
+				}
+				return err
+			}),
 		}
 		if b, err := os.ReadFile("/proc/1/stat"); err == nil {
 			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
