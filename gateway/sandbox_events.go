@@ -13,11 +13,12 @@ import (
 )
 
 // sandboxEventKinds are the events a sandbox host reports: a command of a
-// sandbox killed by one of its limits (THREATS B2, B1, B3). The gateway
+// sandbox killed by one of its limits (THREATS B2, B1, B3), or a sandbox
+// whose init died, which leaves it failed (THREATS A13). The gateway
 // writes each into the audit log as "sandbox_" + the kind, beside the
 // decisions of the same sandbox, so that a security team reads one
 // tamper-evident record of what a sandbox did and what stopped it.
-var sandboxEventKinds = map[string]bool{"oom": true, "pids_limit": true, "timeout": true}
+var sandboxEventKinds = map[string]bool{"oom": true, "pids_limit": true, "timeout": true, "init_died": true}
 
 // maxSandboxEventBytes bounds a report's body.
 const maxSandboxEventBytes = 4 << 10
@@ -40,7 +41,8 @@ func (s *Server) adminSandboxEvents(mux *http.ServeMux) {
 }
 
 // handleSandboxEvent is POST /api/v1/sandbox-events: a sandbox host reports
-// that one of its sandbox's commands was killed by a limit. Only a machine
+// that one of its sandbox's commands was killed by a limit, or that its
+// init died. Only a machine
 // caller (a token of gateway.session_tokens_sha256, which sandboxd holds)
 // may report; approvers may not. The report is audited before it is
 // answered 200; a report the audit log cannot take is 503
@@ -67,7 +69,7 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; report again"), rid)
 		return
 	}
-	s.log.Warn("sandbox command killed by a limit", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox,
+	s.log.Warn("sandbox event", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox,
 		"agent", ev.Agent, "session", ev.Session, "host", ev.Host, "limit", ev.Limit)
 	writeJSON(w, http.StatusOK, map[string]any{"request_id": rid})
 }
@@ -91,7 +93,7 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 		return ev, errors.New("sandbox event: one JSON object, nothing after it")
 	}
 	if !sandboxEventKinds[ev.Event] {
-		return ev, fmt.Errorf("sandbox event: event %q, want oom, pids_limit or timeout", ev.Event)
+		return ev, fmt.Errorf("sandbox event: event %q, want oom, pids_limit, timeout or init_died", ev.Event)
 	}
 	for _, f := range []struct {
 		name, v  string

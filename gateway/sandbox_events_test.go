@@ -60,7 +60,12 @@ func TestSandboxEvents(t *testing.T) {
 		if r.status != 200 {
 			t.Fatalf("pids_limit: %d %s", r.status, r.raw)
 		}
-		var oom, pids int
+		// A13: an init that died leaves its sandbox failed; no limit.
+		r = g.admin(t, "tok-sandboxd", "POST", "/api/v1/sandbox-events", `{"event":"init_died","sandbox":"sb-3","agent":"agent-a"}`)
+		if r.status != 200 {
+			t.Fatalf("init_died: %d %s", r.status, r.raw)
+		}
+		var oom, pids, died int
 		for _, rec := range auditEvents(t, g) {
 			switch rec.Event {
 			case "sandbox_oom":
@@ -70,6 +75,11 @@ func TestSandboxEvents(t *testing.T) {
 					f["host"] != "node-a" || f["limit"] != float64(64<<20) || f["reported_by"] != "session_token[1]" {
 					t.Errorf("sandbox_oom record %+v", rec)
 				}
+			case "sandbox_init_died":
+				died++
+				if _, ok := rec.Fields["limit"]; rec.Fields["sandbox"] != "sb-3" || rec.Fields["agent"] != "agent-a" || ok {
+					t.Errorf("sandbox_init_died record %+v", rec)
+				}
 			case "sandbox_pids_limit":
 				pids++
 				if rec.Fields["sandbox"] != "sb-2" || rec.Fields["limit"] != float64(64) {
@@ -77,8 +87,8 @@ func TestSandboxEvents(t *testing.T) {
 				}
 			}
 		}
-		if oom != 1 || pids != 1 {
-			t.Fatalf("%d sandbox_oom and %d sandbox_pids_limit records, want 1 each", oom, pids)
+		if oom != 1 || pids != 1 || died != 1 {
+			t.Fatalf("%d sandbox_oom, %d sandbox_pids_limit and %d sandbox_init_died records, want 1 each", oom, pids, died)
 		}
 	})
 }

@@ -169,6 +169,8 @@ func fail(w http.ResponseWriter, err error) {
 		code, status = "forbidden", http.StatusForbidden
 	case errors.Is(err, ErrConflict):
 		code, status = "conflict", http.StatusConflict
+	case errors.Is(err, ErrFailed):
+		code, status = "sandbox_failed", http.StatusConflict
 	case errors.Is(err, ErrFull):
 		code, status = "no_capacity", http.StatusServiceUnavailable
 	}

@@ -41,8 +41,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	}
 	sb.execMu.Lock()
 	defer sb.execMu.Unlock()
-	if sb.dead {
-		return ExecResult{}, fmt.Errorf("sandboxd: exec: sandbox %s: init has exited", id)
+	if sb.dead.Load() {
+		return ExecResult{}, fmt.Errorf("sandboxd: exec: sandbox %s: %w: its init has exited", id, ErrFailed)
 	}
 	start := time.Now()
 
@@ -186,10 +186,10 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 		m.events.write(event{Event: name, Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session, Argv0: req.Argv[0]})
 		limit := map[KilledBy]int64{KilledByOOM: sb.info.Limits.MemoryBytes, KilledByPids: int64(sb.info.Limits.Pids),
 			KilledByTimeout: timeout.Milliseconds()}[res.KilledBy]
-		m.reportKill(sb, name, limit) // gateway_admin_linux.go
+		m.reportEvent(sb, name, limit) // gateway_admin_linux.go
 	}
 	if died {
-		return res, fmt.Errorf("sandboxd: exec: sandbox %s: init has exited", id)
+		return res, fmt.Errorf("sandboxd: exec: sandbox %s: %w: its init has exited", id, ErrFailed)
 	}
 	return res, nil
 }
@@ -201,7 +201,7 @@ var copyBufs = sync.Pool{New: func() any {
 }}
 
 func (m *Manager) markDead(sb *sandbox) {
-	sb.dead = true
+	sb.dead.Store(true)
 	m.log.Warn("sandbox init exited", "sandbox", sb.info.ID)
 }
 

@@ -64,15 +64,16 @@ type limitReport struct {
 	Limit   int64  `json:"limit,omitempty"`
 }
 
-// reportKill tells the gateway, in the background, that a command of sb
+// reportEvent tells the gateway, in the background, that a command of sb
 // was killed by a limit (kind oom, pids_limit or timeout; limit the value
-// reached), so that the kill is in the gateway's hash-chained audit log
-// (sandbox_<kind>) beside the sandbox's calls (THREATS B2). It runs only
+// reached) or that sb's init died (kind init_died, limit 0), so that it is
+// in the gateway's hash-chained audit log (sandbox_<kind>) beside the
+// sandbox's calls (THREATS B2, A13). It runs only
 // when gateway_admin and gateway_session_token_file are set. A report that
 // fails is recorded as the event gateway_report_failed, one that finds
 // maxReports in flight as gateway_report_dropped; neither changes the
 // command's result. Close waits for reports in flight.
-func (m *Manager) reportKill(sb *sandbox, kind string, limit int64) {
+func (m *Manager) reportEvent(sb *sandbox, kind string, limit int64) {
 	if m.cfg.GatewayAdmin == "" || m.cfg.GatewaySessionTokenFile == "" {
 		return
 	}
@@ -98,7 +99,7 @@ func (m *Manager) reportKill(sb *sandbox, kind string, limit int64) {
 		defer m.pending.Done()
 		defer func() { <-m.reports }()
 		if err := postAdmin(m.cfg.GatewayAdmin, m.cfg.GatewaySessionTokenFile, "/api/v1/sandbox-events", body); err != nil {
-			m.log.Warn("limit kill not reported to the gateway", "sandbox", info.ID, "event", kind, "err", err)
+			m.log.Warn("sandbox event not reported to the gateway", "sandbox", info.ID, "event", kind, "err", err)
 			ev.Error = "report " + kind + ": " + err.Error()
 			m.events.write(ev)
 		}

@@ -73,7 +73,7 @@ func TestReportKill(t *testing.T) {
 	t.Run("delivered", func(t *testing.T) {
 		url, got := start(t, http.StatusOK)
 		m, events := manager(t, url)
-		m.reportKill(sb, "oom", 64<<20)
+		m.reportEvent(sb, "oom", 64<<20)
 		if evs := events(); len(evs) != 0 {
 			t.Errorf("events %+v, want none for a delivered report", evs)
 		}
@@ -85,7 +85,7 @@ func TestReportKill(t *testing.T) {
 	t.Run("refused: gateway_report_failed", func(t *testing.T) {
 		url, got := start(t, http.StatusServiceUnavailable)
 		m, events := manager(t, url)
-		m.reportKill(sb, "pids_limit", 64)
+		m.reportEvent(sb, "pids_limit", 64)
 		evs := events()
 		if len(evs) != 1 || evs[0].Event != "gateway_report_failed" || evs[0].Sandbox != "sb-1" ||
 			!strings.Contains(evs[0].Error, "report pids_limit: status 503") || strings.Contains(evs[0].Error, "tok-1") {
@@ -101,7 +101,7 @@ func TestReportKill(t *testing.T) {
 		for range maxReports {
 			m.reports <- struct{}{}
 		}
-		m.reportKill(sb, "timeout", 1000)
+		m.reportEvent(sb, "timeout", 1000)
 		evs := events()
 		if len(evs) != 1 || evs[0].Event != "gateway_report_dropped" || len(got()) != 0 {
 			t.Fatalf("events %+v, %d sent; want one gateway_report_dropped and nothing sent", evs, len(got()))
@@ -109,7 +109,7 @@ func TestReportKill(t *testing.T) {
 	})
 	t.Run("without gateway_admin nothing is sent", func(t *testing.T) {
 		m, events := manager(t, "")
-		m.reportKill(sb, "oom", 1)
+		m.reportEvent(sb, "oom", 1)
 		if evs := events(); len(evs) != 0 {
 			t.Fatalf("events %+v, want none", evs)
 		}

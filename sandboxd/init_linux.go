@@ -83,7 +83,7 @@ func RunInit() {
 		if err != nil {
 			os.Exit(0)
 		}
-		pid, err := startChild(m, fds)
+		pid, err := startChild(m, fds, s.UID, s.GID)
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
@@ -103,8 +103,9 @@ func RunInit() {
 	}
 }
 
-// startChild forks and execs m.Argv with fds as 0, 1, 2, in a new session.
-func startChild(m execMsg, fds []int) (int, error) {
+// startChild forks and execs m.Argv with fds as 0, 1, 2, in a new session,
+// as uid and gid.
+func startChild(m execMsg, fds []int, uid, gid int) (int, error) {
 	if len(m.Argv) == 0 || len(fds) != 3 {
 		return 0, fmt.Errorf("exec: need argv and 3 fds")
 	}
@@ -116,11 +117,16 @@ func startChild(m execMsg, fds []int) (int, error) {
 	if dir == "" {
 		dir = "/workspace"
 	}
+	// The command runs as the sandbox's uid and gid (the init's are its
+	// own, confine); its supplementary groups are the init's: none. The
+	// init's capabilities end at exec (empty bounding set, no file
+	// capabilities under no_new_privs).
 	pid, err := syscall.ForkExec(path, m.Argv, &syscall.ProcAttr{
 		Dir:   dir,
 		Env:   m.Env,
 		Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+		Sys: &syscall.SysProcAttr{Setsid: true,
+			Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}},
 	})
 	if err != nil {
 		return 0, fmt.Errorf("exec %s: %w", m.Argv[0], err)
@@ -534,10 +540,11 @@ func buildDev(dev string) error {
 }
 
 // confine drops every privilege: capability bounding set (this thread, the
-// one that forks), groups, gid and uid (all threads), remaining capability
-// sets, then no_new_privs and seccomp (all threads), then Landlock (all
-// threads), and makes this process undumpable so code running as the same
-// uid cannot read or write its memory through /proc.
+// one that forks), groups, gid and uid (all threads; the uid is the init's
+// own, s.InitUID, never the commands'), remaining capability sets (none,
+// but CAP_SETUID and CAP_SETGID on this thread), then no_new_privs and
+// seccomp (all threads), then Landlock (all threads), and makes this
+// process undumpable so no code can read or write its memory through /proc.
 //
 // Each all-threads step stops the world and signals every thread of the
 // init, so there are as few as the end state allows: no_new_privs reaches
@@ -545,9 +552,10 @@ func buildDev(dev string) error {
 // call, no signals), which is what landlock_restrict_self then requires of
 // each thread; go-landlock's Restrict would set it with one more
 // all-threads call. The filter does not refuse the Landlock calls. The end
-// state is the same as before: every thread has uid and gid s.UID/s.GID,
-// no capabilities, no_new_privs, the filter and the Landlock domain before
-// anything of the sandbox runs.
+// state: every thread has uid s.InitUID and gid s.GID, no capabilities (but
+// initCaps on this thread), no_new_privs, the filter and the Landlock
+// domain before anything of the sandbox runs; each command starts as
+// s.UID/s.GID with no capabilities (startChild).
 func confine(s setupMsg) error {
 	last := 40
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
@@ -592,11 +600,30 @@ func confine(s setupMsg) error {
 			return fmt.Errorf("init: setgid: %w", err)
 		}
 	}
-	if err := syscall.Setresuid(s.UID, s.UID, s.UID); err != nil {
+	// The init runs as a uid of its own (THREATS A13): the kernel lets a
+	// process without capabilities signal, prlimit, renice, reschedule or
+	// trace only processes of its own uid, so no command can reach its
+	// init by pid 1 or by any of the init's thread ids. This thread (the
+	// one that forks) keeps CAP_SETUID and CAP_SETGID, permitted and
+	// effective, to start each command as s.UID; keep-caps and the other
+	// threads' sets are per thread, so every other thread has none. The
+	// bounding set is empty already: a command loses both at exec.
+	if s.InitUID == s.UID || s.InitUID <= 0 {
+		return fmt.Errorf("init: init uid %d must differ from the sandbox uid %d and from 0", s.InitUID, s.UID)
+	}
+	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("init: keep caps: %w", err)
+	}
+	if err := syscall.Setresuid(s.InitUID, s.InitUID, s.InitUID); err != nil {
 		return fmt.Errorf("init: setuid: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("init: keep caps: %w", err)
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
+	data[0].Permitted = initCaps
+	data[0].Effective = initCaps
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("init: capset: %w", err)
 	}
@@ -615,6 +642,11 @@ func confine(s setupMsg) error {
 	}
 	return nil
 }
+
+// initCaps are the capabilities the init's forking thread keeps: enough
+// to start a command as the sandbox's uid and gid (startChild), nothing
+// else. They hold only inside the sandbox's user namespace.
+const initCaps = 1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID
 
 // restrictLandlock applies the best policy this kernel's Landlock ABI
 // offers: system paths read/execute only, /workspace, /tmp and /dev/shm

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -35,6 +36,11 @@ const (
 
 // SandboxUID is the uid (and gid) code runs as inside a sandbox.
 const SandboxUID = 1000
+
+// InitUID is the uid a sandbox's init runs as once confined: not
+// SandboxUID, so that no code of the sandbox can signal, prlimit, renice or
+// trace its init (THREATS A13). Its gid stays SandboxUID.
+const InitUID = 999
 
 // Errors callers classify (errors.Is).
 var (
@@ -96,6 +102,9 @@ type Info struct {
 	Created time.Time `json:"created"`
 	Limits  Limits    `json:"limits"`
 	Pid     int       `json:"pid"` // host pid of the sandbox's init
+	// Failed says why the sandbox can run nothing more (its init died);
+	// empty while it can.
+	Failed string `json:"failed,omitempty"`
 }
 
 // ExecRequest runs one command in a sandbox.
@@ -151,9 +160,12 @@ type Manager struct {
 	state  *stateDir
 
 	pending sync.WaitGroup // background destroys, cleanups and reports
-	reports chan struct{}  // cap maxReports: limit reports in flight (gateway_admin_linux.go)
-	spares  chan *sandbox  // sandboxes built ahead, waiting for a Create
-	refills sync.WaitGroup
+	// watchers wait for each init's exit (initwatch_linux.go); each
+	// ends once its init has exited.
+	watchers sync.WaitGroup
+	reports  chan struct{} // cap maxReports: limit reports in flight (gateway_admin_linux.go)
+	spares   chan *sandbox // sandboxes built ahead, waiting for a Create
+	refills  sync.WaitGroup
 	// refillDone is closed when the running refill ends (nil: none runs).
 	refillDone chan struct{}
 
@@ -188,7 +200,11 @@ type sandbox struct {
 	timer    *time.Timer
 	built    bool // setup done: built and confined
 	execMu   sync.Mutex
-	dead     bool
+	// dead: the init has exited (or stopped answering); execs are refused.
+	dead atomic.Bool
+	// ending: teardown has begun, so the init's exit is no death.
+	ending atomic.Bool
+	failed string // why the init died (initwatch_linux.go); under Manager.mu
 }
 
 // New prepares the state directory and returns a Manager.
@@ -396,7 +412,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	id := sb.info.ID
 	ident := probe
 	ident.Sandbox = id
+	m.mu.Lock() // the init's watcher reads it
 	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Pid: sb.info.Pid}
+	m.mu.Unlock()
 	env := req.Env
 	if trust != nil {
 		// run/ is bound into the sandbox: files written here now appear
@@ -741,7 +759,7 @@ func (m *Manager) start(sb *sandbox) error {
 		return fmt.Errorf("sandboxd: start init: %w", err)
 	}
 	sb.cmd, sb.info.Pid, sb.tmpl = cmd, cmd.Process.Pid, tmpl.dir
-	return nil
+	return m.watchInit(sb)
 }
 
 // setup sends the init its sandbox and waits until it reports the sandbox
@@ -755,7 +773,7 @@ func (m *Manager) setup(sb *sandbox, onNet func() error) (err error) {
 	err = sb.ctl.send(setupMsg{Seccomp: prog,
 		Hostname: hostname(sb.info.ID), Template: sb.tmpl, RootDir: filepath.Join(sb.dir, "root"),
 		RunDir: filepath.Join(sb.dir, "run"), EtcDir: filepath.Join(sb.dir, "etc"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
-		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
+		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, InitUID: InitUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
 		Affinity: sb.affinity,
 	})
 	if err != nil {
@@ -807,11 +825,20 @@ func (m *Manager) get(id string) (*sandbox, error) {
 
 // Get describes one sandbox.
 func (m *Manager) Get(id string) (Info, error) {
-	sb, err := m.get(id)
-	if err != nil {
-		return Info{}, err
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.boxes[id]
+	if !ok {
+		return Info{}, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	return sb.info, nil
+	return sb.describe(), nil
+}
+
+// describe is sb's Info with its state; the caller holds Manager.mu.
+func (sb *sandbox) describe() Info {
+	in := sb.info
+	in.Failed = sb.failed
+	return in
 }
 
 // List describes every live sandbox, oldest first.
@@ -820,7 +847,7 @@ func (m *Manager) List() []Info {
 	defer m.mu.Unlock()
 	out := make([]Info, 0, len(m.boxes))
 	for _, sb := range m.boxes {
-		out = append(out, sb.info)
+		out = append(out, sb.describe())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out
@@ -899,6 +926,7 @@ func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 	if sb.exit != nil {
 		errs = append(errs, sb.exit.Close())
 	}
+	sb.ending.Store(true)
 	if sb.cmd != nil && sb.cmd.Process != nil {
 		_ = sb.cmd.Process.Kill()
 	}
@@ -972,6 +1000,8 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.pending.Wait()
+	m.watchers.Wait() // every init was killed above: their events are written
+	m.pending.Wait()  // and the reports they started are sent
 	errs = append(errs, m.cgs.close(), m.nss.close())
 	m.forks.close()
 	m.home.close()

@@ -73,6 +73,9 @@ func makeNSSet(t *mountTemplate) (_ *nsSet, err error) {
 	if err := loopbackUp(); err != nil {
 		return nil, fmt.Errorf("sandboxd: namespaces: %w", err)
 	}
+	if err := tcpFastOpenOff(); err != nil {
+		return nil, fmt.Errorf("sandboxd: namespaces: %w", err)
+	}
 	// Optional, as it always was: without it /sys stays an empty
 	// directory. The mounting thread's network namespace is the one this
 	// sysfs shows.
@@ -94,6 +97,28 @@ func makeNSSet(t *mountTemplate) (_ *nsSet, err error) {
 		*ns.fd = fd
 	}
 	return s, nil
+}
+
+// tcpFastOpenPath is net.ipv4.tcp_fastopen of the opening thread's network
+// namespace (net sysctls are per namespace, chosen at open).
+const tcpFastOpenPath = "/proc/sys/net/ipv4/tcp_fastopen"
+
+// tcpFastOpenOff turns TCP Fast Open off in the calling thread's network
+// namespace (THREATS A12): a TFO connect sends its SYN from sendto/sendmsg,
+// past the LSM connect hook Landlock's TCP rule sits on. The seccomp filter
+// refuses MSG_FASTOPEN and TCP_FASTOPEN_CONNECT too; this holds should the
+// filter ever let one through. A namespace where it cannot be set is not
+// used (fail closed).
+func tcpFastOpenOff() error {
+	fd, err := unix.Open(tcpFastOpenPath, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("tcp_fastopen: %w", err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, []byte("0\n")); err != nil {
+		return fmt.Errorf("tcp_fastopen: %w", err)
+	}
+	return nil
 }
 
 // nsPoolSize is how many nsSets wait, made ahead.

@@ -32,8 +32,9 @@ type setupMsg struct {
 	EtcDir         string `json:"etc_dir"`  // host dir with this sandbox's hosts and hostname
 	WorkspaceBytes int64  `json:"workspace_bytes"`
 	TmpBytes       int64  `json:"tmp_bytes"`
-	UID            int    `json:"uid"`
+	UID            int    `json:"uid"` // the commands' uid and gid
 	GID            int    `json:"gid"`
+	InitUID        int    `json:"init_uid"` // the init's own uid, never UID (THREATS A13)
 	ProxyPort      int    `json:"proxy_port"`
 	DNSPort        int    `json:"dns_port"`
 	// Affinity is the CPU mask (unix.CPUSet's words) the init gives all

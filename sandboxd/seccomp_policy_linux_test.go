@@ -30,8 +30,8 @@ func TestSeccompPolicyAssembles(t *testing.T) {
 	}
 }
 
-// The program sent to every init is exactly the library's assembly of the
-// policy.
+// The program sent to every init is exactly the prefix block followed by
+// the library's assembly of the policy.
 func TestSeccompProgramIsThePolicy(t *testing.T) {
 	prog, err := seccompProgram()
 	if err != nil {
@@ -42,6 +42,11 @@ func TestSeccompProgramIsThePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pre, err := prefixProgram()
+	if err != nil {
+		t.Fatal(err)
+	}
+	insts = append(pre, insts...)
 	if len(prog) == 0 || len(prog) != len(insts) {
 		t.Fatalf("%d instructions, want %d (non-zero)", len(prog), len(insts))
 	}

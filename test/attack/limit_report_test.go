@@ -29,21 +29,11 @@ import (
 // session, with the 64 MiB limit and who reported it; the chain verifies.
 func TestLimitKillReachesGatewayAudit(t *testing.T) {
 	need(t)
-	e := gwenv.New(t, gatewayBin(t))
-	const token = "tok-sandboxd-b2"
-	sum := sha256.Sum256([]byte(token))
-	d := e.CoreConfig("b2")
-	d.Gateway()["session_tokens_sha256"] = []string{hex.EncodeToString(sum[:])}
-	cfgPath := e.Write(d)
-	g := e.Start(d, cfgPath)
+	st := stateDir(t)
+	e, g, cfgPath, tokenFile := reportingGateway(t, "b2", st)
 	c := casebook.Expect(t, "B2", "memory bomb under --memory 64MiB, sandboxd reporting to the gateway (gateway_admin)",
 		"exit 137 killed_by=oom; gateway audit record sandbox_oom with the sandbox, agent, session, limit 67108864 and reported_by session_token[0]; the chain verifies")
 
-	st := stateDir(t)
-	tokenFile := filepath.Join(st, "session.token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	sbx := filepath.Join(st, "sandboxd.yaml")
 	y := fmt.Sprintf("state_dir: %s\ngateway: %s\nhost: node-b2\ngateway_admin: http://%s\ngateway_session_token_file: %s\n",
 		filepath.Join(st, "state"), g.Sock, g.Admin, tokenFile)
@@ -80,4 +70,23 @@ func TestLimitKillReachesGatewayAudit(t *testing.T) {
 	if out, err := e.CLI("", "audit", "verify", "--config", cfgPath); err != nil {
 		t.Errorf("sluice audit verify: %v: %s", err, out)
 	}
+}
+
+// reportingGateway starts a real gateway in a namespace of its own that
+// takes one session token (session_token[0]), which it writes to a file
+// under st for sandboxd's gateway_session_token_file.
+func reportingGateway(t *testing.T, stem, st string) (e *gwenv.Env, g *gwenv.Gateway, cfgPath, tokenFile string) {
+	t.Helper()
+	e = gwenv.New(t, gatewayBin(t))
+	token := "tok-sandboxd-" + stem
+	sum := sha256.Sum256([]byte(token))
+	d := e.CoreConfig(stem)
+	d.Gateway()["session_tokens_sha256"] = []string{hex.EncodeToString(sum[:])}
+	cfgPath = e.Write(d)
+	g = e.Start(d, cfgPath)
+	tokenFile = filepath.Join(st, "session.token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return e, g, cfgPath, tokenFile
 }

@@ -222,7 +222,7 @@ func TestSandboxEscape(t *testing.T) {
 		{"A1", "control: tcp to the sandbox proxy port", []string{"dial-proxy"}, []string{"ok"}},
 		{"A1", "raw socket", []string{"raw-socket"}, []string{"errno=EPERM"}},
 		{"A1", "raw socket with SOCK_CLOEXEC", []string{"raw-socket-cloexec"}, []string{"errno=EPERM"}},
-		{"A1", "packet socket", []string{"packet-socket"}, []string{"errno=EPERM"}},
+		{"A1", "packet socket (a family outside the allow-list, A11)", []string{"packet-socket"}, []string{"errno=EAFNOSUPPORT"}},
 		{"A1", "MPTCP socket bypasses Landlock TCP rules", []string{"mptcp-socket"}, []string{"errno=EPERM"}},
 		{"A1", "control: plain TCP socket", []string{"tcp-socket"}, []string{"ok"}},
 		{"A2", "unshare(CLONE_NEWUSER)", []string{"unshare-user"}, []string{"errno=EPERM"}},
@@ -548,53 +548,10 @@ func findProc(s string) int {
 func TestAPI(t *testing.T) {
 	need(t)
 	st := stateDir(t)
+	do := serveAPI(t, st, fmt.Sprintf("gateway: %s\nspares: 1\n", filepath.Join(st, "gw.sock")))
 	api := filepath.Join(st, "api.sock")
-	cfg := filepath.Join(st, "sandboxd.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("api: %s\nstate_dir: %s\ngateway: %s\nspares: 1\n", api, filepath.Join(st, "state"), filepath.Join(st, "gw.sock"))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	srv := exec.CommandContext(ctx, bin, "serve", "--config", cfg)
-	srv.Cancel = func() error { return srv.Process.Signal(syscall.SIGTERM) }
-	var logs bytes.Buffer
-	srv.Stderr = &logs
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		_ = srv.Wait()
-		if t.Failed() {
-			t.Logf("sandboxd log:\n%s", logs.String())
-		}
-	}()
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", api)
-	}}}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", api); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("api socket never appeared; log:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 	if fi, err := os.Stat(api); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("api socket mode %v, want 0600 (root only)", fi.Mode().Perm())
-	}
-	do := func(method, path string, body io.Reader) (int, []byte) {
-		t.Helper()
-		req, _ := http.NewRequest(method, "http://sandboxd"+path, body)
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
 	}
 	code, b := do("POST", "/v1/sandboxes", strings.NewReader(`{"agent":"a1","session":"s1","user":"u1","env":{"FOO":"bar"}}`))
 	if code != 201 {
@@ -686,5 +643,62 @@ func TestAPI(t *testing.T) {
 	}
 	if !gone() {
 		t.Errorf("state or cgroup of destroyed sandbox %s still there after 5s", info.ID)
+	}
+}
+
+// apiDo is one request to sandboxd's API: status and body.
+type apiDo func(method, path string, body io.Reader) (int, []byte)
+
+// serveAPI starts `sandboxd serve` with its API at st/api.sock and its state
+// under st/state, the rest of its config from yaml, and waits for the API.
+// Before the binary, prefix (e.g. nsenter into a namespace). It stops
+// sandboxd (SIGTERM) when the test ends and logs its output on failure.
+func serveAPI(t *testing.T, st, yaml string, prefix ...string) apiDo {
+	t.Helper()
+	api := filepath.Join(st, "api.sock")
+	cfg := filepath.Join(st, "sandboxd.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("api: %s\nstate_dir: %s\n%s", api, filepath.Join(st, "state"), yaml)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	argv := append(append([]string(nil), prefix...), bin, "serve", "--config", cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	srv.Cancel = func() error { return srv.Process.Signal(syscall.SIGTERM) }
+	var logs bytes.Buffer
+	srv.Stderr = &logs
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = srv.Wait()
+		if t.Failed() {
+			t.Logf("sandboxd log:\n%s", logs.String())
+		}
+	})
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", api)
+	}}}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", api); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("api socket never appeared; log:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return func(method, path string, body io.Reader) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://sandboxd"+path, body)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
 	}
 }
