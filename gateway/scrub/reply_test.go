@@ -147,3 +147,48 @@ func TestReplySecretInHeaderAndCoding(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// FuzzReply checks that Reply never panics, refuses only with a
+// *ReplyError, and never lets the raw secret through in a header or the
+// body it relays, whatever codings and bytes the upstream sends.
+func FuzzReply(f *testing.F) {
+	f.Add("sk_live_0123456789", "identity", "gzip", gz([]byte(`{"k":"sk_live_0123456789"}`))) // two lines
+	f.Add("sk_live_0123456789", "gzip, identity", "", gz([]byte(`sk_live_0123456789`)))       // one line, two members
+	f.Add("sk_live_0123456789", "", "", gz([]byte(`x`)))                                      // gzip without a coding
+	f.Add("sk_live_0123456789", "deflate", "", zl([]byte(`%73k_live_0123456789`)))            // zlib, percent-escaped
+	f.Add("sk_live_0123456789", "", "", []byte(`{"\u0073k_live_0123456789":1}`))              // \u-escaped key
+	f.Add("sk_live_0123456789", "br", "gzip", []byte(`sk_live_0123456789`))                   // unsupported coding
+	f.Add("päss-wörd-secret", "", "", []byte(`"p\u00e4ss-w&#246;rd-secret"`))                 // mixed escapes
+	f.Fuzz(func(t *testing.T, secret, ce1, ce2 string, body []byte) {
+		s := New([]byte(secret))
+		h := http.Header{"X-Echo": {secret}}
+		for _, ce := range []string{ce1, ce2} {
+			if ce != "" {
+				h.Add("Content-Encoding", ce)
+			}
+		}
+		out, _, err := s.Reply(h, body, 1<<16)
+		if err != nil {
+			var re *ReplyError
+			if !errors.As(err, &re) || re.Reason == "" {
+				t.Fatalf("error %T %v is not a *ReplyError with a reason", err, err)
+			}
+			return
+		}
+		if len(secret) < MinLen || strings.ContainsAny(secret, Replacement) {
+			return // the replacement text itself could rebuild such a secret
+		}
+		low := strings.ToLower(secret)
+		if strings.Contains(strings.ToLower(string(out)), low) {
+			t.Fatalf("secret %q survives in the body %q", secret, out)
+		}
+		for k, vs := range h {
+			if strings.Contains(strings.ToLower(k+": "+strings.Join(vs, ",")), low) {
+				t.Fatalf("secret %q survives in header %s: %q", secret, k, vs)
+			}
+		}
+		if h.Get("Content-Length") != strconv.Itoa(len(out)) {
+			t.Fatalf("Content-Length %q for %d bytes", h.Get("Content-Length"), len(out))
+		}
+	})
+}
