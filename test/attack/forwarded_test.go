@@ -103,7 +103,7 @@ func TestForwardingClaimsStripped(t *testing.T) {
 			}
 		}
 		audited := len(g.AuditEvent("result", r.RequestID)) == 1
-		cb.Observef("%d %s, upstream saw %q, result audited %v", r.Status, r.Code, seen, audited)
+		cb.Observef("%s, upstream saw %q, result audited %v", statusText(r.Status, r.Code), seen, audited)
 		if r.Status != http.StatusOK || len(reqs) == 0 || len(seen) != 0 || !audited {
 			t.Errorf("%d %s, upstream saw %q, audited %v", r.Status, r.Body, seen, audited)
 		}

@@ -386,8 +386,8 @@ func TestReflectedEncodings(t *testing.T) {
 			} else {
 				audited = w.awaitAudit(t, "result", `"upstream_error":"`+f.reason+`"`, requestID(body))
 			}
-			cb.Observef("%d %s, upstream got the secret %v and Accept-Encoding %q, sandbox recovers the secret: %q, Content-Length %q for %d bytes, audited %v",
-				st, errCode(body), seen.auth == "Bearer "+w.ghSecret, ae, leak, rh.Get("Content-Length"), len(body), audited)
+			cb.Observef("%s, upstream got the secret %v and Accept-Encoding %q, sandbox recovers the secret: %q, Content-Length %q for %d bytes, audited %v",
+				statusText(st, errCode(body)), seen.auth == "Bearer "+w.ghSecret, ae, leak, rh.Get("Content-Length"), len(body), audited)
 			if seen.auth != "Bearer "+w.ghSecret {
 				t.Fatalf("the upstream did not get the secret (%q): the case proves nothing", seen.auth)
 			}
@@ -413,8 +413,8 @@ func TestReflectedEncodings(t *testing.T) {
 			} else {
 				audited = w.awaitAudit(t, "result", `"upstream_error":"`+f.reason+`"`, r.RequestID)
 			}
-			cb.Observef("%d %s (result %d), upstream got the key %v and Accept-Encoding %q, sandbox recovers the secret: %q, audited %v",
-				r.Status, r.Code, r.Result.Status, seen.Get("X-Api-Key") == w.e.Secret, seen.Values("Accept-Encoding"), leak, audited)
+			cb.Observef("%s (result %d), upstream got the key %v and Accept-Encoding %q, sandbox recovers the secret: %q, audited %v",
+				statusText(r.Status, r.Code), r.Result.Status, seen.Get("X-Api-Key") == w.e.Secret, seen.Values("Accept-Encoding"), leak, audited)
 			if seen.Get("X-Api-Key") != w.e.Secret {
 				t.Fatal("the upstream did not get the key: the case proves nothing")
 			}
@@ -476,6 +476,14 @@ func resultLen(b json.RawMessage) int {
 		return len(s)
 	}
 	return len(b)
+}
+
+// statusText is a status with its error code, if any, for observations.
+func statusText(status int, code string) string {
+	if code == "" {
+		return strconv.Itoa(status)
+	}
+	return strconv.Itoa(status) + " " + code
 }
 
 // requestID is the request_id of a JSON error body.
