@@ -156,11 +156,17 @@ func (s *Scrubber) Bytes(b []byte) ([]byte, bool) {
 	}
 	var spans []span
 	s.find(b, nil, &spans)
-	for _, v := range views(b) {
+	vs := views(b)
+	for _, v := range vs {
 		s.find(v.text, v, &spans)
 	}
 	if len(spans) == 0 {
 		return b, false
+	}
+	for _, v := range vs {
+		if v.json {
+			v.widen(spans)
+		}
 	}
 	slices.SortFunc(spans, func(x, y span) int {
 		if x.from != y.from {

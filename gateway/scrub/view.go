@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"math"
+	"sort"
 	"unicode/utf8"
 )
 
@@ -14,7 +15,8 @@ import (
 type view struct {
 	text []byte
 	src  []int32
-	n    int // length of the body
+	n    int  // length of the body
+	json bool // the JSON-escape decoding of the body itself
 }
 
 // origin maps the match [from, to) of v.text to the bytes of the body it
@@ -72,6 +74,7 @@ func views(b []byte) []*view {
 	var out []*view
 	if bytes.IndexByte(b, '\\') >= 0 {
 		j := decode(b, jsonEscape)
+		j.json = true
 		out = append(out, j)
 		if bytes.IndexByte(j.text, '%') >= 0 {
 			out = append(out, compose(decode(j.text, percentEscape), j))
@@ -212,4 +215,29 @@ func htmlReference(dst, b []byte, i int) ([]byte, int) {
 		r = utf8.RuneError
 	}
 	return utf8.AppendRune(dst, r), j - i
+}
+
+// widen grows each span to whole pieces of v (escapes stay whole): a
+// match found in another view that starts or ends inside a JSON escape
+// (a hex-looking secret right after \u) would otherwise leave half an escape
+// behind and break the document.
+func (v *view) widen(spans []span) {
+	starts := make([]int32, 0, len(v.src))
+	for k, s := range v.src {
+		if k == 0 || s != v.src[k-1] {
+			starts = append(starts, s)
+		}
+	}
+	for i := range spans {
+		k := sort.Search(len(starts), func(x int) bool { return int(starts[x]) > spans[i].from }) - 1
+		if k >= 0 {
+			spans[i].from = int(starts[k])
+		}
+		k = sort.Search(len(starts), func(x int) bool { return int(starts[x]) >= spans[i].to })
+		if k < len(starts) {
+			spans[i].to = int(starts[k])
+		} else {
+			spans[i].to = v.n
+		}
+	}
 }

@@ -108,6 +108,7 @@ func TestEncodedForms(t *testing.T) {
 		{"hex, mixed case", key, "h=" + mixCase(fmt.Sprintf("%x", key)), "h=" + r},
 		{"percent-encoded base64", key, "t=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte(key))), "t=" + r},
 		{"a lone \\ud800 does not stop the search", key, `"\ud800` + key + `"`, `"\ud800` + r + `"`},
+		{"a hex-looking secret that starts inside a \\u escape", "abcd1234ef", `{"a":"\uabcd1234ef"}`, `{"a":"` + r + `"}`},
 		{"control: a broken escape is left alone", key, `"\u00zz %g1 &#xZZ;"`, `"\u00zz %g1 &#xZZ;"`},
 	}
 	for _, tt := range tests {
