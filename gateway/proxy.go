@@ -290,7 +290,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	// The request's own header map, stripped in place: the server took what
 	// it needs from it (Connection: close, Expect) when it read the head.
 	hdr := r.Header
-	stripHopByHop(hdr)
+	stripRequestHeaders(hdr)
 	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
 		e.refuse(w, c, ee)
 		return
@@ -458,6 +458,43 @@ func stripHopByHop(h http.Header) {
 			delete(h, k)
 		}
 	}
+}
+
+// stripRequestHeaders removes, from a request the sandbox sent, the
+// hop-by-hop fields and every field in which a client claims where the
+// request came from or what it was before a proxy rewrote it (THREATS F8):
+// an upstream that trusts them would take the sandbox's word for its
+// address, scheme or path. The forward proxy and intercepted tunnels call
+// it; tool calls drop the same names from their header arguments
+// (stripHeaderArgs). Policy decides on the stripped header.
+func stripRequestHeaders(h http.Header) {
+	stripHopByHop(h)
+	for k := range h {
+		if isForwardingField(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// forwardingFields are, in lower case, the fields proxies, CDNs and load
+// balancers write to tell the origin about the client or the original
+// request; a sandbox sets none of them.
+var forwardingFields = map[string]bool{
+	"forwarded": true, "via": true, "x-real-ip": true, "x-client-ip": true, "client-ip": true,
+	"true-client-ip": true, "cf-connecting-ip": true, "cf-connecting-ipv6": true, "fastly-client-ip": true,
+	"x-cluster-client-ip": true, "x-originating-ip": true, "x-remote-ip": true, "x-remote-addr": true,
+	"x-proxyuser-ip": true, "x-host": true, "x-original-host": true, "x-original-url": true,
+	"x-rewrite-url": true, "x-original-uri": true, "x-http-method-override": true, "x-http-method": true,
+	"x-method-override": true, "x-appengine-user-ip": true, "x-azure-clientip": true, "x-azure-socketip": true,
+}
+
+// isForwardingField reports whether a field name, in any case, is one of
+// forwardingFields or starts with X-Forwarded (X-Forwarded-For, -Host,
+// -Proto, …, and the bare X-Forwarded) or X-Envoy- (Envoy trusts those from
+// an internal peer).
+func isForwardingField(name string) bool {
+	l := strings.ToLower(name)
+	return forwardingFields[l] || strings.HasPrefix(l, "x-forwarded") || strings.HasPrefix(l, "x-envoy-")
 }
 
 // isProxyField reports whether a field name starts with "Proxy-", in any

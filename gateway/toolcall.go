@@ -109,10 +109,13 @@ type call struct {
 	status   int
 	cred     string // where the credential went, never its value
 	reflect  bool
-	audited  bool       // the outcome is already in the audit log
-	presync  bool       // the next record need only reach the file; a later one syncs
-	held     *heldReply // the call was held: this is the answer
-	answered bool       // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
+	// upstreamErr says why the upstream's reply was not relayed
+	// (encoded_reply, opaque_reply …), as in raw egress's records.
+	upstreamErr string
+	audited     bool       // the outcome is already in the audit log
+	presync     bool       // the next record need only reach the file; a later one syncs
+	held        *heldReply // the call was held: this is the answer
+	answered    bool       // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
 }
 
 // handleToolCall runs the pipeline. Each stage either passes the call on or
@@ -296,6 +299,12 @@ func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool,
 			// rather than risk reflecting it unscrubbed.
 			return nil, refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
 		}
+		// The reply must be readable to be scrubbed: ask for it
+		// uncoded (an absent Accept-Encoding means any coding, RFC 9110
+		// 12.5.3), and whole: a range could hold part of the secret.
+		req.Header.Set("Accept-Encoding", "identity")
+		req.Header.Del("Range")
+		req.Header.Del("If-Range")
 	}
 	return scr, nil
 }
@@ -373,16 +382,18 @@ func (s *Server) send(ctx context.Context, c *call, up *upstream, req *http.Requ
 }
 
 // stripHeaderArgs removes headers that only the gateway may set: identity,
-// hop-by-hop and framing headers, and content codings the scrubber could
-// not see through.
+// client-address claims (isForwardingField, as on every egress path),
+// hop-by-hop and framing headers, and content codings and ranges the
+// scrubber could not see through.
 func stripHeaderArgs(a *connectors.Args) {
 	for k := range a.Headers {
 		lk := strings.ToLower(k)
 		switch {
 		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
-			strings.HasPrefix(lk, "x-forwarded-"), lk == "forwarded",
+			isForwardingField(lk),
 			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
-			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding":
+			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
+			lk == "range", lk == "if-range":
 			delete(a.Headers, k)
 		}
 	}
@@ -425,24 +436,19 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 	if int64(len(raw)) > limit {
 		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
 	}
-	if ce := resp.Header.Get("Content-Encoding"); scr != nil && ce != "" && !strings.EqualFold(ce, "identity") {
-		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream reply is encoded ("+ce+") and cannot be checked for the credential")
+	if scr != nil {
+		// The one check both tool calls and intercepted requests pass
+		// (THREATS D11): codings undone or refused, opaque bodies refused,
+		// headers and body scrubbed, Content-Length the scrubbed body's.
+		var err error
+		if raw, c.reflect, err = scr.Reply(resp.Header, raw, limit); err != nil {
+			c.upstreamErr = replyReason(err)
+			e := refuse(http.StatusBadGateway, CodeUpstreamError, err.Error())
+			e.cause = err
+			return nil, e
+		}
 	}
 	hdr := responseHeaders(resp.Header)
-	if scr != nil {
-		var found bool
-		for k, vs := range hdr {
-			for i, v := range vs {
-				if nv, f := scr.String(v); f {
-					vs[i], found = nv, true
-				}
-			}
-			hdr[k] = vs
-		}
-		var fb bool
-		raw, fb = scr.Bytes(raw)
-		c.reflect = found || fb
-	}
 	res := &result{Status: resp.StatusCode, Headers: hdr}
 	switch {
 	case len(raw) == 0:
@@ -468,6 +474,15 @@ func responseHeaders(h http.Header) map[string][]string {
 		out[k] = slices.Clone(vs)
 	}
 	return out
+}
+
+// replyReason is the stable reason of a reply scrub.Reply refused.
+func replyReason(err error) string {
+	var re *scrub.ReplyError
+	if errors.As(err, &re) {
+		return re.Reason
+	}
+	return "unreadable_reply"
 }
 
 func isJSON(ct string) bool {
@@ -531,6 +546,9 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	}
 	if refusal != nil {
 		f["code"] = string(refusal.Code)
+	}
+	if c.upstreamErr != "" {
+		f["upstream_error"] = c.upstreamErr
 	}
 	if event == "result" || event == "secret_reflected" {
 		f["secret_reflected"] = c.reflect

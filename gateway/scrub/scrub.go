@@ -1,7 +1,7 @@
 // Package scrub removes credentials an upstream reflects back before a
 // response reaches the caller. A secret is matched raw, base64 (standard and
-// URL alphabets, padded or not), URL-encoded (query and path escaping) and,
-// for HTTP basic auth, as the base64 of "user:pass".
+// URL alphabets, padded or not), hex, and, for HTTP basic auth, as the
+// base64 of "user:pass"; every form in any ASCII case.
 //
 // The forms of each secret are prepared once by New:
 //   - raw bytes;
@@ -10,9 +10,17 @@
 //     text that the secret alone determines at each of the three byte
 //     alignments, so the secret is found inside a longer base64 blob (a JWT
 //     segment, "user:pass" when only the password was given);
-//   - url.QueryEscape and url.PathEscape, with upper- and lower-case %XX;
-//   - hex, lower and upper case;
-//   - the JSON string encoding (escaped '/', '<', '>', '&', quotes, controls).
+//   - url.QueryEscape (a space as '+');
+//   - hex.
+//
+// Escapes are not matched as one encoder writes them: the text is decoded
+// first and the forms are looked for in what it decodes to (see view.go).
+// Each body is searched as it is, with its JSON string escapes decoded
+// (\u0073, \/, \n, surrogate pairs), with its percent-escapes decoded (%73
+// or %2F, either case, some bytes escaped or all), with its HTML character
+// references decoded (&#115;, &#x73;, &amp;), and with JSON escapes then
+// percent-escapes decoded. A match replaces the escaped text it came from,
+// whole escapes only, so a JSON document stays valid JSON.
 //
 // For basic auth the gateway passes both "user:pass" and the password alone.
 //
@@ -22,18 +30,18 @@
 // reports how many were left out so it can.
 //
 // Matching works on complete byte slices; buffering a whole body before
-// scrubbing is the caller's job.
+// scrubbing is the caller's job. Reply does that for an HTTP reply: it
+// undoes content codings, refuses what it cannot see through and fixes the
+// framing headers.
 package scrub
 
 import (
 	"bytes"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"slices"
-	"strings"
 )
 
 // Replacement is what a reflected secret is replaced by.
@@ -50,7 +58,7 @@ const MinLenEmbedded = 8
 // Scrubber knows the secret forms to look for. A nil or empty Scrubber
 // finds nothing. It is safe for concurrent use.
 type Scrubber struct {
-	forms   [][]byte // longest first, no duplicates
+	forms   [][]byte // in ASCII lower case, longest first, no duplicates
 	ignored int
 }
 
@@ -60,6 +68,7 @@ func New(secrets ...[]byte) *Scrubber {
 	s := &Scrubber{}
 	seen := map[string]bool{}
 	add := func(f string) {
+		f = string(lower(nil, []byte(f)))
 		if len(f) >= MinLen && !seen[f] {
 			seen[f] = true
 			s.forms = append(s.forms, []byte(f))
@@ -96,16 +105,10 @@ func forms(sec []byte) []string {
 			}
 		}
 	}
-	for _, esc := range []string{url.QueryEscape(raw), url.PathEscape(raw)} {
-		out = append(out, esc, lowerPercent(esc))
-	}
-	h := hex.EncodeToString(sec)
-	out = append(out, h, strings.ToUpper(h))
-	if j, err := json.Marshal(raw); err == nil && len(j) >= 2 {
-		js := string(j[1 : len(j)-1])
-		out = append(out, js, strings.ReplaceAll(js, "/", `\/`)) // encoders that escape '/'
-	}
-	return out
+	// Percent-escapes are decoded before matching; only the '+' that
+	// query escaping writes for a space is not an escape.
+	out = append(out, url.QueryEscape(raw))
+	return append(out, hex.EncodeToString(sec))
 }
 
 // base64Core returns the characters of the base64 encoding of sec, placed
@@ -119,24 +122,16 @@ func base64Core(enc *base64.Encoding, sec []byte, shift int) string {
 	return e[first:last]
 }
 
-// lowerPercent returns s with the hex digits of each %XX in lower case.
-func lowerPercent(s string) string {
-	b := []byte(s)
-	for i := 0; i+2 < len(b); i++ {
-		if b[i] == '%' {
-			b[i+1] = lowerHex(b[i+1])
-			b[i+2] = lowerHex(b[i+2])
-			i += 2
+// lower appends b in ASCII lower case to dst. It keeps every byte where it
+// was, so an index into the result is one into b.
+func lower(dst, b []byte) []byte {
+	for _, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
 		}
+		dst = append(dst, c)
 	}
-	return string(b)
-}
-
-func lowerHex(c byte) byte {
-	if 'A' <= c && c <= 'F' {
-		return c + 'a' - 'A'
-	}
-	return c
+	return dst
 }
 
 // Ignored returns how many non-empty secrets were too short to scrub.
@@ -147,55 +142,78 @@ func (s *Scrubber) Ignored() int {
 	return s.ignored
 }
 
-// Bytes returns b with every form replaced, and whether any was found.
-// Matches are leftmost, and at one position the longest form wins. If
-// nothing is found b itself is returned; otherwise b is left untouched and
-// a new slice is returned.
+// span is a half-open byte range of the scrubbed input.
+type span struct{ from, to int }
+
+// Bytes returns b with every form replaced, and whether any was found. A
+// form is found in b in any ASCII case, and in each decoded view of b; a
+// match replaces the bytes of b it was decoded from, and overlapping
+// matches are replaced once. If nothing is found b itself is returned;
+// otherwise b is left untouched and a new slice is returned.
 func (s *Scrubber) Bytes(b []byte) ([]byte, bool) {
-	if s == nil || len(s.forms) == 0 {
+	if s == nil || len(s.forms) == 0 || len(b) == 0 {
 		return b, false
 	}
-	// next[i] is the index in b of the next match of form i at or after
-	// pos, or -1. bytes.Index is fast on the common no-match path.
-	var small [32]int
-	next := small[:0]
-	hit := false
-	for _, f := range s.forms {
-		i := bytes.Index(b, f)
-		next = append(next, i)
-		hit = hit || i >= 0
+	var spans []span
+	s.find(b, nil, &spans)
+	vs := views(b)
+	for _, v := range vs {
+		s.find(v.text, v, &spans)
 	}
-	if !hit {
+	if len(spans) == 0 {
 		return b, false
 	}
+	for _, v := range vs {
+		if v.json {
+			v.widen(spans)
+		}
+	}
+	slices.SortFunc(spans, func(x, y span) int {
+		if x.from != y.from {
+			return x.from - y.from
+		}
+		return y.to - x.to
+	})
 	out := make([]byte, 0, len(b))
 	pos := 0
-	for {
-		best := -1
-		for i, n := range next {
-			if n >= 0 && (best < 0 || n < next[best]) {
-				best = i // forms are longest first: ties keep the longest
-			}
+	for i := 0; i < len(spans); {
+		sp := spans[i]
+		// Merge every span that overlaps this one (adjacent ones stay
+		// separate: two secrets side by side are two replacements).
+		for i++; i < len(spans) && spans[i].from < sp.to; i++ {
+			sp.to = max(sp.to, spans[i].to)
 		}
-		if best < 0 {
+		out = append(out, b[pos:sp.from]...)
+		out = append(out, Replacement...)
+		pos = sp.to
+	}
+	return append(out, b[pos:]...), true
+}
+
+// find appends the spans of b (the original input) where a form occurs in
+// text, which is b itself when v is nil and v's decoded text otherwise.
+func (s *Scrubber) find(text []byte, v *view, spans *[]span) {
+	low := text
+	for _, c := range text {
+		if 'A' <= c && c <= 'Z' {
+			low = lower(make([]byte, 0, len(text)), text)
 			break
 		}
-		at := next[best]
-		out = append(out, b[pos:at]...)
-		out = append(out, Replacement...)
-		pos = at + len(s.forms[best])
-		for i, n := range next {
-			if n >= 0 && n < pos {
-				if j := bytes.Index(b[pos:], s.forms[i]); j >= 0 {
-					next[i] = pos + j
-				} else {
-					next[i] = -1
-				}
+	}
+	for _, f := range s.forms {
+		for off := 0; off+len(f) <= len(low); {
+			i := bytes.Index(low[off:], f)
+			if i < 0 {
+				break
 			}
+			from, to := off+i, off+i+len(f)
+			if v != nil {
+				from, to = v.origin(from, to)
+			}
+			*spans = append(*spans, span{from, to})
+			off += i + len(f)
 		}
 	}
-	out = append(out, b[pos:]...)
-	return out, true
 }
 
 // String is Bytes for strings.
@@ -210,11 +228,21 @@ func (s *Scrubber) String(v string) (string, bool) {
 	return string(out), true
 }
 
-// Header scrubs every value of h in place (names are left alone) and
-// reports whether anything was found.
+// Header scrubs every value of h in place, drops every field whose name
+// holds a secret (a name cannot carry the replacement text, and Go's
+// canonical form changed its case already), and reports whether anything
+// was found.
 func (s *Scrubber) Header(h http.Header) bool {
+	if s == nil || len(s.forms) == 0 {
+		return false
+	}
 	found := false
-	for _, vs := range h {
+	for k, vs := range h {
+		if _, ok := s.String(k); ok {
+			delete(h, k)
+			found = true
+			continue
+		}
 		for i, v := range vs {
 			if nv, ok := s.String(v); ok {
 				vs[i] = nv

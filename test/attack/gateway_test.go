@@ -65,7 +65,10 @@ var (
 )
 
 // tlsSeen is one request the TLS upstream received.
-type tlsSeen struct{ host, uri, auth, body string }
+type tlsSeen struct {
+	host, uri, auth, body string
+	hdr                   http.Header
+}
 
 // world is a namespace with an HTTP and a TLS upstream on egressIP, a DNS
 // server on the namespace loopback, the connector upstream of gwenv and a
@@ -111,8 +114,16 @@ func newWorld(t *testing.T) *world {
 		b, _ := io.ReadAll(r.Body)
 		if r.TLS != nil {
 			w.mu.Lock()
-			w.tlsReqs = append(w.tlsReqs, tlsSeen{host: r.Host, uri: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b)})
+			w.tlsReqs = append(w.tlsReqs, tlsSeen{host: r.Host, uri: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b), hdr: r.Header.Clone()})
 			w.mu.Unlock()
+		}
+		if strings.HasPrefix(r.URL.Path, "/reflect/") {
+			reflectReply(rw, r) // scrub_test.go: a hostile upstream
+			return
+		}
+		if r.URL.Path == "/headers" {
+			echoHeaders(rw, r)
+			return
 		}
 		if r.URL.Path == "/redirect" {
 			rw.Header().Set("Location", "http://169.254.169.254/latest/meta-data/")
@@ -264,13 +275,20 @@ func firstLine(s string) string { return strings.SplitN(s, "\r\n", 2)[0] }
 
 // errCode is the JSON error code of a body ("" if none).
 func errCode(body string) string {
+	code, _ := errFields(body)
+	return code
+}
+
+// errFields are the code and request_id of a JSON error body.
+func errFields(body string) (code, requestID string) {
 	var eb struct {
 		Error struct {
-			Code string `json:"code"`
+			Code      string `json:"code"`
+			RequestID string `json:"request_id"`
 		} `json:"error"`
 	}
 	_ = json.Unmarshal([]byte(body), &eb)
-	return eb.Error.Code
+	return eb.Error.Code, eb.Error.RequestID
 }
 
 // awaitAudit waits for an audit record of event whose JSON contains every
