@@ -1,5 +1,6 @@
-// Package connectors turns OpenAPI 3.0 and 3.1 documents into tools: named,
-// schema-checked operations that the gateway can call on an agent's behalf.
+// Package connectors turns OpenAPI 3.0 and 3.1 documents (and Swagger 2.0,
+// converted on load) into tools: named, schema-checked operations that the
+// gateway can call on an agent's behalf.
 //
 // A connector is one API (one spec plus a base URL). Each operation becomes a
 // Tool named "<slug>.<operationId in snake_case>" with a JSON Schema for its
@@ -8,7 +9,8 @@
 // built here so that path parameters can never change the upstream path.
 //
 // This package imports no other package of sluice; its one dependency is
-// kin-openapi.
+// kin-openapi (and the YAML parser kin-openapi links, go.yaml.in/yaml/v3,
+// with which source.go reads a spec's raw tree before kin-openapi does).
 package connectors
 
 import (

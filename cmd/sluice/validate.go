@@ -61,14 +61,15 @@ func printProblems(w io.Writer, err error) error {
 
 // loadConnectors loads the spec of every configured connector, or only of
 // those whose slug is in only when only is non-nil. It makes no upstream
-// call; a spec given as an https URL is fetched.
+// call; a spec given as an https URL is fetched through the egress guard
+// with the connector's allow_private, as the gateway fetches it.
 func loadConnectors(ctx context.Context, cfg *config.Config, only []string) ([]*connectors.Connector, error) {
 	var out []*connectors.Connector
 	for i, cc := range cfg.Connectors {
 		if only != nil && !slices.Contains(only, cc.Slug) {
 			continue
 		}
-		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL})
+		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: gateway.SpecClient(cc)})
 		if err != nil {
 			return nil, fmt.Errorf("connectors[%d].spec: %w", i, err)
 		}
