@@ -13,6 +13,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -159,6 +160,18 @@ func (s *source) load() (*openapi3.T, error) {
 		s.rootDoc = d
 	}
 	d := s.rootDoc
+	loader := openapi3.NewLoader()
+	loader.Context = s.ctx
+	loader.IsExternalRefsAllowed = true // enforced by readURI instead
+	loader.ReadFromURIFunc = s.readURI
+	if plainOpenAPI(d.raw) {
+		// Nothing here for the raw tree to do: skip parsing it twice.
+		doc, err := loadDoc(loader, d.raw, s.root)
+		if err != nil {
+			return nil, fmt.Errorf("parse: %w", err)
+		}
+		return doc, nil
+	}
 	tree, format, err := parseTree(d.raw)
 	if err != nil {
 		return nil, fmt.Errorf("spec: %w", err)
@@ -176,11 +189,6 @@ func (s *source) load() (*openapi3.T, error) {
 		return nil, err
 	}
 	d.changed = d.changed || changed
-
-	loader := openapi3.NewLoader()
-	loader.Context = s.ctx
-	loader.IsExternalRefsAllowed = true // enforced by readURI instead
-	loader.ReadFromURIFunc = s.readURI
 	if swagger {
 		doc, err := s.fromSwagger(loader, d.tree)
 		if err != nil {
@@ -197,6 +205,34 @@ func (s *source) load() (*openapi3.T, error) {
 		return nil, fmt.Errorf("parse: %w", err)
 	}
 	return doc, nil
+}
+
+// refValue finds the value of each $ref in JSON or YAML text.
+var refValue = regexp.MustCompile(`\$ref["']?[ \t]*:[ \t]*["']?([^"'\s,}]*)`)
+
+// plainOpenAPI says, from the bytes alone, that data is a YAML OpenAPI
+// document (an openapi key at the top level) whose every $ref points into
+// its own components: one kin-openapi loads as it is, with no operation-
+// level or string-position $ref to inline, so the raw tree need not be
+// parsed (a 3 MB spec's YAML takes about as long to parse as the rest of
+// its load). Anything else, JSON included, takes the full path.
+func plainOpenAPI(data []byte) bool {
+	top := false
+	for line := range bytes.Lines(data) {
+		if bytes.HasPrefix(line, []byte("openapi:")) || bytes.HasPrefix(line, []byte(`"openapi":`)) || bytes.HasPrefix(line, []byte("'openapi':")) {
+			top = true
+			break
+		}
+	}
+	if !top {
+		return false
+	}
+	for _, m := range refValue.FindAllSubmatch(data, -1) {
+		if !bytes.HasPrefix(m[1], []byte("#/components/")) {
+			return false
+		}
+	}
+	return true
 }
 
 // loadDoc parses and resolves a document, turning a panic inside the

@@ -546,3 +546,38 @@ paths:
 		t.Errorf("got %v, want the other host refused", err)
 	}
 }
+
+// TestPlainOpenAPI: the shortcut that skips parsing the raw tree is taken
+// only for a YAML OpenAPI document whose $refs all point into its own
+// components.
+func TestPlainOpenAPI(t *testing.T) {
+	const head = "openapi: 3.0.3\ninfo: {title: t, version: '1'}\n"
+	cases := []struct {
+		name, doc string
+		want      bool
+	}{
+		{"component refs only", head + "paths:\n  /a:\n    get:\n      parameters: [{$ref: '#/components/parameters/A'}]\n", true},
+		{"no refs", head + "paths: {}\n", true},
+		{"operation-level ref in the document", head + "paths:\n  /a:\n    get: {$ref: '#/x-ops/a'}\n", false},
+		{"operation-level ref to a file", head + "paths:\n  /a:\n    get:\n      $ref: ops/a.yaml\n", false},
+		{"string-position ref", head + "  description: {$ref: \"docs/a.md\"}\npaths: {}\n", false},
+		{"ref with an empty value", head + "paths:\n  /a:\n    get:\n      $ref:\n        x\n", false},
+		{"JSON", `{"openapi": "3.0.3", "paths": {}}`, false},
+		{"Swagger", "swagger: '2.0'\npaths: {}\n", false},
+		{"openapi only nested", "info:\n  openapi: 3.0.3\n", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := plainOpenAPI([]byte(tc.doc)); got != tc.want {
+				t.Errorf("plainOpenAPI = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	twilio, err := os.ReadFile("testdata/twilio_api_v2010.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !plainOpenAPI(twilio) {
+		t.Error("twilio_api_v2010.yaml: want the shortcut (all its $refs are #/components/)")
+	}
+}
