@@ -91,7 +91,7 @@ func TestMultiFile(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Errorf("tools = %q, want %q", names, want)
 	}
-	files := []string{"api.yaml", "common.yaml", "docs/intro.md", "docs/list-pets.md", "ops/get-pet.yaml",
+	files := []string{"api.yaml", "common.yaml", "docs/intro.md", "docs/list-pets.md", "docs/owner.md", "ops/get-pet.yaml",
 		"ops/list-pets.yaml", "ops/pets.yaml", "paths/pet.yaml", "schemas/owner.yaml", "schemas/pet.yaml"}
 	if len(s.reads) != len(files) {
 		t.Errorf("read %d documents, want %d: %v", len(s.reads), len(files), s.reads)
@@ -144,6 +144,11 @@ func TestMultiFileCycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	pet := doc.Components.Schemas["Pet"].Value
+	// owner.yaml is read by kin-openapi, through readURI: its
+	// string-position $ref was inlined relative to schemas/.
+	if o := pet.Properties["owner"].Value; o == nil || o.Description != "Someone who keeps pets.\n" {
+		t.Errorf("Owner description = %+v, want the text of docs/owner.md", o)
+	}
 	for i := range 10 {
 		if pet == nil || pet.Properties["name"] == nil || pet.Properties["owner"] == nil || pet.Properties["owner"].Value == nil {
 			t.Fatalf("round %d: Pet not resolved: %+v", i, pet)
