@@ -228,12 +228,16 @@ func plainOpenAPI(data []byte) bool {
 		return false
 	}
 	for _, m := range refValue.FindAllSubmatch(data, -1) {
-		if !bytes.HasPrefix(m[1], []byte("#/components/")) {
+		if !componentRef.Match(m[1]) {
 			return false
 		}
 	}
 	return true
 }
+
+// componentRef matches a $ref to a component kin-openapi resolves where it
+// stands (not a path item or an x- key, which may be an operation).
+var componentRef = regexp.MustCompile(`^#/components/(schemas|parameters|responses|requestBodies|headers|securitySchemes|examples|links|callbacks)/`)
 
 // loadDoc parses and resolves a document, turning a panic inside the
 // third-party loader into an error: spec bytes are input, and a malformed

@@ -564,6 +564,8 @@ func TestPlainOpenAPI(t *testing.T) {
 		{"component refs only", head + "paths:\n  /a:\n    get:\n      parameters: [{$ref: '#/components/parameters/A'}]\n", true},
 		{"no refs", head + "paths: {}\n", true},
 		{"operation-level ref in the document", head + "paths:\n  /a:\n    get: {$ref: '#/x-ops/a'}\n", false},
+		{"operation-level ref into components", head + "paths:\n  /a:\n    get: {$ref: '#/components/x-ops/a'}\n", false},
+		{"path item ref into components", head + "paths:\n  /a: {$ref: '#/components/pathItems/A'}\n", false},
 		{"operation-level ref to a file", head + "paths:\n  /a:\n    get:\n      $ref: ops/a.yaml\n", false},
 		{"string-position ref", head + "  description: {$ref: \"docs/a.md\"}\npaths: {}\n", false},
 		{"ref with an empty value", head + "paths:\n  /a:\n    get:\n      $ref:\n        x\n", false},
