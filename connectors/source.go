@@ -64,11 +64,12 @@ var opKeys = []string{"get", "put", "post", "delete", "options", "head", "patch"
 // counts distinct bytes.
 type source struct {
 	ctx    context.Context
-	budget          // what is left of maxSpecBytes
-	root   *url.URL // the spec: {Path: absolute path} or an https URL; nil for in-memory data
-	dir    string   // a file spec's directory: every file read stays under it
-	host   string   // an https spec's host: every document fetched is on it, over https
-	client *http.Client
+	budget              // what is left of maxSpecBytes
+	root   *url.URL     // the spec: {Path: absolute path} or an https URL; nil for in-memory data
+	dir    string       // a file spec's directory: every file read stays under it
+	host   string       // an https spec's host: every document fetched is on it, over https
+	client *http.Client // fetches the spec (redirects may leave its host, over https)
+	refs   *http.Client // fetches what its $refs name (redirects stay on host)
 
 	rootDoc *srcDoc
 	docs    map[string]*srcDoc
@@ -126,7 +127,8 @@ func specSource(ctx context.Context, opts Options) (*source, error) {
 		if u.Host == "" || u.User != nil {
 			return nil, errors.New("spec: an https URL needs a host and no user info")
 		}
-		s.client, s.host, s.root = fetchClient(opts.Client), u.Host, withoutFragment(u)
+		s.client, s.refs = fetchClient(opts.Client, ""), fetchClient(opts.Client, u.Host)
+		s.host, s.root = u.Host, withoutFragment(u)
 		return s, nil
 	}
 	abs, err := filepath.Abs(spec)
@@ -461,9 +463,12 @@ func (s *source) get(u *url.URL) (*srcDoc, error) {
 		return d, nil
 	}
 	var data []byte
-	if s.client != nil {
+	switch {
+	case s.client != nil && k == s.root.String():
 		data, err = fetch(s.ctx, s.client, u, &s.budget)
-	} else {
+	case s.client != nil:
+		data, err = fetch(s.ctx, s.refs, u, &s.budget)
+	default:
 		data, err = readFile(filepath.FromSlash(u.Path), &s.budget)
 	}
 	s.reads[k]++
@@ -1042,8 +1047,9 @@ func readFile(name string, b *budget) ([]byte, error) {
 }
 
 // fetchClient copies c (or a default) so that redirects are bounded and stay
-// on https; the caller's client is not modified.
-func fetchClient(c *http.Client) *http.Client {
+// on https, and on host if host is not empty (a $ref's redirect must not
+// leave the spec's host); the caller's client is not modified.
+func fetchClient(c *http.Client, host string) *http.Client {
 	var cl http.Client
 	if c != nil {
 		cl = *c
@@ -1057,6 +1063,9 @@ func fetchClient(c *http.Client) *http.Client {
 		}
 		if req.URL.Scheme != "https" {
 			return fmt.Errorf("redirect to scheme %q refused", req.URL.Scheme)
+		}
+		if host != "" && req.URL.Host != host {
+			return fmt.Errorf("redirect of a $ref to %s refused: an https spec may refer only to documents on %s", req.URL.Redacted(), host)
 		}
 		return nil
 	}

@@ -510,6 +510,7 @@ paths:
 		"/v1/common.yaml":   "Id: {name: id, in: query, required: true, schema: {type: string}}\n",
 		"/v1/docs/intro.md": "Remote, split spec.\n",
 		"/v1/other.yaml":    "openapi: 3.0.3\ninfo: {title: t, version: '1'}\npaths:\n  /a:\n    get: {$ref: 'https://evil.example/op.yaml'}\n",
+		"/v1/hop.yaml":      "openapi: 3.0.3\ninfo: {title: t, version: '1'}\npaths:\n  /a:\n    get: {$ref: 'moved.yaml'}\n",
 	}
 	var mu sync.Mutex
 	seen := map[string]int{}
@@ -517,6 +518,10 @@ paths:
 		mu.Lock()
 		seen[r.URL.Path]++
 		mu.Unlock()
+		if r.URL.Path == "/v1/moved.yaml" { // same server, another host name
+			http.Redirect(w, r, "https://localhost:"+r.URL.Port()+"/v1/ops/a.yaml", http.StatusFound)
+			return
+		}
 		if body, ok := docs[r.URL.Path]; ok {
 			w.Write([]byte(body))
 			return
@@ -537,7 +542,7 @@ paths:
 	}
 	mu.Lock()
 	for p := range docs {
-		if p == "/v1/other.yaml" {
+		if p == "/v1/other.yaml" || p == "/v1/hop.yaml" {
 			continue
 		}
 		if seen[p] != 1 {
@@ -549,6 +554,11 @@ paths:
 	_, err = Load(context.Background(), Options{Slug: "remote", Spec: srv.URL + "/v1/other.yaml", Client: srv.Client()})
 	if err == nil || !strings.Contains(err.Error(), "an https spec may refer only to https documents on "+strings.TrimPrefix(srv.URL, "https://")) {
 		t.Errorf("got %v, want the other host refused", err)
+	}
+
+	_, err = Load(context.Background(), Options{Slug: "remote", Spec: srv.URL + "/v1/hop.yaml", Client: srv.Client()})
+	if err == nil || !strings.Contains(err.Error(), "redirect of a $ref to https://localhost:") {
+		t.Errorf("got %v, want the $ref's redirect to another host refused", err)
 	}
 }
 
