@@ -1,5 +1,6 @@
-// Package connectors turns OpenAPI 3.0 and 3.1 documents into tools: named,
-// schema-checked operations that the gateway can call on an agent's behalf.
+// Package connectors turns OpenAPI 3.0 and 3.1 documents (and Swagger 2.0,
+// converted on load) into tools: named, schema-checked operations that the
+// gateway can call on an agent's behalf.
 //
 // A connector is one API (one spec plus a base URL). Each operation becomes a
 // Tool named "<slug>.<operationId in snake_case>" (with a function-safe
@@ -16,8 +17,10 @@
 // Options.Strict turns either into a failed load.
 //
 // This package imports no other package of sluice. It reads specs with
-// kin-openapi and validates arguments with santhosh-tekuri/jsonschema,
-// whose patterns are ECMA-262 (dlclark/regexp2, with a match timeout).
+// kin-openapi (and source.go reads a spec's raw tree with the YAML parser
+// kin-openapi links, go.yaml.in/yaml/v3, before kin-openapi does), and
+// validates arguments with santhosh-tekuri/jsonschema, whose patterns are
+// ECMA-262 (dlclark/regexp2, with a match timeout).
 package connectors
 
 import (

@@ -25,6 +25,12 @@ func FuzzLoad(f *testing.F) {
 	f.Add([]byte("openapi: 3.0.0\ninfo: {title: t, version: '1'}\npaths:\n  /a:\n    get:\n      parameters: [{$ref: '/etc/passwd#/x'}]\n      responses: {'200': {description: x}}\n"))
 	// Not a spec at all.
 	f.Add([]byte("\x00\xff{["))
+	// Swagger 2.0 with a formData operation and draft-4 type arrays (converted on load).
+	f.Add([]byte("swagger: '2.0'\ninfo: {title: t, version: '1'}\nhost: a.example\npaths:\n  /n:\n    post:\n      consumes: [application/json, application/x-www-form-urlencoded]\n      parameters: [{name: a, in: formData, type: string}]\n      responses: {'200': {description: x, schema: {type: [string, 'null'], items: [{type: string}]}}}\n"))
+	// An operation-level $ref inside the document, and a chain that loops.
+	f.Add([]byte("openapi: 3.0.0\ninfo: {title: t, version: '1'}\npaths:\n  /a:\n    get: {$ref: '#/x/a'}\n  /b:\n    get: {$ref: '#/x/b'}\nx:\n  a: {operationId: a, responses: {'200': {description: x}}}\n  b: {$ref: '#/x/b'}\n"))
+	// YAML aliases and a merge key (expanded, within bounds).
+	f.Add([]byte("openapi: 3.0.0\ninfo: &i {title: t, version: '1'}\nx-copy: *i\nx-merged: {<<: *i, title: u}\npaths: {}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := LoadData(context.Background(), "fuzz", data, "https://api.example.com")
 		if err != nil {

@@ -5,27 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
-)
-
-const (
-	// maxSpecBytes caps what one Load reads in total: the spec plus every
-	// document its $refs pull in.
-	maxSpecBytes = 16 << 20
-	// fetchTimeout bounds each https fetch, whatever client is used.
-	fetchTimeout = 30 * time.Second
-	// maxRedirects bounds redirects while fetching a spec; each must stay https.
-	maxRedirects = 5
 )
 
 // param is one path, query or header parameter of a tool.
@@ -66,177 +52,15 @@ func LoadData(ctx context.Context, slug string, data []byte, baseURL string) (*C
 	if err := checkSlug(slug); err != nil {
 		return nil, fmt.Errorf("connectors: load data: %w", err)
 	}
-	if len(data) > maxSpecBytes {
-		return nil, fmt.Errorf("connectors: load data: spec is over %d bytes", maxSpecBytes)
-	}
-	loader := newLoader(ctx)
-	loader.ReadFromURIFunc = func(_ *openapi3.Loader, loc *url.URL) ([]byte, error) {
-		return nil, fmt.Errorf("ref %s: external refs are not allowed in an in-memory spec", loc.Redacted())
-	}
-	doc, err := loadDoc(loader, data, nil)
+	doc, err := readData(ctx, data)
 	if err != nil {
-		return nil, fmt.Errorf("connectors: load data: parse: %w", err)
+		return nil, fmt.Errorf("connectors: load data: %w", err)
 	}
 	c, err := build(ctx, slug, doc, nil, baseURL, false)
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load data: %w", err)
 	}
 	return c, nil
-}
-
-func newLoader(ctx context.Context) *openapi3.Loader {
-	loader := openapi3.NewLoader()
-	loader.Context = ctx
-	loader.IsExternalRefsAllowed = true // enforced by our ReadFromURIFunc instead
-	return loader
-}
-
-// loadDoc parses and resolves a document, turning a panic inside the
-// third-party loader into an error: spec bytes are input, and a malformed
-// one must fail the load, not the process.
-func loadDoc(loader *openapi3.Loader, data []byte, loc *url.URL) (doc *openapi3.T, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			doc, err = nil, fmt.Errorf("openapi loader panicked: %v", r)
-		}
-	}()
-	if loc == nil {
-		return loader.LoadFromData(data)
-	}
-	return loader.LoadFromDataWithPath(data, loc)
-}
-
-// budget is what is left of maxSpecBytes for one Load.
-type budget struct{ left int64 }
-
-func (b *budget) read(r io.Reader, what string) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, b.left+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", what, err)
-	}
-	if int64(len(data)) > b.left {
-		return nil, fmt.Errorf("read %s: specs are capped at %d bytes in total", what, maxSpecBytes)
-	}
-	b.left -= int64(len(data))
-	return data, nil
-}
-
-// readSpec loads the document named by opts.Spec: an https:// URL or a file.
-// Its $refs may reach only documents of the same kind: an https spec refers
-// to the same host over https, a file spec to files under its own directory.
-func readSpec(ctx context.Context, opts Options) (*openapi3.T, *url.URL, error) {
-	spec := opts.Spec
-	if spec == "" {
-		return nil, nil, errors.New("spec: empty")
-	}
-	b := &budget{left: maxSpecBytes}
-	loader := newLoader(ctx)
-	if u, err := url.Parse(spec); err == nil && len(u.Scheme) > 1 {
-		if u.Scheme != "https" {
-			return nil, nil, fmt.Errorf("spec: scheme %q is not allowed: use an https:// URL or a file path", u.Scheme)
-		}
-		if u.Host == "" || u.User != nil {
-			return nil, nil, errors.New("spec: an https URL needs a host and no user info")
-		}
-		client := fetchClient(opts.Client)
-		data, err := fetch(ctx, client, u, b)
-		if err != nil {
-			return nil, nil, err
-		}
-		loader.ReadFromURIFunc = func(_ *openapi3.Loader, loc *url.URL) ([]byte, error) {
-			if loc.Scheme != "https" || loc.Host != u.Host || loc.User != nil {
-				return nil, fmt.Errorf("ref %s: an https spec may refer only to https documents on %s", loc.Redacted(), u.Host)
-			}
-			return fetch(ctx, client, loc, b)
-		}
-		doc, err := loadDoc(loader, data, u)
-		if err != nil {
-			return nil, nil, fmt.Errorf("parse: %w", err)
-		}
-		return doc, u, nil
-	}
-
-	abs, err := filepath.Abs(spec)
-	if err != nil {
-		return nil, nil, fmt.Errorf("spec: %w", err)
-	}
-	root := filepath.Dir(abs)
-	data, err := readFile(abs, b)
-	if err != nil {
-		return nil, nil, err
-	}
-	loader.ReadFromURIFunc = func(_ *openapi3.Loader, loc *url.URL) ([]byte, error) {
-		if (loc.Scheme != "" && loc.Scheme != "file") || loc.Host != "" || loc.User != nil {
-			return nil, fmt.Errorf("ref %s: a file spec may refer only to files beside it", loc.Redacted())
-		}
-		p := filepath.Clean(filepath.FromSlash(loc.Path))
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(root, p)
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-			return nil, fmt.Errorf("ref %s: outside the spec's directory", loc.Path)
-		}
-		return readFile(p, b)
-	}
-	doc, err := loadDoc(loader, data, &url.URL{Path: filepath.ToSlash(abs)})
-	if err != nil {
-		return nil, nil, fmt.Errorf("parse: %w", err)
-	}
-	return doc, nil, nil
-}
-
-func readFile(name string, b *budget) ([]byte, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, fmt.Errorf("open spec: %w", err)
-	}
-	defer f.Close()
-	return b.read(f, name)
-}
-
-// fetchClient copies c (or a default) so that redirects are bounded and stay
-// on https; the caller's client is not modified.
-func fetchClient(c *http.Client) *http.Client {
-	var cl http.Client
-	if c != nil {
-		cl = *c
-	}
-	if cl.Timeout == 0 {
-		cl.Timeout = fetchTimeout
-	}
-	cl.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if len(via) >= maxRedirects {
-			return fmt.Errorf("stopped after %d redirects", maxRedirects)
-		}
-		if req.URL.Scheme != "https" {
-			return fmt.Errorf("redirect to scheme %q refused", req.URL.Scheme)
-		}
-		return nil
-	}
-	return &cl
-}
-
-func fetch(ctx context.Context, client *http.Client, u *url.URL, b *budget) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
-	}
-	req.Header.Set("Accept", "application/yaml, application/json;q=0.9, */*;q=0.1")
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetch %s: status %d", u.Redacted(), resp.StatusCode)
-	}
-	if resp.ContentLength > b.left {
-		return nil, fmt.Errorf("fetch %s: specs are capped at %d bytes in total", u.Redacted(), maxSpecBytes)
-	}
-	return b.read(resp.Body, u.Redacted())
 }
 
 // methods lists the HTTP methods an OpenAPI path item may hold, in the order

@@ -203,7 +203,9 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*cat
 	var errs []error
 	for i, cc := range cfg.Connectors {
 		key := fmt.Sprintf("connectors[%d]", i)
-		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Strict: cc.Strict})
+		allow := allowPrivate(cc)
+		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
+		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
 			continue
@@ -212,11 +214,7 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*cat
 			errs = append(errs, fmt.Errorf("%s.base_url: the spec names no server; set base_url", key))
 			continue
 		}
-		u := &upstream{cfg: cc, conn: conn}
-		for _, p := range cc.AllowPrivate {
-			pfx, _ := netip.ParsePrefix(p) // checked by config.Validate
-			u.allow = append(u.allow, pfx.Masked())
-		}
+		u := &upstream{cfg: cc, conn: conn, allow: allow}
 		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !plaintextOK(conn.BaseURL.Hostname(), u.allow) {
 			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
 			continue

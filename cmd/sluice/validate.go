@@ -89,7 +89,9 @@ func printProblems(w io.Writer, err error) error {
 // loadConnectors loads the spec of every configured connector, or only of
 // those whose slug is in only when only is non-nil, and reports every
 // connector that fails, not the first. It makes no upstream call; a spec
-// given as an https URL is fetched. strict applies to every connector.
+// given as an https URL is fetched through the egress guard with the
+// connector's allow_private, as the gateway fetches it. strict applies to
+// every connector.
 func loadConnectors(ctx context.Context, cfg *config.Config, only []string, strict bool) ([]*connectors.Connector, error) {
 	var out []*connectors.Connector
 	var errs []error
@@ -97,7 +99,7 @@ func loadConnectors(ctx context.Context, cfg *config.Config, only []string, stri
 		if only != nil && !slices.Contains(only, cc.Slug) {
 			continue
 		}
-		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Strict: strict || cc.Strict})
+		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: gateway.SpecClient(cc), Strict: strict || cc.Strict})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("connectors[%d].spec: %w", i, err))
 			continue
