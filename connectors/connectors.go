@@ -74,7 +74,9 @@ type Tool struct {
 	// names schemes that must all be satisfied.
 	Security [][]string
 	// BodyType is the request body's media type ("application/json",
-	// "application/x-www-form-urlencoded") or "" if the operation takes none.
+	// "application/x-www-form-urlencoded", "multipart/form-data" or a binary
+	// type such as "application/octet-stream" or "image/png") or "" if the
+	// operation takes none.
 	BodyType string
 	// IdempotencyHeader is the name of the operation's header parameter
 	// Idempotency-Key, as the spec spells it (matched case-insensitively),
@@ -88,6 +90,9 @@ type Tool struct {
 	body         *openapi3.Schema
 	bodyRequired bool
 	schema2020   bool // validate with JSON Schema 2020-12 (OpenAPI 3.1 documents)
+
+	// codec is how the body is checked and encoded (body.go).
+	codec *bodyCodec
 }
 
 // SecurityScheme is an OpenAPI security scheme the gateway knows how to satisfy.
