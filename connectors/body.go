@@ -460,16 +460,16 @@ func safePartName(s string) bool {
 
 // checkFilename refuses filenames that could split a header or name a path.
 func checkFilename(s, field string) error {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return &ArgError{Field: field, Reason: "must not hold control characters (CR or LF would end the part's header)"}
+		}
+	}
 	switch {
 	case s == "" || len(s) > maxFilenameBytes:
 		return &ArgError{Field: field, Reason: fmt.Sprintf("must be 1 to %d bytes", maxFilenameBytes)}
 	case isDotSegment(s) || strings.ContainsAny(s, "/\\"):
 		return &ArgError{Field: field, Reason: `must be a bare name: no "/", "\" and not "." or ".."`}
-	}
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return &ArgError{Field: field, Reason: "must not hold control characters"}
-		}
 	}
 	return nil
 }
