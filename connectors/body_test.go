@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -352,4 +353,59 @@ func TestBinaryBody(t *testing.T) {
 	if any.BodyType != multipartType {
 		t.Errorf("post_anything BodyType = %q, want multipart before */*", any.BodyType)
 	}
+}
+
+// FuzzSerial: whatever Validate accepts, NewRequest sends (the encoder
+// refuses nothing the validator let through), an allowReserved path never
+// leaves contents/ nor holds a dot segment however often it is decoded, and
+// a form body parses back.
+func FuzzSerial(f *testing.F) {
+	f.Add("get_content", `{"path":{"owner":"o","repo":"r","path":"a/b.go"}}`)                  // allowReserved, two segments
+	f.Add("get_content", `{"path":{"owner":"o","repo":"r","path":"a/%2e%2e/b"}}`)              // encoded dot segment
+	f.Add("create_customer", `{"body":{"name":"a","items":[{"price":"p"}]}}`)                  // deepObject array of objects
+	f.Add("create_customer", `{"body":{"name":"a","extra":{"amount":"1"}}}`)                   // collision
+	f.Add("search", `{"query":{"filter":{"rows":[{"x":"y"}]},"q":"a&b"}}`)                     // deepObject, allowReserved
+	f.Add("upload_file", `{"body":{"file":"AA==","file_filename":"x\"y","purpose":"avatar"}}`) // quoted filename
+	c := mustLoad(f, "serial", "testdata/serial-3.0.yaml")
+	f.Fuzz(func(t *testing.T, name, data string) {
+		var tl *Tool
+		for _, x := range c.Tools {
+			if x.Name == "serial."+name {
+				tl = x
+			}
+		}
+		if tl == nil {
+			return
+		}
+		args, err := DecodeArgs([]byte(data))
+		if err != nil || tl.Validate(args) != nil {
+			return
+		}
+		req, err := tl.NewRequest(context.Background(), c.BaseURL, args)
+		if err != nil {
+			t.Fatalf("Validate accepted %s but NewRequest refused it: %v", data, err)
+		}
+		if name == "get_content" {
+			rest, ok := strings.CutPrefix(req.URL.EscapedPath(), "/repos/")
+			if !ok {
+				t.Fatalf("path %q left /repos/", req.URL.EscapedPath())
+			}
+			for _, seg := range strings.Split(rest, "/") {
+				for i := 0; i < 5; i++ {
+					if seg == "" || isDotSegment(seg) {
+						t.Fatalf("path %q holds an empty or dot segment %q", req.URL.EscapedPath(), seg)
+					}
+					if seg, err = url.PathUnescape(seg); err != nil {
+						break
+					}
+				}
+			}
+		}
+		if name == "create_customer" {
+			b, _ := io.ReadAll(req.Body)
+			if _, err := url.ParseQuery(string(b)); err != nil {
+				t.Fatalf("form body %q does not parse: %v", b, err)
+			}
+		}
+	})
 }
