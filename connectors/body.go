@@ -288,7 +288,8 @@ type bodyCodec struct {
 }
 
 // setBody picks the operation's request body media type and prepares its
-// codec. A non-empty skip says why no tool can be made.
+// codec. A non-empty skip says why no tool can be made: an encoding this
+// package cannot send faithfully skips the operation, not the connector.
 func (t *Tool) setBody(rb *openapi3.RequestBodyRef) (skip string, err error) {
 	if rb == nil {
 		return "", nil
@@ -320,14 +321,14 @@ func (t *Tool) setBody(rb *openapi3.RequestBodyRef) (skip string, err error) {
 			}
 			st, err := formStyle(e)
 			if err != nil {
-				return "", fmt.Errorf("requestBody encoding %s: %w", name, err)
+				return fmt.Sprintf("request body encoding %s: %v", name, err), nil
 			}
 			c.form[name] = st
 		}
 	case mt == multipartType:
 		c.kind = bodyMultipart
 		if err := c.multipart(t, media); err != nil {
-			return "", err
+			return "request body: " + err.Error(), nil
 		}
 	case isBinaryType(mt):
 		c.kind = bodyBinary
@@ -385,7 +386,7 @@ func (c *bodyCodec) multipart(t *Tool, media *openapi3.MediaType) error {
 	sort.Strings(names)
 	for _, name := range names {
 		if !safePartName(name) {
-			return fmt.Errorf("requestBody property %q: not a safe multipart part name", name)
+			return fmt.Errorf("property %q: not a safe multipart part name", name)
 		}
 		ref := t.body.Properties[name]
 		if ref == nil || ref.Value == nil {
@@ -403,7 +404,7 @@ func (c *bodyCodec) multipart(t *Tool, media *openapi3.MediaType) error {
 			ct, _, _ := strings.Cut(e.ContentType, ",")
 			ct = strings.TrimSpace(ct)
 			if mt, _, err := mime.ParseMediaType(ct); err != nil || strings.ContainsAny(ct, "\r\n") {
-				return fmt.Errorf("requestBody encoding %s: contentType %q is not a media type", name, e.ContentType)
+				return fmt.Errorf("encoding %s: contentType %q is not a media type", name, e.ContentType)
 			} else if !strings.Contains(mt, "*") {
 				p.contentType = ct
 			}

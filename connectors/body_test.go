@@ -9,6 +9,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -408,4 +409,45 @@ func FuzzSerial(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBodySkips: a body this package cannot send faithfully skips its
+// operation with the reason and leaves the rest of the connector loaded.
+func TestBodySkips(t *testing.T) {
+	spec := `openapi: 3.0.3
+info: {title: t, version: "1"}
+servers: [{url: "https://api.example.com"}]
+paths:
+  /ok:
+    get:
+      parameters: [{name: X-Trace, in: header, allowReserved: true, schema: {type: string}}]
+      responses: {"200": {description: ok}}
+  /parts:
+    post:
+      requestBody:
+        content:
+          multipart/form-data:
+            schema: {type: object, properties: {"a\"b": {type: string}}}
+      responses: {"200": {description: ok}}
+  /text:
+    post:
+      requestBody:
+        content:
+          text/plain: {schema: {type: string}}
+      responses: {"200": {description: ok}}
+`
+	c, err := LoadData(context.Background(), "s", []byte(spec), "")
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if len(c.Tools) != 1 || c.Tools[0].Name != "s.get_ok" {
+		t.Errorf("tools = %d, want s.get_ok alone (allowReserved on a header is ignored)", len(c.Tools))
+	}
+	want := []string{
+		`POST /parts: request body: property "a\"b": not a safe multipart part name`,
+		`POST /text: request body has no JSON, form, multipart or binary media type`,
+	}
+	if !reflect.DeepEqual(c.Skipped, want) {
+		t.Errorf("skipped =\n  %q\nwant\n  %q", c.Skipped, want)
+	}
 }

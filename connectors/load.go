@@ -567,10 +567,8 @@ func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*Sec
 			}
 		}
 		np.explode = np.style == "form" || np.style == "deepObject"
-		np.reserved = p.AllowReserved
-		if np.reserved && p.In == openapi3.ParameterInHeader {
-			return nil, fmt.Errorf("parameter header.%s: allowReserved applies only to query and path parameters", p.Name)
-		}
+		// allowReserved means nothing for a header (OpenAPI 3.0.3 §4.7.12.1).
+		np.reserved = p.AllowReserved && p.In != openapi3.ParameterInHeader
 		if p.Explode != nil {
 			np.explode = *p.Explode
 		}
