@@ -451,3 +451,30 @@ paths:
 		t.Errorf("skipped =\n  %q\nwant\n  %q", c.Skipped, want)
 	}
 }
+
+// BenchmarkSerial measures Validate plus NewRequest for a Stripe-style form
+// body and for a multipart upload of 512 KiB.
+func BenchmarkSerial(b *testing.B) {
+	c := mustLoad(b, "serial", "testdata/serial-3.0.yaml")
+	file := base64.StdEncoding.EncodeToString(make([]byte, 512<<10))
+	for _, bc := range []struct{ name, tool, args string }{
+		{"form_deepObject", "serial.create_customer", `{"body":{"name":"a","expand":["x","y"],"metadata":{"a":"1","b":"2"},"items":[{"price":"p1","quantity":2},{"price":"p2"}],"address":{"line1":"l","geo":{"lat":1}}}}`},
+		{"multipart_512KiB", "serial.upload_file", `{"body":{"file":"` + file + `","purpose":"avatar"}}`},
+	} {
+		tl := tool(b, c, bc.tool)
+		b.Run(bc.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				args, err := DecodeArgs([]byte(bc.args))
+				if err == nil {
+					err = tl.Validate(args)
+				}
+				if err == nil {
+					_, err = tl.NewRequest(context.Background(), c.BaseURL, args)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
