@@ -372,7 +372,9 @@ func isBinaryType(mt string) bool {
 	return mt == octetType || mt == "*/*" || strings.HasPrefix(mt, "image/")
 }
 
-// multipart notes which properties are files and adds each file's optional
+// multipart notes which properties are files (sent with the property's
+// encoding.contentType, else its contentMediaType, else
+// application/octet-stream) and adds each file's optional
 // filename sibling to the body schema, so that the advertised schema and
 // the one Validate enforces are one object.
 func (c *bodyCodec) multipart(t *Tool, media *openapi3.MediaType) error {
@@ -400,6 +402,9 @@ func (c *bodyCodec) multipart(t *Tool, media *openapi3.MediaType) error {
 			continue
 		}
 		p := part{binary: true, contentType: octetType}
+		if mt, _, err := mime.ParseMediaType(s.ContentMediaType); err == nil && !strings.Contains(mt, "*") && !strings.ContainsAny(s.ContentMediaType, "\r\n") {
+			p.contentType = s.ContentMediaType
+		}
 		if e := media.Encoding[name]; e != nil && e.ContentType != "" {
 			ct, _, _ := strings.Cut(e.ContentType, ",")
 			ct = strings.TrimSpace(ct)
@@ -433,16 +438,16 @@ func (c *bodyCodec) multipart(t *Tool, media *openapi3.MediaType) error {
 	return nil
 }
 
-// isBinarySchema reports whether s is a file: format binary, or in 3.1 a
-// string with contentEncoding base64 or a non-text contentMediaType.
+// isBinarySchema reports whether s is a file sent as raw bytes: format
+// binary (3.0), contentEncoding binary (as Discord's 3.1 spec writes it), or
+// a non-text contentMediaType with no contentEncoding (3.1). A property
+// whose contentEncoding is base64 is sent as the base64 text it is.
 func isBinarySchema(s *openapi3.Schema) bool {
-	if s.Format == "binary" {
+	if s.Format == "binary" || strings.EqualFold(s.ContentEncoding, "binary") {
 		return true
 	}
-	if s.ContentEncoding != "" {
-		return strings.EqualFold(s.ContentEncoding, "base64")
-	}
-	return s.ContentMediaType != "" && !strings.HasPrefix(s.ContentMediaType, "text/") && !isJSONType(s.ContentMediaType)
+	return s.ContentEncoding == "" && s.ContentMediaType != "" &&
+		!strings.HasPrefix(s.ContentMediaType, "text/") && !isJSONType(s.ContentMediaType)
 }
 
 // safePartName allows part names that need no escaping to be misread:

@@ -478,3 +478,42 @@ func BenchmarkSerial(b *testing.B) {
 		})
 	}
 }
+
+// TestMultipart31: OpenAPI 3.1 files as vendors write them: Discord's
+// contentEncoding: binary and a contentMediaType are file parts; a
+// contentEncoding: base64 property is sent as the base64 text it is.
+func TestMultipart31(t *testing.T) {
+	spec := `openapi: 3.1.0
+info: {title: t, version: "1"}
+servers: [{url: "https://api.example.com"}]
+paths:
+  /stickers:
+    post:
+      operationId: createSticker
+      requestBody:
+        content:
+          multipart/form-data:
+            schema:
+              type: object
+              properties:
+                file: {type: string, contentEncoding: binary}
+                pic: {type: string, contentMediaType: image/png}
+                b64: {type: string, contentEncoding: base64}
+      responses: {"200": {description: ok}}
+`
+	c, err := LoadData(context.Background(), "d", []byte(spec), "")
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	tl := tool(t, c, "d.create_sticker")
+	_, ct, body := send(t, c, tl, `{"body":{"file":"AAE=","pic":"Ag==","b64":"AAE="}}`)
+	got := parseMultipart(t, ct, body)
+	want := []gotPart{
+		{"b64", "", "", []byte("AAE=")},
+		{"file", "file", octetType, []byte{0, 1}},
+		{"pic", "pic", "image/png", []byte{2}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("parts = %q, want %q", got, want)
+	}
+}
