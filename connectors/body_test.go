@@ -517,3 +517,31 @@ paths:
 		t.Errorf("parts = %q, want %q", got, want)
 	}
 }
+
+// TestMultipartExactBytes: the multipart body is a function of the
+// arguments (the boundary is their hash), so a held call's re-send and an
+// "always allow" grant match on the request hash; the bytes are as below.
+func TestMultipartExactBytes(t *testing.T) {
+	c, tl := serialTool(t, "upload_file")
+	args := `{"body":{"file":"AAE=","file_filename":"a.png","purpose":"avatar"}}`
+	_, ct1, b1 := send(t, c, tl, args)
+	_, ct2, b2 := send(t, c, tl, args)
+	if ct1 != ct2 || !bytes.Equal(b1, b2) {
+		t.Fatalf("the same arguments built two bodies:\n%q\n%q", b1, b2)
+	}
+	_, boundary, _ := strings.Cut(ct1, "boundary=")
+	want := "--" + boundary + "\r\n" +
+		"Content-Disposition: form-data; filename=a.png; name=file\r\n" +
+		"Content-Type: image/png\r\n\r\n" +
+		"\x00\x01\r\n" +
+		"--" + boundary + "\r\n" +
+		"Content-Disposition: form-data; name=purpose\r\n\r\n" +
+		"avatar\r\n" +
+		"--" + boundary + "--\r\n"
+	if string(b1) != want || !strings.HasPrefix(boundary, "sluice") || len(boundary) > 70 {
+		t.Errorf("body =\n%q\nwant\n%q", b1, want)
+	}
+	if _, _, b3 := send(t, c, tl, `{"body":{"file":"AAI=","file_filename":"a.png","purpose":"avatar"}}`); bytes.Contains(b3, []byte(boundary)) {
+		t.Errorf("other arguments reused the boundary %s", boundary)
+	}
+}
