@@ -245,15 +245,17 @@ func writePairs(pairs []pair, esc func(string) string) string {
 }
 
 // escapeReserved escapes a query value whose parameter has allowReserved:
-// RFC 3986 reserved characters stay as they are, except "&", "=", "+" and
-// "#", which would end the value, start another parameter, read as a space
-// or end the query; "%" is always escaped, so no value smuggles an escape.
+// RFC 3986 reserved characters stay as they are, except "&", "=", "+", "#"
+// and ";", which would end the value, start another parameter, read as a
+// space, end the query, or split parameters at servers that take ";" as a
+// separator (parameter cloaking, CVE-2021-23336); "%" is always escaped, so
+// no value smuggles an escape.
 func escapeReserved(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.IndexByte("-._~:/?@!$'()*,;[]", c) >= 0:
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.IndexByte("-._~:/?@!$'()*,[]", c) >= 0:
 			b.WriteByte(c)
 		default:
 			fmt.Fprintf(&b, "%%%02X", c)

@@ -124,8 +124,9 @@ func TestQuerySerialisation(t *testing.T) {
 		{"deepObject array", `{"filter":{"tags":["a","b"]}}`, "filter%5Btags%5D%5B%5D=a&filter%5Btags%5D%5B%5D=b"},
 		{"deepObject nested object", `{"filter":{"owner":{"login":"octo cat"}}}`, "filter%5Bowner%5D%5Blogin%5D=octo+cat"},
 		{"deepObject array of objects", `{"filter":{"rows":[{"x":"y"}]}}`, "filter%5Brows%5D%5B0%5D%5Bx%5D=y"},
-		{"allowReserved keeps reserved", `{"q":"repo:a/b is:open@x!$'()*,;[]?"}`, "q=repo:a/b%20is:open@x!$'()*,;[]?"},
+		{"allowReserved keeps reserved", `{"q":"repo:a/b is:open@x!$'()*,[]?"}`, "q=repo:a/b%20is:open@x!$'()*,[]?"},
 		{"allowReserved still escapes & = + # %", `{"q":"a&limit=1000#f+g%41"}`, "q=a%26limit%3D1000%23f%2Bg%2541"},
+		{"allowReserved escapes ; (CVE-2021-23336 parameter cloaking)", `{"q":"a;limit=1000"}`, "q=a%3Blimit%3D1000"},
 		{"no allowReserved escapes", `{"cursor":"a/b:c"}`, "cursor=a%2Fb%3Ac"},
 		{"form explode object", `{"opts":{"zz":"1"},"limit":5}`, "limit=5&zz=1"},
 	}
