@@ -195,7 +195,7 @@ func TestAllowReservedPath(t *testing.T) {
 		{"control", `a\u0000b`, "NUL truncation"},
 	}
 	for _, tc := range refusals {
-		t.Run("refused/"+tc.name, func(t *testing.T) {
+		t.Run("refused/"+tc.name+" ("+tc.cite+")", func(t *testing.T) {
 			refused(t, c, tl, `{"path":{"owner":"o","repo":"r","path":"`+tc.path+`"}}`, "path.path")
 		})
 	}
