@@ -4,7 +4,9 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"mime"
@@ -24,7 +26,7 @@ import (
 // serialGateway runs the gateway with connectors/testdata/serial-3.0.yaml
 // as the tickets connector (same slug, credential and upstream), every
 // serial tool allowed.
-func serialGateway(t *testing.T) (*gwenv.Env, *gwenv.Gateway) {
+func serialGateway(t *testing.T, edit ...func(gwenv.Doc)) (*gwenv.Env, *gwenv.Gateway) {
 	t.Helper()
 	e := newEnv(t)
 	spec, err := filepath.Abs("../../connectors/testdata/serial-3.0.yaml")
@@ -40,6 +42,9 @@ func serialGateway(t *testing.T) (*gwenv.Env, *gwenv.Gateway) {
 		{"match": "tickets.upload_file", "action": "allow"},
 		{"match": "tickets.put_blob", "action": "allow"},
 		{"match": "*", "action": "block"},
+	}
+	for _, f := range edit {
+		f(d)
 	}
 	return e, e.Start(d, e.Write(d))
 }
@@ -198,5 +203,70 @@ func TestSerialisationSmuggling(t *testing.T) {
 				t.Errorf("no audit record with code schema_violation for %s: %s", r.RequestID, b)
 			}
 		})
+	}
+}
+
+// TestHeldUpload is E4 for a multipart upload: the body is a function of
+// the arguments, so a held upload re-sent with Sluice-Hold and the same
+// arguments is the same hold (a random boundary would make it 409), one
+// with another file is 409 args_mismatch, and the approved upload reaches
+// the upstream once, as the approver saw it.
+func TestHeldUpload(t *testing.T) {
+	t.Parallel()
+	e, g := serialGateway(t, func(d gwenv.Doc) {
+		d.Rule("tickets.upload_file")["action"] = "ask"
+		d.Rule("tickets.upload_file")["approvers"] = []string{"group:finance"}
+		d.Gateway()["hold_wait"] = "100ms"
+		sum := sha256.Sum256([]byte(gwenv.CarolToken))
+		d["approvers"] = map[string]any{"users": []map[string]any{{"name": "carol", "groups": []string{"finance"}, "token_sha256": hex.EncodeToString(sum[:])}}}
+	})
+	c := casebook.Expect(t, "E4", "multipart upload held, re-sent with Sluice-Hold: same file, then another file",
+		"same arguments: the same pending hold (202); another file: 409 args_mismatch; approved: one upstream upload with the held bytes")
+	var obs []string
+	defer func() { c.Observe(strings.Join(obs, "; ")) }()
+
+	args := `{"body":{"file":"iVBORw0KGgo=","file_filename":"a.png","purpose":"avatar"}}`
+	r := g.For(t).Call(agentA, "tickets.upload_file", args)
+	var held struct {
+		Hold struct{ ID, Status, Poll string } `json:"hold"`
+	}
+	if err := json.Unmarshal(r.Body, &held); err != nil || r.Status != http.StatusAccepted || held.Hold.ID == "" {
+		t.Fatalf("ask: %d %s, want 202 pending", r.Status, r.Body)
+	}
+	resend := func(a string) gwenv.Reply {
+		return g.For(t).Do(agentA, http.MethodPost, "/v1/tools/tickets.upload_file", a, http.Header{"Sluice-Hold": {held.Hold.ID}})
+	}
+	same := resend(args)
+	obs = append(obs, "same arguments "+strconv.Itoa(same.Status)+" "+same.Code)
+	if same.Status != http.StatusAccepted {
+		t.Fatalf("re-send with the same arguments: %d %s, want 202 (the same hold)", same.Status, same.Body)
+	}
+	other := resend(`{"body":{"file":"AAAA","file_filename":"a.png","purpose":"avatar"}}`)
+	obs = append(obs, "another file "+strconv.Itoa(other.Status)+" "+other.Code)
+	expect(t, other, http.StatusConflict, "args_mismatch")
+
+	st, _, body := g.AdminDo(http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`)
+	obs = append(obs, "approve "+strconv.Itoa(st))
+	if h, _ := body["hold"].(map[string]any); st != http.StatusOK || h["status"] != "executed" {
+		t.Fatalf("approve: %d %v", st, body)
+	}
+	reqs := e.Up.Requests()
+	obs = append(obs, "upstream requests "+strconv.Itoa(len(reqs)))
+	if len(reqs) != 1 || reqs[0].Path != "/v1/files" || reqs[0].Header.Get("X-Api-Key") != e.Secret {
+		t.Fatalf("upstream saw %d requests; want one POST /v1/files with the credential", len(reqs))
+	}
+	_, params, _ := mime.ParseMediaType(reqs[0].Header.Get("Content-Type"))
+	p, err := multipart.NewReader(strings.NewReader(reqs[0].Body), params["boundary"]).NextPart()
+	if err != nil {
+		t.Fatalf("upstream multipart: %v", err)
+	}
+	data, _ := io.ReadAll(p)
+	if p.FormName() != "file" || p.FileName() != "a.png" || !bytes.Equal(data, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Errorf("upstream file part %q %q %q", p.FormName(), p.FileName(), data)
+	}
+	done := resend(args)
+	obs = append(obs, "re-send after approval "+strconv.Itoa(done.Status))
+	if done.Status != http.StatusOK || len(e.Up.Requests()) != 1 {
+		t.Errorf("re-send after approval: %d, upstream requests %d; want the stored result and no second upload", done.Status, len(e.Up.Requests()))
 	}
 }
