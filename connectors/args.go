@@ -194,6 +194,11 @@ func (t *Tool) Validate(args Args) error {
 		}
 	}
 
+	// Exploded query objects must not pose as other parameters.
+	if _, err := t.encodeQuery(args.Query); err != nil {
+		return err
+	}
+
 	if t.BodyType == "" {
 		if args.Body != nil {
 			return &ArgError{Field: "body", Reason: "this tool takes no request body"}
@@ -202,15 +207,8 @@ func (t *Tool) Validate(args Args) error {
 		if t.bodyRequired {
 			return &ArgError{Field: "body", Reason: "required"}
 		}
-	} else {
-		if err := checkStrings(args.Body, "body", false); err != nil {
-			return err
-		}
-		if t.BodyType == formType {
-			if err := checkFormBody(args.Body); err != nil {
-				return err
-			}
-		}
+	} else if err := t.checkBody(args.Body); err != nil {
+		return err
 	}
 	return t.validateSchema(args)
 }
@@ -275,63 +273,24 @@ const dotSegmentReason = `must not be "." or ".." (a dot segment would change wh
 func isDotSegment(s string) bool { return s == "." || s == ".." }
 
 // checkParamShape refuses values the parameter's serialisation cannot carry
-// faithfully: path and header values are scalars or arrays of scalars, query
-// values at most one level of object or array, and a path value is never
-// empty (an empty segment would change which resource is addressed).
+// faithfully, by running that serialisation: path values through pathValue
+// (never empty, never a dot segment, "/" only with allowReserved), query
+// values through serialise (deepObject nests; other styles take one level
+// of scalars), header values as scalars or arrays of them.
 func checkParamShape(p *param, v any, field string) error {
-	switch x := v.(type) {
-	case []any:
-		for i, e := range x {
-			if !isScalar(e) {
-				return &ArgError{Field: field + "[" + strconv.Itoa(i) + "]", Reason: "must be a string, number or boolean"}
-			}
-		}
-		if p.in == "path" && len(x) == 0 {
-			return &ArgError{Field: field, Reason: "must not be empty"}
-		}
-		if p.in == "path" && len(x) == 1 && isDotSegment(scalarString(x[0])) {
-			return &ArgError{Field: field, Reason: dotSegmentReason}
-		}
-	case map[string]any:
-		if p.in != "query" {
-			return &ArgError{Field: field, Reason: "objects are not supported in " + p.in + " parameters"}
-		}
-		for _, k := range sortedKeys(x) {
-			if !isScalar(x[k]) {
-				return &ArgError{Field: field + "." + k, Reason: "must be a string, number or boolean"}
-			}
-		}
-	default:
-		if !isScalar(v) {
-			return &ArgError{Field: field, Reason: "unsupported value"}
-		}
-		if p.in == "path" && scalarString(v) == "" {
-			return &ArgError{Field: field, Reason: "must not be empty"}
-		}
-		if p.in == "path" && isDotSegment(scalarString(v)) {
-			return &ArgError{Field: field, Reason: dotSegmentReason}
-		}
+	switch p.in {
+	case "path":
+		_, err := pathValue(p, v, field)
+		return err
+	case "query":
+		_, err := queryPairs(p, v, field)
+		return err
 	}
-	return nil
-}
-
-// checkFormBody makes sure a form body is an object whose values are
-// scalars, arrays of scalars or objects (sent as JSON text).
-func checkFormBody(body any) error {
-	obj, ok := body.(map[string]any)
-	if !ok {
-		return &ArgError{Field: "body", Reason: "a form body must be an object"}
+	if _, ok := v.(map[string]any); ok {
+		return &ArgError{Field: field, Reason: "objects are not supported in " + p.in + " parameters"}
 	}
-	for _, k := range sortedKeys(obj) {
-		if arr, ok := obj[k].([]any); ok {
-			for i, e := range arr {
-				if !isScalar(e) {
-					return &ArgError{Field: "body." + k + "[" + strconv.Itoa(i) + "]", Reason: "form arrays hold only strings, numbers or booleans"}
-				}
-			}
-		}
-	}
-	return nil
+	_, err := simpleValue(v, false, field)
+	return err
 }
 
 func isScalar(v any) bool {

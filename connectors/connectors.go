@@ -112,7 +112,9 @@ type Tool struct {
 	// names schemes that must all be satisfied.
 	Security [][]string
 	// BodyType is the request body's media type ("application/json",
-	// "application/x-www-form-urlencoded") or "" if the operation takes none.
+	// "application/x-www-form-urlencoded", "multipart/form-data" or a binary
+	// type such as "application/octet-stream" or "image/png") or "" if the
+	// operation takes none.
 	BodyType string
 	// IdempotencyHeader is the name of the operation's header parameter
 	// Idempotency-Key, as the spec spells it (matched case-insensitively),
@@ -129,6 +131,9 @@ type Tool struct {
 	bodyRequired bool
 	fixedQuery   string             // sent with every call: from a path key "/x?beta=true"
 	compiled     *jsonschema.Schema // Schema, compiled: what Validate enforces
+
+	// codec is how the body is checked and encoded (body.go).
+	codec *bodyCodec
 }
 
 // SecurityScheme is an OpenAPI security scheme the gateway knows how to satisfy.

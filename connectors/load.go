@@ -21,6 +21,9 @@ type param struct {
 	required bool
 	style    string // "simple", "form", "spaceDelimited", "pipeDelimited" or "deepObject"
 	explode  bool
+	// reserved is allowReserved: a query value keeps RFC 3986 reserved
+	// characters, a path value may hold "/" (never empty or dot segments).
+	reserved bool
 	schema   *openapi3.Schema // nil accepts any value
 	desc     string
 
@@ -427,22 +430,20 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 	}
 
 	if op.RequestBody != nil {
-		rb := op.RequestBody.Value
-		if rb == nil {
-			return nil, &specError{Pointer: ptr + "/requestBody", Err: errors.New("requestBody: unresolved")}
+		if skip, err := t.setBody(op.RequestBody); err != nil || skip != "" {
+			if err == nil {
+				err = errors.New(skip)
+			}
+			return nil, &specError{Pointer: ptr + "/requestBody", Err: err}
 		}
-		mt, media := pickMedia(rb.Content)
-		if mt == "" {
-			return nil, &specError{Pointer: ptr + "/requestBody/content", Err: errors.New("request body has no application/json, +json or application/x-www-form-urlencoded media type")}
-		}
-		t.BodyType = mt
-		t.bodyRequired = rb.Required
-		t.bodyPointer = ptr + "/requestBody/content/" + pointerEscape(mediaKey(rb.Content, media)) + "/schema"
+		_, media := pickMedia(op.RequestBody.Value.Content)
+		t.bodyPointer = ptr + "/requestBody/content/" + pointerEscape(mediaKey(op.RequestBody.Value.Content, media)) + "/schema"
+		// The schema as written (its $ref kept), unless setBody changed it
+		// (a multipart body's filename siblings, a binary body's string):
+		// then what setBody made is what is shown and enforced.
 		t.bodyRef = media.Schema
-		if media.Schema != nil && media.Schema.Value != nil {
-			t.body = media.Schema.Value
-		} else {
-			t.body = &openapi3.Schema{}
+		if media.Schema == nil || media.Schema.Value != t.body {
+			t.bodyRef = &openapi3.SchemaRef{Value: t.body}
 		}
 	}
 
@@ -626,7 +627,9 @@ func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*Sec
 				return nil, fmt.Errorf("parameter %s.%s: style %q is not supported", p.In, p.Name, np.style)
 			}
 		}
-		np.explode = np.style == "form"
+		np.explode = np.style == "form" || np.style == "deepObject"
+		// allowReserved means nothing for a header (OpenAPI 3.0.3 §4.7.12.1).
+		np.reserved = p.AllowReserved && p.In != openapi3.ParameterInHeader
 		if p.Explode != nil {
 			np.explode = *p.Explode
 		}
@@ -713,8 +716,9 @@ func templateNames(path string) ([]string, error) {
 	}
 }
 
-// pickMedia chooses the request body's media type: application/json, then
-// any other +json type, then application/x-www-form-urlencoded.
+// pickMedia chooses the request body's media type: application/json, any
+// other +json type, application/x-www-form-urlencoded, multipart/form-data,
+// then a binary body: application/octet-stream, an image type, */*.
 func pickMedia(content openapi3.Content) (string, *openapi3.MediaType) {
 	keys := make([]string, 0, len(content))
 	for k := range content {
@@ -730,7 +734,11 @@ func pickMedia(content openapi3.Content) (string, *openapi3.MediaType) {
 	for _, want := range []func(string) bool{
 		func(k string) bool { return k == "application/json" },
 		func(k string) bool { return strings.HasPrefix(k, "application/") && strings.HasSuffix(k, "+json") },
-		func(k string) bool { return k == "application/x-www-form-urlencoded" },
+		func(k string) bool { return k == formType },
+		func(k string) bool { return k == multipartType },
+		func(k string) bool { return k == octetType },
+		func(k string) bool { return strings.HasPrefix(k, "image/") && validMediaType(k) },
+		func(k string) bool { return k == "*/*" },
 	} {
 		for _, k := range keys {
 			if b := bare(k); want(b) && content[k] != nil {
@@ -739,6 +747,13 @@ func pickMedia(content openapi3.Content) (string, *openapi3.MediaType) {
 		}
 	}
 	return "", nil
+}
+
+// validMediaType reports whether s is type/subtype made of RFC 9110 tokens
+// (or a * subtype), so that it can be sent as a Content-Type.
+func validMediaType(s string) bool {
+	typ, sub, ok := strings.Cut(s, "/")
+	return ok && validHeaderName(typ) && validHeaderName(sub)
 }
 
 // validHeaderName reports whether s is an RFC 9110 token.

@@ -3,7 +3,6 @@ package connectors
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,11 +51,15 @@ func (t *Tool) NewRequest(ctx context.Context, base *url.URL, args Args) (*http.
 		if t.BodyType == "" {
 			return nil, &ArgError{Field: "body", Reason: "this tool takes no request body"}
 		}
-		b, err := encodeBody(t.BodyType, args.Body)
+		c := t.codec
+		if c == nil {
+			c = &bodyCodec{}
+		}
+		b, ct, err := c.encode(args.Body)
 		if err != nil {
 			return nil, err
 		}
-		body, contentType = bytes.NewReader(b), t.BodyType
+		body, contentType = bytes.NewReader(b), ct
 	}
 	req, err := http.NewRequestWithContext(ctx, t.Method, u.String(), body)
 	if err != nil {
@@ -95,13 +98,86 @@ func (t *Tool) NewRequest(ctx context.Context, base *url.URL, args Args) (*http.
 	return req, nil
 }
 
-func (t *Tool) hasParam(in, name string) bool {
+func (t *Tool) hasParam(in, name string) bool { return t.param(in, name) != nil }
+
+func (t *Tool) param(in, name string) *param {
 	for _, p := range t.params {
 		if p.in == in && p.name == name {
-			return true
+			return p
 		}
 	}
-	return false
+	return nil
+}
+
+// pathValue serialises and escapes one path value (style simple). Without
+// allowReserved the value is exactly one segment: url.PathEscape escapes
+// "/", "?", "#", "%" and ";". With allowReserved it may span segments
+// separated by "/" (GitHub's contents/{path}), each checked by
+// checkReservedPath; either way "." and ".." are refused, not escaped.
+func pathValue(p *param, v any, field string) (string, error) {
+	s, err := simpleValue(v, false, field)
+	if err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", &ArgError{Field: field, Reason: "must not be empty"}
+	}
+	if !p.reserved {
+		if isDotSegment(s) {
+			return "", &ArgError{Field: field, Reason: dotSegmentReason}
+		}
+		return url.PathEscape(s), nil
+	}
+	if err := checkReservedPath(s, field); err != nil {
+		return "", err
+	}
+	segs := strings.Split(s, "/")
+	for i, seg := range segs {
+		segs[i] = url.PathEscape(seg)
+	}
+	return strings.Join(segs, "/"), nil
+}
+
+// maxUnescapeRounds is how many layers of percent-encoding are peeled off
+// a path value to look for a hidden dot segment or separator.
+const maxUnescapeRounds = 4
+
+// checkReservedPath refuses an allowReserved path value that could leave
+// its place in the path: an empty segment ("//", or a leading or trailing
+// "/"), a "." or ".." segment, one hidden under percent-encoding ("%2e%2e",
+// ".%2e", "%252e": CVE-2021-41773 and CVE-2021-42013), a backslash (read as
+// "/" by some servers), "?" or "#", or a control character.
+func checkReservedPath(s, field string) error {
+	if strings.ContainsAny(s, "\\?#") {
+		return &ArgError{Field: field, Reason: `must not hold "\", "?" or "#"`}
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return &ArgError{Field: field, Reason: "must not hold control characters"}
+		}
+	}
+	for _, seg := range strings.Split(s, "/") {
+		if seg == "" {
+			return &ArgError{Field: field, Reason: "must not hold an empty segment (a leading, trailing or doubled /)"}
+		}
+		dec := seg
+		for round := 0; ; round++ {
+			for _, part := range strings.FieldsFunc(dec, func(r rune) bool { return r == '/' || r == '\\' }) {
+				if isDotSegment(part) {
+					return &ArgError{Field: field, Reason: dotSegmentReason}
+				}
+			}
+			if round > 0 && (strings.ContainsAny(dec, "/\\") || strings.ContainsRune(dec, 0)) {
+				return &ArgError{Field: field, Reason: "must not hold a percent-encoded /, \\ or NUL"}
+			}
+			next, err := url.PathUnescape(dec)
+			if err != nil || next == dec || round == maxUnescapeRounds {
+				break
+			}
+			dec = next
+		}
+	}
+	return nil
 }
 
 // escapedPath fills the path template. Each value becomes exactly one
@@ -131,17 +207,15 @@ func (t *Tool) escapedPath(base *url.URL, values map[string]any) (string, error)
 			return "", &ArgError{Field: field, Reason: "required"}
 		}
 		used++
-		s, err := simpleValue(v, false, field)
+		p := t.param("path", name)
+		if p == nil {
+			return "", fmt.Errorf("connectors: new request: bug(): {%s} has no path parameter", name)
+		}
+		esc, err := pathValue(p, v, field)
 		if err != nil {
 			return "", err
 		}
-		if s == "" {
-			return "", &ArgError{Field: field, Reason: "must not be empty"}
-		}
-		if isDotSegment(s) {
-			return "", &ArgError{Field: field, Reason: dotSegmentReason}
-		}
-		b.WriteString(url.PathEscape(s))
+		b.WriteString(esc)
 		rest = rest[i+j+1:]
 	}
 	if used != len(values) {
@@ -181,122 +255,49 @@ func simpleValue(v any, _ bool, field string) (string, error) {
 }
 
 // encodeQuery serialises query parameters in the tool's parameter order
-// (sorted by name) following each one's style and explode.
+// (sorted by name) following each one's style and explode; see serialise.
 func (t *Tool) encodeQuery(values map[string]any) (string, error) {
-	var parts []string
-	add := func(k, v string) { parts = append(parts, url.QueryEscape(k)+"="+url.QueryEscape(v)) }
 	for name := range values {
 		if !t.hasParam("query", name) {
 			return "", &ArgError{Field: "query." + name, Reason: "unknown query parameter"}
 		}
 	}
+	declared := map[string]bool{}
 	for _, p := range t.params {
-		if p.in != "query" {
-			continue
+		if p.in == "query" {
+			declared[p.name] = true
 		}
+	}
+	var all [][]pair
+	var esc []func(string) string
+	for _, p := range t.params {
 		v, ok := values[p.name]
-		if !ok || v == nil {
+		if p.in != "query" || !ok || v == nil {
 			continue
 		}
-		field := "query." + p.name
-		switch x := v.(type) {
-		case []any:
-			items := make([]string, 0, len(x))
-			for i, e := range x {
-				if !isScalar(e) {
-					return "", &ArgError{Field: fmt.Sprintf("%s[%d]", field, i), Reason: "must be a string, number or boolean"}
-				}
-				items = append(items, scalarString(e))
-			}
-			if len(items) == 0 {
-				continue
-			}
-			switch {
-			case p.style == "form" && p.explode:
-				for _, it := range items {
-					add(p.name, it)
-				}
-			default:
-				sep := map[string]string{"form": ",", "spaceDelimited": "%20", "pipeDelimited": "%7C"}[p.style]
-				if sep == "" {
-					return "", &ArgError{Field: field, Reason: "arrays are not supported in style " + p.style}
-				}
-				esc := make([]string, len(items))
-				for i, it := range items {
-					esc[i] = url.QueryEscape(it)
-				}
-				parts = append(parts, url.QueryEscape(p.name)+"="+strings.Join(esc, sep))
-			}
-		case map[string]any:
-			keys := sortedKeys(x)
-			for _, k := range keys {
-				if !isScalar(x[k]) {
-					return "", &ArgError{Field: field + "." + k, Reason: "must be a string, number or boolean"}
-				}
-			}
-			switch {
-			case p.style == "deepObject":
-				for _, k := range keys {
-					add(p.name+"["+k+"]", scalarString(x[k]))
-				}
-			case p.style == "form" && p.explode:
-				for _, k := range keys {
-					add(k, scalarString(x[k]))
-				}
-			case p.style == "form":
-				esc := make([]string, 0, 2*len(keys))
-				for _, k := range keys {
-					esc = append(esc, url.QueryEscape(k), url.QueryEscape(scalarString(x[k])))
-				}
-				parts = append(parts, url.QueryEscape(p.name)+"="+strings.Join(esc, ","))
-			default:
-				return "", &ArgError{Field: field, Reason: "objects are not supported in style " + p.style}
-			}
-		default:
-			if !isScalar(v) {
-				return "", &ArgError{Field: field, Reason: "unsupported value"}
-			}
-			add(p.name, scalarString(v))
+		ps, err := queryPairs(p, v, "query."+p.name)
+		if err != nil {
+			return "", err
+		}
+		all = append(all, ps)
+		e := url.QueryEscape
+		if p.reserved {
+			e = escapeReserved
+		}
+		esc = append(esc, e)
+	}
+	if err := checkCollisions(all, declared, "query"); err != nil {
+		return "", err
+	}
+	parts := make([]string, 0, len(all))
+	for i, ps := range all {
+		if len(ps) > 0 {
+			parts = append(parts, writePairs(ps, esc[i]))
 		}
 	}
 	return strings.Join(parts, "&"), nil
 }
 
-// encodeBody serialises the body as JSON or as a form. A form body is an
-// object: scalars become strings, arrays repeat their key (as Twilio expects
-// for, e.g., StatusCallbackEvent), and a nested object is sent as JSON text.
-func encodeBody(mediaType string, body any) ([]byte, error) {
-	if mediaType != formType {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, &ArgError{Field: "body", Reason: "cannot encode as JSON"}
-		}
-		return b, nil
-	}
-	obj, ok := body.(map[string]any)
-	if !ok {
-		return nil, &ArgError{Field: "body", Reason: "a form body must be an object"}
-	}
-	var parts []string
-	for _, k := range sortedKeys(obj) {
-		switch x := obj[k].(type) {
-		case nil:
-		case []any:
-			for i, e := range x {
-				if !isScalar(e) {
-					return nil, &ArgError{Field: fmt.Sprintf("body.%s[%d]", k, i), Reason: "form arrays hold only strings, numbers or booleans"}
-				}
-				parts = append(parts, url.QueryEscape(k)+"="+url.QueryEscape(scalarString(e)))
-			}
-		case map[string]any:
-			b, err := json.Marshal(x)
-			if err != nil {
-				return nil, &ArgError{Field: "body." + k, Reason: "cannot encode as JSON"}
-			}
-			parts = append(parts, url.QueryEscape(k)+"="+url.QueryEscape(string(b)))
-		default:
-			parts = append(parts, url.QueryEscape(k)+"="+url.QueryEscape(scalarString(x)))
-		}
-	}
-	return []byte(strings.Join(parts, "&")), nil
+func queryPairs(p *param, v any, field string) ([]pair, error) {
+	return serialise(p.name, v, style{name: p.style, explode: p.explode, declared: true}, field)
 }

@@ -338,6 +338,9 @@ func (r *renderer) schema(s *openapi3.Schema) (any, error) {
 	if s.ContentEncoding != "" {
 		m["contentEncoding"] = s.ContentEncoding
 	}
+	if isBinarySchema(s) { // raw bytes (contentEncoding binary, a non-text contentMediaType): agents send base64
+		m["contentEncoding"] = "base64"
+	}
 	if s.ContentMediaType != "" {
 		m["contentMediaType"] = s.ContentMediaType
 	}
