@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,7 +23,12 @@ func validateCmd(g *globals) *cobra.Command {
 		Short: "Check the config, its specs, its Rego and its secret references without listening",
 		Long: `Load everything serve would load — the config (strictly: a misspelt key is an
 error naming its path), every connector's OpenAPI spec, the Rego, every secret
-reference — and report every problem found. Opens no listener, writes nothing.`,
+reference — and report every problem found: errors (non-zero exit) and
+warnings (printed; exit 0). Besides what serve refuses, it flags what would
+fail at every call: a private or loopback base_url that no allow_private
+covers, an ask rule nobody can approve, operations the credential cannot be
+attached to; and an allow_private wider than the base URL needs. Opens no
+listener, writes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -32,8 +38,14 @@ reference — and report every problem found. Opens no listener, writes nothing.
 			}
 			ctx := cmd.Context()
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
-			if err := gateway.Validate(ctx, lc.Config, gateway.Options{Logger: log}); err != nil {
-				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
+			f := gateway.Check(ctx, lc.Config, gateway.Options{Logger: log})
+			for _, w := range f.Warnings {
+				for _, p := range problems(w) {
+					fmt.Fprintln(out, "warning:", p)
+				}
+			}
+			if len(f.Errors) > 0 {
+				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, errors.Join(f.Errors...)))
 			}
 			conns, err := loadConnectors(ctx, lc.Config, nil)
 			if err != nil {
@@ -43,7 +55,7 @@ reference — and report every problem found. Opens no listener, writes nothing.
 			for _, c := range conns {
 				n += len(c.Tools)
 			}
-			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules (%s)\n", len(conns), n, len(lc.Policies), lc.Source)
+			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules, %d warnings (%s)\n", len(conns), n, len(lc.Policies), len(f.Warnings), lc.Source)
 			return nil
 		},
 	}
