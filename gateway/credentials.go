@@ -213,9 +213,8 @@ func (p *credPlan) pick(tool *connectors.Tool, s credShape) ([]*connectors.Secur
 			optional = true // {}: the API also takes the call without a credential
 			continue
 		}
-		ss, reason := p.fit(names, s)
+		ss, reason := p.fit(names, s, false)
 		if reason != "" {
-			why = append(why, reason)
 			continue
 		}
 		if f := altForm(ss); !slices.Contains(forms, f) {
@@ -232,6 +231,11 @@ func (p *credPlan) pick(tool *connectors.Tool, s credShape) ([]*connectors.Secur
 		if optional {
 			return nil, nil
 		}
+		for _, names := range tool.Security {
+			if _, reason := p.fit(names, s, true); reason != "" {
+				why = append(why, reason)
+			}
+		}
 		return nil, &schemeError{unfit: why}
 	case 1:
 		return fits[0], nil
@@ -245,43 +249,63 @@ func (p *credPlan) pick(tool *connectors.Tool, s credShape) ([]*connectors.Secur
 
 // fit returns the schemes of one alternative (names, all required at once)
 // or why the credential, of shape s, cannot satisfy it: each scheme must be
-// attachable and fit s, and no two may need the same header.
-func (p *credPlan) fit(names []string, s credShape) ([]*connectors.SecurityScheme, string) {
+// attachable and fit s, and no two may need the same header. Without
+// explain the reason is only non-empty (a call that finds a fitting
+// alternative formats nothing).
+func (p *credPlan) fit(names []string, s credShape, explain bool) ([]*connectors.SecurityScheme, string) {
 	ss := make([]*connectors.SecurityScheme, 0, len(names))
-	slots := map[string]string{}
 	for _, n := range names {
 		sc := p.schemes[n]
 		if sc == nil {
 			return nil, fmt.Sprintf("scheme %q is not in the spec's securitySchemes", n) // bug(): connectors checks this
 		}
-		if why := unattachable(sc); why != "" {
-			return nil, why
+		if !attachable(sc) || !fitsShape(sc, s) {
+			if !explain {
+				return nil, "unfit"
+			}
+			if why := unattachable(sc); why != "" {
+				return nil, why
+			}
+			return nil, misfit(sc, s)
 		}
-		if why := misfit(sc, s); why != "" {
-			return nil, why
+		for _, o := range ss {
+			if slotOf(o) == slotOf(sc) {
+				return nil, fmt.Sprintf("schemes %q and %q are required together and both go in %s", o.Name, n, slotOf(sc))
+			}
 		}
-		slot := slotOf(sc)
-		if other, ok := slots[slot]; ok {
-			return nil, fmt.Sprintf("schemes %q and %q are required together and both go in %s", other, n, slot)
-		}
-		slots[slot] = n
 		ss = append(ss, sc)
 	}
 	return ss, ""
 }
 
-// unattachable says why the gateway cannot attach a credential as sc, or "".
-func unattachable(sc *connectors.SecurityScheme) string {
+// attachable says whether the gateway can put a credential where sc says.
+func attachable(sc *connectors.SecurityScheme) bool {
 	switch sc.Type {
 	case "apiKey":
-		if sc.In == "header" || sc.In == "query" || sc.In == "cookie" {
-			return ""
-		}
+		return sc.In == "header" || sc.In == "query" || sc.In == "cookie"
+	case "http":
+		return sc.Scheme == "bearer" || sc.Scheme == "basic"
+	}
+	return false
+}
+
+// fitsShape says whether a credential of shape s can be sent as sc.
+func fitsShape(sc *connectors.SecurityScheme, s credShape) bool {
+	if sc.Type == "http" && sc.Scheme == "basic" {
+		return s != shapeToken
+	}
+	return s != shapeUserPass
+}
+
+// unattachable says why the gateway cannot attach a credential as sc, or "".
+func unattachable(sc *connectors.SecurityScheme) string {
+	if attachable(sc) {
+		return ""
+	}
+	switch sc.Type {
+	case "apiKey":
 		return fmt.Sprintf("%q is an apiKey in %q, which is not a place sluice can attach to", sc.Name, sc.In)
 	case "http":
-		if sc.Scheme == "bearer" || sc.Scheme == "basic" {
-			return ""
-		}
 		return fmt.Sprintf("%q is http %q, which sluice cannot attach (only bearer and basic)", sc.Name, sc.Scheme)
 	case "oauth2", "openIdConnect":
 		return fmt.Sprintf("%q is an %s scheme, which sluice cannot attach (it runs no OAuth flow)", sc.Name, sc.Type)
@@ -291,14 +315,10 @@ func unattachable(sc *connectors.SecurityScheme) string {
 
 // misfit says why a credential of shape s does not fit sc, or "".
 func misfit(sc *connectors.SecurityScheme, s credShape) string {
-	basic := sc.Type == "http" && sc.Scheme == "basic"
-	switch {
-	case basic && s == shapeToken:
-		return fmt.Sprintf("%q is http basic and the credential is %s", sc.Name, s)
-	case !basic && s == shapeUserPass:
-		return fmt.Sprintf("%q is %s and the credential is %s", sc.Name, describe(sc), s)
+	if fitsShape(sc, s) {
+		return ""
 	}
-	return ""
+	return fmt.Sprintf("%q is %s and the credential is %s", sc.Name, describe(sc), s)
 }
 
 // describe says what kind of scheme sc is, for people.
