@@ -146,6 +146,9 @@ func TestCredentialFitsScheme(t *testing.T) {
 
 // redact names a credential value in test output without printing it.
 func redact(v, token, pair string) string {
+	if v == "" {
+		return "(absent)"
+	}
 	return strings.NewReplacer(token, "<token>", pair, "<user:password>", base64.StdEncoding.EncodeToString([]byte(pair)), "<base64 user:password>").Replace(v)
 }
 
