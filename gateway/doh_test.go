@@ -125,7 +125,9 @@ func TestValidateReportsDoHAllowlist(t *testing.T) {
 			g := startEgressGateway(t, up, func(c *config.Config) { c.Agents[0].Egress = tc.egress })
 			err := Validate(context.Background(), g.cfg, Options{})
 			if tc.wantErr == nil {
-				if err != nil {
+				// The shared config has other problems on purpose (a loopback
+				// connector without allow_private, one at the metadata address).
+				if err != nil && strings.Contains(err.Error(), "doh_refused") {
 					t.Fatalf("Validate: %v", err)
 				}
 				return

@@ -121,6 +121,7 @@ type upstream struct {
 	conn      *connectors.Connector
 	allow     []netip.Prefix
 	transport *http.Transport
+	creds     *credPlan                  // how the credential is attached; nil without one
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
@@ -150,8 +151,15 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
-	if s.catalog, err = loadCatalog(ctx, cfg, s.dialer); err != nil {
+	var warns []error
+	if s.catalog, warns, err = loadCatalog(ctx, cfg, s.dialer); err != nil {
 		return nil, err
+	}
+	// Operations the credential cannot carry are refused per call; say so
+	// once. (validate's upstream and approval checks are not repeated here:
+	// the guard and the hold manager refuse those calls, as designed.)
+	for _, w := range warns {
+		log.Warn("config: "+w.Error(), "check", "credential")
 	}
 	if err := s.loadPolicy(ctx); err != nil {
 		// Fail closed: serve, but block everything until a reload succeeds.
@@ -198,9 +206,12 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	return s, nil
 }
 
-func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*catalog, error) {
-	c := &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
+// loadCatalog loads every connector's spec and decides how its credential
+// is attached (newCredPlan). errs refuse serve; warns are printed.
+func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (c *catalog, warns []error, err error) {
+	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
 	var errs []error
+	local := existingLocal(cfg)
 	for i, cc := range cfg.Connectors {
 		key := fmt.Sprintf("connectors[%d]", i)
 		allow := allowPrivate(cc)
@@ -219,6 +230,15 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*cat
 			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
 			continue
 		}
+		if cc.Credential != nil {
+			plan, perrs, pwarns := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))
+			warns = append(warns, pwarns...)
+			if len(perrs) > 0 {
+				errs = append(errs, perrs...)
+				continue
+			}
+			u.creds = plan
+		}
 		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std())
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
@@ -232,7 +252,7 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*cat
 		}
 	}
 	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
-	return c, errors.Join(errs...)
+	return c, warns, errors.Join(errs...)
 }
 
 // plaintextOK says whether a credential may cross plain HTTP to host: only
@@ -319,36 +339,66 @@ func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 	return s.engine.Load().Decide(ctx, in) // a nil *Engine blocks
 }
 
-// Validate is the dry run of New for `sluice validate`: it loads every spec,
-// compiles the Rego and checks every secret reference, and returns all the
-// problems found, each naming its config key. It writes nothing and listens
-// on nothing.
+// Findings are the problems Check found in a configuration: Errors make
+// `sluice validate` fail (serve refuses most of them too); Warnings are
+// printed and do not.
+type Findings struct {
+	Errors   []error
+	Warnings []error
+}
+
+// Validate is the dry run of New for `sluice validate`: Check's errors,
+// joined.
 func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
-	var errs []error
-	cat, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	return errors.Join(Check(ctx, cfg, opts).Errors...)
+}
+
+// Check loads every spec, decides how each credential is attached,
+// compiles the Rego, checks every secret reference, and checks what would
+// fail at runtime (upstreamProblems, askProblems); it returns every problem
+// found, each naming its config key. It writes nothing and listens on
+// nothing.
+func Check(ctx context.Context, cfg *config.Config, opts Options) Findings {
+	var f Findings
+	cat, warns, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
 	if err != nil {
-		errs = append(errs, err)
+		f.Errors = append(f.Errors, err)
 	}
+	f.Warnings = append(f.Warnings, warns...)
 	rules := make([]policy.Rule, len(cfg.Policies))
 	for i, p := range cfg.Policies {
 		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
 		if !strings.ContainsAny(p.Match, "*?") && cat != nil {
 			if _, ok := cat.tools[p.Match]; !ok && err == nil {
-				errs = append(errs, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
+				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
 			}
 		}
 	}
 	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: opts.Logger}); perr != nil {
-		errs = append(errs, fmt.Errorf("rego: %w", perr))
+		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", perr))
 	}
 	if cfg.Gateway.RelayTLS.Listen != "" {
 		if _, err := relayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
-			errs = append(errs, err)
+			f.Errors = append(f.Errors, err)
 		}
 	}
-	errs = append(errs, checkSecretRefs(ctx, cfg)...)
-	errs = append(errs, dohAllowlistProblems(cfg)...)
-	return errors.Join(errs...)
+	f.Errors = append(f.Errors, checkSecretRefs(ctx, cfg)...)
+	f.Errors = append(f.Errors, dohAllowlistProblems(cfg)...)
+	f.add(upstreamProblems(cfg, cat))
+	f.add(askProblems(cfg))
+	return f
+}
+
+// add files each problem as an error, or as a warning when it is a *warning.
+func (f *Findings) add(ps []error) {
+	for _, p := range ps {
+		var w *warning
+		if errors.As(p, &w) {
+			f.Warnings = append(f.Warnings, p)
+		} else {
+			f.Errors = append(f.Errors, p)
+		}
+	}
 }
 
 // Serve listens on the sandbox socket and the admin address and serves

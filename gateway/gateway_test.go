@@ -112,6 +112,7 @@ connectors:
     spec: %[5]s
     base_url: http://169.254.169.254
     allow_private: [169.254.0.0/16]
+    allow_private_covers_metadata: true   # C1: refused even when allow-listed and acknowledged
 agents:
   - { name: agent-a, connectors: [tickets, loopback-unguarded, metadata] }
   - { name: agent-b, connectors: [] }

@@ -286,7 +286,7 @@ func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool,
 			e.cause = err
 			return nil, e
 		}
-		att, err := attach(req, cc, tool, up.conn.Schemes, secret)
+		att, err := attach(req, up.creds, tool, secret)
 		if err != nil {
 			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential cannot be attached to this operation")
 			e.cause = err

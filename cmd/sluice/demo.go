@@ -104,8 +104,8 @@ connectors:
     base_url: %s
     # The guarded dialer refuses loopback, private and link-local addresses.
     # The demo upstream listens on loopback, so this connector, and only this
-    # one, may dial 127.0.0.0/8. Never write this for an API you do not run.
-    allow_private: [127.0.0.0/8]
+    # one, may dial 127.0.0.1. Never write this for an API you do not run.
+    allow_private: [127.0.0.1/32]
     credential:
       secret: %s   # attached as X-Api-Key (the spec's apiKey scheme)
 agents:
@@ -478,7 +478,7 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 
 	fmt.Fprintf(w, "sluice demo: gateway, local secret store, SQLite and audit log in %s\n", dir)
 	fmt.Fprintf(w, "  upstream   %s: a demo \"tickets\" API that answers only with its key in %s\n", up.URL(), demoKeyHeader)
-	fmt.Fprintf(w, "             (connector allow_private: [127.0.0.0/8] because it listens on loopback)\n")
+	fmt.Fprintf(w, "             (connector allow_private: [127.0.0.1/32] because it listens on loopback)\n")
 	fmt.Fprintf(w, "  secret     %q in the local store (%s); the agent never sees it\n", demoSecret, cfg.Secrets.Local.Path)
 	fmt.Fprintf(w, "  gateway    socket %s, admin %s\n", cfg.Gateway.SandboxSocket, admin)
 	fmt.Fprintf(w, "  policy     list/get allow, create_refund ask (group:finance), everything else block\n\n")

@@ -52,7 +52,11 @@ func setSecret(t *testing.T, cfg, value string) {
 }
 
 func TestValidate(t *testing.T) {
-	good := demoConfig(t)
+	// An approver who can log in: without one the ask rule is a problem.
+	good, err := writeDemoFiles(t.TempDir(), "http://127.0.0.1:9", os.Getuid(), demoApprover{Name: "fran", TokenSHA256: strings.Repeat("ab", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	setSecret(t, good, "validate-secret-value")
 
 	typo := filepath.Join(filepath.Dir(good), "typo.yaml")

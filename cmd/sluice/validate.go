@@ -24,7 +24,12 @@ func validateCmd(g *globals) *cobra.Command {
 		Short: "Check the config, its specs, its Rego and its secret references without listening",
 		Long: `Load everything serve would load — the config (strictly: a misspelt key is an
 error naming its path), every connector's OpenAPI spec, the Rego, every secret
-reference — and report every problem found. Opens no listener, writes nothing.
+reference — and report every problem found: errors (non-zero exit) and
+warnings (printed; exit 0). Besides what serve refuses, it flags what would
+fail at every call: a private or loopback base_url that no allow_private
+covers, an ask rule nobody can approve, operations the credential cannot be
+attached to; and an allow_private wider than the base URL needs. Opens no
+listener, writes nothing.
 
 A vendor's spec is loaded leniently: an operation that cannot be understood is
 skipped, and a defect that touches no operation drops nothing. Every skipped
@@ -39,8 +44,14 @@ a warning; --strict (or strict: true on a connector) makes each an error.`,
 			}
 			ctx := cmd.Context()
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
-			if err := gateway.Validate(ctx, lc.Config, gateway.Options{Logger: log}); err != nil {
-				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
+			f := gateway.Check(ctx, lc.Config, gateway.Options{Logger: log})
+			for _, w := range f.Warnings {
+				for _, p := range problems(w) {
+					fmt.Fprintln(out, "warning:", p)
+				}
+			}
+			if len(f.Errors) > 0 {
+				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, errors.Join(f.Errors...)))
 			}
 			conns, err := loadConnectors(ctx, lc.Config, nil, strict)
 			if err != nil {
@@ -51,7 +62,7 @@ a warning; --strict (or strict: true on a connector) makes each an error.`,
 			for _, c := range conns {
 				tools += len(c.Tools)
 			}
-			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules, %d warnings (%s)\n", len(conns), tools, len(lc.Policies), n, lc.Source)
+			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules, %d warnings (%s)\n", len(conns), tools, len(lc.Policies), n+len(f.Warnings), lc.Source)
 			return nil
 		},
 	}

@@ -157,12 +157,18 @@ type VaultAuth struct {
 
 // Connector is one API the gateway fronts.
 type Connector struct {
-	Slug         string      `yaml:"slug"`
-	Provider     string      `yaml:"provider"`
-	Spec         string      `yaml:"spec"`
-	BaseURL      string      `yaml:"base_url"`
-	AllowPrivate []string    `yaml:"allow_private"`
-	Credential   *Credential `yaml:"credential"`
+	Slug         string   `yaml:"slug"`
+	Provider     string   `yaml:"provider"`
+	Spec         string   `yaml:"spec"`
+	BaseURL      string   `yaml:"base_url"`
+	AllowPrivate []string `yaml:"allow_private"`
+	// AllowPrivateCoversMetadata acknowledges an allow_private entry that
+	// overlaps a cloud metadata range (MetadataRanges). Without it such an
+	// entry is an error: the guard still refuses the metadata addresses it
+	// knows, but the rest of those ranges (other link-local instance
+	// services) become dialable.
+	AllowPrivateCoversMetadata bool        `yaml:"allow_private_covers_metadata"`
+	Credential                 *Credential `yaml:"credential"`
 	// Strict refuses the connector when any operation of its spec is
 	// skipped or any defect is found, instead of loading what can be.
 	Strict bool `yaml:"strict"`
@@ -676,10 +682,22 @@ func (c *Config) Validate() error {
 				bad(k+".base_url", "want http(s)://host[:port][/path] without user, query or fragment, got %q", cn.BaseURL)
 			}
 		}
+		covers := false
 		for j, p := range cn.AllowPrivate {
-			if _, err := netip.ParsePrefix(p); err != nil {
+			pfx, err := netip.ParsePrefix(p)
+			if err != nil {
 				bad(fmt.Sprintf("%s.allow_private[%d]", k, j), "want a CIDR like 10.0.0.0/8: %v", err)
+				continue
 			}
+			if m, ok := CoversMetadata(pfx); ok {
+				covers = true
+				if !cn.AllowPrivateCoversMetadata {
+					bad(fmt.Sprintf("%s.allow_private[%d]", k, j), "%s overlaps the cloud metadata range %s: instance services there hand out credentials; narrow it, or set %s.allow_private_covers_metadata: true if this connector really needs it", p, m, k)
+				}
+			}
+		}
+		if cn.AllowPrivateCoversMetadata && !covers {
+			bad(k+".allow_private_covers_metadata", "no allow_private entry overlaps a metadata range: remove the key")
 		}
 		if cr := cn.Credential; cr != nil {
 			ck := k + ".credential"
@@ -878,6 +896,39 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// MetadataRanges are where cloud instance metadata and credential services
+// live, and the IPv6 forms that embed the IPv4 ones (IPv4-mapped, NAT64
+// RFC 6052, 6to4 RFC 3056). An allow_private entry overlapping one needs
+// allow_private_covers_metadata. The guard refuses the known metadata
+// addresses whatever allow_private says; these ranges are wider because
+// new services appear in them (EKS Pod Identity at 169.254.170.23 and
+// fd00:ec2::23).
+var MetadataRanges = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),     // link-local: AWS, GCP, Azure, OpenStack, Oracle IMDS; AWS ECS/EKS credentials
+	netip.MustParsePrefix("fd00:ec2::/32"),      // AWS IMDS and EKS Pod Identity over IPv6
+	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud metadata
+	netip.MustParsePrefix("168.63.129.16/32"),   // Azure WireServer
+	netip.MustParsePrefix("::ffff:169.254.0.0/112"),
+	netip.MustParsePrefix("64:ff9b::a9fe:0/112"),
+	netip.MustParsePrefix("2002:a9fe::/32"),
+	netip.MustParsePrefix("::ffff:100.100.100.200/128"),
+	netip.MustParsePrefix("64:ff9b::6464:64c8/128"),
+	netip.MustParsePrefix("2002:6464:64c8::/48"),
+	netip.MustParsePrefix("::ffff:168.63.129.16/128"),
+	netip.MustParsePrefix("64:ff9b::a83f:8110/128"),
+	netip.MustParsePrefix("2002:a83f:8110::/48"),
+}
+
+// CoversMetadata returns the first metadata range p overlaps.
+func CoversMetadata(p netip.Prefix) (netip.Prefix, bool) {
+	for _, m := range MetadataRanges {
+		if p.Overlaps(m) {
+			return m, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // ValidEgress reports whether h is an agents[].egress entry: a lower-case

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,47 @@ func TestAuditSyncKeys(t *testing.T) {
 			}
 			if c.Audit.Sync != tc.sync || c.Audit.SyncInterval.Std() != tc.interval {
 				t.Fatalf("audit = %+v, want sync %s interval %s", c.Audit, tc.sync, tc.interval)
+			}
+		})
+	}
+}
+
+// TestAllowPrivateMetadata: an allow_private entry overlapping a cloud
+// metadata range (THREATS C1: the instance services there hand out
+// credentials) is an error naming the entry and the key that acknowledges
+// it, in every spelling of the range; narrower private ranges are not.
+func TestAllowPrivateMetadata(t *testing.T) {
+	conn := func(allow string, ack bool) string {
+		return fmt.Sprintf("connectors: [{ slug: a, spec: a.yaml, allow_private: [%q], allow_private_covers_metadata: %v }]\n", allow, ack)
+	}
+	cases := []struct {
+		name, allow string
+		ack         bool
+		want        string // "" = accepted
+	}{
+		{"link-local /16", "169.254.0.0/16", false, "169.254.0.0/16 overlaps the cloud metadata range 169.254.0.0/16"},
+		{"part of link-local (ECS, EKS)", "169.254.170.0/24", false, "overlaps the cloud metadata range 169.254.0.0/16"},
+		{"everything v4", "0.0.0.0/0", false, "overlaps the cloud metadata range"},
+		{"everything v6", "::/0", false, "overlaps the cloud metadata range fd00:ec2::/32"},
+		{"AWS IMDS IPv6", "fd00:ec2::/32", false, "overlaps the cloud metadata range fd00:ec2::/32"},
+		{"CGNAT holds Alibaba's 100.100.100.200", "100.64.0.0/10", false, "overlaps the cloud metadata range 100.100.100.200/32"},
+		{"IPv4-mapped link-local (RFC 4291)", "::ffff:169.254.0.0/112", false, "overlaps the cloud metadata range ::ffff:169.254.0.0/112"},
+		{"NAT64 of the IMDS (RFC 6052)", "64:ff9b::/96", false, "overlaps the cloud metadata range 64:ff9b::a9fe:0/112"},
+		{"acknowledged", "169.254.0.0/16", true, ""},
+		{"RFC 1918 is not metadata", "10.0.0.0/8", false, ""},
+		{"loopback is not metadata", "127.0.0.1/32", false, ""},
+		{"acknowledging nothing", "10.0.0.0/8", true, "connectors[0].allow_private_covers_metadata: no allow_private entry overlaps a metadata range"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(conn(tc.allow, tc.ack)), "/x")
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("err = %v, want it to say %q", err, tc.want)
+			case tc.want != "" && !tc.ack && (!strings.Contains(err.Error(), "connectors[0].allow_private[0]") || !strings.Contains(err.Error(), "allow_private_covers_metadata: true")):
+				t.Fatalf("err = %v does not name the entry and the acknowledging key", err)
 			}
 		})
 	}

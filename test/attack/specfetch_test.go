@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
-// TestSpecFetchGuarded is THREATS C13: a connector whose spec is an
+// TestSpecFetchGuarded is THREATS C14: a connector whose spec is an
 // https:// URL on the host's loopback (a listener this test runs) is
 // fetched through the egress guard, as an upstream call would be. Without
 // allow_private covering it, `sluice validate` fails naming the guard's
@@ -60,8 +60,8 @@ func TestSpecFetchGuarded(t *testing.T) {
 		return string(out), err
 	}
 
-	t.Run("C13 spec URL on loopback without allow_private", func(t *testing.T) {
-		c := casebook.Expect(t, "C13", "connectors[0].spec is https://127.0.0.1:<port>/specs/tickets.yaml (a listener on the host's loopback), no allow_private; sluice validate",
+	t.Run("C14 spec URL on loopback without allow_private", func(t *testing.T) {
+		c := casebook.Expect(t, "C14", "connectors[0].spec is https://127.0.0.1:<port>/specs/tickets.yaml (a listener on the host's loopback), no allow_private; sluice validate",
 			"exit non-zero; the error names connectors[0].spec and the guard's refusal (loopback); 0 requests reach the listener")
 		before := hits.Load()
 		out, err := validate(nil)
@@ -75,8 +75,8 @@ func TestSpecFetchGuarded(t *testing.T) {
 			t.Errorf("%d requests reached the listener; the guard must refuse the dial", n)
 		}
 	})
-	t.Run("C13 control: allow_private covers the spec's address", func(t *testing.T) {
-		c := casebook.Expect(t, "C13", "control: the same spec URL with allow_private [127.0.0.1/32]",
+	t.Run("C14 control: allow_private covers the spec's address", func(t *testing.T) {
+		c := casebook.Expect(t, "C14", "control: the same spec URL with allow_private [127.0.0.1/32]",
 			"validate ok; the listener served the spec (the refusal above is the guard's)")
 		before := hits.Load()
 		out, err := validate([]string{"127.0.0.1/32"})
