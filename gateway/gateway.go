@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -160,6 +161,15 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	// the guard and the hold manager refuse those calls, as designed.)
 	for _, w := range warns {
 		log.Warn("config: "+w.Error(), "check", "credential")
+	}
+	// A spec is loaded leniently; say once what it left out (the list, with
+	// JSON pointers, is `sluice validate`'s).
+	for _, slug := range slices.Sorted(maps.Keys(s.catalog.connectors)) {
+		conn := s.catalog.connectors[slug].conn
+		if len(conn.Skipped) > 0 || len(conn.Defects) > 0 {
+			log.Warn("connector spec: operations skipped or defects found; `sluice validate` lists them", "connector", slug,
+				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
+		}
 	}
 	if err := s.loadPolicy(ctx); err != nil {
 		// Fail closed: serve, but block everything until a reload succeeds.
