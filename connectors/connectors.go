@@ -58,6 +58,10 @@ type Options struct {
 	// anything kin-openapi's validator finds in the document, instead of
 	// loading what can be loaded.
 	Strict bool
+	// Defects also compiles every named schema no tool uses, to report a
+	// defect there (Connector.Defects): what validate and tools show. Serve
+	// need not pay for it. Strict implies it.
+	Defects bool
 }
 
 // Connector is one loaded API.
@@ -70,7 +74,8 @@ type Connector struct {
 	// pointer of the part at fault and why.
 	Skipped []Problem
 	// Defects lists what is wrong in the spec but dropped nothing: a named
-	// schema no tool uses that would not compile, for example.
+	// schema no tool uses that would not compile, for example (only with
+	// Options.Defects or Strict).
 	Defects []Problem
 }
 

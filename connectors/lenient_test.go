@@ -99,7 +99,7 @@ func writeSpec(t *testing.T, name, body string) string {
 
 func TestLenientLoad(t *testing.T) {
 	spec := writeSpec(t, "lenient.yaml", lenientSpec)
-	c, err := Load(context.Background(), Options{Slug: "x", Spec: spec})
+	c, err := Load(context.Background(), Options{Slug: "x", Spec: spec, Defects: true})
 	if err != nil {
 		t.Fatalf("lenient load: %v", err)
 	}
@@ -138,6 +138,10 @@ func TestLenientLoad(t *testing.T) {
 	// Bad's defect is already the reason postBad was skipped.
 	if len(c.Defects) != 1 || c.Defects[0].Pointer != "#/components/schemas/Unused/pattern" {
 		t.Errorf("defects = %v, want one at #/components/schemas/Unused/pattern", c.Defects)
+	}
+	// Serve does not look for defects in schemas no tool uses.
+	if c2, err := Load(context.Background(), Options{Slug: "x", Spec: spec}); err != nil || len(c2.Defects) != 0 || len(c2.Tools) != len(c.Tools) {
+		t.Errorf("without Defects: %v, %d defects, %d tools; want the same tools and no defect pass", err, len(c2.Defects), len(c2.Tools))
 	}
 
 	// --strict: today's all-or-nothing, listing every problem.

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/getkin/kin-openapi/openapi3"
 )
@@ -41,7 +44,7 @@ func Load(ctx context.Context, opts Options) (*Connector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
 	}
-	c, err := build(ctx, opts.Slug, doc, specURL, opts.BaseURL, opts.Strict)
+	c, err := build(ctx, opts.Slug, doc, specURL, opts.BaseURL, opts.Strict, opts.Defects)
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
 	}
@@ -59,7 +62,7 @@ func LoadData(ctx context.Context, slug string, data []byte, baseURL string) (*C
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load data: %w", err)
 	}
-	c, err := build(ctx, slug, doc, nil, baseURL, false)
+	c, err := build(ctx, slug, doc, nil, baseURL, false, false)
 	if err != nil {
 		return nil, fmt.Errorf("connectors: load data: %w", err)
 	}
@@ -77,7 +80,7 @@ var methods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS
 // unused component) is reported and drops nothing. With strict, any
 // skipped operation or defect, or anything kin-openapi's validator finds,
 // fails the load, listing all of them.
-func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, baseOverride string, strict bool) (c *Connector, err error) {
+func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, baseOverride string, strict, report bool) (c *Connector, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			c, err = nil, fmt.Errorf("build: openapi document panicked: %v", r)
@@ -94,8 +97,16 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 	c = &Connector{Slug: slug, BaseURL: base, Schemes: securitySchemes(doc)}
 	d := newDefs(is31)
 
-	byName := map[string]string{} // tool name → "METHOD /path"
-	aliases := map[string]string{}
+	// Render every operation's schema in order (named schemas become defs
+	// as they are met, so their names are stable), then compile them all
+	// on every core, then name them in order.
+	type candidate struct {
+		where, ptr string
+		t          *Tool
+		used       []*def
+		err        error
+	}
+	var cands []*candidate
 	var paths []string
 	var pathMap map[string]*openapi3.PathItem
 	if doc.Paths != nil {
@@ -113,39 +124,58 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 		ops := item.Operations()
 		for _, m := range sortedMethods(ops) {
 			op := ops[m]
-			where := strings.ToUpper(m) + " " + p
+			cd := &candidate{where: strings.ToUpper(m) + " " + p, ptr: "#/paths/" + pointerEscape(p) + "/" + strings.ToLower(m)}
 			if op.OperationID != "" {
-				where += " (" + op.OperationID + ")"
+				cd.where += " (" + op.OperationID + ")"
 			}
-			ptr := "#/paths/" + pointerEscape(p) + "/" + strings.ToLower(m)
-			skip := func(pointer string, err error) {
-				var se *specError
-				if errors.As(err, &se) {
-					pointer, err = se.Pointer, se.Err
-				}
-				c.Skipped = append(c.Skipped, Problem{Operation: where, Pointer: pointer, Reason: err.Error()})
+			cd.t, cd.used, cd.err = buildTool(slug, doc, c.Schemes, p, cd.ptr, strings.ToUpper(m), item, op, d)
+			cands = append(cands, cd)
+		}
+	}
+	parallel(len(cands), func(i int) {
+		cd := cands[i]
+		if cd.err == nil {
+			cd.err = cd.t.compile(d, cd.ptr)
+		}
+	})
+
+	byName := map[string]string{} // tool name → "METHOD /path"
+	aliases := map[string]string{}
+	used := map[*def]bool{}
+	for _, cd := range cands {
+		skip := func(err error) {
+			pointer := cd.ptr
+			var se *specError
+			if errors.As(err, &se) {
+				pointer, err = se.Pointer, se.Err
 			}
-			t, err := buildTool(slug, doc, c.Schemes, p, ptr, strings.ToUpper(m), item, op, d)
-			if err != nil {
-				skip(ptr, err)
-				continue
-			}
-			if prev, dup := byName[t.Name]; dup {
-				skip(ptr, fmt.Errorf("tool name %s is also the name of operation %s", t.Name, prev))
-				continue
-			}
-			t.Alias = aliasFor(t.Name)
-			if prev, dup := aliases[t.Alias]; dup {
-				skip(ptr, fmt.Errorf("tool alias %s is also the alias of %s", t.Alias, prev))
-				continue
-			}
-			byName[t.Name] = where
-			aliases[t.Alias] = t.Name
-			c.Tools = append(c.Tools, t)
+			c.Skipped = append(c.Skipped, Problem{Operation: cd.where, Pointer: pointer, Reason: err.Error()})
+		}
+		t := cd.t
+		if cd.err != nil {
+			skip(cd.err)
+			continue
+		}
+		if prev, dup := byName[t.Name]; dup {
+			skip(fmt.Errorf("tool name %s is also the name of operation %s", t.Name, prev))
+			continue
+		}
+		t.Alias = aliasFor(t.Name)
+		if prev, dup := aliases[t.Alias]; dup {
+			skip(fmt.Errorf("tool alias %s is also the alias of %s", t.Alias, prev))
+			continue
+		}
+		byName[t.Name] = cd.where
+		aliases[t.Alias] = t.Name
+		c.Tools = append(c.Tools, t)
+		for _, x := range cd.used {
+			used[x] = true
 		}
 	}
 	sort.Slice(c.Tools, func(i, j int) bool { return c.Tools[i].Name < c.Tools[j].Name })
-	c.Defects = componentDefects(doc, d, c.Skipped)
+	if report || strict {
+		c.Defects = componentDefects(doc, d, c.Skipped, used)
+	}
 	if strict {
 		if err := strictCheck(ctx, doc, c); err != nil {
 			return nil, err
@@ -154,13 +184,13 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 	return c, nil
 }
 
-// componentDefects renders and compiles every named schema, so that a
-// defect in one no tool uses is reported (it would fail an operation that
-// used it) without dropping anything. All of them are compiled as one
-// document first; only when that fails is each compiled alone, to say
-// which. Defects already given as a skipped operation's reason are not
-// repeated.
-func componentDefects(doc *openapi3.T, d *defs, skipped []Problem) []Problem {
+// componentDefects renders and compiles every named schema no tool's
+// compiled schema holds already, so that a defect in one no tool uses is
+// reported (it would fail an operation that used it) without dropping
+// anything. They are compiled as one document first; only when that fails
+// is each compiled alone, to say which. Defects already given as a skipped
+// operation's reason are not repeated.
+func componentDefects(doc *openapi3.T, d *defs, skipped []Problem, compiled map[*def]bool) []Problem {
 	if doc.Components == nil || len(doc.Components.Schemas) == 0 {
 		return nil
 	}
@@ -189,7 +219,9 @@ func componentDefects(doc *openapi3.T, d *defs, skipped []Problem) []Problem {
 			add(Problem{Pointer: x.ref, Reason: x.err.Error()})
 			continue
 		}
-		all = append(all, x)
+		if !compiled[x] {
+			all = append(all, x)
+		}
 	}
 	if compileDefs(all) == nil {
 		return out
@@ -345,10 +377,10 @@ func securitySchemes(doc *openapi3.T) map[string]*SecurityScheme {
 // buildTool converts one operation, or says (with the JSON pointer of the
 // part at fault, as a *specError where it is narrower than ptr) why the
 // operation yields no tool.
-func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme, path, ptr, method string, item *openapi3.PathItem, op *openapi3.Operation, d *defs) (t *Tool, err error) {
+func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme, path, ptr, method string, item *openapi3.PathItem, op *openapi3.Operation, d *defs) (t *Tool, used []*def, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			t, err = nil, fmt.Errorf("operation could not be read: %v", r)
+			t, used, err = nil, nil, fmt.Errorf("operation could not be read: %v", r)
 		}
 	}()
 	opID := op.OperationID
@@ -358,7 +390,7 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		snake = opID
 	}
 	if snake == "" {
-		return nil, fmt.Errorf("operationId %q has no letters or digits to name a tool", op.OperationID)
+		return nil, nil, fmt.Errorf("operationId %q has no letters or digits to name a tool", op.OperationID)
 	}
 	t = &Tool{
 		Name:         slug + "." + snake,
@@ -382,7 +414,7 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		case "write":
 			t.Risk = RiskWrite
 		default:
-			return nil, &specError{Pointer: ptr + "/x-sluice-risk", Err: fmt.Errorf("x-sluice-risk %v: must be \"read\" or \"write\"", v)}
+			return nil, nil, &specError{Pointer: ptr + "/x-sluice-risk", Err: fmt.Errorf("x-sluice-risk %v: must be \"read\" or \"write\"", v)}
 		}
 	}
 
@@ -395,7 +427,7 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		alt := make([]string, 0, len(req))
 		for name := range req {
 			if _, ok := schemes[name]; !ok {
-				return nil, &specError{Pointer: fmt.Sprintf("%s/%d/%s", secPtr, i, pointerEscape(name)), Err: fmt.Errorf("security: scheme %q is not in components.securitySchemes", name)}
+				return nil, nil, &specError{Pointer: fmt.Sprintf("%s/%d/%s", secPtr, i, pointerEscape(name)), Err: fmt.Errorf("security: scheme %q is not in components.securitySchemes", name)}
 			}
 			alt = append(alt, name)
 		}
@@ -405,7 +437,7 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 
 	params, err := mergeParams(item.Parameters, op.Parameters, schemes)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	locateParams(params, item, op, ptr)
 	t.params = params
@@ -416,12 +448,12 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 	if tmpl, q, ok := strings.Cut(path, "?"); ok {
 		fixed, err := fixedQuery(q, params)
 		if err != nil {
-			return nil, fmt.Errorf("path %q: %w", path, err)
+			return nil, nil, fmt.Errorf("path %q: %w", path, err)
 		}
 		t.PathTemplate, t.fixedQuery = tmpl, fixed
 	}
 	if err := checkTemplate(t.PathTemplate, params); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, p := range params {
 		if p.in == openapi3.ParameterInHeader && strings.EqualFold(p.name, IdempotencyKey) {
@@ -434,7 +466,7 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 			if err == nil {
 				err = errors.New(skip)
 			}
-			return nil, &specError{Pointer: ptr + "/requestBody", Err: err}
+			return nil, nil, &specError{Pointer: ptr + "/requestBody", Err: err}
 		}
 		_, media := pickMedia(op.RequestBody.Value.Content)
 		t.bodyPointer = ptr + "/requestBody/content/" + pointerEscape(mediaKey(op.RequestBody.Value.Content, media)) + "/schema"
@@ -447,18 +479,45 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		}
 	}
 
-	schema, err := renderToolSchema(t, d)
+	t.Schema, used, err = renderToolSchema(t, d)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	compiled, err := compileSchema(schema)
+	return t, used, nil
+}
+
+// compile compiles the tool's rendered schema. It only reads d, so tools
+// compile concurrently.
+func (t *Tool) compile(d *defs, ptr string) (err error) {
+	defer func() {
+		if r := recover(); r != nil { // on a worker goroutine: build's recover cannot see it
+			err = fmt.Errorf("schema could not be compiled: %v", r)
+		}
+	}()
+	compiled, err := compileSchema(t.Schema)
 	if err != nil {
 		loc, msg := compileLocation(err)
-		return nil, &specError{Pointer: t.specPointer(d, loc, ptr), Err: errors.New(msg)}
+		return &specError{Pointer: t.specPointer(d, loc, ptr), Err: errors.New(msg)}
 	}
-	t.Schema = schema
 	t.compiled = compiled
-	return t, nil
+	return nil
+}
+
+// parallel runs fn(0..n-1) on as many goroutines as there are cores.
+func parallel(n int, fn func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // mediaKey is the key under which media is in content, as the spec spells it.

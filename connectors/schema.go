@@ -147,8 +147,9 @@ func (e *specError) Error() string { return e.Pointer + ": " + e.Err.Error() }
 func (e *specError) Unwrap() error { return e.Err }
 
 // renderToolSchema builds the JSON Schema of a tool's arguments document
-// {"path":{…},"query":{…},"headers":{…},"body":…} as JSON.
-func renderToolSchema(t *Tool, d *defs) (json.RawMessage, error) {
+// {"path":{…},"query":{…},"headers":{…},"body":…} as JSON, and the defs
+// it carries.
+func renderToolSchema(t *Tool, d *defs) (json.RawMessage, []*def, error) {
 	props := map[string]any{}
 	var required []string
 	var deps []*def
@@ -162,7 +163,7 @@ func renderToolSchema(t *Tool, d *defs) (json.RawMessage, error) {
 			r := &renderer{defs: d, at: p.pointer + "/schema"}
 			s, err := r.schemaRef(p.schemaRef)
 			if err != nil {
-				return nil, &specError{Pointer: p.pointer, Err: fmt.Errorf("parameter %s.%s: %w", in, p.name, err)}
+				return nil, nil, &specError{Pointer: p.pointer, Err: fmt.Errorf("parameter %s.%s: %w", in, p.name, err)}
 			}
 			deps = append(deps, r.deps...)
 			if p.desc != "" {
@@ -191,7 +192,7 @@ func renderToolSchema(t *Tool, d *defs) (json.RawMessage, error) {
 		r := &renderer{defs: d, at: t.bodyPointer}
 		s, err := r.schemaRef(t.bodyRef)
 		if err != nil {
-			return nil, &specError{Pointer: t.bodyPointer, Err: fmt.Errorf("request body: %w", err)}
+			return nil, nil, &specError{Pointer: t.bodyPointer, Err: fmt.Errorf("request body: %w", err)}
 		}
 		deps = append(deps, r.deps...)
 		props["body"] = s
@@ -210,7 +211,7 @@ func renderToolSchema(t *Tool, d *defs) (json.RawMessage, error) {
 	}
 	used, err := closure(deps)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(used) > 0 {
 		m := make(map[string]any, len(used))
@@ -221,9 +222,9 @@ func renderToolSchema(t *Tool, d *defs) (json.RawMessage, error) {
 	}
 	raw, err := json.Marshal(root)
 	if err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
+		return nil, nil, fmt.Errorf("schema: %w", err)
 	}
-	return raw, nil
+	return raw, used, nil
 }
 
 // withDescription returns s with a description, copying rather than

@@ -26,7 +26,7 @@ func loadSource(t *testing.T, opts Options) (*Connector, *source, error) {
 	if err != nil {
 		return nil, s, err
 	}
-	c, err := build(context.Background(), opts.Slug, doc, nil, opts.BaseURL, false)
+	c, err := build(context.Background(), opts.Slug, doc, nil, opts.BaseURL, false, true)
 	return c, s, err
 }
 

@@ -47,7 +47,7 @@ func loadReal(t *testing.T, file, slug string) *Connector {
 	v, _ := specOnce.LoadOrStore(file, &loadedSpec{})
 	ls := v.(*loadedSpec)
 	ls.once.Do(func() {
-		ls.c, ls.err = Load(context.Background(), Options{Slug: slug, Spec: filepath.Join("testdata", file), BaseURL: "https://api.example"})
+		ls.c, ls.err = Load(context.Background(), Options{Slug: slug, Spec: filepath.Join("testdata", file), BaseURL: "https://api.example", Defects: true})
 	})
 	if ls.err != nil {
 		t.Fatalf("%s: %v", file, ls.err)
