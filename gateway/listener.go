@@ -53,6 +53,9 @@ type identConn struct {
 	idle   atomic.Pointer[time.Timer]
 	closed atomic.Bool
 	once   sync.Once
+	// untrack removes the connection from the server's sessionConns; set
+	// when the server takes the connection (Server.connContext).
+	untrack atomic.Pointer[func()]
 }
 
 func (c *identConn) Read(p []byte) (int, error) {
@@ -97,6 +100,9 @@ func (c *identConn) detach() []byte {
 // first: the relay still holds a descriptor of it, so closing ours alone
 // would leave the sandbox waiting. Then the lease is closed.
 func (c *identConn) Close() error {
+	if f := c.untrack.Swap(nil); f != nil {
+		(*f)()
+	}
 	if c.lease == nil {
 		return c.Conn.Close()
 	}
