@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/store"
 )
 
@@ -132,6 +133,13 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	session := r.PathValue("session")
 	if !validSessionID(session) {
 		writeError(w, refuse(http.StatusBadRequest, "bad_request", fmt.Sprintf("a session id is 1..%d printable characters without spaces", maxSessionIDLen)), rid)
+		return
+	}
+	// The canonical form, as the relayed identities carry it
+	// (canonicalIdentity): "S1" ends the session sandboxes call "s1".
+	session, err := ident.Canonical(session)
+	if err != nil {
+		writeError(w, refuse(http.StatusBadRequest, "bad_request", "the session id is ambiguous: "+err.Error()), rid)
 		return
 	}
 	// The end is finished even if the caller goes away.
