@@ -3,8 +3,11 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // TestEndSession ends a session that has a pending hold and an agent
@@ -237,5 +241,65 @@ func TestSessionStateUnreadable(t *testing.T) {
 	})
 	if n := up.requests.Load(); n != before+1 {
 		t.Fatalf("%d upstream requests with the store closed, want 1 (the session whose answer was read before)", n-before)
+	}
+}
+
+// TestEndSessionClosesHandoffs: ending a session closes its handed-off
+// connections at once (the sandbox's socket and the relay's lease), and
+// leaves another session's open (THREATS C12).
+func TestEndSessionClosesHandoffs(t *testing.T) {
+	up := newUpstream(t)
+	g := startHolds(t, up, "", func(c *config.Config) {
+		c.Gateway.SessionTokensSHA256 = []string{tokenHash("tok-sandboxd")}
+	})
+	otherID := agentA
+	otherID.Session = "s-2"
+	open := func(id wire.Identity) (net.Conn, *bufio.Reader) {
+		c, err := newHandoffDialer(t, g.cfg.Gateway.SandboxSocket, id, "tcp").DialContext(context.Background(), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		br := bufio.NewReader(c)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request over the handoff: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return c, br
+	}
+	mine, _ := open(agentA)
+	other, otherR := open(otherID)
+	if n := g.Server.sessConns.count(agentA.Session); n != 1 {
+		t.Fatalf("%d connections registered for %s, want 1", n, agentA.Session)
+	}
+	r := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/"+agentA.Session+"/end", "")
+	if r.status != http.StatusOK {
+		t.Fatalf("end: %d %s", r.status, r.raw)
+	}
+	start := time.Now()
+	_ = mine.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := mine.Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
+		t.Fatalf("read on the ended session's handoff after %v = %d, %v; want EOF or reset", time.Since(start), n, err)
+	}
+	if n := g.Server.sessConns.count(agentA.Session); n != 0 {
+		t.Fatalf("%d connections still registered for the ended session", n)
+	}
+	closed := "none"
+	for _, rec := range auditEvents(t, g) {
+		if rec.Event == "session_ended" {
+			closed = fmt.Sprint(rec.Fields["connections_closed"])
+		}
+	}
+	if closed != "1" {
+		t.Fatalf("session_ended record: connections_closed %s, want 1", closed)
+	}
+	_ = other.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(other, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")
+	if resp, err := http.ReadResponse(otherR, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the other session's handoff after the end: %v %v", resp, err)
 	}
 }
