@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
@@ -301,5 +304,82 @@ func TestEndSessionClosesHandoffs(t *testing.T) {
 	io.WriteString(other, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")
 	if resp, err := http.ReadResponse(otherR, nil); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("the other session's handoff after the end: %v %v", resp, err)
+	}
+}
+
+// TestSessionGateOnOpenConnection: the session check sits where every
+// egress is decided, not only at the connection's start. With the end
+// stored but the caller's connection left open (as in the moment between
+// the store's commit and the connections being closed), the next proxied
+// request on that keep-alive connection is 403 session_ended before any
+// dial, and a DNS question whose allow decision is cached is REFUSED,
+// both audited with code session_ended (THREATS C12).
+func TestSessionGateOnOpenConnection(t *testing.T) {
+	up := newDNSUpstream(t, map[string]string{"a.allowed.test": "93.184.216.34"})
+	g := startEgressGateway(t, up, nil)
+	question := func(qtype uint16) []byte {
+		m := new(mdns.Msg)
+		m.SetQuestion("a.allowed.test.", qtype)
+		b, _ := m.Pack()
+		return b
+	}
+	ask := func(c net.Conn, br *bufio.Reader) int {
+		q := question(mdns.TypeA)
+		fmt.Fprintf(c, "POST /v1/dns HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/dns-message\r\nContent-Length: %d\r\n\r\n%s", len(q), q)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		m := new(mdns.Msg)
+		if resp.StatusCode != 200 || m.Unpack(b) != nil {
+			t.Fatalf("POST /v1/dns: %d %q", resp.StatusCode, b)
+		}
+		return m.Rcode
+	}
+	c := rawConn(t, g, agentA)
+	br := bufio.NewReader(c)
+	if rc := ask(c, br); rc != mdns.RcodeSuccess {
+		t.Fatalf("before the end: %s", mdns.RcodeToString[rc])
+	}
+	if _, _, err := g.Server.store.EndSession(context.Background(), agentA.Session, "test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if rc := ask(c, br); rc != mdns.RcodeRefused {
+		t.Fatalf("cached name on the open connection after the end: %s, want REFUSED", mdns.RcodeToString[rc])
+	}
+	// A stream's reader answers cached allowed names inline (answerFast;
+	// an MX question needs only the cached decision, the upstream's TTL 0
+	// keeps no address): it must leave an ended session's question to the
+	// full path.
+	sc := rawConn(t, g, agentA)
+	q := question(mdns.TypeMX)
+	frame := append(binary.BigEndian.AppendUint16(nil, uint16(len(q))), q...)
+	fmt.Fprintf(sc, "POST /v1/dns HTTP/1.1\r\nHost: sluice\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s", DNSStreamType, len(frame), frame)
+	sresp, err := http.ReadResponse(bufio.NewReader(sc), nil)
+	if err != nil || sresp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", sresp, err)
+	}
+	out, _ := io.ReadAll(sresp.Body)
+	sm := new(mdns.Msg)
+	if len(out) < 2 || sm.Unpack(out[2:]) != nil || sm.Rcode != mdns.RcodeRefused {
+		t.Fatalf("stream answer after the end: %x, want one REFUSED frame", out)
+	}
+	io.WriteString(c, "GET http://pkg.example/x HTTP/1.1\r\nHost: pkg.example\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusForbidden || errCode(body) != string(CodeSessionEnded) {
+		t.Fatalf("proxied request on the open connection after the end: %d %s", resp.StatusCode, body)
+	}
+	var dns, proxy bool
+	for _, r := range auditEvents(t, g) {
+		dns = dns || r.Event == "dns_refused" && r.Fields["code"] == "session_ended" && r.Fields["dest_host"] == "a.allowed.test"
+		proxy = proxy || r.Event == "decision" && r.Fields["code"] == "session_ended" && r.Fields["dest_host"] == "pkg.example"
+	}
+	if !dns || !proxy {
+		t.Fatalf("audit: dns_refused session_ended %v, proxy decision session_ended %v; want both", dns, proxy)
 	}
 }
