@@ -52,6 +52,11 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 	if !ok || d.Action != policy.Allow || guard.NameClass(name) != guard.Public {
 		return dst, false
 	}
+	if caller.Session != "" {
+		if ended, err := e.s.store.SessionEnded(ctx, caller.Session); err != nil || ended {
+			return dst, false // answer refuses it, audited (sessionGate)
+		}
+	}
 	var (
 		addrs []netip.Addr
 		ttl   uint32

@@ -121,6 +121,11 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 	case mdns.TypeTXT, mdns.TypeNULL, mdns.TypeANY, mdns.TypeAXFR, mdns.TypeIXFR:
 		return reply(mdns.RcodeNotImplemented, nil)
 	}
+	if ee := e.sessionGate(ctx, c); ee != nil { // sessions.go
+		_ = e.record(ctx, c, "dns_refused", ee.apiError, false)
+		e.logLine(c, ee)
+		return reply(mdns.RcodeRefused, nil)
+	}
 	e.countName(ctx, c, name)
 	if !e.allowDNS(ctx, c, name) || guard.NameClass(name) != guard.Public {
 		e.dnsRefusal(ctx, c, "dns_refused", "not on the egress allowlist")

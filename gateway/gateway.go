@@ -106,6 +106,8 @@ type Server struct {
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
+
+	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -434,7 +436,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	servers := []*http.Server{{
 		Handler:           s.sandboxHandler(),
-		ConnContext:       connContext,
+		ConnContext:       s.connContext, // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes, // strict.go refuses longer heads first, with JSON

@@ -365,6 +365,11 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, "the Host header does not name the CONNECT host"))
 		return
 	}
+	path, ee := c.path(r)
+	if ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
 	hdr := r.Header.Clone()
 	stripRequestHeaders(hdr)
 	if headerToken(r.Header, "Te", "trailers") {
@@ -378,7 +383,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		}
 		hdr.Set("Upgrade", "websocket") // policy sees what is asked for
 	}
-	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: c.destHost, Port: c.port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
+	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: c.destHost, Port: c.port, Path: path.decoded, Query: r.URL.Query(), Headers: hdr}); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
@@ -434,6 +439,10 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	out := r.Clone(httptraceEgress(ctx, c))
 	out.RequestURI = ""
 	out.URL.Scheme, out.URL.Host, out.URL.User = "https", authority, nil
+	if err := path.setOn(out.URL); err != nil { // exactly the path policy decided on
+		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, CodeSchemaViolation, psBadRequest, err.Error()))
+		return
+	}
 	out.Host = authority
 	out.Header = hdr
 	if key != "" {

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -53,6 +54,9 @@ type identConn struct {
 	idle   atomic.Pointer[time.Timer]
 	closed atomic.Bool
 	once   sync.Once
+	// untrack removes the connection from the server's sessionConns; set
+	// when the server takes the connection (Server.connContext).
+	untrack atomic.Pointer[func()]
 }
 
 func (c *identConn) Read(p []byte) (int, error) {
@@ -97,6 +101,9 @@ func (c *identConn) detach() []byte {
 // first: the relay still holds a descriptor of it, so closing ours alone
 // would leave the sandbox waiting. Then the lease is closed.
 func (c *identConn) Close() error {
+	if f := c.untrack.Swap(nil); f != nil {
+		(*f)()
+	}
 	if c.lease == nil {
 		return c.Conn.Close()
 	}
@@ -268,6 +275,15 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
+	if p.Identity, err = canonicalIdentity(p.Identity); err != nil {
+		l.log.Warn("sandbox socket: refused connection with an ambiguous identity", "peer_uid", uid, "err", err)
+		l.refused(CodeIdentityRequired)
+		if p.Conn != nil {
+			p.Conn.Close()
+		}
+		rejectConn(c, 400, CodeIdentityRequired, err.Error())
+		return
+	}
 	ic := &identConn{Conn: c, r: p.Reader, base: p.Reader, id: p.Identity}
 	if p.Conn != nil {
 		br := bufio.NewReaderSize(p.Conn, wire.MaxLine)
@@ -361,4 +377,26 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 func identityFrom(ctx context.Context) (wire.Identity, bool) {
 	id, ok := ctx.Value(identityKey{}).(wire.Identity)
 	return id, ok
+}
+
+// canonicalIdentity puts the user and session of a relayed identity in
+// canonical form (package ident: case folded, NFKC), the form every later
+// comparison sees: hold ownership and self-approval, grants, ended
+// sessions. An identity whose user or session cannot be canonicalised
+// (invisible characters, letters of two scripts) is refused.
+func canonicalIdentity(id wire.Identity) (wire.Identity, error) {
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"user", &id.User}, {"session", &id.Session}} {
+		if *f.v == "" {
+			continue
+		}
+		c, err := ident.Canonical(*f.v)
+		if err != nil {
+			return id, fmt.Errorf("the identity's %s is ambiguous: %w", f.name, err)
+		}
+		*f.v = c
+	}
+	return id, nil
 }

@@ -94,6 +94,12 @@ func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) {
 		rejectConn(tc, 403, CodeUntrustedPeer, "the identity's host must be a DNS name in the relay's client certificate")
 		return
 	}
+	if id, err = canonicalIdentity(id); err != nil {
+		l.log.Warn("relay listener: refused connection with an ambiguous identity", "remote", c.RemoteAddr().String(), "err", err)
+		l.refused(CodeIdentityRequired)
+		rejectConn(tc, 400, CodeIdentityRequired, err.Error())
+		return
+	}
 	_ = c.SetDeadline(time.Time{})
 	ic := &identConn{Conn: tc, r: br, base: br, id: id}
 	select {

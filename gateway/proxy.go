@@ -155,10 +155,6 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
-	if aerr := e.s.sessionRefusal(r.Context(), id.Session); aerr != nil { // sessions.go
-		e.refuse(w, c, &egressError{apiError: aerr, proxyStatus: psDenied})
-		return
-	}
 	if c.kind == "connect" {
 		e.connect(w, r, c, id)
 		return
@@ -233,8 +229,15 @@ func parseTarget(authority, defaultPort string) (host string, port int, err erro
 	return h, n, nil
 }
 
-// decide asks policy about c and turns a non-allow into a refusal.
+// decide asks policy about c and turns a non-allow into a refusal. It is
+// the one decision point of every proxied request, CONNECT, request and
+// WebSocket upgrade inside an intercepted tunnel: an ended session is
+// refused here first (sessionGate), before policy and before anything is
+// sent or a credential attached.
 func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
+	if ee := e.sessionGate(ctx, c); ee != nil {
+		return ee
+	}
 	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
 	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), c.decision.Rule))
 	if c.decision.Action == policy.Allow {
@@ -270,6 +273,11 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	c.destHost, c.port = host, port
+	path, ee := c.path(r)
+	if ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
 	if ee := refuseDoH(c); ee != nil {
 		e.refuse(w, c, ee)
 		return
@@ -291,7 +299,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	// it needs from it (Connection: close, Expect) when it read the head.
 	hdr := r.Header
 	stripRequestHeaders(hdr)
-	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: r.URL.Path, Query: r.URL.Query(), Headers: hdr}); ee != nil {
+	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: path.decoded, Query: r.URL.Query(), Headers: hdr}); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
@@ -312,6 +320,10 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	out := *r
 	u := *r.URL
 	u.Host, u.User = authority, nil
+	if err := path.setOn(&u); err != nil { // exactly the path policy decided on
+		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, CodeSchemaViolation, psBadRequest, err.Error()))
+		return
+	}
 	out.URL, out.RequestURI, out.Host, out.Header = &u, "", authority, hdr
 	if r.ContentLength == 0 {
 		out.Body = nil
@@ -596,8 +608,8 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		// and cancel ctx.
 		buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
 		ierr := e.intercept(ctx, c, conn, io.MultiReader(bytes.NewReader(hello), bytes.NewReader(buffered), conn), addr)
-		var ee *egressError
-		if ierr != nil {
+		ee := e.endedDuring(actx, c)
+		if ierr != nil && ee == nil {
 			ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psTLS, "the intercepted tunnel could not be set up")
 			ee.cause = ierr
 		}
@@ -620,14 +632,20 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	}
 	defer up.Close()
 	lt.dialled(up)
+	defer e.s.sessConns.add(c.caller.Session, up)() // the end of the session closes the upstream too
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := up.Write(hello); err != nil {
 		return
 	}
 	c.bytesUp.Add(int64(len(hello)))
 	e.tunnel(conn, brw.Reader, up, c)
-	_ = e.record(actx, c, "result", nil, false)
-	e.logLine(c, nil)
+	ee := e.endedDuring(actx, c)
+	var ref *apiError
+	if ee != nil {
+		ref = ee.apiError
+	}
+	_ = e.record(actx, c, "result", ref, false)
+	e.logLine(c, ee)
 }
 
 // classify resolves host once and checks every address; one refused

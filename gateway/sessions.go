@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/store"
 )
 
@@ -134,6 +135,13 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusBadRequest, "bad_request", fmt.Sprintf("a session id is 1..%d printable characters without spaces", maxSessionIDLen)), rid)
 		return
 	}
+	// The canonical form, as the relayed identities carry it
+	// (canonicalIdentity): "S1" ends the session sandboxes call "s1".
+	session, err := ident.Canonical(session)
+	if err != nil {
+		writeError(w, refuse(http.StatusBadRequest, "bad_request", "the session id is ambiguous: "+err.Error()), rid)
+		return
+	}
 	// The end is finished even if the caller goes away.
 	ctx := context.WithoutCancel(r.Context())
 	storeErr := func(err error) {
@@ -165,8 +173,12 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 		// their waiting agents.
 		s.holds.ExpireDue(ctx)
 	}
+	// The session's open connections and tunnels end now (THREATS C12):
+	// the end is in the store, so what the sandbox opens next is refused.
+	closed := s.sessConns.closeSession(session)
 	if _, err := s.audit.Append(ctx, audit.Record{RequestID: rid, Event: "session_ended", Fields: map[string]any{
 		"session": session, "by": by, "repeat": !first, "holds": ids, "ended": end.Ended.Format(time.RFC3339Nano),
+		"connections_closed": closed,
 	}}); err != nil {
 		s.log.Error("sessions: end not audited", "session", session, "err", err)
 		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the session is ended but the audit log cannot be written; retry"), rid)
@@ -184,4 +196,34 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 
 func viewSessionEnd(e store.SessionEnd) sessionEndView {
 	return sessionEndView{Session: e.Session, Ended: e.Ended, EndedBy: e.EndedBy, Holds: e.Holds}
+}
+
+// sessionGate refuses egress of c's caller when its session has ended, or
+// when whether it has cannot be read (fail closed). decide (every proxied
+// request, CONNECT, intercepted request and WebSocket upgrade) and the DNS
+// answerer call it before policy; the DNS fast path leaves an ended
+// session's questions to the full path, which answers REFUSED. The
+// refusal's code is session_ended (or session_unavailable), and it is the
+// reason in the audit record.
+func (e *rawEgress) sessionGate(ctx context.Context, c *egressCall) *egressError {
+	aerr := e.s.sessionRefusal(ctx, c.caller.Session)
+	if aerr == nil {
+		return nil
+	}
+	c.event = string(aerr.Code)
+	return &egressError{apiError: aerr, proxyStatus: psDenied}
+}
+
+// endedDuring is the refusal a tunnel's result record carries when the
+// tunnel ended because its session was ended while it was open (the end
+// closed it, sessionConns), nil otherwise.
+func (e *rawEgress) endedDuring(ctx context.Context, c *egressCall) *egressError {
+	if c.caller.Session == "" {
+		return nil
+	}
+	if ended, err := e.s.store.SessionEnded(ctx, c.caller.Session); err != nil || !ended {
+		return nil
+	}
+	c.upstreamErr = string(CodeSessionEnded)
+	return &egressError{apiError: refuse(http.StatusForbidden, CodeSessionEnded, "this session was ended; its tunnel was closed"), proxyStatus: psDenied}
 }

@@ -3,15 +3,22 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	mdns "github.com/miekg/dns"
+
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // TestEndSession ends a session that has a pending hold and an agent
@@ -237,5 +244,142 @@ func TestSessionStateUnreadable(t *testing.T) {
 	})
 	if n := up.requests.Load(); n != before+1 {
 		t.Fatalf("%d upstream requests with the store closed, want 1 (the session whose answer was read before)", n-before)
+	}
+}
+
+// TestEndSessionClosesHandoffs: ending a session closes its handed-off
+// connections at once (the sandbox's socket and the relay's lease), and
+// leaves another session's open (THREATS C12).
+func TestEndSessionClosesHandoffs(t *testing.T) {
+	up := newUpstream(t)
+	g := startHolds(t, up, "", func(c *config.Config) {
+		c.Gateway.SessionTokensSHA256 = []string{tokenHash("tok-sandboxd")}
+	})
+	otherID := agentA
+	otherID.Session = "s-2"
+	open := func(id wire.Identity) (net.Conn, *bufio.Reader) {
+		c, err := newHandoffDialer(t, g.cfg.Gateway.SandboxSocket, id, "tcp").DialContext(context.Background(), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		br := bufio.NewReader(c)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request over the handoff: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return c, br
+	}
+	mine, _ := open(agentA)
+	other, otherR := open(otherID)
+	if n := g.Server.sessConns.count(agentA.Session); n != 1 {
+		t.Fatalf("%d connections registered for %s, want 1", n, agentA.Session)
+	}
+	r := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/"+agentA.Session+"/end", "")
+	if r.status != http.StatusOK {
+		t.Fatalf("end: %d %s", r.status, r.raw)
+	}
+	start := time.Now()
+	_ = mine.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := mine.Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
+		t.Fatalf("read on the ended session's handoff after %v = %d, %v; want EOF or reset", time.Since(start), n, err)
+	}
+	if n := g.Server.sessConns.count(agentA.Session); n != 0 {
+		t.Fatalf("%d connections still registered for the ended session", n)
+	}
+	closed := "none"
+	for _, rec := range auditEvents(t, g) {
+		if rec.Event == "session_ended" {
+			closed = fmt.Sprint(rec.Fields["connections_closed"])
+		}
+	}
+	if closed != "1" {
+		t.Fatalf("session_ended record: connections_closed %s, want 1", closed)
+	}
+	_ = other.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(other, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")
+	if resp, err := http.ReadResponse(otherR, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the other session's handoff after the end: %v %v", resp, err)
+	}
+}
+
+// TestSessionGateOnOpenConnection: the session check sits where every
+// egress is decided, not only at the connection's start. With the end
+// stored but the caller's connection left open (as in the moment between
+// the store's commit and the connections being closed), the next proxied
+// request on that keep-alive connection is 403 session_ended before any
+// dial, and a DNS question whose allow decision is cached is REFUSED,
+// both audited with code session_ended (THREATS C12).
+func TestSessionGateOnOpenConnection(t *testing.T) {
+	up := newDNSUpstream(t, map[string]string{"a.allowed.test": "93.184.216.34"})
+	g := startEgressGateway(t, up, nil)
+	question := func(qtype uint16) []byte {
+		m := new(mdns.Msg)
+		m.SetQuestion("a.allowed.test.", qtype)
+		b, _ := m.Pack()
+		return b
+	}
+	ask := func(c net.Conn, br *bufio.Reader) int {
+		q := question(mdns.TypeA)
+		fmt.Fprintf(c, "POST /v1/dns HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/dns-message\r\nContent-Length: %d\r\n\r\n%s", len(q), q)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		m := new(mdns.Msg)
+		if resp.StatusCode != 200 || m.Unpack(b) != nil {
+			t.Fatalf("POST /v1/dns: %d %q", resp.StatusCode, b)
+		}
+		return m.Rcode
+	}
+	c := rawConn(t, g, agentA)
+	br := bufio.NewReader(c)
+	if rc := ask(c, br); rc != mdns.RcodeSuccess {
+		t.Fatalf("before the end: %s", mdns.RcodeToString[rc])
+	}
+	if _, _, err := g.Server.store.EndSession(context.Background(), agentA.Session, "test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if rc := ask(c, br); rc != mdns.RcodeRefused {
+		t.Fatalf("cached name on the open connection after the end: %s, want REFUSED", mdns.RcodeToString[rc])
+	}
+	// A stream's reader answers cached allowed names inline (answerFast;
+	// an MX question needs only the cached decision, the upstream's TTL 0
+	// keeps no address): it must leave an ended session's question to the
+	// full path.
+	sc := rawConn(t, g, agentA)
+	q := question(mdns.TypeMX)
+	frame := append(binary.BigEndian.AppendUint16(nil, uint16(len(q))), q...)
+	fmt.Fprintf(sc, "POST /v1/dns HTTP/1.1\r\nHost: sluice\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s", DNSStreamType, len(frame), frame)
+	sresp, err := http.ReadResponse(bufio.NewReader(sc), nil)
+	if err != nil || sresp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", sresp, err)
+	}
+	out, _ := io.ReadAll(sresp.Body)
+	sm := new(mdns.Msg)
+	if len(out) < 2 || sm.Unpack(out[2:]) != nil || sm.Rcode != mdns.RcodeRefused {
+		t.Fatalf("stream answer after the end: %x, want one REFUSED frame", out)
+	}
+	io.WriteString(c, "GET http://pkg.example/x HTTP/1.1\r\nHost: pkg.example\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusForbidden || errCode(body) != string(CodeSessionEnded) {
+		t.Fatalf("proxied request on the open connection after the end: %d %s", resp.StatusCode, body)
+	}
+	var dns, proxy bool
+	for _, r := range auditEvents(t, g) {
+		dns = dns || r.Event == "dns_refused" && r.Fields["code"] == "session_ended" && r.Fields["dest_host"] == "a.allowed.test"
+		proxy = proxy || r.Event == "decision" && r.Fields["code"] == "session_ended" && r.Fields["dest_host"] == "pkg.example"
+	}
+	if !dns || !proxy {
+		t.Fatalf("audit: dns_refused session_ended %v, proxy decision session_ended %v; want both", dns, proxy)
 	}
 }

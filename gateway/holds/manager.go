@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/store"
 )
 
@@ -219,20 +220,23 @@ func (m *Manager) List(ctx context.Context, f Filter) ([]Hold, error) {
 
 // CanApprove says whether p may decide h: never the person the call is made
 // for (ErrSelfApproval, whatever else p is), otherwise only a person the
-// decision names, by name or as "group:G" (ErrNotApprover).
+// decision names, by name or as "group:G" (ErrNotApprover). Names and
+// groups are compared in canonical form (package ident: case, Unicode
+// normalisation), and a name that cannot be canonicalised is taken to be
+// the requester's (self-approval) and no approver's.
 func (m *Manager) CanApprove(h Hold, p Person) error {
 	if p.Name == "" {
 		return ErrNotApprover
 	}
-	if h.Caller.User != "" && p.Name == h.Caller.User {
+	if ident.Conflict(h.Caller.User, p.Name) {
 		return ErrSelfApproval
 	}
 	for _, a := range h.Approvers {
 		if g, ok := strings.CutPrefix(a, "group:"); ok {
-			if g != "" && slices.Contains(p.Groups, g) {
+			if g != "" && slices.ContainsFunc(p.Groups, func(pg string) bool { return ident.Same(g, pg) }) {
 				return nil
 			}
-		} else if a == p.Name {
+		} else if ident.Same(a, p.Name) {
 			return nil
 		}
 	}
@@ -254,6 +258,11 @@ func (m *Manager) decideGrant(ctx context.Context, id string, p Person, reason s
 		return Hold{}, err
 	}
 	if err := m.CanApprove(h, p); err != nil {
+		if errors.Is(err, ErrSelfApproval) {
+			// Audited: a requester trying to decide their own call, under
+			// any spelling of their name, is worth a record.
+			_ = m.o.Audit(context.WithoutCancel(ctx), "hold_self_approval_refused", h, map[string]any{"by": p.Name})
+		}
 		return h, err
 	}
 	switch {

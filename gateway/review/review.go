@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ident"
 )
 
 // Holds is what the UI needs of the holds manager (*holds.Manager).
@@ -417,7 +418,7 @@ type view struct {
 // visibleTo decides whether a person may see a hold at all: its approvers
 // and its requester may; others get 404, as if it did not exist.
 func (u *UI) visibleTo(h holds.Hold, p holds.Person) (view, bool) {
-	v := view{Hold: h, Mine: h.Caller.User != "" && h.Caller.User == p.Name}
+	v := view{Hold: h, Mine: ident.Conflict(h.Caller.User, p.Name)} // as CanApprove compares
 	err := u.opt.Holds.CanApprove(h, p)
 	switch {
 	case err == nil && !v.Mine:

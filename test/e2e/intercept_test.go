@@ -34,7 +34,8 @@ type seenReq struct {
 
 // interceptWorld: a TLS upstream on egressIP serving api.test (a secret is
 // bound to it), other.test (intercepted, nothing bound) and plain.test
-// (not intercepted), and a gateway that intercepts the first two.
+// (not intercepted; also in plain HTTP on port 80), and a gateway that
+// intercepts the first two.
 type interceptWorld struct {
 	e           *gwenv.Env
 	g           *gwenv.Gateway
@@ -107,6 +108,10 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 	go func() {
 		_ = ts.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}))
 	}()
+	// The same handler in plain HTTP, for the forward proxy (plain.test).
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(e.NS.Listen(t, egressIP+":80")) }()
+	t.Cleanup(func() { _ = hs.Close() })
 	table := map[string]string{"api.test": egressIP, "other.test": egressIP, "plain.test": egressIP}
 	e.NS.ServeDNS(t, func(rw mdns.ResponseWriter, q *mdns.Msg) { _ = rw.WriteMsg(gwenv.DNSReply(q, table, 60)) })
 	t.Cleanup(func() { _ = ts.Close() })

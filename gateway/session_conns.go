@@ -1,0 +1,89 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+)
+
+// sessionConns are the open connections of every session: each admitted
+// sandbox connection (relayed, handed off, or from a remote relay) and the
+// upstream of each pass-through tunnel, by the session of the identity
+// that opened it. Ending a session closes them all at once (THREATS C12):
+// a tunnel or a keep-alive connection opened before the end carries
+// nothing after it, and whatever the sandbox opens afterwards is refused
+// where every egress is decided (rawEgress.sessionGate).
+//
+// Registration comes before any request is read from the connection and
+// the end is recorded in the store before closeSession runs, so a
+// connection is either closed by the end or refused after it: never both
+// open and allowed.
+type sessionConns struct {
+	mu sync.Mutex
+	m  map[string]map[io.Closer]struct{}
+}
+
+// add registers c under session and returns the function that removes it
+// (idempotent). A connection without a session is not registered.
+func (sc *sessionConns) add(session string, c io.Closer) (remove func()) {
+	if session == "" {
+		return func() {}
+	}
+	sc.mu.Lock()
+	if sc.m == nil {
+		sc.m = map[string]map[io.Closer]struct{}{}
+	}
+	set := sc.m[session]
+	if set == nil {
+		set = map[io.Closer]struct{}{}
+		sc.m[session] = set
+	}
+	set[c] = struct{}{}
+	sc.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			sc.mu.Lock()
+			defer sc.mu.Unlock()
+			if set := sc.m[session]; set != nil {
+				delete(set, c)
+				if len(set) == 0 {
+					delete(sc.m, session)
+				}
+			}
+		})
+	}
+}
+
+// closeSession closes every connection registered under session and
+// returns how many it closed. Closing runs outside the lock: an
+// identConn's Close removes itself.
+func (sc *sessionConns) closeSession(session string) int {
+	sc.mu.Lock()
+	set := sc.m[session]
+	delete(sc.m, session)
+	sc.mu.Unlock()
+	for c := range set {
+		_ = c.Close()
+	}
+	return len(set)
+}
+
+// count is the number of connections open under session (tests).
+func (sc *sessionConns) count(session string) int {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return len(sc.m[session])
+}
+
+// connContext attaches the admitted connection's identity to its requests
+// and registers the connection under its session, so that ending the
+// session closes it (sessionConns).
+func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
+	if ic, ok := c.(*identConn); ok {
+		remove := s.sessConns.add(ic.id.Session, ic)
+		ic.untrack.Store(&remove)
+	}
+	return connContext(ctx, c)
+}
