@@ -92,7 +92,7 @@ func (s *Server) newReviewUI() error {
 		Users: users,
 		Log:   s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
-			_, err := s.audit.Append(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields})
+			_, err := s.appendAudit(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
 		AuditTail:     s.auditTail,
@@ -421,7 +421,7 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	for k, v := range extra {
 		f[k] = v
 	}
-	_, err := s.audit.Append(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f})
+	_, err := s.appendAudit(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
 	return err
 }
 
