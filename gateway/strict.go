@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -571,4 +572,50 @@ func isTokenChar(c byte) bool {
 		return true
 	}
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// boundedBody puts bodyLimit on a request body that does not pass the
+// framing checker: an inner request of an intercepted tunnel, served by
+// its own HTTP server over the tunnel's TLS (HTTP/1 or HTTP/2). Each Read
+// gets the deadline the bound leaves, or overdueGrace for bytes already
+// sent if the bound passed while nobody read; the deadline is lifted at
+// the body's end. timedOut tells the caller why a read failed.
+type boundedBody struct {
+	rc       io.ReadCloser
+	ctl      *http.ResponseController
+	lim      bodyLimit
+	start    time.Time
+	got      int64
+	timedOut atomic.Bool
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	now := time.Now()
+	if b.start.IsZero() {
+		b.start = now
+	}
+	allowed := b.lim.timeout
+	if b.lim.minRate > 0 {
+		allowed += time.Duration(b.got / b.lim.minRate * int64(time.Second))
+	}
+	dl := b.start.Add(allowed)
+	if g := now.Add(overdueGrace); dl.Before(g) && now.After(dl) {
+		dl = g
+	}
+	_ = b.ctl.SetReadDeadline(dl)
+	n, err := b.rc.Read(p)
+	b.got += int64(n)
+	if err != nil {
+		_ = b.ctl.SetReadDeadline(time.Time{})
+		var ne net.Error
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+			b.timedOut.Store(true)
+		}
+	}
+	return n, err
+}
+
+func (b *boundedBody) Close() error {
+	_ = b.ctl.SetReadDeadline(time.Time{})
+	return b.rc.Close()
 }
