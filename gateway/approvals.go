@@ -64,12 +64,13 @@ func (s *Server) approvalsEnabled() bool {
 
 func (s *Server) newHolds() *holds.Manager {
 	return holds.New(holds.Options{
-		Store:              s.store,
-		Execute:            s.executeHold,
-		Audit:              s.auditHold,
-		Notify:             s.notifyHold,
-		MaxPendingPerAgent: s.cfg.Gateway.MaxPendingHolds,
-		Logger:             s.log,
+		Store:                s.store,
+		Execute:              s.executeHold,
+		Audit:                s.auditHold,
+		Notify:               s.notifyHold,
+		MaxPendingPerAgent:   s.cfg.Gateway.MaxPendingHolds,
+		MaxPendingPerSandbox: s.cfg.Gateway.MaxPendingHoldsPerSandbox,
+		Logger:               s.log,
 	})
 }
 
@@ -92,7 +93,7 @@ func (s *Server) newReviewUI() error {
 		Users: users,
 		Log:   s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
-			_, err := s.audit.Append(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields})
+			_, err := s.appendAudit(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
 		AuditTail:     s.auditTail,
@@ -196,6 +197,8 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 		IdempotencyHeader: tool.IdempotencyHeader,
 	})
 	switch {
+	case errors.Is(err, holds.ErrTooManyForSandbox):
+		return refuse(http.StatusTooManyRequests, CodeTooManyHolds, fmt.Sprintf("this sandbox has %d calls waiting for approval, its share of its agent's %d (gateway.max_pending_holds_per_sandbox); wait for decisions", s.holds.MaxPendingPerSandbox(), s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrTooMany):
 		return refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrAudit):
@@ -421,7 +424,7 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	for k, v := range extra {
 		f[k] = v
 	}
-	_, err := s.audit.Append(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f})
+	_, err := s.appendAudit(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
 	return err
 }
 

@@ -219,7 +219,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.s.audit.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f))
+		_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f), false)
 		e.s.log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
@@ -231,7 +231,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.s.audit.Append(ctx, auditRecord(c.rid, "dns_high_entropy", f))
+			_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_high_entropy", f), false)
 			e.s.log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}

@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"context"
+	"time"
+
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 )
@@ -12,4 +15,26 @@ func auditOptions(a config.Audit) audit.Options {
 		return audit.Options{Sync: audit.SyncInterval, SyncInterval: a.SyncInterval.Std()}
 	}
 	return audit.Options{Sync: audit.SyncAlways}
+}
+
+// auditTimeout bounds one audit write, now that no write waits on its
+// caller's context: an audit log that takes longer is unavailable.
+const auditTimeout = 30 * time.Second
+
+// appendAudit is the one way the gateway writes an audit record (a test
+// holds every other file to it). The write is detached from ctx's
+// cancellation and has its own deadline (THREATS G10): a caller that hangs
+// up while its call is at the upstream cancels its request's context,
+// and a record written with that context was lost (`audit_unavailable:
+// context canceled`) although the call was sent. Every record of a call
+// that happened is written, whatever the caller does. written is
+// AppendWritten: the record need only reach the file, a later one's fsync
+// makes it durable.
+func (s *Server) appendAudit(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
+	defer cancel()
+	if written {
+		return s.audit.AppendWritten(ctx, rec)
+	}
+	return s.audit.Append(ctx, rec)
 }

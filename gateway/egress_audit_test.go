@@ -180,3 +180,28 @@ func TestEgressAuditFieldsSorted(t *testing.T) {
 		})
 	}
 }
+
+// TestAuditWritesDetached holds every audit write in the gateway to
+// appendAudit, the one place that detaches it from the caller's context
+// (THREATS G10): a direct s.audit.Append with a request's context loses the
+// record when the caller hangs up.
+func TestAuditWritesDetached(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") || f == "egress_audit.go" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, ".audit.Append") {
+				t.Errorf("%s:%d: an audit write not through appendAudit: %s", f, i+1, strings.TrimSpace(l))
+			}
+		}
+	}
+}

@@ -25,6 +25,9 @@ const (
 	CodeApprovalUnavailable   Code = "approval_unavailable"
 	CodeUpstreamError         Code = "upstream_error"
 	CodeRateLimited           Code = "rate_limited"
+	// CodeTooManyHolds is a sandbox with its share of its agent's pending
+	// holds (gateway.max_pending_holds_per_sandbox) asking again (429).
+	CodeTooManyHolds Code = "too_many_holds"
 	// Connection-level refusals, before any identity exists.
 	CodeUntrustedPeer    Code = "untrusted_peer"
 	CodeIdentityRequired Code = "identity_required"
@@ -33,6 +36,14 @@ const (
 	// CodeHeaderTooLarge is a request head (request line and header
 	// fields) over 64 KiB on the sandbox socket (431).
 	CodeHeaderTooLarge Code = "header_too_large"
+	// CodeRequestTimeout is a request body that did not arrive within
+	// gateway.request_body_timeout, extended by its minimum rate (408).
+	CodeRequestTimeout Code = "request_timeout"
+	// CodeTooManyConnections is a sandbox with
+	// gateway.max_connections_per_sandbox connections open (429).
+	CodeTooManyConnections Code = "too_many_connections"
+	// CodeGatewayBusy is the gateway with gateway.max_connections open (503).
+	CodeGatewayBusy Code = "gateway_busy"
 )
 
 // apiError is a refusal as the agent sees it. Message is written for the

@@ -416,7 +416,11 @@ func (f *Findings) add(ps []error) {
 // Serve listens on the sandbox socket and the admin address and serves
 // until ctx ends. It returns when both listeners are closed.
 func (s *Server) Serve(ctx context.Context) error {
-	sl, err := listenSandbox(s.cfg.Gateway.SandboxSocket, s.cfg.Gateway.TrustedRelayUIDs, s.log, s.tel.refused)
+	gc := s.cfg.Gateway
+	sl, err := listenSandboxWith(gc.SandboxSocket, gc.TrustedRelayUIDs, s.log, s.tel.refused, handoffIdle, listenLimits{
+		maxConns: gc.MaxConnections, maxPerSandbox: gc.MaxConnectionsPerSandbox,
+		body: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate},
+	})
 	if err != nil {
 		return err
 	}

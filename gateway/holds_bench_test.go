@@ -47,6 +47,7 @@ func BenchmarkHolds(b *testing.B) {
 	g := startGateway(b, up.URL, approversYAML, func(c *config.Config) {
 		c.Gateway.HoldWait = 0
 		c.Gateway.MaxPendingHolds = pending + 10
+		c.Gateway.MaxPendingHoldsPerSandbox = pending + 10
 	})
 	agentB := agentA
 	agentB.Session = "bench-fill"

@@ -374,7 +374,7 @@ func TestHoldLimitsAndStoreFailure(t *testing.T) {
 	// The webhook points at a port nothing listens on: the hold must not care.
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
-	g := startHolds(t, up, "approvals: { webhook_url: "+dead.URL+" }", func(c *config.Config) { c.Gateway.MaxPendingHolds = 2 })
+	g := startHolds(t, up, "approvals: { webhook_url: "+dead.URL+" }", func(c *config.Config) { c.Gateway.MaxPendingHolds, c.Gateway.MaxPendingHoldsPerSandbox = 2, 2 })
 	c := g.client(agentA)
 	for i := range 2 {
 		if r := doCall(t, c, "tickets.create_refund", fmt.Sprintf(`{"body":{"amount":%d}}`, i+1)); r.status != 202 {

@@ -461,9 +461,23 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		})
 		out.Body = det
 	}
+	var bb *boundedBody // the inner request's body bound (B10)
+	if out.Body != nil && out.Body != http.NoBody {
+		gc := e.s.cfg.Gateway
+		bb = &boundedBody{rc: out.Body, ctl: http.NewResponseController(w),
+			lim: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate}}
+		out.Body = bb
+	}
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
 		ee := dialRefusal(c, err)
+		if bb != nil && bb.timedOut.Load() {
+			c.event = "request_timeout"
+			ee = egressRefuse(http.StatusRequestTimeout, CodeRequestTimeout, psBadRequest, fmt.Sprintf(
+				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
+				bb.lim.timeout, bb.lim.minRate))
+			w.Header().Set("Connection", "close")
+		}
 		c.status = ee.Status
 		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.apiError, false)
 		e.logLine(c, ee)

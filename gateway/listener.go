@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -57,6 +58,9 @@ type identConn struct {
 	// untrack removes the connection from the server's sessionConns; set
 	// when the server takes the connection (Server.connContext).
 	untrack atomic.Pointer[func()]
+
+	release func() // gives back the connection's places under the caps (nil: none taken)
+	relOnce sync.Once
 }
 
 func (c *identConn) Read(p []byte) (int, error) {
@@ -103,6 +107,9 @@ func (c *identConn) detach() []byte {
 func (c *identConn) Close() error {
 	if f := c.untrack.Swap(nil); f != nil {
 		(*f)()
+	}
+	if c.release != nil {
+		c.relOnce.Do(c.release)
 	}
 	if c.lease == nil {
 		return c.Conn.Close()
@@ -168,6 +175,21 @@ type sandboxListener struct {
 	once    sync.Once
 	refused func(code Code) // metrics hook
 	idle    time.Duration   // handed-off connections: handoffIdle
+	lim     listenLimits
+
+	open      atomic.Int64   // connections accepted and not yet closed
+	mu        sync.Mutex     // guards bySandbox
+	bySandbox map[string]int // open identified connections per sandbox
+	warned    atomic.Int64   // unix seconds of the last over-cap log line
+	quiet     atomic.Int64   // over-cap refusals not logged since
+}
+
+// listenLimits are the sandbox socket's bounds on open connections and
+// on how long a request body may take (THREATS B10). Zero values: no cap.
+type listenLimits struct {
+	maxConns      int // open connections in total: more are 503 gateway_busy
+	maxPerSandbox int // open connections of one sandbox: more are 429 too_many_connections
+	body          bodyLimit
 }
 
 func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func(Code)) (*sandboxListener, error) {
@@ -177,6 +199,12 @@ func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func
 // listenSandboxIdle is listenSandbox with the handed-off connections' idle
 // period (tests shorten it).
 func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused func(Code), idle time.Duration) (*sandboxListener, error) {
+	return listenSandboxWith(path, trusted, log, refused, idle, listenLimits{})
+}
+
+// listenSandboxWith is listenSandboxIdle with the connection caps and the
+// request body bound.
+func listenSandboxWith(path string, trusted []uint32, log *slog.Logger, refused func(Code), idle time.Duration, lim listenLimits) (*sandboxListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("gateway: sandbox socket dir: %w", err)
 	}
@@ -204,7 +232,8 @@ func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused 
 	for _, u := range trusted {
 		set[u] = true
 	}
-	l := &sandboxListener{ln: ln, trusted: set, log: log, conns: make(chan *identConn), done: make(chan struct{}), refused: refused, idle: idle}
+	l := &sandboxListener{ln: ln, trusted: set, log: log, conns: make(chan *identConn), done: make(chan struct{}), refused: refused, idle: idle,
+		lim: lim, bySandbox: map[string]int{}}
 	go l.acceptLoop()
 	return l, nil
 }
@@ -248,15 +277,93 @@ func (l *sandboxListener) accepting(accept func() (net.Conn, error), admit func(
 	}
 }
 
-// admit checks the peer and reads the preamble off the accept loop so a slow
-// relay cannot stall other connections.
-func (l *sandboxListener) admit(c *net.UnixConn) {
+// admit counts the connection against the caps, checks the peer and reads
+// the preamble off the accept loop so a slow relay cannot stall other
+// connections. It is the one place every sandbox connection (tool calls,
+// the forward proxy and its tunnels, handed-off sockets) is admitted, so
+// the caps hold for all of them: past the total, 503 gateway_busy; past
+// the sandbox's share, 429 too_many_connections; each answered at once
+// and closed, never left waiting in the accept loop (THREATS B10).
+func (l *sandboxListener) admit(c *net.UnixConn) { l.admitCapped(l.identify(c)) }
+
+// admitCapped takes ic's places under the caps and passes it to Accept,
+// or answers and closes it (a nil ic was refused already). The preamble
+// came first, within preambleTimeout, from a trusted relay.
+func (l *sandboxListener) admitCapped(ic *identConn) {
+	if ic == nil {
+		return
+	}
+	if n := l.open.Add(1); l.lim.maxConns > 0 && n > int64(l.lim.maxConns) {
+		l.open.Add(-1)
+		l.overCap(ic.id, CodeGatewayBusy)
+		rejectConn(ic, http.StatusServiceUnavailable, CodeGatewayBusy,
+			fmt.Sprintf("the gateway has its %d connections open (gateway.max_connections); close some or retry shortly", l.lim.maxConns))
+		return
+	}
+	sb := ic.id.Host + "\x00" + ic.id.Sandbox // sandbox names are a relay's (host's) own
+	if !l.takeSandbox(sb) {
+		l.open.Add(-1)
+		l.overCap(ic.id, CodeTooManyConnections)
+		rejectConn(ic, http.StatusTooManyRequests, CodeTooManyConnections,
+			fmt.Sprintf("this sandbox has its %d connections open (gateway.max_connections_per_sandbox); close some or retry shortly", l.lim.maxPerSandbox))
+		return
+	}
+	ic.release = func() {
+		l.putSandbox(sb)
+		l.open.Add(-1)
+	}
+	select {
+	case l.conns <- ic:
+	case <-l.done:
+		ic.Close()
+	}
+}
+
+// takeSandbox counts one more open connection of sandbox sb, unless it
+// has its share already.
+func (l *sandboxListener) takeSandbox(sb string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lim.maxPerSandbox > 0 && l.bySandbox[sb] >= l.lim.maxPerSandbox {
+		return false
+	}
+	l.bySandbox[sb]++
+	return true
+}
+
+func (l *sandboxListener) putSandbox(sb string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bySandbox[sb]--; l.bySandbox[sb] <= 0 {
+		delete(l.bySandbox, sb)
+	}
+}
+
+// overCap counts a connection refused at a cap and logs it: the first
+// refusal, then at most one line a second with how many were not logged,
+// so a flood cannot flood the log too.
+func (l *sandboxListener) overCap(id wire.Identity, code Code) {
+	l.refused(code)
+	now := time.Now().Unix()
+	last := l.warned.Load()
+	if now == last || !l.warned.CompareAndSwap(last, now) {
+		l.quiet.Add(1)
+		return
+	}
+	l.log.Warn("sandbox socket: refused a connection over the connection cap", "decision", "block", "code", string(code),
+		"sandbox", id.Sandbox, "agent", id.Agent, "session", id.Session, "open", l.open.Load(),
+		"max_connections", l.lim.maxConns, "max_connections_per_sandbox", l.lim.maxPerSandbox, "not_logged_since", l.quiet.Swap(0))
+}
+
+// identify checks the peer and reads the preamble; it answers and closes
+// a connection it refuses, and returns nil for it.
+func (l *sandboxListener) identify(c *net.UnixConn) *identConn {
 	uid, pid, err := peerCred(c)
 	if err != nil || !l.trusted[uid] {
 		l.log.Warn("sandbox socket: refused connection from untrusted peer", "peer_uid", uid, "peer_pid", pid, "err", err)
 		l.refused(CodeUntrustedPeer)
 		rejectConn(c, 403, CodeUntrustedPeer, "this socket accepts connections only from a trusted sluice relay (sandboxd)")
-		return
+		return nil
 	}
 	// Receive uses recvmsg: a handed-off descriptor arrives with the line
 	// and is validated (one connected stream socket) or closed.
@@ -266,13 +373,13 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 		l.log.Warn("sandbox socket: refused handoff: the passed descriptors are not one connected stream socket", "peer_uid", uid, "err", err)
 		l.refused(CodeIdentityRequired)
 		rejectConn(c, 400, CodeIdentityRequired, "a SLUICE-HANDOFF line must pass exactly one connected stream socket, and a SLUICE-IDENTITY line none")
-		return
+		return nil
 	}
 	if err != nil {
 		l.log.Warn("sandbox socket: refused connection without a valid identity preamble", "peer_uid", uid, "err", err)
 		l.refused(CodeIdentityRequired)
 		rejectConn(c, 400, CodeIdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line")
-		return
+		return nil
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	if p.Identity, err = canonicalIdentity(p.Identity); err != nil {
@@ -282,7 +389,7 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 			p.Conn.Close()
 		}
 		rejectConn(c, 400, CodeIdentityRequired, err.Error())
-		return
+		return nil
 	}
 	ic := &identConn{Conn: c, r: p.Reader, base: p.Reader, id: p.Identity}
 	if p.Conn != nil {
@@ -290,11 +397,7 @@ func (l *sandboxListener) admit(c *net.UnixConn) {
 		ic = &identConn{Conn: p.Conn, r: br, base: br, id: p.Identity, lease: c}
 		ic.watch(l.idle)
 	}
-	select {
-	case l.conns <- ic:
-	case <-l.done:
-		ic.Close()
-	}
+	return ic
 }
 
 func peerCred(c *net.UnixConn) (uid uint32, pid int32, err error) {
@@ -333,11 +436,8 @@ func rejectConn(c net.Conn, status int, code Code, msg string) {
 }
 
 func statusText(code int) string {
-	switch code {
-	case 400:
-		return "Bad Request"
-	case 403:
-		return "Forbidden"
+	if t := http.StatusText(code); t != "" {
+		return t
 	}
 	return "Error"
 }

@@ -69,7 +69,11 @@ func (l *sandboxListener) listenRelayTLS(addr string, cfg *tls.Config) (net.Addr
 
 // admitTLS completes the handshake, reads the preamble and checks its
 // host against the relay's certificate, all within preambleTimeout.
-func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) {
+func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) { l.admitCapped(l.identifyTLS(c, cfg)) }
+
+// identifyTLS is admitTLS's checks: the connection identified, or nil
+// when it was refused (answered and closed).
+func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
 	_ = c.SetDeadline(time.Now().Add(preambleTimeout))
 	tc := tls.Server(c, cfg)
 	if err := tc.Handshake(); err != nil {
@@ -77,7 +81,7 @@ func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) {
 		l.log.Warn("relay listener: refused connection: TLS handshake failed (a relay needs a client certificate from relay_tls.client_ca_file)", "remote", c.RemoteAddr().String(), "err", err)
 		l.refused(CodeUntrustedPeer)
 		c.Close()
-		return
+		return nil
 	}
 	certs := tc.ConnectionState().PeerCertificates
 	br := bufio.NewReaderSize(tc, wire.MaxLine)
@@ -86,25 +90,20 @@ func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) {
 		l.log.Warn("relay listener: refused connection without a valid identity preamble", "remote", c.RemoteAddr().String(), "err", err)
 		l.refused(CodeIdentityRequired)
 		rejectConn(tc, 400, CodeIdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line (no handoff over TLS)")
-		return
+		return nil
 	}
 	if len(certs) == 0 || !slices.Contains(certs[0].DNSNames, id.Host) {
 		l.log.Warn("relay listener: refused connection: the preamble's host is not a name in the relay's certificate", "remote", c.RemoteAddr().String(), "host", id.Host)
 		l.refused(CodeUntrustedPeer)
 		rejectConn(tc, 403, CodeUntrustedPeer, "the identity's host must be a DNS name in the relay's client certificate")
-		return
+		return nil
 	}
 	if id, err = canonicalIdentity(id); err != nil {
 		l.log.Warn("relay listener: refused connection with an ambiguous identity", "remote", c.RemoteAddr().String(), "err", err)
 		l.refused(CodeIdentityRequired)
 		rejectConn(tc, 400, CodeIdentityRequired, err.Error())
-		return
+		return nil
 	}
 	_ = c.SetDeadline(time.Time{})
-	ic := &identConn{Conn: tc, r: br, base: br, id: id}
-	select {
-	case l.conns <- ic:
-	case <-l.done:
-		ic.Close()
-	}
+	return &identConn{Conn: tc, r: br, base: br, id: id}
 }

@@ -833,11 +833,7 @@ func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError
 // fsync makes it durable); a record that cannot be written refuses.
 func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, refusal *apiError, presync bool) *egressError {
 	f := c.auditFields(event, refusal)
-	appendFn := e.s.audit.Append
-	if presync {
-		appendFn = e.s.audit.AppendWritten
-	}
-	if _, err := appendFn(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}); err != nil {
+	if _, err := e.s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}, presync); err != nil {
 		e.s.tel.audits.Add(ctx, 1)
 		e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
 		ee := egressRefuse(http.StatusServiceUnavailable, CodeAuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,7 +63,7 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 	if ev.Limit != 0 {
 		fields["limit"] = ev.Limit
 	}
-	if _, err := s.audit.Append(context.WithoutCancel(r.Context()), audit.Record{RequestID: rid, Event: "sandbox_" + ev.Event, Fields: fields}); err != nil {
+	if _, err := s.appendAudit(r.Context(), audit.Record{RequestID: rid, Event: "sandbox_" + ev.Event, Fields: fields}, false); err != nil {
 		s.log.Error("sandbox event not audited", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox, "err", err)
 		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; report again"), rid)
 		return

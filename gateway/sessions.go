@@ -176,10 +176,10 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	// The session's open connections and tunnels end now (THREATS C12):
 	// the end is in the store, so what the sandbox opens next is refused.
 	closed := s.sessConns.closeSession(session)
-	if _, err := s.audit.Append(ctx, audit.Record{RequestID: rid, Event: "session_ended", Fields: map[string]any{
+	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rid, Event: "session_ended", Fields: map[string]any{
 		"session": session, "by": by, "repeat": !first, "holds": ids, "ended": end.Ended.Format(time.RFC3339Nano),
 		"connections_closed": closed,
-	}}); err != nil {
+	}}, false); err != nil {
 		s.log.Error("sessions: end not audited", "session", session, "err", err)
 		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the session is ended but the audit log cannot be written; retry"), rid)
 		return

@@ -10,8 +10,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -42,7 +44,7 @@ func (l strictHeads) Accept() (net.Conn, error) {
 	if ic, ok := c.(*identConn); ok {
 		h := &headChecker{src: ic.r, conn: ic.Conn, id: ic.id}
 		if sl, ok := l.Listener.(*sandboxListener); ok {
-			h.log, h.refused = sl.log, sl.refused
+			h.log, h.refused, h.lim = sl.log, sl.refused, sl.lim.body
 		}
 		ic.r = bufio.NewReaderSize(h, 4096)
 	}
@@ -90,7 +92,85 @@ type headChecker struct {
 	log     *slog.Logger
 	refused func(Code)
 	id      wire.Identity
+
+	// The body bound (bodyLimit; zero: none). gen is odd while a body is
+	// read: the watchdog's timer, on its own goroutine, checks it and got,
+	// the body bytes read so far, and cuts a stalled body by setting the
+	// read deadline past while a Read waits (reading).
+	lim     bodyLimit
+	gen     atomic.Uint64
+	got     atomic.Int64
+	reading atomic.Bool
+	cut     atomic.Bool
+	overdue atomic.Bool
+	timer   atomic.Pointer[time.Timer]
 }
+
+// bodyLimit bounds how long a request body may take on the sandbox socket
+// (THREATS B10), as Apache's mod_reqtimeout does: timeout from the end of
+// the head, extended by a second for every minRate bytes that arrived. A
+// body that stalls (slowloris on the body, not the head) is cut with 408
+// request_timeout when its time is up while the server waits for its
+// bytes; a handler that is slow to read is not the client's fault and
+// never cuts it.
+type bodyLimit struct {
+	timeout time.Duration // 0: no bound
+	minRate int64         // bytes per second that extend it; 0: none
+}
+
+// beginBody starts the body watchdog when a head announced a body.
+func (h *headChecker) beginBody() {
+	if h.lim.timeout <= 0 || h.conn == nil {
+		return
+	}
+	gen := h.gen.Add(1) // odd: in a body
+	h.got.Store(0)
+	start := time.Now()
+	h.arm(gen, start, h.lim.timeout)
+}
+
+// endBody stops it when the body is complete (or the connection failed).
+func (h *headChecker) endBody() {
+	if h.gen.Load()%2 == 1 {
+		h.gen.Add(1)
+		if t := h.timer.Load(); t != nil {
+			t.Stop()
+		}
+		if h.overdue.Swap(false) {
+			// The grace deadline must not outlive the body: Go's server
+			// reads in the background while the handler runs, and a
+			// deadline there would cancel the request's context.
+			_ = h.conn.SetReadDeadline(time.Time{})
+		}
+	}
+}
+
+func (h *headChecker) arm(gen uint64, start time.Time, after time.Duration) {
+	h.timer.Store(time.AfterFunc(after, func() {
+		if h.gen.Load() != gen {
+			return // that body is complete
+		}
+		allowed := h.lim.timeout
+		if h.lim.minRate > 0 {
+			allowed += time.Duration(h.got.Load() / h.lim.minRate * int64(time.Second))
+		}
+		if rest := time.Until(start.Add(allowed)); rest > 0 {
+			h.arm(gen, start, rest)
+			return
+		}
+		// Time is up. A Read waiting now is cut at once; if none waits
+		// (the handler is busy elsewhere), the next Read gets overdueGrace
+		// for bytes the sandbox has already sent.
+		h.overdue.Store(true)
+		if h.reading.Load() {
+			h.cut.Store(true)
+			_ = h.conn.SetReadDeadline(time.Unix(1, 0)) // the waiting Read returns
+		}
+	}))
+}
+
+// overdueGrace is how long a Read of an overdue body waits for bytes.
+const overdueGrace = time.Second
 
 // reqHead is what the checker keeps of a request head while it reads it.
 type reqHead struct {
@@ -123,10 +203,30 @@ func (h *headChecker) Read(p []byte) (int, error) {
 	if h.state == stFailed {
 		return 0, errStrict
 	}
+	inBody := h.gen.Load()%2 == 1
+	if inBody && h.overdue.Load() {
+		_ = h.conn.SetReadDeadline(time.Now().Add(overdueGrace))
+		h.cut.Store(true) // a timeout now is the body's
+	}
+	h.reading.Store(inBody)
 	n, err := h.src.Read(p)
+	h.reading.Store(false)
+	if inBody {
+		h.got.Add(int64(n))
+		var ne net.Error
+		if err != nil && h.cut.Load() && errors.As(err, &ne) && ne.Timeout() {
+			h.state = stFailed
+			h.endBody()
+			h.reject(&headError{http.StatusRequestTimeout, CodeRequestTimeout, fmt.Sprintf(
+				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
+				h.lim.timeout, h.lim.minRate)})
+			return 0, errStrict
+		}
+	}
 	if n > 0 && h.state != stPass {
 		if ferr := h.feed(p[:n]); ferr != nil {
 			h.state = stFailed
+			h.endBody()
 			h.reject(ferr)
 			return 0, errStrict
 		}
@@ -210,6 +310,7 @@ func (h *headChecker) feed(b []byte) error {
 			if h.remain == 0 {
 				if h.state == stBody {
 					h.state = stHead
+					h.endBody()
 				} else {
 					h.state, h.crlf = stChunkCRLF, 0
 				}
@@ -263,6 +364,7 @@ func (h *headChecker) line() error {
 		h.buf = h.buf[:0]
 		if len(l) == 0 {
 			h.state = stHead
+			h.endBody()
 			return nil
 		}
 		return checkFieldLine(l)
@@ -395,6 +497,7 @@ func (h *headChecker) endHead() error {
 		h.state = stPass
 	case len(hd.tes) == 1:
 		h.state = stChunkLine
+		h.beginBody()
 	case len(hd.cls) == 1:
 		cl := hd.cls[0]
 		n, err := strconv.ParseInt(cl, 10, 64)
@@ -403,6 +506,7 @@ func (h *headChecker) endHead() error {
 		}
 		if n > 0 {
 			h.state, h.remain = stBody, n
+			h.beginBody()
 		}
 	}
 	return nil
@@ -468,4 +572,50 @@ func isTokenChar(c byte) bool {
 		return true
 	}
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// boundedBody puts bodyLimit on a request body that does not pass the
+// framing checker: an inner request of an intercepted tunnel, served by
+// its own HTTP server over the tunnel's TLS (HTTP/1 or HTTP/2). Each Read
+// gets the deadline the bound leaves, or overdueGrace for bytes already
+// sent if the bound passed while nobody read; the deadline is lifted at
+// the body's end. timedOut tells the caller why a read failed.
+type boundedBody struct {
+	rc       io.ReadCloser
+	ctl      *http.ResponseController
+	lim      bodyLimit
+	start    time.Time
+	got      int64
+	timedOut atomic.Bool
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	now := time.Now()
+	if b.start.IsZero() {
+		b.start = now
+	}
+	allowed := b.lim.timeout
+	if b.lim.minRate > 0 {
+		allowed += time.Duration(b.got / b.lim.minRate * int64(time.Second))
+	}
+	dl := b.start.Add(allowed)
+	if g := now.Add(overdueGrace); dl.Before(g) && now.After(dl) {
+		dl = g
+	}
+	_ = b.ctl.SetReadDeadline(dl)
+	n, err := b.rc.Read(p)
+	b.got += int64(n)
+	if err != nil {
+		_ = b.ctl.SetReadDeadline(time.Time{})
+		var ne net.Error
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+			b.timedOut.Store(true)
+		}
+	}
+	return n, err
+}
+
+func (b *boundedBody) Close() error {
+	_ = b.ctl.SetReadDeadline(time.Time{})
+	return b.rc.Close()
 }

@@ -243,3 +243,79 @@ func socketPair(t *testing.T) (client, server *net.UnixConn) {
 	}
 	return conn(fds[0]), conn(fds[1])
 }
+
+// TestBodyLimitSlowReader (B10): the body bound cuts a body that stalls
+// while it is read, but not one whose bytes already arrived and that the
+// server is merely slow to read: the time a handler spends elsewhere is
+// not the client's.
+func TestBodyLimitSlowReader(t *testing.T) {
+	sock := t.TempDir() + "/b.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	lim := bodyLimit{timeout: 200 * time.Millisecond, minRate: 500}
+	head := "POST /x HTTP/1.1\r\nHost: sluice\r\nContent-Length: 10\r\n\r\n"
+	for _, tc := range []struct {
+		name  string
+		body  string        // sent with the head
+		pause time.Duration // before the server reads the body
+		cut   bool
+	}{
+		{"whole body waiting for a slow reader", "0123456789", 600 * time.Millisecond, false},
+		{"stalled body", "01234", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, err := net.Dial("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			sv, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sv.Close()
+			if _, err := io.WriteString(cl, head); err != nil {
+				t.Fatal(err)
+			}
+			h := &headChecker{src: sv, conn: sv, lim: lim}
+			br := bufio.NewReader(h)
+			if _, err := http.ReadRequest(br); err != nil {
+				t.Fatal(err)
+			}
+			// The body arrives after the head was read: it waits in the
+			// kernel while the server is busy elsewhere for pause.
+			if _, err := io.WriteString(cl, tc.body); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(tc.pause)
+			start := time.Now()
+			buf := make([]byte, 64)
+			var got int
+			for got < 10 {
+				n, err := br.Read(buf)
+				got += n
+				if err != nil {
+					break
+				}
+			}
+			took := time.Since(start)
+			if cut := h.state == stFailed; cut != tc.cut {
+				t.Fatalf("cut %v after %v (%d bytes read), want %v", cut, took, got, tc.cut)
+			}
+			if !tc.cut {
+				return
+			}
+			_ = cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+			out, _ := io.ReadAll(cl)
+			if !strings.HasPrefix(string(out), "HTTP/1.1 408 ") || !strings.Contains(string(out), `"request_timeout"`) {
+				t.Errorf("answer %q, want 408 request_timeout", out)
+			}
+			if took > 3*time.Second {
+				t.Errorf("cut after %v, want about the 200ms bound", took)
+			}
+		})
+	}
+}

@@ -556,11 +556,9 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	}
 	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
 	defer span.End()
-	appendFn := s.audit.Append
-	if c.presync {
-		appendFn, c.presync = s.audit.AppendWritten, false
-	}
-	if _, err := appendFn(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}); err != nil {
+	written := c.presync
+	c.presync = false
+	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}, written); err != nil {
 		s.tel.audits.Add(ctx, 1)
 		s.log.Error("audit: record not durable; refusing the call", "request_id", c.rid, "err", err)
 		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")

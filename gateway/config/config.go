@@ -55,8 +55,25 @@ type Gateway struct {
 	// expires (policies[].hold_ttl overrides it per rule).
 	HoldTTL Duration `yaml:"hold_ttl"`
 	// MaxPendingHolds caps one agent's pending holds; more asks are 429.
-	MaxPendingHolds int    `yaml:"max_pending_holds"`
-	AdminListen     string `yaml:"admin_listen"`
+	MaxPendingHolds int `yaml:"max_pending_holds"`
+	// MaxPendingHoldsPerSandbox caps one sandbox's share of its agent's
+	// pending holds; more asks from it are 429 too_many_holds while the
+	// agent's other sandboxes still hold theirs. 0: a quarter of
+	// max_pending_holds (at least 1).
+	MaxPendingHoldsPerSandbox int    `yaml:"max_pending_holds_per_sandbox"`
+	AdminListen               string `yaml:"admin_listen"`
+	// MaxConnections caps the sandbox socket's open connections; more are
+	// answered 503 gateway_busy at once (THREATS B10).
+	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerSandbox caps one sandbox's open connections; more
+	// are answered 429 too_many_connections at once.
+	MaxConnectionsPerSandbox int `yaml:"max_connections_per_sandbox"`
+	// RequestBodyTimeout bounds a request body on the sandbox socket from
+	// the end of its head, extended by a second for every
+	// RequestBodyMinRate bytes that arrive; a body that stalls past it is
+	// cut with 408 request_timeout.
+	RequestBodyTimeout Duration `yaml:"request_body_timeout"`
+	RequestBodyMinRate int64    `yaml:"request_body_min_rate"`
 	// MaxResponseBytes caps an upstream body; larger replies are 502 upstream_error.
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
 	// UpstreamTimeout bounds one upstream exchange.
@@ -362,14 +379,18 @@ func (d Duration) Std() time.Duration { return time.Duration(d) }
 func Defaults() *Config {
 	return &Config{
 		Gateway: Gateway{
-			SandboxSocket:    "/run/sluice/relay.sock",
-			TrustedRelayUIDs: []uint32{0},
-			HoldWait:         Duration(30 * time.Second),
-			HoldTTL:          Duration(15 * time.Minute),
-			MaxPendingHolds:  100,
-			AdminListen:      "127.0.0.1:8080",
-			MaxResponseBytes: 10 << 20,
-			UpstreamTimeout:  Duration(30 * time.Second),
+			SandboxSocket:            "/run/sluice/relay.sock",
+			TrustedRelayUIDs:         []uint32{0},
+			HoldWait:                 Duration(30 * time.Second),
+			HoldTTL:                  Duration(15 * time.Minute),
+			MaxPendingHolds:          100,
+			MaxConnections:           4096,
+			MaxConnectionsPerSandbox: 128,
+			RequestBodyTimeout:       Duration(20 * time.Second),
+			RequestBodyMinRate:       500,
+			AdminListen:              "127.0.0.1:8080",
+			MaxResponseBytes:         10 << 20,
+			UpstreamTimeout:          Duration(30 * time.Second),
 		},
 		Egress: Egress{
 			MaxTunnelsPerCaller: 64,
@@ -557,6 +578,21 @@ func (c *Config) Validate() error {
 	}
 	if g.MaxPendingHolds <= 0 {
 		bad("gateway.max_pending_holds", "must be positive")
+	}
+	if g.MaxConnections <= 0 {
+		bad("gateway.max_connections", "must be positive")
+	}
+	if g.MaxConnectionsPerSandbox <= 0 || g.MaxConnectionsPerSandbox > g.MaxConnections {
+		bad("gateway.max_connections_per_sandbox", "must be between 1 and gateway.max_connections (%d)", g.MaxConnections)
+	}
+	if g.RequestBodyTimeout <= 0 {
+		bad("gateway.request_body_timeout", "must be positive")
+	}
+	if g.RequestBodyMinRate < 0 {
+		bad("gateway.request_body_min_rate", "must not be negative (bytes per second; 0: no extension)")
+	}
+	if g.MaxPendingHoldsPerSandbox < 0 || g.MaxPendingHoldsPerSandbox > g.MaxPendingHolds {
+		bad("gateway.max_pending_holds_per_sandbox", "must be between 1 and gateway.max_pending_holds (%d), or 0 for a quarter of it", g.MaxPendingHolds)
 	}
 	for i, h := range g.SessionTokensSHA256 {
 		if !sha256RE.MatchString(h) {

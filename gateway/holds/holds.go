@@ -128,6 +128,9 @@ var (
 	ErrExpired      = errors.New("holds: the hold has expired")                            // 410 (UI) / approval_expired (agent)
 	// ErrTooMany is returned by Create when the agent has too many pending holds (429 rate_limited).
 	ErrTooMany = errors.New("holds: too many pending holds for this agent")
+	// ErrTooManyForSandbox is returned by Create when the sandbox has
+	// its share of its agent's pending holds (429 too_many_holds).
+	ErrTooManyForSandbox = errors.New("holds: too many pending holds for this sandbox")
 	// ErrAudit is returned (wrapped) by Create when the hold_created record
 	// cannot be written: the hold is not kept (503 audit_unavailable).
 	ErrAudit = errors.New("holds: the audit log cannot be written")

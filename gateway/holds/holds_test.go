@@ -21,7 +21,7 @@ func newManager(t *testing.T, exec func(context.Context, Hold) (Result, bool)) (
 	t.Cleanup(func() { st.Close() })
 	var mu sync.Mutex
 	events := &[]string{}
-	m := New(Options{Store: st, Execute: exec, MaxPendingPerAgent: 3,
+	m := New(Options{Store: st, Execute: exec, MaxPendingPerAgent: 3, MaxPendingPerSandbox: 3,
 		Audit: func(_ context.Context, ev string, h Hold, _ map[string]any) error {
 			mu.Lock()
 			*events = append(*events, ev)
@@ -81,6 +81,72 @@ func TestRequestHash(t *testing.T) {
 	}
 }
 
+// TestPerSandbox (THREATS B9): a sandbox gets its share of its agent's
+// pending holds and no more, concurrent asks included, while another
+// sandbox of the agent is still held; an identical ask from another
+// sandbox gets a hold of its own, never the first sandbox's.
+func TestPerSandbox(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "h.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if n := New(Options{Store: st, MaxPendingPerAgent: 100}).MaxPendingPerSandbox(); n != 25 {
+		t.Errorf("default per-sandbox cap of 100 per agent: %d, want 25", n)
+	}
+	if n := New(Options{Store: st, MaxPendingPerAgent: 3}).MaxPendingPerSandbox(); n != 1 {
+		t.Errorf("default per-sandbox cap of 3 per agent: %d, want 1", n)
+	}
+	if n := New(Options{Store: st, MaxPendingPerAgent: 3, MaxPendingPerSandbox: 9}).MaxPendingPerSandbox(); n != 3 {
+		t.Errorf("per-sandbox cap 9 under an agent cap of 3: %d, want 3", n)
+	}
+	m := New(Options{Store: st, MaxPendingPerAgent: 6, MaxPendingPerSandbox: 2})
+	in := func(sb, amount string) Hold {
+		h := sample(amount)
+		h.Caller.Sandbox = sb
+		return h
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := m.Create(ctx, in("sb-1", string(rune('a'+i))))
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var ok, capped int
+	for err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrTooManyForSandbox):
+			capped++
+		default:
+			t.Errorf("Create: %v", err)
+		}
+	}
+	if ok != 2 || capped != 8 {
+		t.Errorf("10 concurrent asks from one sandbox: %d held, %d capped; want 2 and 8", ok, capped)
+	}
+	a, created, err := m.Create(ctx, in("sb-2", "7"))
+	if err != nil || !created {
+		t.Fatalf("another sandbox: %v %v, want a new hold", created, err)
+	}
+	b, created, err := m.Create(ctx, in("sb-3", "7"))
+	if err != nil || !created || b.ID == a.ID {
+		t.Fatalf("identical ask from a third sandbox: hold %s created %v %v; want a hold of its own (not %s)", b.ID, created, err, a.ID)
+	}
+	again, created, err := m.Create(ctx, in("sb-2", "7"))
+	if err != nil || created || again.ID != a.ID {
+		t.Fatalf("the same sandbox's re-send: hold %s created %v %v; want its own %s", again.ID, created, err, a.ID)
+	}
+}
+
 func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
 	var runs atomic.Int32
@@ -104,7 +170,9 @@ func TestLifecycle(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, _, err := m.Create(ctx, sample("4")); !errors.Is(err, ErrTooMany) {
+		other := sample("4") // another sandbox: the agent's cap, not the sandbox's
+		other.Caller.Sandbox = "sb-other"
+		if _, _, err := m.Create(ctx, other); !errors.Is(err, ErrTooMany) {
 			t.Fatalf("fourth pending hold: %v, want ErrTooMany", err)
 		}
 	})

@@ -36,6 +36,11 @@ type Options struct {
 	Notify func(h Hold)
 	// MaxPendingPerAgent caps an agent's pending holds (default 100).
 	MaxPendingPerAgent int
+	// MaxPendingPerSandbox caps one sandbox's share of its agent's pending
+	// holds, so that one sandbox's flood of asks leaves the others of the
+	// same agent room (THREATS B9). Default: a quarter of
+	// MaxPendingPerAgent, at least 1; never above it.
+	MaxPendingPerSandbox int
 	// MaxResultBytes bounds a stored result (default 1 MiB).
 	MaxResultBytes int
 	Logger         *slog.Logger
@@ -47,6 +52,12 @@ type Manager struct {
 	o   Options
 	now func() time.Time
 	log *slog.Logger
+
+	// create makes Create's look-up, counts and insert one step, so
+	// concurrent asks can neither pass a cap together nor make two holds
+	// of one request. A store is one gateway's (store.Open holds its
+	// lock), so a process lock suffices.
+	create sync.Mutex
 
 	mu      sync.Mutex
 	waiters map[string]chan struct{} // closed when the hold changes
@@ -63,6 +74,10 @@ func New(o Options) *Manager {
 	if o.MaxPendingPerAgent <= 0 {
 		o.MaxPendingPerAgent = 100
 	}
+	if o.MaxPendingPerSandbox <= 0 {
+		o.MaxPendingPerSandbox = max(1, o.MaxPendingPerAgent/4)
+	}
+	o.MaxPendingPerSandbox = min(o.MaxPendingPerSandbox, o.MaxPendingPerAgent)
 	if o.MaxResultBytes <= 0 {
 		o.MaxResultBytes = 1 << 20
 	}
@@ -79,6 +94,10 @@ func New(o Options) *Manager {
 	}
 	return m
 }
+
+// MaxPendingPerSandbox is the per-sandbox cap in force (its default
+// resolved), for the refusal's message.
+func (m *Manager) MaxPendingPerSandbox() int { return m.o.MaxPendingPerSandbox }
 
 // doc is the immutable part of a hold, stored as JSON.
 type doc struct {
@@ -120,16 +139,25 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Create persists h as a new pending hold, unless this caller already has a
-// pending hold for the same tool and request hash: then that one is
-// returned and created is false (a re-sent call is idempotent). The
-// caller sets everything but ID, Status, SHA256 and Created; Expires must
-// be set. A store failure is returned as is: the call must not be allowed.
+// Create persists h as a new pending hold, unless this caller (the same
+// agent, sandbox, session and user: a hold is never shared across
+// sandboxes) already has a pending hold for the same tool and request
+// hash: then that one is returned and created is false (a re-sent call is
+// idempotent). The caller sets everything but ID, Status, SHA256 and
+// Created; Expires must be set. A store failure is returned as is: the
+// call must not be allowed.
 func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	h.SHA256 = h.Request.Hash()
 	st := m.o.Store
 	c := h.Caller
-	old, ok, err := st.FindHold(ctx, c.Agent, c.Session, c.User, h.Tool, h.SHA256, []string{string(Pending), string(Running)})
+	m.create.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			m.create.Unlock()
+		}
+	}()
+	old, ok, err := st.FindHold(ctx, c.Agent, c.Sandbox, c.Session, c.User, h.Tool, h.SHA256, []string{string(Pending), string(Running)})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}
@@ -144,16 +172,25 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	if n >= m.o.MaxPendingPerAgent {
 		return Hold{}, false, ErrTooMany
 	}
+	n, err = st.CountSandboxHolds(ctx, c.Agent, c.Sandbox, []string{string(Pending)})
+	if err != nil {
+		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
+	}
+	if n >= m.o.MaxPendingPerSandbox {
+		return Hold{}, false, ErrTooManyForSandbox
+	}
 	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
 	d, err := json.Marshal(doc{Tool: h.Tool, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
 		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}
-	if err := st.InsertHold(ctx, store.HoldRow{ID: h.ID, Status: string(Pending), Agent: c.Agent, Session: c.Session, User: c.User,
+	if err := st.InsertHold(ctx, store.HoldRow{ID: h.ID, Status: string(Pending), Agent: c.Agent, Sandbox: c.Sandbox, Session: c.Session, User: c.User,
 		Tool: h.Tool, SHA256: h.SHA256, Created: h.Created, Expires: h.Expires, Doc: d}); err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}
+	m.create.Unlock()
+	locked = false
 	if err := m.o.Audit(ctx, "hold_created", h, map[string]any{"expires": h.Expires.Format(time.RFC3339)}); err != nil {
 		_, _ = st.FinishHold(context.WithoutCancel(ctx), h.ID, string(Pending), string(Failed), nil)
 		return Hold{}, false, fmt.Errorf("holds: create: %w: %w", ErrAudit, err)

@@ -12,7 +12,10 @@ import (
 // TestMigrationFourFromThree opens a database that a sluice with three
 // migrations wrote (a pending hold in it) and checks that migration 4 adds
 // the grants table and keeps the hold.
-func TestMigrationFourFromThree(t *testing.T) {
+// TestMigrationFromThree opens a version-3 store (a hold in it, written as
+// that version wrote it) with every later migration: 4 adds grants, 5 the
+// hold's sandbox (” for the old hold).
+func TestMigrationFromThree(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "old.db")
 	saved := migrations
@@ -23,8 +26,8 @@ func TestMigrationFourFromThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	if err := old.InsertHold(ctx, HoldRow{ID: "h1", Status: "pending", Agent: "a", User: "u", Tool: "t", SHA256: "aa",
-		Created: now, Expires: now.Add(time.Hour), Doc: []byte(`{}`)}); err != nil {
+	if _, err := old.db.ExecContext(ctx, `INSERT INTO holds (id, status, agent, session, user, tool, sha256, created, expires, doc)
+		VALUES ('h1', 'pending', 'a', '', 'u', 't', 'aa', ?, ?, '{}')`, now.UnixNano(), now.Add(time.Hour).UnixNano()); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := old.SchemaVersion(ctx); v != 3 {
@@ -36,10 +39,10 @@ func TestMigrationFourFromThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if v, err := s.SchemaVersion(ctx); err != nil || v != 4 {
-		t.Fatalf("SchemaVersion = %d, %v; want 4", v, err)
+	if v, err := s.SchemaVersion(ctx); err != nil || v != len(migrations) {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, len(migrations))
 	}
-	if h, err := s.GetHold(ctx, "h1"); err != nil || h.Status != "pending" {
+	if h, err := s.GetHold(ctx, "h1"); err != nil || h.Status != "pending" || h.Sandbox != "" {
 		t.Fatalf("hold after migration: %+v, %v", h, err)
 	}
 	if gs, err := s.ListGrants(ctx, true, now, 0); err != nil || len(gs) != 0 {

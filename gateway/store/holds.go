@@ -19,6 +19,7 @@ type HoldRow struct {
 	ID      string
 	Status  string
 	Agent   string
+	Sandbox string // '' for holds stored before it was kept
 	Session string
 	User    string
 	Tool    string
@@ -33,7 +34,7 @@ type HoldRow struct {
 	Result         []byte    // nil until finished
 }
 
-const holdCols = `id, status, agent, session, user, tool, sha256, created, expires, doc, decided_by, decision_reason, decided, result`
+const holdCols = `id, status, agent, session, user, tool, sha256, created, expires, doc, decided_by, decision_reason, decided, result, sandbox`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -41,7 +42,7 @@ func scanHold(sc scanner) (HoldRow, error) {
 	var h HoldRow
 	var created, expires, decided int64
 	if err := sc.Scan(&h.ID, &h.Status, &h.Agent, &h.Session, &h.User, &h.Tool, &h.SHA256, &created, &expires, &h.Doc,
-		&h.DecidedBy, &h.DecisionReason, &decided, &h.Result); err != nil {
+		&h.DecidedBy, &h.DecisionReason, &decided, &h.Result, &h.Sandbox); err != nil {
 		return HoldRow{}, err
 	}
 	h.Created, h.Expires = time.Unix(0, created).UTC(), time.Unix(0, expires).UTC()
@@ -53,9 +54,9 @@ func scanHold(sc scanner) (HoldRow, error) {
 
 // InsertHold stores a new hold.
 func (s *Store) InsertHold(ctx context.Context, h HoldRow) error {
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO holds (id, status, agent, session, user, tool, sha256, created, expires, doc)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		h.ID, h.Status, h.Agent, h.Session, h.User, h.Tool, h.SHA256, h.Created.UnixNano(), h.Expires.UnixNano(), h.Doc); err != nil {
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO holds (id, status, agent, sandbox, session, user, tool, sha256, created, expires, doc)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		h.ID, h.Status, h.Agent, h.Sandbox, h.Session, h.User, h.Tool, h.SHA256, h.Created.UnixNano(), h.Expires.UnixNano(), h.Doc); err != nil {
 		return fmt.Errorf("store: insert hold: %w", err)
 	}
 	return nil
@@ -73,12 +74,13 @@ func (s *Store) GetHold(ctx context.Context, id string) (HoldRow, error) {
 	return h, nil
 }
 
-// FindHold returns the newest hold of this caller for the same tool and
-// canonical request hash whose status is one of statuses.
-func (s *Store) FindHold(ctx context.Context, agent, session, user, tool, sha string, statuses []string) (HoldRow, bool, error) {
-	q := `SELECT ` + holdCols + ` FROM holds WHERE agent = ? AND session = ? AND user = ? AND tool = ? AND sha256 = ?` +
+// FindHold returns the newest hold of this caller (agent, sandbox, session
+// and user: all four) for the same tool and canonical request hash whose
+// status is one of statuses.
+func (s *Store) FindHold(ctx context.Context, agent, sandbox, session, user, tool, sha string, statuses []string) (HoldRow, bool, error) {
+	q := `SELECT ` + holdCols + ` FROM holds WHERE agent = ? AND sandbox = ? AND session = ? AND user = ? AND tool = ? AND sha256 = ?` +
 		statusIn(statuses) + ` ORDER BY created DESC LIMIT 1`
-	args := append([]any{agent, session, user, tool, sha}, anys(statuses)...)
+	args := append([]any{agent, sandbox, session, user, tool, sha}, anys(statuses)...)
 	h, err := scanHold(s.db.QueryRowContext(ctx, q, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return HoldRow{}, false, nil
@@ -94,6 +96,17 @@ func (s *Store) CountHolds(ctx context.Context, agent string, statuses []string)
 	var n int
 	args := append([]any{agent}, anys(statuses)...)
 	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM holds WHERE agent = ?`+statusIn(statuses), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count holds: %w", err)
+	}
+	return n, nil
+}
+
+// CountSandboxHolds counts one sandbox's holds under agent whose status
+// is one of statuses.
+func (s *Store) CountSandboxHolds(ctx context.Context, agent, sandbox string, statuses []string) (int, error) {
+	var n int
+	args := append([]any{agent, sandbox}, anys(statuses)...)
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM holds WHERE agent = ? AND sandbox = ?`+statusIn(statuses), args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: count holds: %w", err)
 	}
 	return n, nil

@@ -26,7 +26,7 @@ func TestHoldQueries(t *testing.T) {
 	s := openTemp(t)
 	now := time.Now().UTC()
 	mk := func(id, user, sha string, exp time.Duration) HoldRow {
-		return HoldRow{ID: id, Status: "pending", Agent: "a", Session: "s", User: user, Tool: "t", SHA256: sha,
+		return HoldRow{ID: id, Status: "pending", Agent: "a", Sandbox: "sb", Session: "s", User: user, Tool: "t", SHA256: sha,
 			Created: now, Expires: now.Add(exp), Doc: []byte(`{"x":1}`)}
 	}
 	for _, h := range []HoldRow{mk("h1", "alice", "aa", time.Hour), mk("h2", "bob", "bb", time.Hour), mk("h3", "alice", "cc", -time.Second)} {
@@ -44,11 +44,20 @@ func TestHoldQueries(t *testing.T) {
 		}
 	})
 	t.Run("find and count", func(t *testing.T) {
-		if h, ok, err := s.FindHold(ctx, "a", "s", "bob", "t", "bb", []string{"pending"}); !ok || err != nil || h.ID != "h2" {
+		if h, ok, err := s.FindHold(ctx, "a", "sb", "s", "bob", "t", "bb", []string{"pending"}); !ok || err != nil || h.ID != "h2" {
 			t.Fatalf("FindHold = %v %v %v", h.ID, ok, err)
 		}
-		if _, ok, _ := s.FindHold(ctx, "a", "s", "alice", "t", "bb", []string{"pending"}); ok {
+		if _, ok, _ := s.FindHold(ctx, "a", "sb", "s", "alice", "t", "bb", []string{"pending"}); ok {
 			t.Fatal("FindHold matched another user's hash")
+		}
+		if _, ok, _ := s.FindHold(ctx, "a", "sb-other", "s", "bob", "t", "bb", []string{"pending"}); ok {
+			t.Fatal("FindHold matched another sandbox's hold (THREATS B9)")
+		}
+		if n, err := s.CountSandboxHolds(ctx, "a", "sb", []string{"pending"}); n != 3 || err != nil {
+			t.Fatalf("CountSandboxHolds(sb) = %d, %v; want 3", n, err)
+		}
+		if n, err := s.CountSandboxHolds(ctx, "a", "sb-other", []string{"pending"}); n != 0 || err != nil {
+			t.Fatalf("CountSandboxHolds(sb-other) = %d, %v; want 0", n, err)
 		}
 		if n, err := s.CountHolds(ctx, "a", []string{"pending"}); n != 3 || err != nil {
 			t.Fatalf("CountHolds = %d, %v; want 3", n, err)

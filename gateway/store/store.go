@@ -85,6 +85,14 @@ var migrations = []string{
 	) WITHOUT ROWID;
 	CREATE INDEX grants_match ON grants (agent, user, tool, sha256, expires);
 	CREATE INDEX grants_created ON grants (created DESC);`,
+	// 5: the sandbox a hold was asked from: holds are deduplicated only
+	// within one sandbox (never answered with another sandbox's hold), and
+	// each sandbox has its own cap on pending holds under its agent's
+	// (THREATS B9). Holds stored before have sandbox ''.
+	`ALTER TABLE holds ADD COLUMN sandbox TEXT NOT NULL DEFAULT '';
+	DROP INDEX holds_same;
+	CREATE INDEX holds_same ON holds (agent, sandbox, session, user, tool, sha256, status);
+	CREATE INDEX holds_sandbox ON holds (agent, sandbox, status);`,
 }
 
 // Store is an open database. Safe for concurrent use.

@@ -161,6 +161,7 @@ func newWorld(t *testing.T) *world {
 	d := e.BaseConfig("atk")
 	d["rego"] = []string{w.rego}
 	d.Gateway()["max_pending_holds"] = 2
+	d.Gateway()["max_pending_holds_per_sandbox"] = 2 // B7 is the agent's cap; B9 (holds_cap_test.go) the sandbox's
 	egress := []string{"pkg.test", "api.test", "other.test", "rebind.test", "meta.test", "meta6.test", "servfail.test", "nx.test", "metadata.google.internal"}
 	d["agents"] = []map[string]any{
 		{"name": "agent-a", "connectors": []string{"tickets"}, "egress": egress},

@@ -179,6 +179,7 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	}
 	if o.MaxHolds > 0 {
 		g["max_pending_holds"] = o.MaxHolds
+		g["max_pending_holds_per_sandbox"] = o.MaxHolds // one sandbox makes every hold
 	}
 	policies := []map[string]any{{"match": "*", "action": "allow"}}
 	if o.Approvers {

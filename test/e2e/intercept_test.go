@@ -132,6 +132,7 @@ decisions contains {"action": "block", "rule": "team.no_admin", "reason": "admin
 	// sandboxd's token: GET /api/v1/placeholders needs it.
 	d.Gateway()["session_tokens_sha256"] = []string{fmt.Sprintf("%x", sha256.Sum256([]byte(icptSessionToken)))}
 	d["rego"] = []string{filepath.Join(e.Dir, "policies")}
+	d.Gateway()["request_body_timeout"] = "2s" // TestInterceptedStalledBody
 	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}, "egress": []string{"api.test", "other.test", "plain.test"}}}
 	d["egress"] = map[string]any{
 		"intercept": map[string]any{"hosts": []string{"api.test", "*.other.test", "other.test"},

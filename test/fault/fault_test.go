@@ -343,6 +343,7 @@ func TestStoreUnavailable(t *testing.T) {
 	d := e.BaseConfig("store")
 	d["store"] = "sqlite:" + filepath.Join(fs, "sluice.db")
 	d.Gateway()["max_pending_holds"] = 100
+	d.Gateway()["max_pending_holds_per_sandbox"] = 100
 	path := e.Write(d)
 	g := e.Start(d, path)
 	c := casebook.Expect(t, "G8", "approval store (SQLite) on a full tmpfs, Ask call",
