@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -279,6 +280,21 @@ var initSignals = []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGH
 // the signals as its own, so a child it forks (ForkExec) gets them back at
 // the default action before it execs: commands inside see no difference.
 func ignoreSignals() error {
+	// A signal ignored when this process started (sandboxd run under
+	// nohup, or from a shell's background job) is not the runtime's: Go
+	// leaves SIGHUP and SIGINT ignored then, and a child would inherit
+	// them ignored. Notify makes them the runtime's, so ForkExec resets
+	// them for commands like the rest. (The channel is never read: ignored
+	// in the kernel below, they are never delivered.)
+	var inherited []os.Signal
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		if signal.Ignored(sig) {
+			inherited = append(inherited, sig)
+		}
+	}
+	if len(inherited) > 0 {
+		signal.Notify(make(chan os.Signal, 1), inherited...)
+	}
 	act := [4]uint64{1} // struct sigaction: SIG_IGN, no flags, no restorer, empty mask
 	for _, sig := range initSignals {
 		if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
