@@ -173,15 +173,17 @@ func fieldName(loc []string) string {
 }
 
 // instance is an arguments document as the compiled schema sees it.
+// An empty group ("path": {}) is as good as none, as it always was: a tool
+// with no path parameters is not refused for an empty path object.
 func instance(args Args) map[string]any {
 	doc := map[string]any{}
-	if args.Path != nil {
+	if len(args.Path) > 0 {
 		doc["path"] = args.Path
 	}
-	if args.Query != nil {
+	if len(args.Query) > 0 {
 		doc["query"] = args.Query
 	}
-	if args.Headers != nil {
+	if len(args.Headers) > 0 {
 		doc["headers"] = args.Headers
 	}
 	if args.Body != nil {

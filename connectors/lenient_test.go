@@ -258,3 +258,19 @@ func TestAliases(t *testing.T) {
 		t.Error("two long names share an alias")
 	}
 }
+
+// An empty group is as good as none: {"path":{}} for a tool without path
+// parameters is valid, as it was before schemas were compiled whole.
+func TestEmptyGroupsAreNone(t *testing.T) {
+	c, err := Load(context.Background(), Options{Slug: "x", Spec: writeSpec(t, "e.yaml", lenientSpec)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args, err := DecodeArgs([]byte(`{"path":{},"query":{},"headers":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tool(t, c, "x.list_pets").Validate(args); err != nil {
+		t.Errorf("empty groups: %v", err)
+	}
+}

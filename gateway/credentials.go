@@ -119,10 +119,9 @@ var (
 type credShape int
 
 const (
-	shapeUnknown  credShape = iota // not known before a call: a Vault or per-user secret
-	shapeToken                     // no ':': it cannot be user:password, so never basic auth
-	shapePair                      // has a ':': user:password where an operation offers basic auth, else a token
-	shapeUserPass                  // a Vault dynamic secret's username and password: basic auth only
+	shapeUnknown credShape = iota // not known before a call: a Vault or per-user secret
+	shapeToken                    // no ':': it cannot be user:password, so never basic auth
+	shapePair                     // has a ':': user:password where an operation offers basic auth, else a token
 )
 
 // String says what the shape means, for error messages.
@@ -132,21 +131,21 @@ func (s credShape) String() string {
 		return "a token (it has no ':', so it cannot be user:password)"
 	case shapePair:
 		return "user:password (it has a ':')"
-	case shapeUserPass:
-		return "a Vault dynamic username and password (basic auth only)"
 	}
 	return "a value not known before a call (a Vault or per-user secret)"
 }
 
 // configShape is the shape the configuration alone gives the credential: a
-// Vault dynamic secret without field is joined as username:password; per-
+// Vault dynamic secret without field is joined as username:password (basic
+// auth where an operation offers it, else the joined value, as a stored
+// user:password is); per-
 // call JWTs and identity tokens are tokens; anything else is not known
 // until the value is.
 func configShape(cr *config.Credential) credShape {
 	if v := cr.Vault; v != nil {
 		switch {
 		case v.Dynamic != "" && v.Field == "":
-			return shapeUserPass
+			return shapePair
 		case v.TransitKey != "" || v.OIDCRole != "":
 			return shapeToken
 		}
@@ -294,7 +293,7 @@ func fitsShape(sc *connectors.SecurityScheme, s credShape) bool {
 	if sc.Type == "http" && sc.Scheme == "basic" {
 		return s != shapeToken
 	}
-	return s != shapeUserPass
+	return true
 }
 
 // unattachable says why the gateway cannot attach a credential as sc, or "".

@@ -130,7 +130,7 @@ func TestPickScheme(t *testing.T) {
 		{"basic first, value unknown before the call: the token decides", config.Credential{Secret: "k"}, shapeUnknown, [][]string{{"basic"}, {"bearer"}}, token, "bearer", nil, nil},
 		{"bearer first, user:password", config.Credential{Secret: "k"}, shapePair, [][]string{{"bearer"}, {"basic"}}, pair, "basic", nil, nil},
 		{"bearer first, unknown before the call: user:password decides", config.Credential{Secret: "k"}, shapeUnknown, [][]string{{"bearer"}, {"basic"}}, pair, "basic", nil, nil},
-		{"Vault dynamic username and password is basic", config.Credential{Vault: &config.VaultRef{Dynamic: "database/creds/ro"}}, shapeUserPass, [][]string{{"bearer"}, {"hdr"}, {"basic"}}, pair, "basic", nil, nil},
+		{"Vault dynamic username and password is basic", config.Credential{Vault: &config.VaultRef{Dynamic: "database/creds/ro"}}, shapePair, [][]string{{"bearer"}, {"hdr"}, {"basic"}}, pair, "basic", nil, nil},
 		{"a ':' in an API key where no basic is offered", config.Credential{Secret: "k"}, shapePair, [][]string{{"hdr"}}, pair, "header:X-Api-Key", nil, nil},
 		{"two bearer schemes send the same bytes: no choice", config.Credential{Secret: "k"}, shapeToken, [][]string{{"bearer"}, {"admin"}}, token, "bearer", nil, nil},
 		{"AND needs each: oauth2 half never fits", config.Credential{Secret: "k"}, shapeToken, [][]string{{"bearer", "oauth"}, {"qry"}}, token, "query:api_key", nil, nil},

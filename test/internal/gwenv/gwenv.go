@@ -172,7 +172,11 @@ func (n *NetNS) AddHosts(t testing.TB, lines string) {
 // never leaves the namespace, which has no other interface).
 func (n *NetNS) AddAddr(t testing.TB, cidr string) {
 	t.Helper()
-	if out, err := exec.Command("ip", "-n", n.Name, "addr", "add", cidr, "dev", "lo").CombinedOutput(); err != nil {
+	args := []string{"-n", n.Name, "addr", "add", cidr, "dev", "lo"}
+	if strings.Contains(cidr, ":") {
+		args = append(args, "nodad") // never tentative: a listener binds it at once (a CI run once saw EADDRNOTAVAIL)
+	}
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 		t.Fatalf("ip addr add %s: %v: %s", cidr, err, out)
 	}
 }
