@@ -99,10 +99,12 @@ func (e *HeadError) Error() string {
 // CheckHead reads the log at path and checks that it holds want: a record
 // with want.Seq whose hash is want.Hash. A file that ends before want.Seq was
 // truncated; one whose record at want.Seq has another hash was rewritten.
-// Each record's own hash is checked on the way, not the links between them
-// (Verify does that). A file that starts after want.Seq (re-created, see
-// EventRecreated) does not hold that record: CheckHead reports it with
-// ok false and no error, and the caller decides.
+// It checks the own hash of that record and of the last one, and reads
+// only the sequence numbers of the rest (Verify checks every record and
+// link): the gateway runs it at every start, on logs of any size. A file
+// that starts after want.Seq (re-created, see EventRecreated) does not hold
+// that record: CheckHead reports it with ok false and no error, and the
+// caller decides.
 func CheckHead(path string, want Head) (got Head, ok bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -111,42 +113,74 @@ func CheckHead(path string, want Head) (got Head, ok bool, err error) {
 	defer f.Close()
 	br := bufio.NewReaderSize(f, MaxRecord)
 	var (
-		at    Head
-		first uint64
-		found bool
-		line  int
+		last, at []byte // the last line and the one at want.Seq
+		first    uint64
+		lastNo   int
+		atNo     int
 	)
-	for {
+	for line := 1; ; line++ {
 		b, rerr := br.ReadSlice('\n')
 		if errors.Is(rerr, io.EOF) {
 			break // a partial last line is never a record
 		}
+		if errors.Is(rerr, bufio.ErrBufferFull) {
+			return Head{}, false, &VerifyError{Line: line, Reason: fmt.Sprintf("line longer than %d bytes", MaxRecord)}
+		}
 		if rerr != nil {
 			return Head{}, false, fmt.Errorf("audit: check head: read: %w", rerr)
 		}
-		line++
-		rec, reason := checkLine(bytes.TrimSuffix(b, []byte("\n")))
-		if reason != "" {
-			return Head{}, false, &VerifyError{Line: line, Reason: reason}
+		seq, ok := lineSeq(b)
+		if !ok {
+			return Head{}, false, &VerifyError{Line: line, Reason: "not a record: does not start with its seq"}
 		}
 		if first == 0 {
-			first = rec.Seq
+			first = seq
+		}
+		if seq == want.Seq && at == nil {
+			at, atNo = bytes.Clone(b[:len(b)-1]), line
+		}
+		last, lastNo = append(last[:0], b[:len(b)-1]...), line
+	}
+	if last != nil {
+		rec, reason := checkLine(last)
+		if reason != "" {
+			return Head{}, false, &VerifyError{Line: lastNo, Reason: reason}
 		}
 		got = Head{Seq: rec.Seq, Hash: rec.Hash}
-		if rec.Seq == want.Seq {
-			at, found = got, true
+	}
+	var atHash string
+	if at != nil {
+		rec, reason := checkLine(at)
+		if reason != "" {
+			return Head{}, false, &VerifyError{Line: atNo, Reason: reason}
 		}
+		atHash = rec.Hash
 	}
 	switch {
 	case want.Seq == 0:
 		return got, true, nil
-	case found && at.Hash == want.Hash:
+	case at != nil && atHash == want.Hash:
 		return got, true, nil
-	case found:
-		return got, false, &HeadError{Want: want, Got: got, Reason: fmt.Sprintf("has another record at seq %d (hash %s): rewritten", want.Seq, at.Hash), At: at.Hash}
+	case at != nil:
+		return got, false, &HeadError{Want: want, Got: got, Reason: fmt.Sprintf("has another record at seq %d (hash %s): rewritten", want.Seq, atHash), At: atHash}
 	case first > want.Seq:
 		return got, false, nil
 	default:
 		return got, false, &HeadError{Want: want, Got: got, Reason: fmt.Sprintf("ends at seq %d, before the recorded seq %d: truncated", got.Seq, want.Seq), Truncated: true}
 	}
+}
+
+// lineSeq reads the seq of a line without decoding it: every record line
+// starts with {"seq":N, (Seq is the Record's first field).
+func lineSeq(b []byte) (uint64, bool) {
+	rest, ok := bytes.CutPrefix(b, []byte(`{"seq":`))
+	if !ok {
+		return 0, false
+	}
+	i := bytes.IndexByte(rest, ',')
+	if i <= 0 || i > 20 {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(string(rest[:i]), 10, 64)
+	return seq, err == nil
 }

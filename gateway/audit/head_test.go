@@ -90,12 +90,20 @@ func TestCheckHead(t *testing.T) {
 	if _, _, err := CheckHead(empty, want); !errors.As(err, &he) || !he.Truncated {
 		t.Fatalf("empty: err = %v, want truncated", err)
 	}
-	// A corrupt line is named by its line number.
+	// The record at the head's seq (here also the last) is checked
+	// itself: an edit of it is named by its line. (An edit of an earlier
+	// record is Verify's to find: CheckHead reads only their seqs.)
 	bad := filepath.Join(dir, "bad.log")
-	must(t, os.WriteFile(bad, []byte(strings.Replace(string(data), `"allow"`, `"block"`, 1)), 0o600))
+	edited := strings.Join(lines[:4], "") + strings.Replace(lines[4], `"allow"`, `"block"`, 1)
+	must(t, os.WriteFile(bad, []byte(edited), 0o600))
 	var ve *VerifyError
-	if _, _, err := CheckHead(bad, want); !errors.As(err, &ve) || ve.Line != 1 {
-		t.Fatalf("edited: err = %v, want a VerifyError at line 1", err)
+	if _, _, err := CheckHead(bad, want); !errors.As(err, &ve) || ve.Line != 5 || !strings.Contains(ve.Reason, "hash mismatch") {
+		t.Fatalf("edited: err = %v, want a VerifyError at line 5", err)
+	}
+	junk := filepath.Join(dir, "junk.log")
+	must(t, os.WriteFile(junk, []byte(lines[0]+"not a record\n"), 0o600))
+	if _, _, err := CheckHead(junk, want); !errors.As(err, &ve) || ve.Line != 2 {
+		t.Fatalf("junk line: err = %v, want a VerifyError at line 2", err)
 	}
 }
 
