@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/user"
+	"strconv"
 	"strings"
 	"time"
 
@@ -158,6 +161,29 @@ func holdsHead(out io.Writer, paths []string, want audit.Head, what string) erro
 	return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
 }
 
+// appendAccepted appends the audit_head_accepted record to the log at path
+// and returns the head it makes.
+func appendAccepted(ctx context.Context, path string, found audit.Head, was string) (audit.Head, error) {
+	l, err := audit.Open(path)
+	if err != nil {
+		return audit.Head{}, err
+	}
+	by := strconv.Itoa(os.Getuid())
+	if u, err := user.Current(); err == nil {
+		by = u.Username
+	}
+	rec, err := l.Append(ctx, audit.Record{Event: audit.EventHeadAccepted, Fields: map[string]any{
+		"accepted_head": found.String(), "previous_head": was, "by": by,
+	}})
+	if cerr := l.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return audit.Head{}, err
+	}
+	return audit.Head{Seq: rec.Seq, Hash: rec.Hash}, nil
+}
+
 // checkpointPublicKey is --public-key, or the public half of the config's
 // checkpoint key.
 func checkpointPublicKey(lc *loadedConfig, hexKey string) (ed25519.PublicKey, error) {
@@ -187,9 +213,10 @@ func acceptHeadCmd(g *globals) *cobra.Command {
 when audit.checkpoint is set) and refuses to start on a log that ends before
 that head or holds another record at its seq: the log was truncated or rewritten.
 When that was done on purpose (a restored backup, a log deliberately cut), run
-this with the gateway stopped: it verifies the log's chain, then records the
-log's head as the one to continue (in the store, and as a new checkpoint). It
-prints both heads. Never run it to make a refusal go away without knowing why
+this with the gateway stopped: it verifies the log's chain, appends an
+audit_head_accepted record naming the file's head, the head it replaces and who
+ran it, and records the head after it as the one to continue (in the store, and
+as a new checkpoint). It prints the heads. Never run it to make a refusal go away without knowing why
 the log changed: that is the refusal's whole point.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -202,11 +229,13 @@ the log changed: that is the refusal's whole point.`,
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %s does not verify, nothing accepted: %w", path, err)
 			}
-			head := audit.Head{Hash: audit.ZeroHash}
+			found := audit.Head{Hash: audit.ZeroHash}
 			if res.n > 0 {
-				head = audit.Head{Seq: res.last, Hash: res.lastHash}
+				found = audit.Head{Seq: res.last, Hash: res.lastHash}
 			}
 			ctx := cmd.Context()
+			// The store is one gateway's (flock): a running gateway makes
+			// this fail here, before anything is written.
 			st, err := store.Open(ctx, lc.Store)
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %w", err)
@@ -216,15 +245,21 @@ the log changed: that is the refusal's whole point.`,
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %w", err)
 			}
-			if err := st.SetAuditHead(ctx, head.Seq, head.Hash); err != nil {
-				return fmt.Errorf("audit accept-head: %w", err)
-			}
-			out := cmd.OutOrStdout()
 			was := "none"
 			if had {
 				was = audit.Head{Seq: seq, Hash: hash}.String()
 			}
-			fmt.Fprintf(out, "accepted head %s of %s (the store had %s)\n", head, path, was)
+			// The acceptance is itself a record of the chain, so a reader of
+			// the log sees where a head was accepted and what was replaced.
+			head, err := appendAccepted(ctx, path, found, was)
+			if err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			if err := st.SetAuditHead(ctx, head.Seq, head.Hash); err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "accepted head %s of %s (the store had %s); recorded as %s, the new head %s\n", found, path, was, audit.EventHeadAccepted, head)
 			if cp := lc.Audit.Checkpoint; cp != nil {
 				key, err := audit.LoadCheckpointKey(cp.KeyFile, true)
 				if err != nil {

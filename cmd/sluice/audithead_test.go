@@ -142,11 +142,19 @@ func TestAuditAcceptHead(t *testing.T) {
 	}
 	seq, hash, _, ok, err := st.AuditHead(ctx)
 	st.Close()
-	if err != nil || !ok || (audit.Head{Seq: seq, Hash: hash}) != now {
-		t.Fatalf("store head after accept = %d:%s (%v, %v), want %s", seq, hash, ok, err, now)
+	// The acceptance is the chain's next record, and its head the one the
+	// store and the checkpoint hold.
+	accepted := lastHead(t, cfg.Audit.Path)
+	if err != nil || !ok || accepted.Seq != now.Seq+1 || (audit.Head{Seq: seq, Hash: hash}) != accepted {
+		t.Fatalf("store head after accept = %d:%s (%v, %v), want %s", seq, hash, ok, err, accepted)
+	}
+	lines := strings.Split(strings.TrimSpace(readFile(t, cfg.Audit.Path)), "\n")
+	if tail := lines[len(lines)-1]; !strings.Contains(tail, `"event":"`+audit.EventHeadAccepted+`"`) ||
+		!strings.Contains(tail, `"accepted_head":"`+now.String()+`"`) || !strings.Contains(tail, `"previous_head":"`+old.String()+`"`) {
+		t.Fatalf("last record %s: want %s naming both heads", tail, audit.EventHeadAccepted)
 	}
 	out, _, err = cli(t, "", "audit", "verify", "--config", cfgPath, "--checkpoints", cfg.Audit.Checkpoint.Path)
-	if err != nil || !strings.Contains(out, "ok: the log holds the newest checkpoint "+now.String()) {
+	if err != nil || !strings.Contains(out, "ok: the log holds the newest checkpoint "+accepted.String()) {
 		t.Fatalf("verify against the accepted checkpoint: %v, output %q", err, out)
 	}
 	// A log that does not verify is never accepted.

@@ -11,6 +11,10 @@ import (
 	"strings"
 )
 
+// EventHeadAccepted is the record `sluice audit accept-head` appends when an
+// operator accepts a log that no longer holds the head recorded elsewhere.
+const EventHeadAccepted = "audit_head_accepted"
+
 // Head names the last record of a chain: its Seq and its Hash. A head kept
 // somewhere the log's writer cannot reach (the gateway's store, a signed
 // checkpoint on another sink, an operator's notes) is what makes deleting

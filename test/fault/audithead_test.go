@@ -131,6 +131,9 @@ func TestAuditRewrittenOffline(t *testing.T) {
 	if err != nil || !strings.Contains(acc, "accepted head ") || !strings.Contains(acc, "the store had ") {
 		t.Fatalf("accept-head: %v\n%s", err, acc)
 	}
+	if tail := g.AuditRecords(); len(tail) == 0 || tail[len(tail)-1]["event"] != audit.EventHeadAccepted {
+		t.Fatalf("after accept-head the log does not end with %s: %v", audit.EventHeadAccepted, tail)
+	}
 	g4 := e.Start(d, path)
 	if r := g4.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
 		t.Fatalf("call after accept-head: %d %s", r.Status, r.Body)
