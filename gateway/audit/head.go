@@ -115,6 +115,12 @@ func CheckHead(path string, want Head) (got Head, ok bool, err error) {
 		return Head{}, false, fmt.Errorf("audit: check head: %w", err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return Head{}, false, fmt.Errorf("audit: check head: %w", err)
+	} else if !fi.Mode().IsRegular() {
+		// A device or FIFO holds no records to compare (and may never end).
+		return Head{}, false, fmt.Errorf("audit: check head: %s is not a regular file", path)
+	}
 	br := bufio.NewReaderSize(f, MaxRecord)
 	var (
 		last, at []byte // the last line and the one at want.Seq

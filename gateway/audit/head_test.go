@@ -100,6 +100,9 @@ func TestCheckHead(t *testing.T) {
 	if _, _, err := CheckHead(bad, want); !errors.As(err, &ve) || ve.Line != 5 || !strings.Contains(ve.Reason, "hash mismatch") {
 		t.Fatalf("edited: err = %v, want a VerifyError at line 5", err)
 	}
+	if _, _, err := CheckHead("/dev/null", want); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("a device: err = %v, want it refused as not a regular file", err)
+	}
 	junk := filepath.Join(dir, "junk.log")
 	must(t, os.WriteFile(junk, []byte(lines[0]+"not a record\n"), 0o600))
 	if _, _, err := CheckHead(junk, want); !errors.As(err, &ve) || ve.Line != 2 {
