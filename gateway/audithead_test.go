@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 // TestAuditHeadRecorded (THREATS G9): a running gateway records its log's
@@ -69,5 +70,23 @@ func TestAuditHeadRecorded(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "truncated") || !strings.Contains(err.Error(), "recorded head "+want.String()) ||
 		!strings.Contains(err.Error(), "accept-head") {
 		t.Fatalf("New on a cut log: %v; want a refusal naming the recorded head %s", err, want)
+	}
+	// The store rewritten too (its head set to the cut file's): the
+	// newest signed checkpoint still refuses the log.
+	st, err := store.Open(context.Background(), g.cfg.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, _, err := audit.CheckHead(g.cfg.Audit.Path, audit.Head{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetAuditHead(context.Background(), cut.Seq, cut.Hash); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	_, err = New(context.Background(), g.cfg, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "the newest checkpoint in "+cps) || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("New on a cut log with a rewritten store: %v; want a refusal naming the newest checkpoint", err)
 	}
 }
