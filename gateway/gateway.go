@@ -86,6 +86,7 @@ type Server struct {
 	dialer  *guard.Dialer
 	audit   *audit.Log
 	store   *store.Store
+	heads   auditHeads // audithead.go
 	tel     *telemetry
 	holds   *holds.Manager
 	icpt    *interceptor // nil without egress.intercept / egress.placeholders (intercept.go)
@@ -198,6 +199,11 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
+	}
+	if err := s.checkAuditHead(ctx); err != nil { // audithead.go (THREATS G9)
+		s.audit.Close()
+		s.store.Close()
+		return nil, err
 	}
 	s.webhook = &http.Client{Timeout: 10 * time.Second}
 	s.holds = s.newHolds()
@@ -464,6 +470,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	go s.watchPolicy(ctx)
 	go s.holds.Run(ctx)
+	headDone := make(chan struct{})
+	go func() { defer close(headDone); s.headLoop(ctx) }()
+	defer func() { <-headDone }()
 	countDone := make(chan struct{})
 	go func() { defer close(countDone); s.countLoop(ctx) }()
 	defer func() { <-countDone }()
@@ -562,6 +571,7 @@ func (s *Server) Catalog() Catalog { return s.catalog }
 
 // Close releases the stores. Call it after Serve returns.
 func (s *Server) Close() error {
+	s.closeHeads()
 	err := errors.Join(s.audit.Close(), s.store.Close(), closeCredentials(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
 	for _, u := range s.catalog.connectors {

@@ -2,15 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/user"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 func auditCmd(g *globals) *cobra.Command {
@@ -18,13 +25,27 @@ func auditCmd(g *globals) *cobra.Command {
 		Use:   "audit",
 		Short: "Work with the hash-chained audit log",
 	}
-	var files []string
+	var (
+		files       []string
+		expect      string
+		checkpoints string
+		pubkey      string
+	)
 	verify := &cobra.Command{
 		Use:   "verify",
 		Short: "Check every hash, link and sequence number of the audit log",
 		Long: `Read the whole audit log (audit.path from the config, or --file) and check that
 every record's hash is right, that each links to the one before and that the
 sequence numbers have no gap. Exits non-zero at the first break, naming its line.
+Prints the head it verified to (SEQ:HASH of the last record).
+
+The chain alone cannot show that the last records were deleted, or that the
+whole file was rewritten with a recomputed chain. --expect-head SEQ:HASH (a head
+printed earlier, or kept elsewhere) fails when the log ends before SEQ or holds
+another record there. --checkpoints FILE does the same against the newest of the
+gateway's signed checkpoints (audit.checkpoint), after checking every
+checkpoint's Ed25519 signature against --public-key (hex), or the public half of
+audit.checkpoint.key_file from the config.
 
 A log the gateway re-created after its file was deleted or rotated starts with an
 audit_log_recreated record that continues the old chain. Give the files in order
@@ -33,12 +54,22 @@ re-created file is checked from its marker, and the output says that the records
 before it are not in that file.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var want audit.Head
+			if expect != "" {
+				var err error
+				if want, err = audit.ParseHead(expect); err != nil {
+					return fmt.Errorf("audit verify: --expect-head: %w", err)
+				}
+			}
 			paths := files
-			if len(paths) == 0 {
-				lc, err := g.loadConfig()
-				if err != nil {
+			var lc *loadedConfig
+			if len(paths) == 0 || (checkpoints != "" && pubkey == "") {
+				var err error
+				if lc, err = g.loadConfig(); err != nil {
 					return fmt.Errorf("audit verify: %w", err)
 				}
+			}
+			if len(paths) == 0 {
 				paths = []string{lc.Audit.Path}
 			}
 			out := cmd.OutOrStdout()
@@ -64,13 +95,184 @@ before it are not in that file.`,
 				}
 				total += res.n
 			}
-			fmt.Fprintf(out, "ok: %d records, chain intact (%s)\n", total, strings.Join(paths, ", "))
+			head := audit.Head{Hash: audit.ZeroHash}
+			if seq > 0 {
+				head = audit.Head{Seq: seq - 1, Hash: prev}
+			}
+			fmt.Fprintf(out, "ok: %d records, chain intact (%s)\nhead: %s\n", total, strings.Join(paths, ", "), head)
+			if expect != "" {
+				if err := holdsHead(out, paths, want, "--expect-head"); err != nil {
+					return err
+				}
+			}
+			if checkpoints != "" {
+				pub, err := checkpointPublicKey(lc, pubkey)
+				if err != nil {
+					return fmt.Errorf("audit verify: %w", err)
+				}
+				newest, n, err := audit.ReadCheckpoints(checkpoints, pub)
+				if err != nil {
+					fmt.Fprintf(out, "FAIL: %v\n", err)
+					return silentError{"audit verify: checkpoints do not verify"}
+				}
+				fmt.Fprintf(out, "checkpoints: %d signed by %x, newest %s at %s\n", n, []byte(pub), newest.Head(), newest.Time.Format(time.RFC3339))
+				if err := holdsHead(out, paths, newest.Head(), "the newest checkpoint"); err != nil {
+					return err
+				}
+			}
 			return nil
 		},
 	}
 	verify.Flags().StringArrayVar(&files, "file", nil, "a log to verify (default: audit.path from the config); repeat, oldest first, to check that each file continues the one before")
-	cmd.AddCommand(verify)
+	verify.Flags().StringVar(&expect, "expect-head", "", "SEQ:HASH the log must hold (a head printed or recorded earlier): fails when the log ends before SEQ or its record SEQ has another hash")
+	verify.Flags().StringVar(&checkpoints, "checkpoints", "", "a checkpoint file (audit.checkpoint.path): every signature must verify and the log must hold the newest checkpoint's head")
+	verify.Flags().StringVar(&pubkey, "public-key", "", "hex Ed25519 public key the checkpoints must be signed with (default: from audit.checkpoint.key_file)")
+	cmd.AddCommand(verify, acceptHeadCmd(g))
 	return cmd
+}
+
+// holdsHead checks that the verified files (oldest first) hold want,
+// printing the outcome.
+func holdsHead(out io.Writer, paths []string, want audit.Head, what string) error {
+	var last error
+	for _, path := range paths {
+		_, ok, err := audit.CheckHead(path, want)
+		var he *audit.HeadError
+		switch {
+		case errors.As(err, &he) && he.Truncated:
+			last = err
+			continue // in a later file, or nowhere
+		case errors.As(err, &he):
+			fmt.Fprintf(out, "FAIL: %s: the record at seq %d has hash %s, %s says %s: the log was rewritten\n", path, want.Seq, he.At, what, want.Hash)
+			return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
+		case err != nil:
+			return fmt.Errorf("audit verify: %w", err)
+		case !ok:
+			fmt.Fprintf(out, "FAIL: %s starts after seq %d: give the file that holds it (%s %s)\n", path, want.Seq, what, want)
+			return silentError{fmt.Sprintf("audit verify: %s %s is not in the files given", what, want)}
+		}
+		fmt.Fprintf(out, "ok: the log holds %s %s\n", what, want)
+		return nil
+	}
+	var he *audit.HeadError
+	if errors.As(last, &he) {
+		fmt.Fprintf(out, "FAIL: the log ends at seq %d, before seq %d of %s %s: records were deleted from its end\n", he.Got.Seq, want.Seq, what, want)
+	}
+	return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
+}
+
+// appendAccepted appends the audit_head_accepted record to the log at path
+// and returns the head it makes.
+func appendAccepted(ctx context.Context, path string, found audit.Head, was string) (audit.Head, error) {
+	l, err := audit.Open(path)
+	if err != nil {
+		return audit.Head{}, err
+	}
+	by := strconv.Itoa(os.Getuid())
+	if u, err := user.Current(); err == nil {
+		by = u.Username
+	}
+	rec, err := l.Append(ctx, audit.Record{Event: audit.EventHeadAccepted, Fields: map[string]any{
+		"accepted_head": found.String(), "previous_head": was, "by": by,
+	}})
+	if cerr := l.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return audit.Head{}, err
+	}
+	return audit.Head{Seq: rec.Seq, Hash: rec.Hash}, nil
+}
+
+// checkpointPublicKey is --public-key, or the public half of the config's
+// checkpoint key.
+func checkpointPublicKey(lc *loadedConfig, hexKey string) (ed25519.PublicKey, error) {
+	if hexKey != "" {
+		pub, err := audit.ParsePublicKey(hexKey)
+		if err != nil {
+			return nil, fmt.Errorf("--public-key: %w", err)
+		}
+		return pub, nil
+	}
+	cp := lc.Audit.Checkpoint
+	if cp == nil {
+		return nil, errors.New("--checkpoints: give --public-key, or set audit.checkpoint in the config")
+	}
+	key, err := audit.LoadCheckpointKey(cp.KeyFile, false)
+	if err != nil {
+		return nil, err
+	}
+	return key.Public().(ed25519.PublicKey), nil
+}
+
+func acceptHeadCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "accept-head",
+		Short: "Accept the audit log's current head after the log was replaced on purpose",
+		Long: `The gateway records the audit log's head in its store (and in signed checkpoints
+when audit.checkpoint is set) and refuses to start on a log that ends before
+that head or holds another record at its seq: the log was truncated or rewritten.
+When that was done on purpose (a restored backup, a log deliberately cut), run
+this with the gateway stopped: it verifies the log's chain, appends an
+audit_head_accepted record naming the file's head, the head it replaces and who
+ran it, and records the head after it as the one to continue (in the store, and
+as a new checkpoint). It prints the heads. Never run it to make a refusal go away without knowing why
+the log changed: that is the refusal's whole point.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lc, err := g.loadConfig()
+			if err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			path := lc.Audit.Path
+			res, err := verifyAudit(path, true, 0, "")
+			if err != nil {
+				return fmt.Errorf("audit accept-head: %s does not verify, nothing accepted: %w", path, err)
+			}
+			found := audit.Head{Hash: audit.ZeroHash}
+			if res.n > 0 {
+				found = audit.Head{Seq: res.last, Hash: res.lastHash}
+			}
+			ctx := cmd.Context()
+			// The store is one gateway's (flock): a running gateway makes
+			// this fail here, before anything is written.
+			st, err := store.Open(ctx, lc.Store)
+			if err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			defer st.Close()
+			seq, hash, _, had, err := st.AuditHead(ctx)
+			if err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			was := "none"
+			if had {
+				was = audit.Head{Seq: seq, Hash: hash}.String()
+			}
+			// The acceptance is itself a record of the chain, so a reader of
+			// the log sees where a head was accepted and what was replaced.
+			head, err := appendAccepted(ctx, path, found, was)
+			if err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			if err := st.SetAuditHead(ctx, head.Seq, head.Hash); err != nil {
+				return fmt.Errorf("audit accept-head: %w", err)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "accepted head %s of %s (the store had %s); recorded as %s, the new head %s\n", found, path, was, audit.EventHeadAccepted, head)
+			if cp := lc.Audit.Checkpoint; cp != nil {
+				key, err := audit.LoadCheckpointKey(cp.KeyFile, true)
+				if err != nil {
+					return fmt.Errorf("audit accept-head: %w", err)
+				}
+				if err := audit.AppendCheckpoint(cp.Path, audit.NewCheckpoint(key, head, time.Now())); err != nil {
+					return fmt.Errorf("audit accept-head: %w", err)
+				}
+				fmt.Fprintf(out, "checkpoint of %s appended to %s\n", head, cp.Path)
+			}
+			return nil
+		},
+	}
 }
 
 // verified is what one file's verification found.

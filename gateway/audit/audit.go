@@ -28,7 +28,8 @@
 // Editing, deleting, inserting or reordering lines breaks the chain, which
 // Verify reports with the line number. The chain is unkeyed: it proves the
 // log is internally consistent, and an anchor of a recent hash kept elsewhere
-// proves nobody rewrote it whole.
+// proves nobody rewrote it whole or cut its end: see Head, CheckHead and
+// Checkpoint (head.go, checkpoint.go).
 //
 // # Caller contract
 //

@@ -109,7 +109,25 @@ type Audit struct {
 	// SyncInterval bounds the fsync delay of sync: interval (default 10ms,
 	// at most 1s).
 	SyncInterval Duration `yaml:"sync_interval"`
+	// Checkpoint, when set, has the gateway append a signed statement of
+	// the log's head to a second file at an interval (THREATS G9).
+	Checkpoint *AuditCheckpoint `yaml:"checkpoint"`
 }
+
+// AuditCheckpoint configures the signed checkpoints of the audit log's head.
+type AuditCheckpoint struct {
+	// Path is the file checkpoints are appended to, one JSON line each,
+	// fsynced; it belongs on another disk, machine or sink than the log.
+	Path string `yaml:"path"`
+	// Interval between checkpoints (default 1m, at least 1s).
+	Interval Duration `yaml:"interval"`
+	// KeyFile holds the Ed25519 signing key (created at first start);
+	// default audit-checkpoint.key beside audit.path.
+	KeyFile string `yaml:"key_file"`
+}
+
+// DefaultCheckpointInterval is audit.checkpoint.interval's default.
+const DefaultCheckpointInterval = time.Minute
 
 // Audit sync modes (audit.sync).
 const (
@@ -526,6 +544,16 @@ func (c *Config) resolvePaths() {
 		rt.CertFile, rt.KeyFile, rt.ClientCAFile = c.abs(rt.CertFile), c.abs(rt.KeyFile), c.abs(rt.ClientCAFile)
 	}
 	c.Audit.Path = c.abs(c.Audit.Path)
+	if cp := c.Audit.Checkpoint; cp != nil {
+		cp.Path = c.abs(cp.Path)
+		if cp.KeyFile == "" && c.Audit.Path != "" {
+			cp.KeyFile = filepath.Join(filepath.Dir(c.Audit.Path), "audit-checkpoint.key")
+		}
+		cp.KeyFile = c.abs(cp.KeyFile)
+		if cp.Interval == 0 {
+			cp.Interval = Duration(DefaultCheckpointInterval)
+		}
+	}
 	c.Secrets.Local.Path = c.abs(c.Secrets.Local.Path)
 	c.Secrets.Local.KeyFile = c.abs(c.Secrets.Local.KeyFile)
 	if rest, ok := strings.CutPrefix(c.Store, "sqlite:"); ok && rest != ":memory:" {
@@ -650,6 +678,16 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("audit.sync", "want always or interval, got %q", c.Audit.Sync)
+	}
+	if cp := c.Audit.Checkpoint; cp != nil {
+		if cp.Path == "" {
+			bad("audit.checkpoint.path", "must be set when audit.checkpoint is")
+		} else if cp.Path == c.Audit.Path {
+			bad("audit.checkpoint.path", "must not be audit.path: checkpoints belong in a second location")
+		}
+		if iv := cp.Interval.Std(); iv < time.Second {
+			bad("audit.checkpoint.interval", "must be at least 1s, got %s", iv)
+		}
 	}
 	switch c.Secrets.Backend {
 	case "local":

@@ -102,6 +102,9 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"audit sync interval zero", "audit: { sync: interval, sync_interval: 0s }\n", "audit.sync_interval"},
 		{"audit sync interval too long", "audit: { sync: interval, sync_interval: 2s }\n", "audit.sync_interval"},
 		{"audit sync interval negative", "audit: { sync: interval, sync_interval: -10ms }\n", "audit.sync_interval"},
+		{"audit checkpoint without path", "audit: { checkpoint: { interval: 1m } }\n", "audit.checkpoint.path: must be set"},
+		{"audit checkpoint in the log", "audit: { path: /x/a.log, checkpoint: { path: /x/a.log } }\n", "audit.checkpoint.path: must not be audit.path"},
+		{"audit checkpoint interval too short", "audit: { checkpoint: { path: cp.jsonl, interval: 100ms } }\n", "audit.checkpoint.interval"},
 		{"slug", "connectors: [{ slug: Billing, spec: a.yaml }]\n", "connectors[0].slug"},
 		{"dup slug", "connectors: [{ slug: a, spec: a.yaml }, { slug: a, spec: b.yaml }]\n", "connectors[1].slug"},
 		{"http spec", "connectors: [{ slug: a, spec: 'http://x/spec.yaml' }]\n", "connectors[0].spec"},
@@ -197,5 +200,19 @@ func TestAllowPrivateMetadata(t *testing.T) {
 				t.Fatalf("err = %v does not name the entry and the acknowledging key", err)
 			}
 		})
+	}
+}
+
+// TestAuditCheckpointDefaults: the interval defaults to 1m and the key
+// file sits beside the audit log; relative paths resolve against the
+// config's directory.
+func TestAuditCheckpointDefaults(t *testing.T) {
+	c, err := Parse([]byte("audit: { path: logs/audit.log, checkpoint: { path: cp.jsonl } }\n"), "/etc/sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := c.Audit.Checkpoint
+	if cp.Path != "/etc/sluice/cp.jsonl" || cp.KeyFile != "/etc/sluice/logs/audit-checkpoint.key" || cp.Interval.Std() != time.Minute {
+		t.Fatalf("checkpoint = %+v", *cp)
 	}
 }

@@ -93,6 +93,15 @@ var migrations = []string{
 	DROP INDEX holds_same;
 	CREATE INDEX holds_same ON holds (agent, sandbox, session, user, tool, sha256, status);
 	CREATE INDEX holds_sandbox ON holds (agent, sandbox, status);`,
+	// 6: the audit log's head as the gateway last made it durable
+	// (THREATS G9): at start a log that does not reach it, or holds
+	// another record at its seq, is refused. One row.
+	`CREATE TABLE audit_head (
+		id      INTEGER PRIMARY KEY CHECK (id = 1),
+		seq     INTEGER NOT NULL,
+		hash    TEXT    NOT NULL,
+		updated INTEGER NOT NULL
+	);`,
 }
 
 // Store is an open database. Safe for concurrent use.
