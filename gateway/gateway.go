@@ -81,6 +81,7 @@ type Options struct {
 type Server struct {
 	cfg     *config.Config
 	log     *slog.Logger
+	repeats repeatLimiter // identical error lines, logged once then counted (logcap.go)
 	catalog *catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
@@ -152,6 +153,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
+	s.repeats.log, s.repeats.every = log, repeatEvery
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	var warns []error
@@ -575,6 +577,7 @@ func (s *Server) Close() error {
 		u.transport.CloseIdleConnections()
 	}
 	s.stop.closeAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
+	s.repeats.stop()
 	return err
 }
 
