@@ -892,6 +892,14 @@ func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
 			return n, &VerifyError{Line: n + 1, Reason: fmt.Sprintf("line longer than %d bytes", MaxRecord)}
 		case errors.Is(err, io.EOF):
 			if len(line) > 0 {
+				if _, bad := checkLine(line); bad == "" && unfinishedRecord(line, seq, prev) {
+					// Whole but for its newline: the writer writes both
+					// at once, so either that write stopped one byte
+					// short (and was refused) or the newline was removed.
+					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
+						"unfinished write: the last line is record seq %d whole but for its newline (%d bytes): a write that stopped one byte short, never acknowledged, or a newline removed since; the chain is intact up to here",
+						seq, len(line))}
+				}
 				if unfinishedRecord(line, seq, prev) {
 					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
 						"unfinished write: the last %d bytes, without a newline, are the start of record seq %d, cut short (a full disk or a crash) and never acknowledged; not an edit of the chain, which is intact up to here",

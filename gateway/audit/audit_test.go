@@ -134,7 +134,7 @@ func TestVerifyDetectsTampering(t *testing.T) {
 		{"a write cut before its newline only", func(ls []string) []string {
 			ls[5] = strings.TrimSuffix(ls[5], "\n")
 			return ls
-		}, 6, "unfinished write"},
+		}, 6, "record seq 6 whole but for its newline"},
 		{"a partial last line that is not the next record", func(ls []string) []string {
 			ls[5] = strings.Replace(ls[5][:len(ls[5])/2], `{"seq":6`, `{"seq":7`, 1)
 			return ls

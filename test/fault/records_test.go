@@ -208,7 +208,7 @@ func TestAuditFullDiskRecords(t *testing.T) {
 	if verr == nil {
 		t.Errorf("verify passed a log with a partial last line: %s", out)
 	}
-	for _, want := range []string{"UNFINISHED: " + logPath, "unfinished write", "not an edit", "not tampering",
+	for _, want := range []string{"UNFINISHED: " + logPath, "unfinished write", "not tampering",
 		"next start of the gateway on this log removes these " + strconv.Itoa(partial) + " bytes"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("verify output lacks %q:\n%s", want, out)
