@@ -87,6 +87,25 @@ func TestUpstreamStatusRecorded(t *testing.T) {
 		t.Errorf("sluice_upstream_responses_total{connector=tickets,path=tool_call,class=4xx}: %d -> %d, want +1", before, after)
 	}
 
+	// An approved hold is sent through the same path: its result too.
+	held := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":1}}`)
+	if held.Status != http.StatusAccepted || held.HoldID == "" {
+		t.Fatalf("ask: %d %s, want 202 pending", held.Status, held.Body)
+	}
+	e.Up.SetMode(gwenv.ModeRaw)
+	e.Up.SetRaw("HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+	st, _, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+held.HoldID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`)
+	e.Up.SetMode(gwenv.ModeOK)
+	if st != http.StatusOK {
+		t.Fatalf("approve: %d", st)
+	}
+	hr, _ := g.AwaitAuditFields("result", map[string]any{"tool": "tickets.create_refund", "upstream_status": 401})["fields"].(map[string]any)
+	c.Observef("reply %d carrying %d; audit status %v upstream_status %v; log status %v upstream_status %v; metric 4xx %d -> %d; approved hold's result status %v upstream_status %v",
+		r.Status, r.Result.Status, rec["status"], rec["upstream_status"], line["status"], line["upstream_status"], before, after, hr["status"], hr["upstream_status"])
+	if hr["status"] != float64(200) {
+		t.Errorf("approved hold's result record %v: want status 200 beside upstream_status 401", hr)
+	}
+
 	// Control: a refusal before the upstream has no upstream_status at all.
 	ctl := g.Call(agentA, "tickets.no_such_tool", `{}`)
 	if ctl.Status != http.StatusNotFound {
