@@ -366,6 +366,7 @@ func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
 		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", h.Caller.Agent, tool.Connector))
 	}
+	c.connector = tool.Connector
 	up := s.catalog.connectors[tool.Connector]
 	args, err := connectors.DecodeArgs(h.Args)
 	if err != nil {

@@ -152,7 +152,7 @@ func must(t testing.TB, err error) {
 // (out of order, the log would fold them into a map: the same line, at the
 // cost the pairs exist to avoid).
 func TestEgressAuditFieldsSorted(t *testing.T) {
-	full := &egressCall{kind: "http", destHost: "pkg.example", port: 80, status: 200, upstreamErr: "broken_body",
+	full := &egressCall{kind: "http", destHost: "pkg.example", port: 80, status: 200, upstreamStatus: 401, upstreamErr: "broken_body",
 		decided: true, event: "x", caller: policy.Caller{Sandbox: "sb", Agent: "a", Session: "s", User: "u"}}
 	full.destIP.Store("192.0.2.1")
 	bare := &egressCall{kind: "dns", destHost: "pkg.example", event: "doh_refused"}
@@ -163,8 +163,8 @@ func TestEgressAuditFieldsSorted(t *testing.T) {
 		refusal *apiError
 		want    int
 	}{
-		{"every field of a result", full, "result", &apiError{Code: CodeUpstreamError}, 17},
-		{"a decision", full, "decision", nil, 13},
+		{"every field of a result", full, "result", &apiError{Code: CodeUpstreamError}, 18},
+		{"a decision", full, "decision", nil, 14},
 		{"a refusal before policy", bare, "decision", &apiError{Code: CodeEgressDenied}, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

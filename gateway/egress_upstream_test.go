@@ -580,3 +580,60 @@ func TestUpstreamRequestBody(t *testing.T) {
 		t.Fatalf("upstream connections %d, bodies %v; want one connection with two bodies of %d", len(conns), conns[0].bodies, size)
 	}
 }
+
+// TestProxyUpstreamStatusRecorded: a proxied request the upstream refuses
+// (401) has the upstream's status in its result record, its egress line
+// and sluice_upstream_responses_total{path="proxy",class="4xx"}, as a tool
+// call's has (THREATS G11).
+func TestProxyUpstreamStatusRecorded(t *testing.T) {
+	u := newRawUpstream(t, func(int, *http.Request) rawAnswer {
+		return rawAnswer{raw: "HTTP/1.1 401 Unauthorized\r\nContent-Length: 3\r\n\r\nno!"}
+	})
+	be := rawEgressFor(t, u, 5*time.Second)
+	status, body, _ := getAs(t, be, agentA, agentA.Sandbox)
+	if status != http.StatusUnauthorized || body != "no!" {
+		t.Fatalf("GET: %d %q, want the upstream's 401 relayed", status, body)
+	}
+	var res map[string]any
+	deadline := time.Now().Add(5 * time.Second)
+	for res == nil && time.Now().Before(deadline) {
+		for _, r := range auditEvents(t, be.g) {
+			if r.Event == "result" && r.Fields["kind"] == "http" {
+				res = r.Fields
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fmt.Sprint(res["status"]) != "401" || fmt.Sprint(res["upstream_status"]) != "401" {
+		t.Errorf("result record %v: want status 401 and upstream_status 401", res)
+	}
+	var line map[string]any
+	for l := range strings.Lines(be.g.logBuf.String()) {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "egress" && m["status"] == float64(401) {
+			line = m
+		}
+	}
+	if line == nil || line["upstream_status"] != float64(401) {
+		t.Errorf("egress line %v: want upstream_status 401", line)
+	}
+	resp, err := http.Get("http://" + be.g.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	m, _ := io.ReadAll(resp.Body)
+	if want := `sluice_upstream_responses_total{class="4xx",connector="",path="proxy"} 1`; !strings.Contains(string(m), want) {
+		t.Errorf("/metrics lacks %s:\n%s", want, grepLines(string(m), "sluice_upstream"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "")
+}

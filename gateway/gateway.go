@@ -81,6 +81,7 @@ type Options struct {
 type Server struct {
 	cfg     *config.Config
 	log     *slog.Logger
+	repeats repeatLimiter // identical error lines, logged once then counted (logcap.go)
 	catalog *catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
@@ -153,6 +154,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
+	s.repeats.log, s.repeats.every = log, repeatEvery
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	var warns []error
@@ -195,6 +197,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	if s.audit, err = audit.OpenWith(cfg.Audit.Path, auditOptions(cfg.Audit)); err != nil { // egress_audit.go
 		return nil, fmt.Errorf("audit.path: %w", err)
+	}
+	if n := s.audit.Stats().TruncatedTail; n > 0 {
+		// What `sluice audit verify` calls an unfinished write: the last
+		// stop left a record half-written (a full disk, a crash). It was
+		// never acknowledged, so no answered call loses its record.
+		log.Warn("audit: removed an unfinished last line", "path", cfg.Audit.Path, "bytes", n,
+			"reason", "a write that did not complete before the last stop (full disk or crash); never acknowledged")
 	}
 	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
 		s.audit.Close()
@@ -578,6 +587,7 @@ func (s *Server) Close() error {
 		u.transport.CloseIdleConnections()
 	}
 	s.stop.closeAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
+	s.repeats.stop()
 	return err
 }
 

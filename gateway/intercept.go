@@ -485,6 +485,8 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		writeError(w, ee.apiError, c.rid)
 		return
 	}
+	c.upstreamStatus = resp.StatusCode
+	e.s.tel.upstreamAnswered("", "intercept", resp.StatusCode)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		e.relayWebSocket(w, c, key, resp, scr, switched)
 		return

@@ -123,8 +123,10 @@ type egressCall struct {
 	destIP   atomicString
 	decision policy.Decision
 	decided  bool
-	status   int
-	event    string // an extra audit event for the refusal (sni_mismatch …)
+	status   int // the gateway's answer to the sandbox
+	// upstreamStatus is the status the upstream answered (0: none).
+	upstreamStatus int
+	event          string // an extra audit event for the refusal (sni_mismatch …)
 	// upstreamErr says why an allowed request's upstream answer was not
 	// relayed, or was cut (malformed_response, response_timeout …).
 	upstreamErr string
@@ -335,6 +337,8 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	}
 	c.destIP.Store(resp.remote)
 	defer resp.body.Close()
+	c.upstreamStatus = resp.status
+	e.s.tel.upstreamAnswered("", "proxy", resp.status)
 	// The start of the body is read before the answer is committed: a
 	// response whose framing breaks at once (a bad first chunk, a small
 	// body shorter than its Content-Length) is still refused with a 502.
@@ -835,7 +839,12 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 	f := c.auditFields(event, refusal)
 	if _, err := e.s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}, presync); err != nil {
 		e.s.tel.audits.Add(ctx, 1)
-		e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
+		// Some callers log no refusal after a failed result record (the
+		// answer is already out): this line names the cause, once per
+		// interval while it repeats (logcap.go).
+		if e.s.repeats.allow("audit: record not durable; refusing raw egress", err.Error()) {
+			e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
+		}
 		ee := egressRefuse(http.StatusServiceUnavailable, CodeAuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
 		ee.cause = err
 		return ee
@@ -847,7 +856,7 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 // key order (audit.Record.Sorted): every proxied request writes two of
 // these records, and a map per record was its largest allocation.
 func (c *egressCall) auditFields(event string, refusal *apiError) []audit.Field {
-	f := make([]audit.Field, 0, 17)
+	f := make([]audit.Field, 0, 18)
 	f = append(f, audit.Field{Key: "agent", Value: c.caller.Agent})
 	if event == "result" {
 		f = append(f, audit.Field{Key: "bytes_down", Value: c.bytesDn.Load()}, audit.Field{Key: "bytes_up", Value: c.bytesUp.Load()})
@@ -885,6 +894,9 @@ func (c *egressCall) auditFields(event string, refusal *apiError) []audit.Field 
 	if c.upstreamErr != "" {
 		f = append(f, audit.Field{Key: "upstream_error", Value: c.upstreamErr})
 	}
+	if c.upstreamStatus != 0 {
+		f = append(f, audit.Field{Key: "upstream_status", Value: c.upstreamStatus})
+	}
 	f = append(f, audit.Field{Key: "user", Value: c.caller.User})
 	return f
 }
@@ -907,6 +919,9 @@ func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
 		if ee.Status >= 500 {
 			level = slog.LevelWarn
 		}
+		if ee.Code == CodeAuditUnavailable && !e.s.repeats.allow("egress", reason) {
+			return // the same refusal was logged in this interval: counted (logcap.go)
+		}
 	}
 	e.s.log.LogAttrs(context.Background(), level, "egress",
 		slog.String("request_id", c.rid),
@@ -922,6 +937,7 @@ func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
 		slog.Int("port", c.port),
 		slog.String("resolved_ip", c.destIP.Load()),
 		slog.Int("status", c.status),
+		slog.Int("upstream_status", c.upstreamStatus),
 		slog.Int64("bytes_up", c.bytesUp.Load()),
 		slog.Int64("bytes_down", c.bytesDn.Load()),
 		slog.Float64("duration_ms", float64(time.Since(c.start).Microseconds())/1000),

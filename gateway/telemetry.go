@@ -28,6 +28,7 @@ type telemetry struct {
 	refusals  metric.Int64Counter
 	audits    metric.Int64Counter
 	reflected metric.Int64Counter
+	upstream  metric.Int64Counter
 }
 
 func newTelemetry() (*telemetry, error) {
@@ -43,7 +44,7 @@ func newTelemetry() (*telemetry, error) {
 		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		tracer:   otel.Tracer("sluice/gateway"),
 	}
-	var errs [6]error
+	var errs [7]error
 	t.decisions, errs[0] = m.Int64Counter("sluice.decisions", metric.WithDescription("Policy decisions by action and rule."))
 	t.latency, errs[1] = m.Float64Histogram("sluice.request.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time from a tool call's arrival to its answer, by decision."),
@@ -52,6 +53,7 @@ func newTelemetry() (*telemetry, error) {
 	t.refusals, errs[3] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
 	t.audits, errs[4] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
 	t.reflected, errs[5] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
+	t.upstream, errs[6] = m.Int64Counter("sluice.upstream.responses", metric.WithDescription("Upstream answers by connector (empty for raw egress), path (tool_call, proxy, intercept) and status class (2xx … 5xx); a relayed 401 is counted here as 4xx whatever the gateway answered."))
 	for _, e := range errs {
 		if e != nil {
 			return nil, fmt.Errorf("gateway: metric: %w", e)
@@ -70,4 +72,21 @@ func (t *telemetry) reload(ok bool) {
 
 func (t *telemetry) refused(code Code) {
 	t.refusals.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", string(code))))
+}
+
+// upstreamAnswered counts an upstream's answer of status on path (tool_call,
+// proxy, intercept) for connector ("" on raw egress: a host is not a label,
+// its cardinality is the agent's to choose).
+func (t *telemetry) upstreamAnswered(connector, path string, status int) {
+	t.upstream.Add(context.Background(), 1, metric.WithAttributes(
+		attribute.String("connector", connector), attribute.String("path", path), attribute.String("class", statusClass(status))))
+}
+
+// statusClass is the class of an HTTP status: "2xx" … "5xx", or "other"
+// for a status outside 100..599 (refused as invalid, counted all the same).
+func statusClass(status int) string {
+	if status < 100 || status > 599 {
+		return "other"
+	}
+	return string(rune('0'+status/100)) + "xx"
 }

@@ -106,9 +106,13 @@ type call struct {
 	decided  bool
 	destHost string
 	destIP   atomicString // written by dial callbacks that may outlive the request
-	status   int
-	cred     string // where the credential went, never its value
-	reflect  bool
+	status   int          // the gateway's answer to the agent
+	// upstreamStatus is the status the upstream answered (0: none); a
+	// relayed 401 is the gateway's 200 carrying the upstream's 401.
+	upstreamStatus int
+	connector      string
+	cred           string // where the credential went, never its value
+	reflect        bool
 	// upstreamErr says why the upstream's reply was not relayed
 	// (encoded_reply, opaque_reply …), as in raw egress's records.
 	upstreamErr string
@@ -185,6 +189,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
 	}
 	c.tool = tool.Name // a call by alias is decided, held and audited under the tool's name
+	c.connector = tool.Connector
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
 		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
 	}
@@ -421,6 +426,8 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 	}
 	defer resp.Body.Close()
 	c.answered = true
+	c.upstreamStatus = resp.StatusCode
+	s.tel.upstreamAnswered(c.connector, "tool_call", resp.StatusCode)
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		// Go's client takes any three digits; a status outside HTTP's
 		// range is a broken or hostile upstream (THREATS F6).
@@ -544,6 +551,9 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	if c.status != 0 {
 		f["status"] = c.status
 	}
+	if c.upstreamStatus != 0 {
+		f["upstream_status"] = c.upstreamStatus
+	}
 	if refusal != nil {
 		f["code"] = string(refusal.Code)
 	}
@@ -559,8 +569,8 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	written := c.presync
 	c.presync = false
 	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}, written); err != nil {
+		// The call's one tool_call line (logCall) names the cause.
 		s.tel.audits.Add(ctx, 1)
-		s.log.Error("audit: record not durable; refusing the call", "request_id", c.rid, "err", err)
 		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")
 		e.cause = err
 		return e
@@ -587,6 +597,10 @@ func (s *Server) logCall(c *call, refusal *apiError) {
 	} else if c.reflect {
 		reason = "secret_reflected"
 	}
+	s.tel.latency.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String("decision", decision)))
+	if refusal != nil && refusal.Code == CodeAuditUnavailable && !s.repeats.allow("tool_call", reason) {
+		return // the same refusal was logged in this interval: counted (logcap.go)
+	}
 	s.log.LogAttrs(context.Background(), level, "tool_call",
 		slog.String("request_id", c.rid),
 		slog.String("decision", decision),
@@ -600,9 +614,9 @@ func (s *Server) logCall(c *call, refusal *apiError) {
 		slog.String("dest_host", c.destHost),
 		slog.String("resolved_ip", c.destIP.Load()),
 		slog.Int("status", c.status),
+		slog.Int("upstream_status", c.upstreamStatus),
 		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
 	)
-	s.tel.latency.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String("decision", decision)))
 }
 
 func newRequestID() string {

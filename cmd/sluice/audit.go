@@ -47,6 +47,11 @@ gateway's signed checkpoints (audit.checkpoint), after checking every
 checkpoint's Ed25519 signature against --public-key (hex), or the public half of
 audit.checkpoint.key_file from the config.
 
+A last line without its newline that is the start of the record due next is a
+write cut short (a full disk, a crash): it was never acknowledged, and the
+gateway's next start removes it. verify prints it as UNFINISHED, not FAIL, says
+so, and still exits non-zero until it is gone.
+
 A log the gateway re-created after its file was deleted or rotated starts with an
 audit_log_recreated record that continues the old chain. Give the files in order
 (--file old --file new) to check that each continues the one before; a single
@@ -80,6 +85,12 @@ before it are not in that file.`,
 				res, err := verifyAudit(path, i == 0, seq, prev)
 				if err != nil {
 					var ve *audit.VerifyError
+					if errors.As(err, &ve) && ve.Unfinished {
+						fmt.Fprintf(out, "UNFINISHED: %s line %d: %s\n", path, ve.Line, ve.Reason)
+						fmt.Fprintf(out, "note: an unfinished write, not tampering: the next start of the gateway on this log removes these %d bytes before it writes again (it logs \"audit: removed an unfinished last line\"); the %d records before them verify\n",
+							ve.Bytes, total+ve.Line-1)
+						return silentError{fmt.Sprintf("audit verify: unfinished write at line %d of %s (not tampering): the next start removes it", ve.Line, path)}
+					}
 					if errors.As(err, &ve) {
 						fmt.Fprintf(out, "FAIL: %s line %d: %s\n", path, ve.Line, ve.Reason)
 						return silentError{fmt.Sprintf("audit verify: chain broken at line %d of %s", ve.Line, path)}

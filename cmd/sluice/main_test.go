@@ -845,3 +845,44 @@ func checkCLI(t *testing.T, out string, err error, want []string, wantErr string
 		}
 	}
 }
+
+// TestAuditVerifyUnfinishedWrite: a log whose last line lost its end (a
+// write cut short by a full disk) is named an unfinished write, not a
+// broken chain, and still fails; bytes that are not the next record's
+// start are a FAIL.
+func TestAuditVerifyUnfinishedWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	writeAuditLog(t, path, 3)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	cut := strings.Join(lines[:2], "") + lines[2][:len(lines[2])/2]
+	if err := os.WriteFile(path, []byte(cut), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := cli(t, "", "audit", "verify", "--file", path)
+	if err == nil || !strings.Contains(err.Error(), "unfinished write at line 3") || !strings.Contains(err.Error(), "not tampering") {
+		t.Fatalf("audit verify err = %v, want the unfinished write named; output %q", err, out)
+	}
+	for _, want := range []string{"UNFINISHED: " + path + " line 3: unfinished write", "start of record seq 3",
+		"removes these " + strconv.Itoa(len(lines[2])/2) + " bytes", "the 2 records before them verify"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output %q lacks %q", out, want)
+		}
+	}
+	if strings.Contains(out, "FAIL") {
+		t.Errorf("output %q calls an unfinished write a FAIL", out)
+	}
+
+	// Control: the same cut with another seq is not the record due next.
+	forged := strings.Replace(cut, `{"seq":3`, `{"seq":9`, 1)
+	if err := os.WriteFile(path, []byte(forged), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = cli(t, "", "audit", "verify", "--file", path)
+	if err == nil || !strings.HasPrefix(out, "FAIL: "+path+" line 3: partial last line without newline that is not the start of record seq 3") {
+		t.Errorf("forged tail: err %v output %q, want FAIL naming a partial line that is not record seq 3", err, out)
+	}
+}

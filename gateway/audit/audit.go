@@ -69,6 +69,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -859,6 +860,13 @@ func (l *Log) Close() error {
 type VerifyError struct {
 	Line   int // 1-based
 	Reason string
+	// Unfinished is a last line without its newline that is the start of
+	// the record that was due next (its seq, and its prev when it got that
+	// far): a write cut short by a full disk or a crash, never acknowledged
+	// to any caller, not an edit. Open removes such a line (any partial
+	// last line) before it writes again; Bytes is its length.
+	Unfinished bool
+	Bytes      int
 }
 
 func (e *VerifyError) Error() string {
@@ -885,7 +893,21 @@ func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
 			return n, &VerifyError{Line: n + 1, Reason: fmt.Sprintf("line longer than %d bytes", MaxRecord)}
 		case errors.Is(err, io.EOF):
 			if len(line) > 0 {
-				return n, &VerifyError{Line: n + 1, Reason: "partial last line without newline (crash or truncation)"}
+				if _, bad := checkLine(line); bad == "" && unfinishedRecord(line, seq, prev) {
+					// Whole but for its newline: the writer writes both
+					// at once, so either that write stopped one byte
+					// short (and was refused) or the newline was removed.
+					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
+						"unfinished write: the last line is record seq %d whole but for its newline (%d bytes): a write that stopped one byte short, never acknowledged, or a newline removed since; the chain is intact up to here",
+						seq, len(line))}
+				}
+				if unfinishedRecord(line, seq, prev) {
+					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
+						"unfinished write: the last %d bytes, without a newline, are the start of record seq %d, cut short (a full disk or a crash) and never acknowledged; not an edit of the chain, which is intact up to here",
+						len(line), seq)}
+				}
+				return n, &VerifyError{Line: n + 1, Bytes: len(line), Reason: fmt.Sprintf(
+					"partial last line without newline that is not the start of record seq %d (truncated or edited)", seq)}
 			}
 			return n, nil
 		case err != nil:
@@ -908,6 +930,35 @@ func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
 }
 
 var hashSuffix = []byte(`,"hash":"`)
+
+// unfinishedRecord says whether line (the file's last bytes, with no
+// newline) is the start of the record with sequence number seq linking to
+// prev, as the writer encodes it (appendRecordHead): {"seq":N,"time":"T",
+// "prev":"P" and then anything. A line that stops inside that head must
+// be a prefix of it.
+func unfinishedRecord(line []byte, seq uint64, prev string) bool {
+	head := []byte(`{"seq":` + strconv.FormatUint(seq, 10) + `,"time":"`)
+	if len(line) <= len(head) {
+		return bytes.HasPrefix(head, line)
+	}
+	if !bytes.HasPrefix(line, head) {
+		return false
+	}
+	rest := line[len(head):]
+	q := bytes.IndexByte(rest, '"')
+	if q < 0 { // cut inside the time
+		return len(rest) <= len(time.RFC3339Nano) && len(bytes.Trim(rest, "0123456789-:.TZ+")) == 0
+	}
+	if _, err := time.Parse(time.RFC3339Nano, string(rest[:q])); err != nil {
+		return false
+	}
+	link := []byte(`","prev":"` + prev + `"`)
+	rest = rest[q:]
+	if len(rest) <= len(link) {
+		return bytes.HasPrefix(link, rest)
+	}
+	return bytes.HasPrefix(rest, link)
+}
 
 // checkLine decodes one line (without newline) and checks its own hash. It
 // returns a non-empty reason if the line is not a self-consistent record.

@@ -126,7 +126,28 @@ func TestVerifyDetectsTampering(t *testing.T) {
 		{"truncate the file mid-line", func(ls []string) []string {
 			ls[5] = ls[5][:len(ls[5])/2]
 			return ls
-		}, 6, "partial last line"},
+		}, 6, "unfinished write: the last"},
+		{"a write cut inside the time", func(ls []string) []string {
+			ls[5] = ls[5][:len(`{"seq":6,"time":"2026-`)]
+			return ls
+		}, 6, "are the start of record seq 6, cut short"},
+		{"a write cut before its newline only", func(ls []string) []string {
+			ls[5] = strings.TrimSuffix(ls[5], "\n")
+			return ls
+		}, 6, "record seq 6 whole but for its newline"},
+		{"a partial last line that is not the next record", func(ls []string) []string {
+			ls[5] = strings.Replace(ls[5][:len(ls[5])/2], `{"seq":6`, `{"seq":7`, 1)
+			return ls
+		}, 6, "partial last line without newline that is not the start of record seq 6"},
+		{"a partial last line with another prev", func(ls []string) []string {
+			i := strings.Index(ls[5], `"prev":"`) + 8
+			flip := "0"
+			if ls[5][i] == '0' {
+				flip = "1"
+			}
+			ls[5] = ls[5][:i] + flip + ls[5][i+1:len(ls[5])-10]
+			return ls
+		}, 6, "not the start of record seq 6"},
 		{"rehash an edited line: next link breaks", func(ls []string) []string {
 			ls[2] = rehash(strings.Replace(ls[2], `"allow"`, `"block"`, 1))
 			return ls

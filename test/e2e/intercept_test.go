@@ -93,6 +93,10 @@ func newInterceptWorld(t testing.TB) *interceptWorld {
 			serveStream(rw, w.release)
 			return
 		}
+		if r.URL.Path == "/unauthorized" { // an upstream that refuses the key
+			rw.WriteHeader(http.StatusUnauthorized)
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/ws") {
 			wsUpstream.ServeHTTP(rw, r)
 			return
@@ -316,6 +320,27 @@ func TestInterception(t *testing.T) {
 		// One decision for the CONNECT and one per request.
 		if n := countEvent(w.g.For(t).AuditRecords(), "decision", "api.test") - before; n != 4 {
 			t.Fatalf("%d decision records, want 4 (1 tunnel + 3 requests)", n)
+		}
+	})
+	t.Run("G11 an upstream's 401 is recorded as upstream_status", func(t *testing.T) {
+		resp, body := w.do(t, c, "GET", "https://api.test/unauthorized", "", bearer, "")
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("got %d %q, want the upstream's 401 relayed", resp.StatusCode, body)
+		}
+		g := w.g.For(t)
+		rec := g.AwaitAuditFields("result", map[string]any{"dest_host": "api.test", "kind": "http", "status": 401, "upstream_status": 401})
+		line := g.AwaitLog("egress 401", func(m map[string]any) bool {
+			return m["msg"] == "egress" && m["request_id"] == rec["request_id"]
+		})
+		if line["upstream_status"] != float64(401) {
+			t.Errorf("egress line %v: want upstream_status 401", line)
+		}
+		_, metrics, err := g.AdminGet("/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `sluice_upstream_responses_total{class="4xx",connector="",path="intercept"} 1`; !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
 	})
 	t.Run("blocked path in the tunnel is 403 and never sent", func(t *testing.T) {

@@ -1,0 +1,68 @@
+package gateway
+
+import (
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+// logLines decodes the JSON lines of buf.
+func logLines(t *testing.T, buf *syncBuffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for ln := range strings.Lines(buf.String()) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(ln), &m); err != nil {
+			t.Fatalf("log line %q: %v", ln, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestRepeatLimiter: a line repeated 1,000 times in an interval is logged
+// once and then counted in one log_repeated line; another reason is its
+// own line; after a quiet interval the line is logged whole again.
+func TestRepeatLimiter(t *testing.T) {
+	var buf syncBuffer
+	l := &repeatLimiter{log: slog.New(slog.NewJSONHandler(&buf, nil)), every: 200 * time.Millisecond}
+	defer l.stop()
+	allowed := 0
+	for range 1000 {
+		if l.allow("tool_call", "audit_unavailable: no space left on device") {
+			allowed++
+		}
+	}
+	if allowed != 1 {
+		t.Fatalf("%d of 1000 identical lines allowed in one interval, want 1", allowed)
+	}
+	if !l.allow("tool_call", "audit_unavailable: input/output error") {
+		t.Errorf("a line with another reason was suppressed")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var rep []map[string]any
+	for time.Now().Before(deadline) && len(rep) == 0 {
+		time.Sleep(20 * time.Millisecond)
+		for _, m := range logLines(t, &buf) {
+			if m["msg"] == "log_repeated" {
+				rep = append(rep, m)
+			}
+		}
+	}
+	if len(rep) != 1 || rep[0]["count"] != float64(999) || rep[0]["line"] != "tool_call" ||
+		rep[0]["reason"] != "audit_unavailable: no space left on device" || rep[0]["interval_s"] != 0.2 {
+		t.Fatalf("log_repeated lines %v, want one counting 999 tool_call lines", rep)
+	}
+	// The next interval had none: the key ends, and the line is whole again.
+	time.Sleep(3 * l.every)
+	if !l.allow("tool_call", "audit_unavailable: no space left on device") {
+		t.Errorf("the line after a quiet interval was suppressed")
+	}
+	for _, m := range logLines(t, &buf) {
+		if m["msg"] == "log_repeated" && m["count"] != float64(999) {
+			t.Errorf("unexpected count line %v", m)
+		}
+	}
+}
