@@ -32,6 +32,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if err := checkEnv(req.Env); err != nil {
 		return ExecResult{}, err
 	}
+	// The sandbox's own limits are the exec's ceilings (they are at most
+	// sandboxd.yaml's): refused, not capped (THREATS B8).
+	if err := (Limits{ExecTimeout: req.Timeout, OutputBytes: req.OutputBytes}).Within(sb.info.Limits, "the sandbox's limits"); err != nil {
+		m.refuseLimit(sb.info.Agent, id, err)
+		return ExecResult{}, fmt.Errorf("sandboxd: exec: %w", err)
+	}
 	timeout, limit := req.Timeout, req.OutputBytes
 	if timeout <= 0 {
 		timeout = sb.info.Limits.ExecTimeout
