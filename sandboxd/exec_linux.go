@@ -134,6 +134,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if rep.Error != "" {
 		res.ExitCode = 127
 		res.Stderr = rep.Error + "\n"
+		if req.Stderr != nil {
+			// Streamed: the caller's stderr must say why nothing ran
+			// (the copiers have seen EOF: init closed the command's ends).
+			wg.Wait()
+			_, _ = io.WriteString(req.Stderr, "sandboxd: "+res.Stderr)
+		}
 		if _, pids1 := sb.cg.counters(); pids1 > pids0 {
 			res.KilledBy = KilledByPids
 		}
