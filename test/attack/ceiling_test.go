@@ -77,8 +77,12 @@ func TestLimitCeilings(t *testing.T) {
 	t.Run("create/lifetime_ms", func(t *testing.T) {
 		c := casebook.Expect(t, "B8", "POST /v1/sandboxes with lifetime_ms 600001 over lifetime 10m",
 			"400 above_ceiling naming lifetime; limit_refused event")
-		msg := refused(t, "POST", "/v1/sandboxes", `{"agent":"a","lifetime_ms":600001}`, "lifetime: requested 10m0.001s is above the ceiling 10m0s")
-		c.Observef("400 above_ceiling %q", msg)
+		want := "lifetime: requested 10m0.001s is above the ceiling 10m0s"
+		msg := refused(t, "POST", "/v1/sandboxes", `{"agent":"a","lifetime_ms":600001}`, want)
+		if ev := lastEvent(t, d); ev["event"] != "limit_refused" || !strings.Contains(ev["error"], want) {
+			t.Fatalf("last event %v, want limit_refused naming %q", ev, want)
+		}
+		c.Observef("400 above_ceiling %q; event limit_refused", msg)
 	})
 	for _, tc := range []struct{ name, body, want string }{
 		{"negative pids", `{"agent":"a","limits":{"pids":-1}}`, "pids: requested -1 must not be negative"},
