@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -79,13 +80,17 @@ func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
 		}
 		return errs
 	}
-	st, err := vault.OpenLocal(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile)
-	if err != nil {
+	// Opened for reading only: validate creates no store or lock file.
+	var entries []vault.Entry
+	st, err := vault.OpenLocalExisting(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist): // a key and no store: nothing stored yet
+	case err != nil:
 		return []error{fmt.Errorf("secrets.local: %w", err)}
-	}
-	entries, err := st.List(ctx)
-	if err != nil {
-		return []error{fmt.Errorf("secrets.local: %w", err)}
+	default:
+		if entries, err = st.List(ctx); err != nil {
+			return []error{fmt.Errorf("secrets.local: %w", err)}
+		}
 	}
 	have := map[string]bool{}
 	for _, e := range entries {
@@ -642,8 +647,8 @@ func storedShape(ctx context.Context, cfg *config.Config, cc config.Connector, l
 }
 
 // existingLocal returns a func that opens the configured local store once,
-// only if its file and key already exist (nil otherwise: opening would
-// create them).
+// only if its file and key already exist (nil otherwise), creating
+// nothing (not even the lock file).
 func existingLocal(cfg *config.Config) func() *vault.Local {
 	var st *vault.Local
 	tried := false
@@ -652,12 +657,10 @@ func existingLocal(cfg *config.Config) func() *vault.Local {
 			return st
 		}
 		tried = true
-		for _, p := range []string{cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile} {
-			if _, err := os.Stat(p); err != nil {
-				return nil
-			}
+		var err error
+		if st, err = vault.OpenLocalExisting(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile); err != nil {
+			st = nil
 		}
-		st, _ = vault.OpenLocal(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile)
 		return st
 	}
 }

@@ -28,6 +28,10 @@ const (
 	// CodeTooManyHolds is a sandbox with its share of its agent's pending
 	// holds (gateway.max_pending_holds_per_sandbox) asking again (429).
 	CodeTooManyHolds Code = "too_many_holds"
+	// CodeUnknownAgent is an identity whose agent is not in agents[]
+	// asking for its tools (403): refused rather than answered with an
+	// empty list, so a misnamed agent shows at once.
+	CodeUnknownAgent Code = "unknown_agent"
 	// Connection-level refusals, before any identity exists.
 	CodeUntrustedPeer    Code = "untrusted_peer"
 	CodeIdentityRequired Code = "identity_required"

@@ -390,6 +390,19 @@ func TestToolCallPipeline(t *testing.T) {
 		}
 	})
 
+	t.Run("an agent not configured is told so, not given an empty list", func(t *testing.T) {
+		cu := g.client(wire.Identity{Sandbox: "sb-3", Agent: "agent-nobody", Session: "s", User: "bob"})
+		resp, err := cu.Get("http://sluice/v1/tools")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), `"code":"unknown_agent"`) || !strings.Contains(string(b), `agent \"agent-nobody\" is not configured`) {
+			t.Fatalf("GET /v1/tools as an unknown agent: %d %s, want 403 unknown_agent", resp.StatusCode, b)
+		}
+	})
+
 	t.Run("spoofed identity headers are ignored", func(t *testing.T) {
 		cb := g.client(wire.Identity{Sandbox: "sb-2", Agent: "agent-b", Session: "s", User: "bob"})
 		req, _ := http.NewRequest("POST", "http://sluice/v1/tools/tickets.list_tickets", strings.NewReader(`{}`))

@@ -72,25 +72,27 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	agent := s.cfg.Agent(id.Agent)
+	if agent == nil {
+		writeError(w, refuse(http.StatusForbidden, CodeUnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent)), rid)
+		return
+	}
 	views := []toolView{}
-	if agent != nil {
-		now := time.Now().UTC()
-		for _, t := range s.catalog.list {
-			if !slices.Contains(agent.Connectors, t.Connector) {
-				continue
-			}
-			// Decided as a call with no arguments yet: a tool that policy
-			// blocks whatever the arguments are is not offered at all.
-			in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
-			if s.Decide(r.Context(), in).Action == policy.Block {
-				continue
-			}
-			desc := t.Summary
-			if desc == "" {
-				desc = t.Description
-			}
-			views = append(views, toolView{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
+	now := time.Now().UTC()
+	for _, t := range s.catalog.list {
+		if !slices.Contains(agent.Connectors, t.Connector) {
+			continue
 		}
+		// Decided as a call with no arguments yet: a tool that policy
+		// blocks whatever the arguments are is not offered at all.
+		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		if s.Decide(r.Context(), in).Action == policy.Block {
+			continue
+		}
+		desc := t.Summary
+		if desc == "" {
+			desc = t.Description
+		}
+		views = append(views, toolView{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tools": views, "request_id": rid})
 }

@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 )
+
+// Is makes a CeilingError an ErrInvalid (400).
+func (e *CeilingError) Is(target error) bool { return target == ErrInvalid }
 
 // maxBody bounds an API request body (files are bounded by file_bytes).
 const maxBody = 1 << 20
@@ -42,8 +46,13 @@ func (m *Manager) Handler() http.Handler {
 		if !decode(w, r, &b) {
 			return
 		}
+		life, err := millis("lifetime_ms", b.LifetimeMS)
+		if err != nil {
+			fail(w, err)
+			return
+		}
 		in, err := m.Create(r.Context(), CreateRequest{Agent: b.Agent, Session: b.Session, User: b.User,
-			Limits: b.Limits, Env: b.Env, Lifetime: time.Duration(b.LifetimeMS) * time.Millisecond})
+			Limits: b.Limits, Env: b.Env, Lifetime: life})
 		if err != nil {
 			fail(w, err)
 			return
@@ -73,7 +82,12 @@ func (m *Manager) Handler() http.Handler {
 		if !decode(w, r, &b) {
 			return
 		}
-		req := ExecRequest{Argv: b.Argv, Env: b.Env, Timeout: time.Duration(b.TimeoutMS) * time.Millisecond, OutputBytes: b.OutputBytes}
+		timeout, err := millis("timeout_ms", b.TimeoutMS)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		req := ExecRequest{Argv: b.Argv, Env: b.Env, Timeout: timeout, OutputBytes: b.OutputBytes}
 		if b.Stdin != "" {
 			req.Stdin = stringsReader(b.Stdin)
 		}
@@ -135,6 +149,16 @@ func (m *Manager) Handler() http.Handler {
 	return mux
 }
 
+// millis converts a request's milliseconds to a duration, refusing values
+// whose nanoseconds would not fit (they would wrap to another value than
+// the one checked against the ceiling).
+func millis(key string, ms int64) (time.Duration, error) {
+	if ms > int64(math.MaxInt64/time.Millisecond) || ms < int64(math.MinInt64/time.Millisecond) {
+		return 0, fmt.Errorf("%w: %s: %d is out of range", ErrInvalid, key, ms)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
@@ -158,9 +182,12 @@ func reply(w http.ResponseWriter, code int, v any) {
 // fail maps an error to a status and a stable code.
 func fail(w http.ResponseWriter, err error) {
 	code, status := "internal", http.StatusInternalServerError
+	var ce *CeilingError
 	switch {
 	case errors.Is(err, ErrNotFound):
 		code, status = "not_found", http.StatusNotFound
+	case errors.As(err, &ce) && ce.Ceiling != "":
+		code, status = "above_ceiling", http.StatusBadRequest
 	case errors.Is(err, ErrInvalid):
 		code, status = "bad_request", http.StatusBadRequest
 	case errors.Is(err, ErrTooLarge):

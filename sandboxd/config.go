@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -106,7 +107,9 @@ type UIDRange struct {
 	Count int `yaml:"count"`
 }
 
-// Limits bound one sandbox. Zero means "use the default".
+// Limits bound one sandbox. Zero means "use the default". The configured
+// limits (Config.Limits) are both the defaults and the ceilings: a create
+// or exec request may ask for less, never for more (CeilingError).
 type Limits struct {
 	Pids           int           `yaml:"pids" json:"pids,omitempty"`
 	MemoryBytes    int64         `yaml:"memory_bytes" json:"memory_bytes,omitempty"`
@@ -231,6 +234,57 @@ func (l Limits) Validate(key string) error {
 		return fmt.Errorf("config: %s.exec_timeout: must be positive, got %s", key, l.ExecTimeout)
 	case l.Lifetime < 0:
 		return fmt.Errorf("config: %s.lifetime: must not be negative, got %s", key, l.Lifetime)
+	}
+	return nil
+}
+
+// CeilingError refuses a requested limit above its ceiling, or one that
+// is negative. The request is refused, not capped: the caller asked for
+// something sandboxd will not give, and must see that.
+type CeilingError struct {
+	Limit     string // the limit's key, e.g. "memory_bytes"
+	Requested string
+	Ceiling   string // "" when the fault is a negative value
+	From      string // where the ceiling is set
+}
+
+func (e *CeilingError) Error() string {
+	if e.Ceiling == "" {
+		return fmt.Sprintf("%s: requested %s must not be negative", e.Limit, e.Requested)
+	}
+	return fmt.Sprintf("%s: requested %s is above the ceiling %s (%s.%s)", e.Limit, e.Requested, e.Ceiling, e.From, e.Limit)
+}
+
+// Within checks every field a request set (non-zero) against ceil, naming
+// from (e.g. "sandboxd.yaml limits") as where the ceilings are set. A
+// Lifetime ceiling of 0 means none.
+func (l Limits) Within(ceil Limits, from string) error {
+	for _, f := range []struct {
+		name      string
+		req, ceil int64
+		dur       bool
+	}{
+		{"pids", int64(l.Pids), int64(ceil.Pids), false},
+		{"memory_bytes", l.MemoryBytes, ceil.MemoryBytes, false},
+		{"cpu_millis", int64(l.CPUMillis), int64(ceil.CPUMillis), false},
+		{"workspace_bytes", l.WorkspaceBytes, ceil.WorkspaceBytes, false},
+		{"tmp_bytes", l.TmpBytes, ceil.TmpBytes, false},
+		{"output_bytes", int64(l.OutputBytes), int64(ceil.OutputBytes), false},
+		{"file_bytes", l.FileBytes, ceil.FileBytes, false},
+		{"exec_timeout", int64(l.ExecTimeout), int64(ceil.ExecTimeout), true},
+		{"lifetime", int64(l.Lifetime), int64(ceil.Lifetime), true},
+	} {
+		str := func(v int64) string { return strconv.FormatInt(v, 10) }
+		if f.dur {
+			str = func(v int64) string { return time.Duration(v).String() }
+		}
+		switch {
+		case f.req < 0:
+			return &CeilingError{Limit: f.name, Requested: str(f.req), From: from}
+		case f.name == "lifetime" && f.ceil == 0: // no ceiling
+		case f.req > f.ceil:
+			return &CeilingError{Limit: f.name, Requested: str(f.req), Ceiling: str(f.ceil), From: from}
+		}
 	}
 	return nil
 }

@@ -32,6 +32,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if err := checkEnv(req.Env); err != nil {
 		return ExecResult{}, err
 	}
+	// The sandbox's own limits are the exec's ceilings (they are at most
+	// sandboxd.yaml's): refused, not capped (THREATS B8).
+	if err := (Limits{ExecTimeout: req.Timeout, OutputBytes: req.OutputBytes}).Within(sb.info.Limits, "the sandbox's limits"); err != nil {
+		m.refuseLimit(sb.info.Agent, id, err)
+		return ExecResult{}, fmt.Errorf("sandboxd: exec: %w", err)
+	}
 	timeout, limit := req.Timeout, req.OutputBytes
 	if timeout <= 0 {
 		timeout = sb.info.Limits.ExecTimeout
@@ -128,6 +134,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if rep.Error != "" {
 		res.ExitCode = 127
 		res.Stderr = rep.Error + "\n"
+		if req.Stderr != nil {
+			// Streamed: the caller's stderr must say why nothing ran
+			// (the copiers have seen EOF: init closed the command's ends).
+			wg.Wait()
+			_, _ = io.WriteString(req.Stderr, "sandboxd: "+res.Stderr)
+		}
 		if _, pids1 := sb.cg.counters(); pids1 > pids0 {
 			res.KilledBy = KilledByPids
 		}

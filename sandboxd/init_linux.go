@@ -152,7 +152,7 @@ func lookPath(name string, env []string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("exec %s: %w", name, os.ErrNotExist)
+	return "", fmt.Errorf("exec %s: not found in PATH %s: %w", name, path, os.ErrNotExist)
 }
 
 // reaper waits for every child, including orphans re-parented to pid 1,

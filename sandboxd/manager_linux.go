@@ -355,6 +355,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	if req.Agent == "" {
 		return Info{}, fmt.Errorf("%w: agent is required", ErrInvalid)
 	}
+	// The configured limits are ceilings: a request may lower them, never
+	// raise them (THREATS B8). Refused, not capped, so the caller knows.
+	if err := req.Limits.Within(m.cfg.Limits, "sandboxd.yaml limits"); err != nil {
+		m.refuseLimit(req.Agent, "", err)
+		return Info{}, fmt.Errorf("sandboxd: create: %w", err)
+	}
+	if err := (Limits{Lifetime: req.Lifetime}).Within(m.cfg.Limits, "sandboxd.yaml limits"); err != nil {
+		m.refuseLimit(req.Agent, "", err)
+		return Info{}, fmt.Errorf("sandboxd: create: %w", err)
+	}
 	lim := req.Limits.Or(m.cfg.Limits)
 	if req.Lifetime != 0 {
 		lim.Lifetime = req.Lifetime
@@ -1019,6 +1029,11 @@ func (m *Manager) Close() error {
 }
 
 // event is one line of events.jsonl.
+// refuseLimit records a request refused for asking more than a ceiling.
+func (m *Manager) refuseLimit(agent, sandbox string, err error) {
+	m.events.write(event{Event: "limit_refused", Sandbox: sandbox, Agent: agent, Error: err.Error()})
+}
+
 type event struct {
 	Time     time.Time `json:"time"`
 	Event    string    `json:"event"`

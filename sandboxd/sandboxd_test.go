@@ -189,3 +189,48 @@ func TestLimitsOrKeepsSetFieldsAndFillsZeros(t *testing.T) {
 		t.Fatal("zero limits should take every default")
 	}
 }
+
+// TestLimitsWithinCeilings (THREATS B8): a requested limit above the
+// configured one, or negative, is refused with an error naming the limit,
+// the value asked for and the ceiling; at or below the ceiling it passes.
+func TestLimitsWithinCeilings(t *testing.T) {
+	ceil := DefaultLimits
+	ceil.Lifetime = time.Hour
+	for _, tc := range []struct {
+		name    string
+		req     Limits
+		wantErr string // "" = within
+	}{
+		{"nothing set", Limits{}, ""},
+		{"all at the ceiling", ceil, ""},
+		{"pids above", Limits{Pids: 129}, "pids: requested 129 is above the ceiling 128 (sandboxd.yaml limits.pids)"},
+		{"memory above", Limits{MemoryBytes: 1 << 30}, "memory_bytes: requested 1073741824 is above the ceiling 268435456"},
+		{"cpu above", Limits{CPUMillis: 1001}, "cpu_millis: requested 1001 is above the ceiling 1000"},
+		{"workspace above", Limits{WorkspaceBytes: 64<<20 + 1}, "workspace_bytes: requested 67108865"},
+		{"tmp above", Limits{TmpBytes: 17 << 20}, "tmp_bytes: requested 17825792"},
+		{"output above", Limits{OutputBytes: 1<<20 + 1}, "output_bytes: requested 1048577"},
+		{"file above", Limits{FileBytes: 1 << 40}, "file_bytes: requested 1099511627776"},
+		{"exec timeout above", Limits{ExecTimeout: 61 * time.Second}, "exec_timeout: requested 1m1s is above the ceiling 1m0s"},
+		{"lifetime above", Limits{Lifetime: 2 * time.Hour}, "lifetime: requested 2h0m0s is above the ceiling 1h0m0s"},
+		{"negative pids", Limits{Pids: -1}, "pids: requested -1 must not be negative"},
+		{"negative timeout", Limits{ExecTimeout: -time.Second}, "exec_timeout: requested -1s must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.req.Within(ceil, "sandboxd.yaml limits")
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Within = %v, want nil", err)
+				}
+				return
+			}
+			var ce *CeilingError
+			if err == nil || !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Within = %v, want a CeilingError (ErrInvalid) containing %q", err, tc.wantErr)
+			}
+		})
+	}
+	// A lifetime ceiling of 0 is none.
+	if err := (Limits{Lifetime: 1000 * time.Hour}).Within(DefaultLimits, "x"); err != nil {
+		t.Fatalf("lifetime under no ceiling: %v", err)
+	}
+}

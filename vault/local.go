@@ -88,15 +88,10 @@ func OpenLocal(path, keyPath string) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	block, err := aes.NewCipher(key)
+	l, err := newLocal(path, key)
 	if err != nil {
-		return nil, fmt.Errorf("vault: open local store: %w", err)
+		return nil, err
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("vault: open local store: %w", err)
-	}
-	l := &Local{path: path, lockPath: path + ".lock", aead: aead, now: time.Now}
 
 	// Create the file (with its key check) if absent, and verify the key.
 	err = l.update(func(sf *storeFile) (bool, error) {
@@ -113,6 +108,53 @@ func OpenLocal(path, keyPath string) (*Local, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// OpenLocalExisting opens the store at path with its key at keyPath for
+// reading and creates nothing: no directory, key, store or lock file (the
+// read-only verbs, `sluice secrets list` and `sluice validate`, must leave
+// a fresh directory as they found it). A missing store or key is an error
+// that wraps fs.ErrNotExist; a key that does not open the store's check
+// value is refused as in OpenLocal.
+func OpenLocalExisting(path, keyPath string) (*Local, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("vault: open local store: %w", err)
+	}
+	key, err := readKey(keyPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("vault: open local store %s: key file: %w", path, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	l, err := newLocal(path, key)
+	if err != nil {
+		return nil, err
+	}
+	sf, err := l.load()
+	if err != nil {
+		return nil, err
+	}
+	if sf.Check == nil {
+		return nil, fmt.Errorf("vault: open local store: %s has no key check value", path)
+	}
+	if _, err := l.aead.Open(nil, sf.Check.Nonce, sf.Check.Ciphertext, []byte(checkName)); err != nil {
+		return nil, fmt.Errorf("vault: open local store: key %s does not match store %s", keyPath, path)
+	}
+	return l, nil
+}
+
+// newLocal is a store at path sealed with key (AES-256-GCM).
+func newLocal(path string, key []byte) (*Local, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, fmt.Errorf("vault: open local store: %w", err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, fmt.Errorf("vault: open local store: %w", err)
+	}
+	return &Local{path: path, lockPath: path + ".lock", aead: aead, now: time.Now}, nil
 }
 
 func loadOrCreateKey(keyPath string) ([]byte, error) {

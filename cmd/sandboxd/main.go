@@ -26,8 +26,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-gw/sluice/internal/buildinfo"
 	"github.com/sluice-gw/sluice/sandboxd"
 	"github.com/sluice-gw/sluice/sandboxd/relay"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 func main() {
@@ -76,6 +78,9 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	version, commit := buildinfo.Version()
+	root.Version = version + " commit " + commit
+	root.SetVersionTemplate("sandboxd {{.Version}}\n")
 	root.PersistentFlags().StringVar(&cfgPath, "config", "", "sandboxd.yaml (default: built-in defaults)")
 
 	serve := &cobra.Command{
@@ -98,6 +103,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 		timeout      time.Duration
 		outputBytes  int
 		copies, envs []string
+		noGateway    bool
 	)
 	runCmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARG...]",
@@ -122,6 +128,13 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 				}
 				rc.Env[k] = v
 			}
+			// A one-shot run fails before it builds anything when its
+			// sandbox could reach no gateway at all.
+			if !noGateway && cfg.GatewayTLS.Address == "" {
+				if err := checkGatewaySocket(cfg.Gateway); err != nil {
+					return err
+				}
+			}
 			m, err := sandboxd.New(sandboxd.Options{Config: cfg, Logger: log, Exits: exits(log)})
 			if err != nil {
 				return err
@@ -130,6 +143,13 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 			in, err := m.Create(ctx, rc)
 			if err != nil {
 				return err
+			}
+			if !noGateway && cfg.GatewayTLS.Address == "" {
+				id := wire.Identity{Sandbox: in.ID, Agent: rc.Agent, Session: rc.Session, User: rc.User, Host: cfg.Host}
+				if err := checkAgent(ctx, cfg.Gateway, id, stderr); err != nil {
+					_ = m.Destroy(in.ID)
+					return err
+				}
 			}
 			for _, c := range copies {
 				src, dst, ok := strings.Cut(c, ":")
@@ -167,6 +187,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	f.StringArrayVar(&envs, "env", nil, "KEY=VALUE for the command (repeatable)")
 	f.StringVar(&stateDir, "state-dir", "", "override state_dir")
 	f.StringVar(&gw, "gateway", "", "override gateway socket")
+	f.BoolVar(&noGateway, "no-gateway", false, "run without a gateway (no socket check; every exit answers 503 gateway_unavailable)")
 
 	var (
 		pr      sandboxd.PinRequest
@@ -290,6 +311,49 @@ func (c *apiClient) do(ctx context.Context, method, path string, body []byte, wa
 	return nil
 }
 
+// checkGatewaySocket fails when path, the gateway's sandbox socket, does
+// not exist or is not a socket: every exit of the sandbox would fail.
+func checkGatewaySocket(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("run: gateway socket %s: %w (is the gateway running? set --gateway or gateway in sandboxd.yaml to its gateway.sandbox_socket, or pass --no-gateway)", path, err)
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("run: gateway socket %s is not a socket (%s)", path, fi.Mode().Type())
+	}
+	return nil
+}
+
+// checkAgent asks the gateway for the tools of id, as the sandbox would
+// (GET /v1/tools with id's preamble): an agent the gateway does not know
+// (403 unknown_agent) fails the run. A gateway that does not answer is a
+// warning only: the sandbox's calls get 503 gateway_unavailable until it
+// does.
+func checkAgent(ctx context.Context, path string, id wire.Identity, stderr io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return wire.Dial(ctx, path, id) }}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://sluice/v1/tools", nil)
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxd: warning: the gateway at %s does not answer (%v): the sandbox's calls get 503 gateway_unavailable until it does\n", path, err)
+		return nil
+	}
+	defer resp.Body.Close()
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
+	if resp.StatusCode == http.StatusForbidden && e.Error.Code == "unknown_agent" {
+		return fmt.Errorf("run: --agent %q: the gateway at %s answers unknown_agent: %s", id.Agent, path, e.Error.Message)
+	}
+	return nil
+}
+
 // copyIn puts a host file into the sandbox, keeping its exec bit.
 func copyIn(m *sandboxd.Manager, id, src, dst string) error {
 	f, err := os.Open(src)
@@ -338,7 +402,8 @@ func serveAPI(ctx context.Context, cfg sandboxd.Config, log *slog.Logger) error 
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	log.Info("sandboxd serving", "api", cfg.API, "gateway", cfg.Gateway, "state_dir", cfg.StateDir)
+	version, commit := buildinfo.Version()
+	log.Info("sandboxd serving", "version", version, "commit", commit, "api", cfg.API, "gateway", cfg.Gateway, "state_dir", cfg.StateDir)
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/internal/buildinfo"
 )
 
 // defaultConfig is the file every verb reads when --config is not given and
@@ -72,6 +73,9 @@ Start with: sluice demo`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	version, commit := buildinfo.Version()
+	root.Version = version + " commit " + commit
+	root.SetVersionTemplate("sluice {{.Version}}\n")
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)

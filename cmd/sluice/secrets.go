@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"text/tabwriter"
 
@@ -70,13 +72,23 @@ One trailing newline is removed. Values are never printed, by any verb.`,
 		Short: "List secret names, scopes and update times (never values)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			local, err := openLocal(g)
+			// A read-only verb: it opens the store only if it exists and
+			// creates nothing (no key, store, lock or directory).
+			lc, err := localConfig(g)
 			if err != nil {
 				return fmt.Errorf("secrets list: %w", err)
 			}
-			es, err := local.List(cmd.Context())
-			if err != nil {
-				return fmt.Errorf("secrets list: %w", err)
+			var es []vault.Entry
+			if _, err := os.Stat(lc.Secrets.Local.Path); errors.Is(err, fs.ErrNotExist) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "no local store at %s yet: nothing stored\n", lc.Secrets.Local.Path)
+			} else {
+				local, err := vault.OpenLocalExisting(lc.Secrets.Local.Path, lc.Secrets.Local.KeyFile)
+				if err != nil {
+					return fmt.Errorf("secrets list: %s: %w", lc.Source, err)
+				}
+				if es, err = local.List(cmd.Context()); err != nil {
+					return fmt.Errorf("secrets list: %w", err)
+				}
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSCOPE\tUPDATED")
@@ -113,6 +125,20 @@ One trailing newline is removed. Values are never printed, by any verb.`,
 // openLocal opens the configured local store; the Vault backend is managed
 // with Vault's own tools.
 func openLocal(g *globals) (*vault.Local, error) {
+	lc, err := localConfig(g)
+	if err != nil {
+		return nil, err
+	}
+	l, err := vault.OpenLocal(lc.Secrets.Local.Path, lc.Secrets.Local.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", lc.Source, err)
+	}
+	return l, nil
+}
+
+// localConfig loads the configuration of a verb that manages the local
+// store, refusing any other backend.
+func localConfig(g *globals) (*loadedConfig, error) {
 	lc, err := g.loadConfig()
 	if err != nil {
 		return nil, err
@@ -120,11 +146,7 @@ func openLocal(g *globals) (*vault.Local, error) {
 	if lc.Secrets.Backend != "local" {
 		return nil, fmt.Errorf("%s: secrets.backend is %q: this verb manages only the local store; manage Vault secrets with Vault's own tools", lc.Source, lc.Secrets.Backend)
 	}
-	l, err := vault.OpenLocal(lc.Secrets.Local.Path, lc.Secrets.Local.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", lc.Source, err)
-	}
-	return l, nil
+	return lc, nil
 }
 
 // trimOneNewline removes exactly one trailing "\n" (or "\r\n"), as `echo`

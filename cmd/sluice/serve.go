@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/internal/buildinfo"
 )
 
 func serveCmd(g *globals) *cobra.Command {
@@ -62,7 +63,8 @@ func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Du
 	if pct, limit, ok := gcDefaults(); ok { // gc.go
 		log.Info("gc defaults", "gogc", pct, "memory_limit_bytes", limit)
 	}
-	log.Info("starting", "config", lc.Source)
+	version, commit := buildinfo.Version()
+	log.Info("starting", "config", lc.Source, "version", version, "commit", commit)
 	srv, err := gateway.New(ctx, lc.Config, gateway.Options{Logger: log})
 	if err != nil {
 		return fmt.Errorf("serve (%s): %w", lc.Source, err)

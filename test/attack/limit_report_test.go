@@ -82,6 +82,9 @@ func reportingGateway(t *testing.T, stem, st string) (e *gwenv.Env, g *gwenv.Gat
 	sum := sha256.Sum256([]byte(token))
 	d := e.CoreConfig(stem)
 	d.Gateway()["session_tokens_sha256"] = []string{hex.EncodeToString(sum[:])}
+	// The sandboxes' agent, granted nothing: sandboxd run refuses an agent
+	// the gateway answers unknown_agent for.
+	d["agents"] = []map[string]any{{"name": "agent-a", "connectors": []string{}}}
 	cfgPath = e.Write(d)
 	g = e.Start(d, cfgPath)
 	tokenFile = filepath.Join(st, "session.token")

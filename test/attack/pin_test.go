@@ -54,10 +54,16 @@ type daemon struct {
 
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
+	return startDaemonWith(t, "")
+}
+
+// startDaemonWith is startDaemon with extra lines appended to sandboxd.yaml.
+func startDaemonWith(t *testing.T, extra string) *daemon {
+	t.Helper()
 	st := stateDir(t)
 	d := &daemon{api: filepath.Join(st, "api.sock"), cfg: filepath.Join(st, "sandboxd.yaml"), state: filepath.Join(st, "state")}
 	gw := identityGateway(t)
-	if err := os.WriteFile(d.cfg, []byte(fmt.Sprintf("api: %s\nstate_dir: %s\ngateway: %s\n", d.api, d.state, gw)), 0o600); err != nil {
+	if err := os.WriteFile(d.cfg, []byte(fmt.Sprintf("api: %s\nstate_dir: %s\ngateway: %s\n", d.api, d.state, gw)+extra), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -104,7 +104,7 @@ type runResult struct {
 func runHostile(t *testing.T, flags []string, args ...string) runResult {
 	t.Helper()
 	st := stateDir(t)
-	argv := append([]string{"run", "--state-dir", st, "--copy", hostile + ":/workspace/hostile"}, flags...)
+	argv := append([]string{"run", "--no-gateway", "--state-dir", st, "--copy", hostile + ":/workspace/hostile"}, flags...)
 	argv = append(argv, "--", "/workspace/hostile")
 	argv = append(argv, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -71,7 +71,9 @@ func allowed(from, to string) (bool, string) {
 	case under(from, "cmd/sluice"), under(from, "test"):
 		return true, ""
 	case under(from, "cmd/sandboxd"):
-		return under(to, "sandboxd") || under(to, "dns"), "cmd/sandboxd links only sandboxd and dns: a sandbox host holds no credentials and makes no decisions"
+		return under(to, "sandboxd") || under(to, "dns") || to == "internal/buildinfo", "cmd/sandboxd links only sandboxd, dns and internal/buildinfo: a sandbox host holds no credentials and makes no decisions"
+	case under(from, "internal/buildinfo"):
+		return false, "internal/buildinfo imports only the standard library"
 	case under(from, "gateway"):
 		ok := under(to, "gateway") || to == "sandboxd/wire" || under(to, "connectors") || under(to, "policy") ||
 			under(to, "vault") || under(to, "dns") || under(to, "rego")

@@ -168,7 +168,7 @@ func runInSandbox(t *testing.T, sock, session, caFile, script string, limit time
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	inner := limit * 5 / 6
-	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--state-dir", state, "--gateway", sock,
+	cmd := exec.CommandContext(ctx, sandboxdBin, "run", "--config", execTimeoutConfig(t, inner), "--state-dir", state, "--gateway", sock,
 		"--agent", "agent-a", "--session", session, "--copy", caFile+":/workspace/ca.pem", "--timeout", inner.String(),
 		"--", "/bin/sh", "-c", script)
 	var out, errb bytes.Buffer
@@ -177,4 +177,15 @@ func runInSandbox(t *testing.T, sock, session, caFile, script string, limit time
 		t.Fatalf("sandboxd run: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
 	}
 	return &out
+}
+
+// execTimeoutConfig writes a sandboxd.yaml whose exec_timeout ceiling is d
+// (the configured limits are ceilings a run's --timeout cannot pass).
+func execTimeoutConfig(t *testing.T, d time.Duration) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "sandboxd.yaml")
+	if err := os.WriteFile(p, []byte("limits:\n  exec_timeout: "+d.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -277,7 +277,7 @@ func runSandboxWith(t *testing.T, sock, session string, copies, envs []string, s
 	state := sandboxState(t, "sluice-e2e-"+session+"-")
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	args := []string{"run", "--state-dir", state, "--gateway", sock, "--agent", "agent-a", "--session", session}
+	args := []string{"run", "--config", execTimeoutConfig(t, limit*5/6), "--state-dir", state, "--gateway", sock, "--agent", "agent-a", "--session", session}
 	for _, c := range copies {
 		args = append(args, "--copy", c)
 	}
