@@ -40,7 +40,7 @@ func (e *rawEgress) allowDNS(ctx context.Context, c *egressCall, host string) bo
 		st.decisions.put(eng, v, k, d, now)
 	}
 	c.decision, c.decided = d, true
-	e.s.tel.decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), d.Rule)) // no span: see reply in answer
+	e.s.tel.decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), e.s.tel.ruleLabel(d.Rule))) // no span: see reply in answer
 	return d.Action == policy.Allow
 }
 

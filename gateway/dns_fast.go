@@ -116,7 +116,7 @@ func (t *dnsTally) flush(e *rawEgress) {
 
 func (t *dnsTally) flushDecisions(e *rawEgress) {
 	if t.decisions > 0 {
-		e.s.tel.decisions.Add(context.Background(), t.decisions, e.subs.state.decOpts.get(t.action, t.rule))
+		e.s.tel.decisions.Add(context.Background(), t.decisions, e.subs.state.decOpts.get(t.action, e.s.tel.ruleLabel(t.rule)))
 		t.decisions = 0
 	}
 }

@@ -153,6 +153,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if err != nil {
 		return nil, err
 	}
+	tel.setRules(cfg.Policies)
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
 	s.repeats.log, s.repeats.every = log, repeatEvery
 	built := false
@@ -216,6 +217,16 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	s.webhook = &http.Client{Timeout: 10 * time.Second}
 	s.holds = s.newHolds()
+	if err := s.tel.pendingHolds(func() (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return s.store.CountAllHolds(ctx, []string{string(holds.Pending)})
+	}); err != nil {
+		s.audit.Close()
+		s.store.Close()
+		return nil, fmt.Errorf("gateway: metric: %w", err)
+	}
+	s.tel.zero(slices.Sorted(maps.Keys(s.catalog.connectors)))
 	// Before anything is served: an execution the last run left unfinished
 	// becomes outcome_unknown, or, when its operation is idempotency-keyed,
 	// is re-sent once with the same key by holds.Run (THREATS G2).

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sys/unix"
 
@@ -109,6 +110,11 @@ func (s *Server) newRawEgress() *rawEgress {
 	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
 	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
 	e.exfil, _ = m.Int64Counter("sluice.dns.exfiltration_signals", metric.WithDescription("DNS exfiltration signals: callers that asked for more unique names under one base domain than dns.subdomain_threshold, and (signal=label_entropy) questions whose leftmost label has high entropy."))
+	// Zero-valued from the start (telemetry.zero): the families exist
+	// before their first event.
+	e.tunnelGauge.Add(context.Background(), 0)
+	e.exfil.Add(context.Background(), 0)
+	e.dnsAnswers.Add(context.Background(), 0, metric.WithAttributes(attribute.String("rcode", "NOERROR")))
 	return e
 }
 
@@ -241,7 +247,7 @@ func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Reques
 		return ee
 	}
 	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
-	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), c.decision.Rule))
+	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), e.s.tel.ruleLabel(c.decision.Rule)))
 	if c.decision.Action == policy.Allow {
 		return nil
 	}

@@ -3,10 +3,14 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -23,16 +27,59 @@ type telemetry struct {
 	handler   http.Handler
 	tracer    trace.Tracer
 	decisions metric.Int64Counter
-	latency   metric.Float64Histogram
+	// latency and approval are Prometheus histograms, not OpenTelemetry
+	// ones: a histogram series can then exist, zero-valued, before its
+	// first observation.
+	latency   *prometheus.HistogramVec
 	reloads   metric.Int64Counter
 	refusals  metric.Int64Counter
 	audits    metric.Int64Counter
 	reflected metric.Int64Counter
 	upstream  metric.Int64Counter
+	// approval is the time from a hold's creation to a person's decision.
+	approval *prometheus.HistogramVec
+	reg      *prometheus.Registry
+	// rules maps a simple rule's decision Rule ("policies[3]", its index)
+	// to its metric label, made of the rule's own match and action, so a
+	// reordered config keeps its series (setRules).
+	rules map[string]string
+}
+
+// setRules names each of the config's simple rules for the rule label:
+// "policy:" + match + ":" + action, with "#2", "#3" … on a repeat of the
+// same pair. Set once, before anything is served; the config's policies
+// do not change while the server runs.
+func (t *telemetry) setRules(policies []config.Policy) {
+	t.rules = make(map[string]string, len(policies))
+	seen := map[string]int{}
+	for i, p := range policies {
+		l := "policy:" + p.Match + ":" + p.Action
+		if seen[l]++; seen[l] > 1 {
+			l += "#" + strconv.Itoa(seen[l])
+		}
+		t.rules["policies["+strconv.Itoa(i)+"]"] = l
+	}
+}
+
+// ruleLabel is the rule label of a decision's Rule: a simple rule's
+// stable name, any other (a Rego module's, "default", "egress") as is.
+func (t *telemetry) ruleLabel(rule string) string {
+	if l, ok := t.rules[rule]; ok {
+		return l
+	}
+	return rule
 }
 
 func newTelemetry() (*telemetry, error) {
 	reg := prometheus.NewRegistry()
+	// Go runtime (goroutines, heap, GC) and process (open fds, RSS, CPU)
+	// families on the same registry: what an operator checks first.
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, fmt.Errorf("gateway: go collector: %w", err)
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return nil, fmt.Errorf("gateway: process collector: %w", err)
+	}
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		return nil, fmt.Errorf("gateway: metrics exporter: %w", err)
@@ -43,23 +90,82 @@ func newTelemetry() (*telemetry, error) {
 		provider: mp,
 		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		tracer:   otel.Tracer("sluice/gateway"),
+		reg:      reg,
 	}
-	var errs [7]error
+	t.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sluice_request_duration_seconds",
+		Help:    "Time from a tool call's arrival to its answer, by decision.",
+		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+	}, []string{"decision"})
+	t.approval = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sluice_approval_latency_seconds",
+		Help:    "Time from a hold's creation to an approver's decision, by decision (approved, denied).",
+		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400},
+	}, []string{"decision"})
+	for _, c := range []prometheus.Collector{t.latency, t.approval} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("gateway: metric: %w", err)
+		}
+	}
+	var errs [6]error
 	t.decisions, errs[0] = m.Int64Counter("sluice.decisions", metric.WithDescription("Policy decisions by action and rule."))
-	t.latency, errs[1] = m.Float64Histogram("sluice.request.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time from a tool call's arrival to its answer, by decision."),
-		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-	t.reloads, errs[2] = m.Int64Counter("sluice.policy.reloads", metric.WithDescription("Policy reload attempts by result (ok, error)."))
-	t.refusals, errs[3] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
-	t.audits, errs[4] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
-	t.reflected, errs[5] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
-	t.upstream, errs[6] = m.Int64Counter("sluice.upstream.responses", metric.WithDescription("Upstream answers by connector (empty for raw egress), path (tool_call, proxy, intercept) and status class (2xx … 5xx); a relayed 401 is counted here as 4xx whatever the gateway answered."))
+	t.reloads, errs[1] = m.Int64Counter("sluice.policy.reloads", metric.WithDescription("Policy reload attempts by result (ok, error)."))
+	t.refusals, errs[2] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
+	t.audits, errs[3] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
+	t.reflected, errs[4] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
+	t.upstream, errs[5] = m.Int64Counter("sluice.upstream.responses", metric.WithDescription("Upstream answers by connector (empty for raw egress), path (tool_call, proxy, intercept) and status class (2xx … 5xx); a relayed 401 is counted here as 4xx whatever the gateway answered."))
 	for _, e := range errs {
 		if e != nil {
 			return nil, fmt.Errorf("gateway: metric: %w", e)
 		}
 	}
 	return t, nil
+}
+
+// zero makes every family visible from the start: each counter gets a
+// zero-valued series for the label values known now (results, classes,
+// the configured connectors), so a dashboard or an alert on rate() sees
+// the family before its first event. connectors are the configured slugs.
+func (t *telemetry) zero(connectors []string) {
+	ctx := context.Background()
+	for _, r := range []string{"ok", "error"} {
+		t.reloads.Add(ctx, 0, metric.WithAttributes(attribute.String("result", r)))
+	}
+	t.audits.Add(ctx, 0)
+	t.reflected.Add(ctx, 0)
+	for _, a := range []string{"allow", "ask", "block"} {
+		t.decisions.Add(ctx, 0, metric.WithAttributes(attribute.String("action", a), attribute.String("rule", "default")))
+	}
+	for _, c := range []Code{CodeUntrustedPeer, CodeIdentityRequired, CodeHeaderTooLarge, CodeRequestTimeout, CodeTooManyConnections} {
+		t.refusals.Add(ctx, 0, metric.WithAttributes(attribute.String("code", string(c))))
+	}
+	for _, d := range []string{"allow", "ask", "block"} {
+		t.latency.WithLabelValues(d)
+	}
+	for _, d := range []string{"approved", "denied"} {
+		t.approval.WithLabelValues(d)
+	}
+	for _, conn := range connectors {
+		for _, class := range []string{"2xx", "3xx", "4xx", "5xx"} {
+			t.upstream.Add(ctx, 0, metric.WithAttributes(
+				attribute.String("connector", conn), attribute.String("path", "tool_call"), attribute.String("class", class)))
+		}
+	}
+}
+
+// pendingHolds exposes the current number of pending holds, read from
+// count at each scrape (the store is the truth, across restarts).
+func (t *telemetry) pendingHolds(count func() (int, error)) error {
+	return t.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_holds_pending",
+		Help: "Holds waiting for an approver's decision.",
+	}, func() float64 {
+		n, err := count()
+		if err != nil {
+			return math.NaN() // unknown, not zero: an alert on > 0 must not go quiet
+		}
+		return float64(n)
+	}))
 }
 
 func (t *telemetry) reload(ok bool) {

@@ -234,9 +234,9 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
 	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
 	c.decision, c.decided = s.Decide(dctx, in), true
-	dspan.SetAttributes(attribute.String("decision", c.decision.Action.String()), attribute.String("rule", c.decision.Rule))
+	dspan.SetAttributes(attribute.String("decision", c.decision.Action.String()), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
-	s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.decision.Action.String()), attribute.String("rule", c.decision.Rule)))
+	s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.decision.Action.String()), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule))))
 	s.count(id.Agent, tool.Name, c.decision.Action.String())
 	switch c.decision.Action {
 	case policy.Allow:
@@ -599,7 +599,7 @@ func (s *Server) logCall(c *call, refusal *apiError) {
 	} else if c.reflect {
 		reason = "secret_reflected"
 	}
-	s.tel.latency.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String("decision", decision)))
+	s.tel.latency.WithLabelValues(decision).Observe(d.Seconds())
 	if refusal != nil && refusal.Code == CodeAuditUnavailable && !s.repeats.allow("tool_call", reason) {
 		return // the same refusal was logged in this interval: counted (logcap.go)
 	}

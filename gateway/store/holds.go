@@ -101,6 +101,15 @@ func (s *Store) CountHolds(ctx context.Context, agent string, statuses []string)
 	return n, nil
 }
 
+// CountAllHolds counts every agent's holds whose status is one of statuses.
+func (s *Store) CountAllHolds(ctx context.Context, statuses []string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM holds WHERE 1 = 1`+statusIn(statuses), anys(statuses)...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count holds: %w", err)
+	}
+	return n, nil
+}
+
 // CountSandboxHolds counts one sandbox's holds under agent whose status
 // is one of statuses.
 func (s *Store) CountSandboxHolds(ctx context.Context, agent, sandbox string, statuses []string) (int, error) {
