@@ -3,6 +3,7 @@ package gateway
 import (
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -73,6 +74,23 @@ func TestMetricsFromTheStart(t *testing.T) {
 	}
 	if regexp.MustCompile(`(?m)^sluice_[a-z_]*\.`).MatchString(m) {
 		t.Error("a sluice metric name is not Prometheus-style")
+	}
+	// The README names the families as they are scraped, and names them all.
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, n := range regexp.MustCompile(`\bsluice_[a-z_]+`).FindAllString(string(readme), -1) {
+		named[n] = true
+		if !regexp.MustCompile(`(?m)^# TYPE ` + n + ` `).MatchString(m) {
+			t.Errorf("README names %s; /metrics has no such family", n)
+		}
+	}
+	for _, f := range regexp.MustCompile(`(?m)^# TYPE (sluice_[a-z_]+) `).FindAllStringSubmatch(m, -1) {
+		if !named[f[1]] {
+			t.Errorf("/metrics family %s is not in the README", f[1])
+		}
 	}
 }
 
