@@ -696,12 +696,13 @@ decisions contains d if {
 	}
 	var counted bool
 	for _, l := range strings.Split(string(metrics), "\n") {
-		if strings.HasPrefix(l, "sluice_policy_reloads") && strings.Contains(l, `result="error"`) {
+		// Non-zero: the series exists, at 0, from the start.
+		if strings.HasPrefix(l, "sluice_policy_reloads") && strings.Contains(l, `result="error"`) && !strings.HasSuffix(l, " 0") {
 			counted = true
 		}
 	}
 	if !counted {
-		t.Errorf("/metrics has no sluice_policy_reloads{result=\"error\"} line")
+		t.Errorf("/metrics has no non-zero sluice_policy_reloads{result=\"error\"} line")
 	}
 	rejection += fmt.Sprintf("; error counted: %v", counted)
 	g6.Observe(rejection)
