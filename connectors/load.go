@@ -11,10 +11,9 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/getkin/kin-openapi/openapi3"
+	"golang.org/x/sync/errgroup"
 )
 
 // param is one path, query or header parameter of a tool.
@@ -132,12 +131,14 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 			cands = append(cands, cd)
 		}
 	}
-	parallel(len(cands), func(i int) {
-		cd := cands[i]
+	var g errgroup.Group // errors stay per candidate: g.Wait's is always nil
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for _, cd := range cands {
 		if cd.err == nil {
-			cd.err = cd.t.compile(d, cd.ptr)
+			g.Go(func() error { cd.err = cd.t.compile(d, cd.ptr); return nil })
 		}
-	})
+	}
+	_ = g.Wait()
 
 	byName := map[string]string{} // tool name → "METHOD /path"
 	aliases := map[string]string{}
@@ -435,11 +436,10 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 		t.Security = append(t.Security, alt)
 	}
 
-	params, err := mergeParams(item.Parameters, op.Parameters, schemes)
+	params, err := mergeParams(item.Parameters, op.Parameters, schemes, ptr)
 	if err != nil {
 		return nil, nil, err
 	}
-	locateParams(params, item, op, ptr)
 	t.params = params
 	// Some vendors' generators put a fixed query in the path key
 	// ("/responses?beta=true"). OpenAPI does not allow it, but the intent
@@ -503,23 +503,6 @@ func (t *Tool) compile(d *defs, ptr string) (err error) {
 	return nil
 }
 
-// parallel runs fn(0..n-1) on as many goroutines as there are cores.
-func parallel(n int, fn func(i int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				fn(i)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
 // mediaKey is the key under which media is in content, as the spec spells it.
 func mediaKey(content openapi3.Content, media *openapi3.MediaType) string {
 	for k, v := range content {
@@ -528,30 +511,6 @@ func mediaKey(content openapi3.Content, media *openapi3.MediaType) string {
 		}
 	}
 	return ""
-}
-
-// locateParams fills in each parameter's schema reference and JSON
-// pointer, from the operation's list (which wins) or the path item's.
-func locateParams(params []*param, item *openapi3.PathItem, op *openapi3.Operation, ptr string) {
-	itemPtr := ptr[:strings.LastIndexByte(ptr, '/')]
-	find := func(list openapi3.Parameters, in, name string) (*openapi3.Parameter, int) {
-		for i, ref := range list {
-			if ref == nil || ref.Value == nil || ref.Value.In != in {
-				continue
-			}
-			if ref.Value.Name == name || (in == openapi3.ParameterInHeader && strings.EqualFold(ref.Value.Name, name)) {
-				return ref.Value, i
-			}
-		}
-		return nil, -1
-	}
-	for _, p := range params {
-		if v, i := find(op.Parameters, p.in, p.name); v != nil {
-			p.schemaRef, p.pointer = v.Schema, fmt.Sprintf("%s/parameters/%d", ptr, i)
-		} else if v, i := find(item.Parameters, p.in, p.name); v != nil {
-			p.schemaRef, p.pointer = v.Schema, fmt.Sprintf("%s/parameters/%d", itemPtr, i)
-		}
-	}
 }
 
 // specPointer maps a location inside a def of a rendered schema back to
@@ -605,11 +564,16 @@ func (t *Tool) specPointer(d *defs, loc, opPtr string) string {
 // to ignore (Accept, Content-Type, Authorization) and any parameter that is
 // where an apiKey credential goes: the gateway attaches credentials, an agent
 // never supplies or overrides one.
-func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*SecurityScheme) ([]*param, error) {
+func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*SecurityScheme, opPtr string) ([]*param, error) {
 	merged := map[string]*openapi3.Parameter{}
+	where := map[string]string{} // key → JSON pointer of the parameter that won
 	var order []string
-	for _, list := range []openapi3.Parameters{pathLevel, opLevel} {
-		for _, ref := range list {
+	lists := []struct {
+		ps  openapi3.Parameters
+		ptr string
+	}{{pathLevel, opPtr[:strings.LastIndexByte(opPtr, '/')]}, {opLevel, opPtr}}
+	for _, list := range lists {
+		for i, ref := range list.ps {
 			if ref == nil || ref.Value == nil {
 				return nil, errors.New("parameters: unresolved parameter")
 			}
@@ -622,6 +586,7 @@ func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*Sec
 				order = append(order, key)
 			}
 			merged[key] = p
+			where[key] = fmt.Sprintf("%s/parameters/%d", list.ptr, i)
 		}
 	}
 	credential := map[string]bool{}
@@ -658,7 +623,8 @@ func mergeParams(pathLevel, opLevel openapi3.Parameters, schemes map[string]*Sec
 		default:
 			return nil, fmt.Errorf("parameter %s: unknown location %q", p.Name, p.In)
 		}
-		np := &param{name: p.Name, in: p.In, required: p.Required || p.In == openapi3.ParameterInPath, desc: shorten(p.Description)}
+		np := &param{name: p.Name, in: p.In, required: p.Required || p.In == openapi3.ParameterInPath, desc: shorten(p.Description),
+			schemaRef: p.Schema, pointer: where[key]}
 		if p.Schema != nil {
 			if p.Schema.Value == nil {
 				return nil, fmt.Errorf("parameter %s.%s: unresolved schema", p.In, p.Name)
