@@ -77,6 +77,8 @@ type Connector struct {
 	// schema no tool uses that would not compile, for example (only with
 	// Options.Defects or Strict).
 	Defects []Problem
+
+	match matcher // Match's routes, compiled on first use (match.go)
 }
 
 // Problem is one thing in a spec that was left out or is defective.

@@ -36,7 +36,7 @@ func inputValue(in *Input) (ast.Value, error) {
 		}
 		args = ast.NewTerm(av)
 	}
-	return ast.NewObject(
+	items := [][2]*ast.Term{
 		item("version", ast.InternedTerm(v)),
 		item("kind", names.term(in.Kind)),
 		item("caller", callerTerm(in.Caller)),
@@ -46,7 +46,15 @@ func inputValue(in *Input) (ast.Value, error) {
 		item("args", args),
 		item("request", requestTerm(&in.Request)),
 		item("time", ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
-	), nil
+	}
+	if in.Envoy != nil {
+		ev, err := ast.InterfaceToValue(in.Envoy)
+		if err != nil {
+			return nil, fmt.Errorf("envoy: %w", err)
+		}
+		items = append(items, item("envoy", ast.NewTerm(ev)))
+	}
+	return ast.NewObject(items...), nil
 }
 
 // requestTerm builds input.request; port is present only when set (raw egress).
@@ -61,6 +69,9 @@ func requestTerm(r *Request) *ast.Term {
 	)
 	if r.Port != 0 {
 		items = append(items, item("port", ast.InternedTerm(r.Port)))
+	}
+	if r.Body != "" {
+		items = append(items, item("body", ast.StringTerm(r.Body)))
 	}
 	return ast.ObjectTerm(items...)
 }
@@ -181,7 +192,7 @@ func init() {
 	for _, k := range []string{
 		"version", "kind", "caller", "sandbox", "agent", "session", "user",
 		"connector", "tool", "operation", "id", "method", "path", "risk", "tags",
-		"args", "request", "host", "port", "query", "headers", "time",
+		"args", "request", "host", "port", "query", "headers", "time", "body", "envoy",
 	} {
 		keys[k] = ast.StringTerm(k)
 	}

@@ -126,6 +126,10 @@ type Request struct {
 	Path    string              `json:"path"`
 	Query   map[string][]string `json:"query"`
 	Headers map[string][]string `json:"headers"`
+	// Body is the request body when the gateway has it but no tool
+	// arguments hold it (a raw-egress request Envoy sent with its body);
+	// absent otherwise.
+	Body string `json:"body,omitempty"`
 }
 
 // Input is the document every decision is made on (see rego/README.md).
@@ -139,6 +143,11 @@ type Input struct {
 	Args      any       `json:"args"`
 	Request   Request   `json:"request"`
 	Time      time.Time `json:"time"`
+	// Envoy is the request in opa-envoy-plugin's input shape
+	// (attributes, parsed_path, parsed_query, parsed_body, …) when it came
+	// through Envoy's ext_authz; absent otherwise. A policy written for
+	// opa-envoy-plugin reads it with `with input as input.envoy`.
+	Envoy map[string]any `json:"envoy,omitempty"`
 }
 
 // Decision is the policy's answer.

@@ -84,6 +84,8 @@ type Gateway struct {
 	// RelayTLS is the listener for sandboxd relays on other hosts (mTLS);
 	// off unless Listen is set.
 	RelayTLS RelayTLS `yaml:"relay_tls"`
+	// ExtAuthz serves Envoy's ext_authz (and xDS); off when nil (extauthz.go).
+	ExtAuthz *ExtAuthz `yaml:"ext_authz"`
 }
 
 // RelayTLS configures the mTLS listener remote sandboxd relays connect
@@ -543,6 +545,7 @@ func (c *Config) resolvePaths() {
 	if rt := &c.Gateway.RelayTLS; rt.Listen != "" {
 		rt.CertFile, rt.KeyFile, rt.ClientCAFile = c.abs(rt.CertFile), c.abs(rt.KeyFile), c.abs(rt.ClientCAFile)
 	}
+	c.resolveExtAuthz()
 	c.Audit.Path = c.abs(c.Audit.Path)
 	if cp := c.Audit.Checkpoint; cp != nil {
 		cp.Path = c.abs(cp.Path)
@@ -657,6 +660,7 @@ func (c *Config) Validate() error {
 	} else if rt.CertFile != "" || rt.KeyFile != "" || rt.ClientCAFile != "" {
 		bad("gateway.relay_tls.listen", "must be set when the other gateway.relay_tls keys are")
 	}
+	c.validateExtAuthz(bad)
 	switch {
 	case strings.HasPrefix(c.Store, "sqlite:"):
 		if strings.TrimPrefix(c.Store, "sqlite:") == "" {
