@@ -96,7 +96,8 @@ type Deps struct {
 	HoldWait time.Duration
 	// Match maps a request to a connector's tool by base_url and the
 	// spec's path templates; ok is false when the host is no connector's.
-	Match func(host string, port int, method, path string) (Match, bool)
+	// rawQuery picks between operations that differ by a fixed query.
+	Match func(host string, port int, method, escapedPath, rawQuery string) (Match, bool)
 	// Call decides a request that maps to a tool: the one call pipeline
 	// in decide-only mode (identity, limits, Rego, hold, credential,
 	// audit with transport envoy). wait bounds an ask's inline wait.
@@ -205,7 +206,7 @@ func (a *Authz) match(r *Request) (Match, bool) {
 	if a.d.Match == nil || r.Method == http.MethodConnect {
 		return Match{}, false
 	}
-	return a.d.Match(r.Host, r.Port, r.Method, r.Path)
+	return a.d.Match(r.Host, r.Port, r.Method, r.Path, r.RawQuery)
 }
 
 // refusedHost says whether host (canonical) is an address or name the

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -122,4 +123,15 @@ func peerUID(c net.Conn) (uint32, error) {
 		return 0, cerr
 	}
 	return cred.Uid, nil
+}
+
+// NewGRPC returns a gRPC server with the Authorization service and, when
+// x is not nil, the ADS service registered: one listener for Envoy.
+func NewGRPC(opts []grpc.ServerOption, a *Authz, x *XDS) *grpc.Server {
+	g := grpc.NewServer(opts...)
+	authv3.RegisterAuthorizationServer(g, a)
+	if x != nil {
+		x.Register(g)
+	}
+	return g
 }

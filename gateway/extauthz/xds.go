@@ -230,9 +230,11 @@ func Resources(c *config.Config) (map[resource.Type][]types.Resource, error) {
 	return out, nil
 }
 
+// mustAny packs m deterministically (map entries sorted), so that the
+// snapshot's version, a hash of the resources, is stable.
 func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
-	if err != nil {
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
 		panic("bug(): anypb.New: " + err.Error()) // only for well-known generated types
 	}
 	return a
