@@ -25,16 +25,16 @@ import (
 //
 // A re-send that names its hold (Sluice-Hold) is never granted: it must
 // get its hold's answer, not a second execution.
-func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
-	if s.holds == nil || r.Header.Get("Sluice-Hold") != "" || c.decision.Action != policy.Ask {
+func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
+	if s.holds == nil || c.req.HoldID != "" || c.decision.Action != policy.Ask {
 		return false, nil
 	}
-	hr, err := canonicalRequest(req)
+	hr, err := c.holdRequest(req)
 	if err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be checked for a standing approval; it was not sent").Wrap(err)
 		return false, e
 	}
-	key := holds.GrantKey{Agent: c.caller.Agent, User: c.caller.User, Tool: tool.Name, SHA256: hr.Hash()}
+	key := holds.GrantKey{Agent: c.rec.Agent, User: c.rec.User, Tool: tool.Name, SHA256: hr.Hash()}
 	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
 	if err != nil {
 		// Fail closed: an unreadable store allows nothing.
@@ -47,14 +47,14 @@ func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *c
 	f := map[string]any{
 		"grant": g.ID, "hold": g.Hold, "granted_by": g.By, "grant_expires": g.Expires.Format(time.RFC3339),
 		"tool": tool.Name, "sha256": key.SHA256, "rule": c.decision.Rule,
-		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
+		"sandbox": c.rec.Sandbox, "agent": c.rec.Agent, "session": c.rec.Session, "user": c.rec.User,
 	}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: "grant_used", Fields: f}, false); err != nil {
+	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 		return false, e
 	}
-	c.decision = policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
-		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"}
+	c.decide(policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
+		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"})
 	return true, nil
 }
 
