@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/store"
@@ -110,6 +111,9 @@ type Server struct {
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
+
+	authzAddr atomic.Pointer[string] // gateway.ext_authz.listen, once listening (extauthz_door.go)
+	xds       *extauthz.XDS          // the ADS server, when gateway.ext_authz.xds is set
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -464,6 +468,12 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
+	stopAuthz, err := s.serveExtAuthz(ctx) // extauthz_door.go
+	if err != nil {
+		sl.Close()
+		return err
+	}
+	defer stopAuthz()
 	servers := []*http.Server{{
 		Handler:           s.sandboxHandler(),
 		ConnContext:       s.connContext, // session_conns.go
@@ -538,7 +548,15 @@ func (s *Server) RelayAddr() string {
 // serving and the error is returned.
 // The policy engine logs the outcome; callers need not.
 func (s *Server) Reload(ctx context.Context) error {
-	return s.loadPolicy(ctx)
+	err := s.loadPolicy(ctx)
+	if s.xds != nil {
+		// A new snapshot when what Envoy is served changed (its version is
+		// a hash of the resources: an unchanged one pushes nothing).
+		if xerr := s.xds.Update(ctx, s.cfg); xerr != nil {
+			s.log.Error("xds: reload", "err", xerr)
+		}
+	}
+	return err
 }
 
 // watchPolicy reloads the policy when its files change, until ctx ends.

@@ -68,7 +68,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		Caller:    holds.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rec.RequestID,
-		IdempotencyHeader: tool.IdempotencyHeader,
+		IdempotencyHeader: tool.IdempotencyHeader, Deferred: c.req.Mode == call.Decide,
 	})
 	switch {
 	case errors.Is(err, holds.ErrTooManyForSandbox):
@@ -93,6 +93,38 @@ func (c *toolCall) holdRequest(req *http.Request) (holds.Request, error) {
 		hr.Headers = nil
 	}
 	return hr, err
+}
+
+// releaseHold lets a decided-only call through when a person approved a
+// hold of exactly this request for this caller (identity, tool, method,
+// URL, body: the hold's hash), once: of two matching calls one is
+// released. The release is audited before the call goes on.
+func (s *Server) releaseHold(ctx context.Context, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
+	if s.holds == nil {
+		return false, nil
+	}
+	hr, err := c.holdRequest(req)
+	if err != nil {
+		return false, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be matched to its approval").Wrap(err)
+	}
+	h, ok, err := s.holds.FindApproved(ctx, holds.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User}, tool.Name, hr.Hash())
+	if err != nil {
+		return false, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the approvals cannot be read").Wrap(err)
+	}
+	if !ok {
+		return false, nil
+	}
+	if time.Now().After(h.Expires) {
+		return false, refusal.New(http.StatusForbidden, refusal.ApprovalExpired, "the approval of this call was not used before the hold expired; it was not sent")
+	}
+	released, err := s.holds.Release(ctx, h, c.rec.RequestID)
+	switch {
+	case errors.Is(err, holds.ErrAudit):
+		return false, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; the approved call was not let through").Wrap(err)
+	case err != nil:
+		return false, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the approval could not be used").Wrap(err)
+	}
+	return released, nil
 }
 
 // awaitHold waits up to the call's hold wait for the hold to be decided,
@@ -203,6 +235,11 @@ func (s *Server) Poll(ctx context.Context, id wire.Identity, hold string, wait t
 // manager also re-sends an idempotency-keyed hold through here after a
 // crash left its outcome unknown (THREATS G2).
 func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, bool) {
+	if h.Deferred {
+		// The gateway never sends a request it only decided: its sender
+		// re-sends it, and releaseHold lets it through.
+		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: a deferred hold is never executed by the gateway"}}`)}, false
+	}
 	o, c := s.run(ctx, call.Request{RequestID: h.RequestID}, &h)
 	if o.Refusal != nil {
 		var b refusal.Body

@@ -178,7 +178,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Decide.
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
-	c.decide(s.Decide(dctx, s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())))
+	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
+	in.Envoy = c.req.Envoy
+	c.decide(s.Decide(dctx, in))
 	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
 	if c.held == nil { // an approved hold's ask was counted when it was held
@@ -215,8 +217,22 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		if e != nil {
 			return call.Outcome{}, e
 		}
+		if !granted && c.req.Mode == call.Decide {
+			// A call the gateway only decides cannot be sent at approval:
+			// the approval lets the same request through once (holdcall.go).
+			if granted, e = s.releaseHold(ctx, c, tool, req); e != nil {
+				return call.Outcome{}, e
+			}
+		}
 		if !granted {
-			return s.holdCall(ctx, c, tool, args, req)
+			o, e := s.holdCall(ctx, c, tool, args, req)
+			if e != nil || c.req.Mode != call.Decide || o.Hold == nil || o.Hold.State != string(holds.Approved) {
+				return o, e
+			}
+			// Approved while this check waited: released like a retry.
+			if granted, e = s.releaseHold(ctx, c, tool, req); e != nil || !granted {
+				return o, e
+			}
 		}
 		fallthrough
 	default: // allow

@@ -115,6 +115,9 @@ type Request struct {
 	// RequestID ties the answer to the log line and audit record; ""
 	// makes a fresh one.
 	RequestID string
+	// Envoy is the request in opa-envoy-plugin's input shape (the
+	// ext_authz door's), shown to policy as input.envoy; nil otherwise.
+	Envoy map[string]any
 }
 
 // Progress is one report of a held call's wait.

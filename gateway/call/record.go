@@ -181,9 +181,9 @@ func (r *Record) Fields(event string, code refusal.Code) []Field {
 	}
 	if !eg {
 		f = append(f, Field{KeyTool, r.Tool})
-		if r.Transport != "" {
-			f = append(f, Field{KeyTransport, string(r.Transport)})
-		}
+	}
+	if r.Transport != "" {
+		f = append(f, Field{KeyTransport, string(r.Transport)})
 	}
 	if r.UpstreamErr != "" {
 		f = append(f, Field{KeyUpstreamError, r.UpstreamErr})
@@ -229,6 +229,9 @@ func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.L
 	attrs = append(attrs, slog.String(KeyDestHost, r.DestHost))
 	if eg {
 		attrs = append(attrs, slog.Int(KeyPort, r.Port))
+		if r.Transport != "" {
+			attrs = append(attrs, slog.String(KeyTransport, string(r.Transport)))
+		}
 	}
 	attrs = append(attrs,
 		slog.String(KeyResolvedIP, r.ResolvedIP()),

@@ -53,8 +53,9 @@ func TestFields(t *testing.T) {
 			"agent credential decision dest_host duration_ms reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
 		{"tool call refused before anything", &Record{Kind: KindToolCall, Agent: "a", Sandbox: "sb"}, EventDecision, refusal.RateLimited,
 			"agent code sandbox session tool user"},
+		// Raw egress names its door only when it has one (Envoy's ext_authz).
 		{"egress result", full(KindConnect), EventResult, "",
-			"agent bytes_down bytes_up credential decision dest_host duration_ms kind port reason resolved_ip rule sandbox session status upstream_error upstream_status user"},
+			"agent bytes_down bytes_up credential decision dest_host duration_ms kind port reason resolved_ip rule sandbox session status transport upstream_error upstream_status user"},
 		{"egress refused before policy", &Record{Kind: KindHTTP, Event: "doh_refused"}, EventDecision, refusal.EgressDenied,
 			"agent code dest_host kind reason sandbox session user"},
 	}

@@ -59,6 +59,41 @@ type Match struct {
 	PathParams map[string]string // from the path template, decoded
 }
 
+// Found says what Deps.Match found for a request.
+type Found int
+
+const (
+	// NoConnector: the host is no connector's; the request is raw egress.
+	NoConnector Found = iota
+	// Matched: the request is Match.Tool.
+	Matched
+	// NoOperation: the host is a connector's but no operation of its spec
+	// has this method and path. It is refused, never decided as raw
+	// egress: a connector's host is reached only through its tools.
+	NoOperation
+	// Ambiguous: two connectors' operations fit equally; refused.
+	Ambiguous
+)
+
+// String names the result.
+func (f Found) String() string {
+	switch f {
+	case NoConnector:
+		return "no_connector"
+	case Matched:
+		return "matched"
+	case NoOperation:
+		return "no_operation"
+	case Ambiguous:
+		return "ambiguous"
+	}
+	return "found(" + strconv.Itoa(int(f)) + ")"
+}
+
+// CodeUnknownTool is the refusal of a request to a connector's host that
+// is none of its operations.
+const CodeUnknownTool = "unknown_tool"
+
 // Header is one header the answer sets, overwriting any the client sent.
 type Header struct{ Name, Value string }
 
@@ -96,8 +131,9 @@ type Deps struct {
 	HoldWait time.Duration
 	// Match maps a request to a connector's tool by base_url and the
 	// spec's path templates; ok is false when the host is no connector's.
+	// port is 0 when the request's authority named none.
 	// rawQuery picks between operations that differ by a fixed query.
-	Match func(host string, port int, method, escapedPath, rawQuery string) (Match, bool)
+	Match func(host string, port int, method, escapedPath, rawQuery string) (Match, Found)
 	// Call decides a request that maps to a tool: the one call pipeline
 	// in decide-only mode (identity, limits, Rego, hold, credential,
 	// audit with transport envoy). wait bounds an ask's inline wait.
@@ -183,7 +219,14 @@ func (a *Authz) check(ctx context.Context, cr *authv3.CheckRequest) *authv3.Chec
 		}
 	}
 	var v Verdict
-	if m, ok := a.match(r); ok {
+	m, found := a.match(r)
+	switch found {
+	case NoOperation:
+		return refuse(http.StatusNotFound, CodeUnknownTool, r.Method+" "+r.Path+" is none of the operations of the connector at "+r.Host)
+	case Ambiguous:
+		return refuse(http.StatusConflict, CodeUnknownTool, r.Method+" "+r.Path+" on "+r.Host+" fits operations of two connectors; give them distinct base_urls")
+	}
+	if found == Matched {
 		if a.d.Call == nil {
 			return refuse(http.StatusInternalServerError, CodeBug, "bug: no call pipeline")
 		}
@@ -202,11 +245,15 @@ func (a *Authz) check(ctx context.Context, cr *authv3.CheckRequest) *authv3.Chec
 	return Answer(v, r)
 }
 
-func (a *Authz) match(r *Request) (Match, bool) {
+func (a *Authz) match(r *Request) (Match, Found) {
 	if a.d.Match == nil || r.Method == http.MethodConnect {
-		return Match{}, false
+		return Match{}, NoConnector
 	}
-	return a.d.Match(r.Host, r.Port, r.Method, r.Path, r.RawQuery)
+	port := 0
+	if r.ExplicitPort {
+		port = r.Port
+	}
+	return a.d.Match(r.Host, port, r.Method, r.Path, r.RawQuery)
 }
 
 // refusedHost says whether host (canonical) is an address or name the

@@ -64,15 +64,15 @@ func (r *recorder) deps(t *testing.T) extauthz.Deps {
 	return extauthz.Deps{
 		Principals: []config.ExtAuthzPrincipal{{Principal: "spiffe://cluster.local/ns/agents/sa/support-bot", Agent: "support-bot", Sandbox: "pod-7", User: "bob"}},
 		HoldWait:   time.Second,
-		Match: func(host string, port int, method, path, query string) (extauthz.Match, bool) {
+		Match: func(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
 			if host != pets.BaseURL.Hostname() {
-				return extauthz.Match{}, false
+				return extauthz.Match{}, extauthz.NoConnector
 			}
 			tool, params, ok := pets.Match(method, path, query)
 			if !ok {
-				return extauthz.Match{}, false
+				return extauthz.Match{}, extauthz.NoOperation
 			}
-			return extauthz.Match{Connector: "pets", Tool: tool.Name, PathParams: params}, true
+			return extauthz.Match{Connector: "pets", Tool: tool.Name, PathParams: params}, extauthz.Matched
 		},
 		Call: func(_ context.Context, req *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
 			r.mu.Lock()
@@ -290,6 +290,7 @@ func TestCheckRefusesWhatCannotBeDecidedAsSent(t *testing.T) {
 		{"metadata name", "metadata.google.internal", "/computeMetadata/v1/", 403, "egress_denied"},
 		{"IPv4-mapped metadata", "[::ffff:169.254.169.254]", "/", 403, "egress_denied"},
 		{"loopback", "127.0.0.1:8080", "/", 403, "egress_denied"},
+		{"connector host, none of its operations: never raw egress", "petstore.swagger.io", "/v2/admin", 404, "unknown_tool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &recorder{verdict: extauthz.Verdict{Allow: true}}

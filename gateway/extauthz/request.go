@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -33,11 +34,13 @@ type Request struct {
 	Method         string // upper case
 	Host           string // canonical: lower case, no port, no trailing dot
 	Port           int    // the authority's port, else the scheme's
-	Path           string // the request target's path ("" for CONNECT)
-	RawQuery       string // as sent, without '?'
-	Query          url.Values
-	Headers        http.Header // as Envoy reported them, pseudo-headers left out
-	Body           []byte      // what Envoy buffered (with_request_body); may be partial
+	// ExplicitPort: the authority named the port.
+	ExplicitPort bool
+	Path         string // the request target's path ("" for CONNECT)
+	RawQuery     string // as sent, without '?'
+	Query        url.Values
+	Headers      http.Header // as Envoy reported them, pseudo-headers left out
+	Body         []byte      // what Envoy buffered (with_request_body); may be partial
 	// BodyTruncated: Envoy sent less than the request's Content-Length
 	// (max_request_bytes with allow_partial_message).
 	BodyTruncated bool
@@ -153,6 +156,8 @@ func Parse(cr *authv3.CheckRequest) (*Request, error) {
 	}
 	r.Host = host
 	r.Port, _ = strconv.Atoi(port)
+	_, _, perr := net.SplitHostPort(h.GetHost())
+	r.ExplicitPort = perr == nil
 
 	if r.Method == http.MethodConnect {
 		if p := h.GetPath(); p != "" && p != h.GetHost() {

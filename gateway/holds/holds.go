@@ -76,6 +76,12 @@ type Hold struct {
 	// approved), else the hold's ID, which is stable and stored. Only such
 	// a hold is re-sent after a crash left its outcome unknown.
 	IdempotencyHeader string `json:"idempotency_header,omitempty"`
+	// Deferred marks a hold the gateway only decides (an Envoy ext_authz
+	// check: Envoy, not the gateway, sends the request). Approving it
+	// sends nothing: it becomes Approved, and the same caller's next
+	// request with the same hash is let through once (Release), after
+	// which it is Done.
+	Deferred bool `json:"deferred,omitempty"`
 }
 
 // Terminal says whether the hold's state can no longer change.

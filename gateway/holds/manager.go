@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -113,6 +114,7 @@ type doc struct {
 	// IdempotencyHeader: absent in holds stored before it existed, which
 	// are therefore never re-sent.
 	IdempotencyHeader string `json:"idempotency_header,omitempty"`
+	Deferred          bool   `json:"deferred,omitempty"`
 }
 
 func fromRow(r store.HoldRow) (Hold, error) {
@@ -123,7 +125,7 @@ func fromRow(r store.HoldRow) (Hold, error) {
 	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
 		Credential: d.Credential, Caller: d.Caller, Approvers: d.Approvers, Rule: d.Rule, Reason: d.Reason,
 		Created: r.Created, Expires: r.Expires, DecidedBy: r.DecidedBy, DecisionReason: r.DecisionReason, Decided: r.Decided,
-		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader}
+		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader, Deferred: d.Deferred}
 	if r.Result != nil {
 		h.Result = &Result{}
 		if err := json.Unmarshal(r.Result, h.Result); err != nil {
@@ -181,7 +183,8 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	}
 	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
 	d, err := json.Marshal(doc{Tool: h.Tool, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
-		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader})
+		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader,
+		Deferred: h.Deferred})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}
@@ -347,6 +350,9 @@ func (m *Manager) Approve(ctx context.Context, id string, p Person, reason strin
 }
 
 func (m *Manager) approve(ctx context.Context, id string, p Person, reason string, g *Grant, ttl time.Duration) (Hold, error) {
+	if cur, err := m.Get(ctx, id); err == nil && cur.Deferred {
+		return m.approveDeferred(ctx, id, p, reason, g, ttl)
+	}
 	h, err := m.decideGrant(ctx, id, p, reason, Running, g, ttl)
 	if err != nil {
 		return h, err
@@ -371,6 +377,79 @@ func (m *Manager) approve(ctx context.Context, id string, p Person, reason strin
 	res, ok := m.o.Execute(ctx, h)
 	status, kind, res := m.outcome(h, res, ok)
 	return m.finish(ctx, h, status, res, kind, nil)
+}
+
+// approveDeferred approves a hold the gateway only decides: nothing is
+// sent; the hold is Approved until the caller's matching request takes it
+// (Release). An approval that cannot be audited fails the hold.
+func (m *Manager) approveDeferred(ctx context.Context, id string, p Person, reason string, g *Grant, ttl time.Duration) (Hold, error) {
+	h, err := m.decideGrant(ctx, id, p, reason, Approved, g, ttl)
+	if err != nil {
+		return h, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	fields := map[string]any{"by": p.Name, "decision_reason": reason, "deferred": true}
+	if g != nil {
+		fields["always"], fields["grant"], fields["grant_expires"] = true, g.ID, g.Expires.Format(time.RFC3339)
+	}
+	if err := m.o.Audit(ctx, "hold_approved", h, fields); err != nil {
+		m.log.Error("holds: approval not audited; the hold is not released", "hold", id, "err", err)
+		if g != nil {
+			if derr := m.o.Store.DeleteGrant(ctx, g.ID); derr != nil {
+				m.log.Error("holds: unaudited grant not deleted", "grant", g.ID, "err", derr)
+			}
+		}
+		res := Result{HTTPStatus: 503, Body: refusalBody("audit_unavailable", "the audit log cannot be written; the approved call is not let through", h.RequestID)}
+		data, _ := json.Marshal(res)
+		if _, ferr := m.o.Store.FinishHold(ctx, h.ID, string(Approved), string(Failed), data); ferr != nil {
+			return h, fmt.Errorf("holds: record result: %w", ferr)
+		}
+		h.Status, h.Result = Failed, &res
+		m.publish(h, "failed")
+		return h, nil
+	}
+	m.publish(h, "approved")
+	return h, nil
+}
+
+// FindApproved returns the caller's approved deferred hold for exactly
+// this tool and request hash, if there is one not yet released.
+func (m *Manager) FindApproved(ctx context.Context, c Caller, tool, sha string) (Hold, bool, error) {
+	r, ok, err := m.o.Store.FindHold(ctx, c.Agent, c.Sandbox, c.Session, c.User, tool, sha, []string{string(Approved)})
+	if err != nil || !ok {
+		return Hold{}, false, err
+	}
+	h, err := fromRow(r)
+	if err != nil || !h.Deferred {
+		return Hold{}, false, err
+	}
+	return h, true, nil
+}
+
+// Release lets an approved deferred hold's request through, exactly once:
+// the flip from approved to executed is one conditional UPDATE, so of two
+// matching requests at the same time one is released and the other is
+// not (ok false). The release is audited (hold_released) before ok is
+// returned; an unaudited release is not one.
+func (m *Manager) Release(ctx context.Context, h Hold, requestID string) (bool, error) {
+	if !h.Deferred {
+		return false, errors.New("holds: bug(): release of a hold the gateway sends itself")
+	}
+	res := Result{HTTPStatus: 200, Body: []byte(`{"released":true,"request_id":` + strconv.Quote(requestID) + `}`)}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return false, fmt.Errorf("holds: release: %w", err)
+	}
+	ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Approved), string(Done), data)
+	if err != nil || !ok {
+		return false, err
+	}
+	h.Status, h.Result = Done, &res
+	if err := m.o.Audit(context.WithoutCancel(ctx), "hold_released", h, map[string]any{"released_request_id": requestID}); err != nil {
+		return false, fmt.Errorf("holds: release: %w: %w", ErrAudit, err)
+	}
+	m.publish(h, "executed")
+	return true, nil
 }
 
 // outcome is the status an execution's result gives the hold, with the
@@ -424,7 +503,8 @@ func (m *Manager) Deny(ctx context.Context, id string, p Person, reason string) 
 }
 
 // Wait returns the hold once it is terminal (executed, denied, expired,
-// failed, outcome unknown) or when ctx ends, whichever is first; then it
+// failed, outcome unknown) or, for a deferred hold, approved (its request
+// may then be released), or when ctx ends, whichever is first; then it
 // returns the hold as it is and no error.
 func (m *Manager) Wait(ctx context.Context, id string) (Hold, error) {
 	// Reads are not cut short by ctx: when the wait ends the caller still
@@ -433,7 +513,7 @@ func (m *Manager) Wait(ctx context.Context, id string) (Hold, error) {
 	for {
 		ch := m.waiter(id)
 		h, err := m.Get(rctx, id)
-		if err != nil || h.Status.Terminal() {
+		if err != nil || h.Status.Terminal() || (h.Deferred && h.Status == Approved) {
 			return h, err
 		}
 		d := time.Hour

@@ -1,0 +1,312 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/extauthz"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// The Envoy door (gateway/extauthz) is wired here: its Deps are the
+// pipeline (Call, in decide-only mode), the catalogue's request→tool
+// matcher, and raw egress's decision. The door itself never decides.
+
+// serveExtAuthz starts gateway.ext_authz's gRPC listener (Check, and ADS
+// when xds is set) and returns the function that stops it; off, it
+// returns a no-op.
+func (s *Server) serveExtAuthz(ctx context.Context) (stop func(), err error) {
+	e := s.cfg.Gateway.ExtAuthz
+	if e == nil {
+		return func() {}, nil
+	}
+	l, opts, err := extauthz.Listen(e, s.log)
+	if err != nil {
+		return nil, fmt.Errorf("gateway.ext_authz: %w", err)
+	}
+	var x *extauthz.XDS
+	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if e.XDS != nil {
+		x = extauthz.NewXDS(xctx, s.log)
+		if err := x.Update(ctx, s.cfg); err != nil {
+			cancel()
+			l.Close()
+			return nil, fmt.Errorf("gateway.ext_authz.xds: %w", err)
+		}
+		s.xds = x
+	}
+	g := extauthz.NewGRPC(opts, extauthz.NewAuthz(s.extAuthzDeps()), x)
+	addr := l.Addr().String()
+	s.authzAddr.Store(&addr)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := g.Serve(l); err != nil {
+			s.log.Error("ext_authz: serve", "err", err)
+		}
+	}()
+	s.log.Info("ext_authz serving", "listen", e.Listen, "xds", x != nil)
+	return func() {
+		cancel() // ends ADS streams, so GracefulStop does not wait on them
+		t := time.AfterFunc(5*time.Second, g.Stop)
+		g.GracefulStop()
+		t.Stop()
+		<-done
+	}, nil
+}
+
+// ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).
+func (s *Server) ExtAuthzAddr() string {
+	if p := s.authzAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (s *Server) extAuthzDeps() extauthz.Deps {
+	e := s.cfg.Gateway.ExtAuthz
+	return extauthz.Deps{
+		Log:        s.log,
+		Principals: e.Principals,
+		HoldWait:   e.HoldWait.Std(),
+		Match:      s.matchTool,
+		Call:       s.envoyCall,
+		Egress:     s.envoyEgress,
+		Refused:    s.envoyRefused,
+	}
+}
+
+// matchTool maps a request to a connector's tool: the host (and port,
+// when the authority names one; port is 0 otherwise) of its base_url, and
+// the operation its spec has for method and path. Of two connectors on one
+// host, the one with the longer base path that matches wins; a tie is
+// ambiguous. A connector's host with no such operation is NoOperation,
+// never raw egress.
+func (s *Server) matchTool(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
+	var best extauthz.Match
+	bestLen, found := -1, extauthz.NoConnector
+	for _, slug := range slices.Sorted(maps.Keys(s.catalog.connectors)) {
+		up := s.catalog.connectors[slug]
+		b := up.conn.BaseURL
+		if b == nil || !strings.EqualFold(b.Hostname(), host) {
+			continue
+		}
+		if port != 0 && port != basePort(b.Scheme, b.Port()) {
+			continue
+		}
+		if found == extauthz.NoConnector {
+			found = extauthz.NoOperation
+		}
+		tool, params, ok := up.conn.Match(method, path, query)
+		if !ok {
+			continue
+		}
+		switch l := len(strings.TrimRight(b.EscapedPath(), "/")); {
+		case l > bestLen:
+			best, bestLen, found = extauthz.Match{Connector: slug, Tool: tool.Name, PathParams: params}, l, extauthz.Matched
+		case l == bestLen:
+			found = extauthz.Ambiguous
+		}
+	}
+	return best, found
+}
+
+func basePort(scheme, port string) int {
+	if n, err := strconv.Atoi(port); err == nil {
+		return n
+	}
+	if scheme == "https" {
+		return 443
+	}
+	return 80
+}
+
+// envoyCall decides a request that is a connector's tool through the one
+// pipeline, in decide-only mode: the request is the one Envoy holds, on
+// the connector's base URL, and an allow hands back the credential
+// headers to attach.
+func (s *Server) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
+	if r.BodyTruncated {
+		// Envoy would send a body the policy never saw: decide on what is
+		// sent, or not at all.
+		return s.envoyRefuse(ctx, r, refusal.New(http.StatusRequestEntityTooLarge, refusal.SchemaViolation,
+			"the request body is larger than Envoy sends to the gateway (with_request_body.max_request_bytes); a tool call is decided on its whole body"))
+	}
+	up := s.catalog.connectors[m.Connector]
+	u := up.conn.BaseURL.Scheme + "://" + up.conn.BaseURL.Host + r.Path
+	if r.RawQuery != "" {
+		u += "?" + r.RawQuery
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, u, bytes.NewReader(r.Body))
+	if err != nil {
+		return s.envoyRefuse(ctx, r, refusal.New(http.StatusBadRequest, refusal.BadRequest, "the request cannot be rebuilt on the connector's base URL"))
+	}
+	if len(r.Body) == 0 {
+		req.Body, req.ContentLength = http.NoBody, 0
+	}
+	req.Header = r.Headers.Clone()
+	hw := wait
+	if hw <= 0 {
+		hw = -1 // no time left under Envoy's deadline: answer with the hold at once
+	}
+	o := s.Call(ctx, call.Request{
+		Identity: r.Identity, Tool: m.Tool, Transport: call.Envoy, Mode: call.Decide,
+		HTTP: req, HoldWait: hw, Envoy: r.Envoy,
+	})
+	return verdict(o)
+}
+
+// verdict is a pipeline outcome in the door's terms.
+func verdict(o call.Outcome) extauthz.Verdict {
+	v := extauthz.Verdict{RequestID: o.RequestID, Status: o.Status}
+	switch {
+	case o.Refusal != nil:
+		v.Status, v.Code, v.Message, v.RetryAfter = o.Refusal.Status, string(o.Refusal.Code), o.Refusal.Message, o.Refusal.RetryAfter
+		if v.Status == http.StatusTooManyRequests && v.RetryAfter <= 0 {
+			v.RetryAfter = holdRetryAfter // too many pending holds: try again when some are decided
+		}
+		if o.Hold != nil {
+			v.HoldID, v.HoldState = o.Hold.ID, o.Hold.State
+			if o.Hold.RequestID != "" {
+				v.RequestID = o.Hold.RequestID
+			}
+		}
+	case o.Attach != nil:
+		v.Allow = true
+		for _, k := range slices.Sorted(maps.Keys(o.Attach)) {
+			v.Set = append(v.Set, extauthz.Header{Name: k, Value: strings.Join(o.Attach[k], ", ")})
+		}
+		v.Remove = o.Remove
+	case o.Hold != nil && o.Status == http.StatusAccepted:
+		v.HoldID, v.HoldState = o.Hold.ID, o.Hold.State
+		v.Message = "held for a person's approval; send the same request again once it is approved"
+		v.RetryAfter = holdRetryAfter
+		if left := time.Until(o.Hold.Expires); left > 0 && left < v.RetryAfter {
+			v.RetryAfter = left
+		}
+	default:
+		v.Status, v.Code, v.Message = http.StatusInternalServerError, extauthz.CodeBug, "bug: a decided-only call ended without a decision"
+	}
+	return v
+}
+
+// holdRetryAfter is the Retry-After of a pending hold's 202.
+const holdRetryAfter = 5 * time.Second
+
+// envoyEgress decides a request to a host that is no connector's as raw
+// egress (kind http, or connect for CONNECT), as the forward proxy would:
+// the session's state, then policy (the agents' egress allowlists and the
+// modules), audited before the answer. Raw egress is never held.
+func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Duration) extauthz.Verdict {
+	rec := s.envoyRecord(r)
+	id, e := canonicalCaller(r.Identity)
+	rec.Sandbox, rec.Agent, rec.Session, rec.User = id.Sandbox, id.Agent, id.Session, id.User
+	if e == nil {
+		e = s.sessionRefusal(ctx, id.Session) // unknown state refuses too: raw egress is never held to re-check
+	}
+	if e == nil {
+		in := &policy.Input{
+			Version: policy.InputVersion, Kind: string(rec.Kind),
+			Caller:  policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User},
+			Request: policy.Request{Method: r.Method, Host: r.Host, Port: r.Port, Path: r.Path, Query: r.Query, Headers: r.Headers},
+			Envoy:   r.Envoy, Time: time.Now().UTC(),
+		}
+		if rec.Kind == call.KindConnect {
+			in.Request.Path, in.Request.Query, in.Request.Headers = "", nil, nil
+		} else if len(r.Body) > 0 && !r.BodyTruncated && utf8.Valid(r.Body) {
+			in.Request.Body = string(r.Body)
+		}
+		d := s.Decide(ctx, in)
+		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+		switch d.Action {
+		case policy.Allow:
+		case policy.Ask:
+			e = refusal.New(http.StatusForbidden, refusal.EgressDenied, "raw egress cannot be held for approval; it was not sent")
+		default:
+			msg := fmt.Sprintf("%s is not on agent %q's egress allowlist", r.Host, id.Agent)
+			if d.Rule != "default" {
+				msg = "blocked by policy"
+				if d.Reason != "" {
+					msg += ": " + d.Reason
+				}
+			}
+			e = refusal.New(http.StatusForbidden, refusal.EgressDenied, msg)
+		}
+	}
+	if e != nil {
+		rec.Status = e.Status
+	} else {
+		rec.Status = http.StatusOK
+	}
+	if ae := s.auditRecord(ctx, rec, e); ae != nil {
+		e, rec.Status = ae, ae.Status
+	}
+	s.logRecord(rec, e)
+	if e != nil {
+		return extauthz.Verdict{Status: e.Status, Code: string(e.Code), Message: e.Message, RetryAfter: e.RetryAfter, RequestID: rec.RequestID}
+	}
+	return extauthz.Verdict{Allow: true, RequestID: rec.RequestID}
+}
+
+// envoyRefused audits a request the door refused before the pipeline.
+func (s *Server) envoyRefused(ctx context.Context, r *extauthz.Request, v extauthz.Verdict) string {
+	e := refusal.New(v.Status, refusal.Code(v.Code), v.Message)
+	rec := s.envoyRecord(r)
+	rec.Sandbox, rec.Agent, rec.Session, rec.User = r.Identity.Sandbox, r.Identity.Agent, r.Identity.Session, r.Identity.User
+	rec.Status = v.Status
+	if ae := s.auditRecord(ctx, rec, e); ae != nil {
+		e = ae
+	}
+	s.logRecord(rec, e)
+	return rec.RequestID
+}
+
+// envoyRefuse refuses a mapped request before the pipeline ran, audited.
+func (s *Server) envoyRefuse(ctx context.Context, r *extauthz.Request, e *refusal.Error) extauthz.Verdict {
+	v := extauthz.Verdict{Status: e.Status, Code: string(e.Code), Message: e.Message}
+	v.RequestID = s.envoyRefused(ctx, r, v)
+	return v
+}
+
+func (s *Server) envoyRecord(r *extauthz.Request) *call.Record {
+	rec := &call.Record{RequestID: refusal.NewRequestID(), Start: time.Now(), Kind: call.KindHTTP, Transport: call.Envoy, DestHost: r.Host, Port: r.Port}
+	if r.Method == http.MethodConnect {
+		rec.Kind = call.KindConnect
+	}
+	return rec
+}
+
+// auditRecord writes rec's decision record; an audit log that cannot be
+// written refuses (503 audit_unavailable).
+func (s *Server) auditRecord(ctx context.Context, rec *call.Record, refused *refusal.Error) *refusal.Error {
+	var code refusal.Code
+	if refused != nil {
+		code = refused.Code
+	}
+	fs := rec.Fields(call.EventDecision, code)
+	sorted := make([]audit.Field, len(fs))
+	for i, f := range fs {
+		sorted[i] = audit.Field{Key: f.Key, Value: f.Value}
+	}
+	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rec.RequestID, Event: call.EventDecision, Sorted: sorted}, false); err != nil {
+		s.tel.audits.Add(ctx, 1)
+		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is let through until it can").Wrap(err)
+	}
+	return nil
+}
+
+func (s *Server) logRecord(rec *call.Record, e *refusal.Error) {
+	msg, level, attrs := rec.Line(e, rec.Reason(e))
+	s.log.LogAttrs(context.Background(), level, msg, attrs...)
+}
