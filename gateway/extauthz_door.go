@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -64,6 +65,28 @@ func (s *Server) serveExtAuthz(ctx context.Context) (stop func(), err error) {
 		t.Stop()
 		<-done
 	}, nil
+}
+
+// extAuthzProblems is what `sluice validate` finds in gateway.ext_authz
+// beyond its syntax: certificates that do not load, an xDS snapshot that
+// would not validate.
+func extAuthzProblems(cfg *config.Config) []error {
+	e := cfg.Gateway.ExtAuthz
+	if e == nil {
+		return nil
+	}
+	var errs []error
+	if _, unix := e.UnixPath(); !unix {
+		if _, err := extauthz.ServerTLS(e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if e.XDS != nil {
+		if _, err := extauthz.Resources(cfg); err != nil {
+			errs = append(errs, fmt.Errorf("gateway.ext_authz.xds: %w", err))
+		}
+	}
+	return errs
 }
 
 // ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).

@@ -424,6 +424,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) Findings {
 			f.Errors = append(f.Errors, err)
 		}
 	}
+	f.Errors = append(f.Errors, extAuthzProblems(cfg)...) // extauthz_door.go
 	f.Errors = append(f.Errors, checkSecretRefs(ctx, cfg)...)
 	f.Errors = append(f.Errors, dohAllowlistProblems(cfg)...)
 	f.add(upstreamProblems(cfg, cat))
