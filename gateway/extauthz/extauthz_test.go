@@ -286,6 +286,8 @@ func TestCheckRefusesWhatCannotBeDecidedAsSent(t *testing.T) {
 		{"absolute-form target", "petstore.swagger.io", "http://evil.example/v2/pets", 400, "bad_request"},
 		{"decimal IPv4 (inet_aton)", "2130706433", "/", 400, "bad_request"},
 		{"userinfo", "user@petstore.swagger.io", "/", 400, "bad_request"},
+		{"upper case authority", "PetStore.Swagger.io", "/v2/pets/7", 400, "bad_request"},
+		{"trailing dot", "petstore.swagger.io.", "/v2/pets/7", 400, "bad_request"},
 		{"metadata address", "169.254.169.254", "/latest/meta-data/", 403, "egress_denied"},
 		{"metadata name", "metadata.google.internal", "/computeMetadata/v1/", 403, "egress_denied"},
 		{"IPv4-mapped metadata", "[::ffff:169.254.169.254]", "/", 403, "egress_denied"},

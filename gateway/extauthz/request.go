@@ -147,9 +147,12 @@ func Parse(cr *authv3.CheckRequest) (*Request, error) {
 		}
 		return nil, bad("host %q", h.GetHost())
 	}
-	sent := strings.TrimSuffix(strings.ToLower(hostOnly(h.GetHost())), ".")
-	if a, perr := netip.ParseAddr(strings.Trim(sent, "[]")); perr == nil {
-		sent = a.String()
+	// The authority exactly as sent must be the canonical one: case, a
+	// trailing dot or another spelling of an address could name a
+	// different virtual host or address to whoever reads it next (F4).
+	sent := hostOnly(h.GetHost())
+	if a, perr := netip.ParseAddr(sent); perr == nil && strings.Contains(sent, ":") {
+		sent = a.String() // IPv6 has many spellings; netip's is the canonical one
 	}
 	if sent != host {
 		return nil, bad("host %q: not in canonical form (it means %s); send that", h.GetHost(), host)
