@@ -36,7 +36,7 @@ type envoyGateway struct {
 	host  string // the tickets connector's authority, as Envoy's :authority
 }
 
-func startEnvoyGateway(t *testing.T, edit func(*config.Config)) *envoyGateway {
+func startEnvoyGateway(t testing.TB, edit func(*config.Config)) *envoyGateway {
 	t.Helper()
 	up := newUpstream(t)
 	g := startHolds(t, up, "", func(c *config.Config) {

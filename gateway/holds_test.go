@@ -39,7 +39,7 @@ approvers:
 `, tokenHash("tok-bob"), tokenHash("tok-alice"), tokenHash("tok-carol"))
 
 // startHolds starts a gateway with approvers and a short hold wait.
-func startHolds(t *testing.T, up *upstreamServer, extra string, edit func(*config.Config)) *testGateway {
+func startHolds(t testing.TB, up *upstreamServer, extra string, edit func(*config.Config)) *testGateway {
 	t.Helper()
 	return startGateway(t, up.URL, approversYAML+extra, func(c *config.Config) {
 		c.Gateway.HoldWait = config.Duration(50 * time.Millisecond)

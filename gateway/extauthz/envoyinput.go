@@ -2,10 +2,12 @@ package extauthz
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"mime"
 	"net/url"
+	"strconv"
 	"strings"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -27,18 +29,22 @@ import (
 //
 // Numbers stay json.Number, as opa-envoy-plugin keeps them.
 func EnvoyInput(cr *authv3.CheckRequest, r *Request) (map[string]any, error) {
-	raw, err := protojson.Marshal(cr)
-	if err != nil {
-		return nil, fmt.Errorf("extauthz: envoy input: %w", err)
-	}
 	in := map[string]any{}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	if err := dec.Decode(&in); err != nil {
-		return nil, fmt.Errorf("extauthz: envoy input: %w", err)
-	}
-	if _, ok := in["attributes"]; !ok {
-		in["attributes"] = map[string]any{}
+	if attrs, ok := fastAttributes(cr.GetAttributes()); ok {
+		in["attributes"] = attrs
+	} else {
+		raw, err := protojson.Marshal(cr)
+		if err != nil {
+			return nil, fmt.Errorf("extauthz: envoy input: %w", err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if err := dec.Decode(&in); err != nil {
+			return nil, fmt.Errorf("extauthz: envoy input: %w", err)
+		}
+		if _, ok := in["attributes"]; !ok {
+			in["attributes"] = map[string]any{}
+		}
 	}
 	in["version"] = map[string]any{"ext_authz": "v3", "encoding": "protojson"}
 	segs := []any{}
@@ -85,4 +91,149 @@ func EnvoyInput(cr *authv3.CheckRequest, r *Request) (map[string]any, error) {
 		}
 	}
 	return in, nil
+}
+
+// fastAttributes renders the attributes of a CheckRequest as protojson
+// would and encoding/json would decode them (UseNumber), without the round
+// trip, for what Envoy's HTTP filter usually sends: peers with socket or
+// pipe addresses, principals, services, labels and certificates, the HTTP
+// request with its headers map and body, context_extensions, and empty
+// metadata. Anything else (metadata with content, a raw header map, a TLS
+// session, other address kinds) returns ok false and takes protojson's
+// path; TestFastAttributesMatchProtojson holds the two to the same
+// document.
+func fastAttributes(a *authv3.AttributeContext) (map[string]any, bool) {
+	out := map[string]any{}
+	if a == nil {
+		return out, true
+	}
+	if a.GetTlsSession() != nil || len(a.GetMetadataContext().GetFilterMetadata()) > 0 || len(a.GetMetadataContext().GetTypedFilterMetadata()) > 0 ||
+		len(a.GetRouteMetadataContext().GetFilterMetadata()) > 0 || len(a.GetRouteMetadataContext().GetTypedFilterMetadata()) > 0 {
+		return nil, false
+	}
+	for _, p := range []struct {
+		key  string
+		peer *authv3.AttributeContext_Peer
+	}{{"source", a.GetSource()}, {"destination", a.GetDestination()}} {
+		if p.peer == nil {
+			continue
+		}
+		m, ok := fastPeer(p.peer)
+		if !ok {
+			return nil, false
+		}
+		out[p.key] = m
+	}
+	if req := a.GetRequest(); req != nil {
+		rm := map[string]any{}
+		if t := req.GetTime(); t != nil {
+			if t.CheckValid() != nil {
+				return nil, false
+			}
+			rm["time"] = t.AsTime().UTC().Format(protoTime(t.GetNanos()))
+		}
+		if h := req.GetHttp(); h != nil {
+			if h.GetHeaderMap() != nil {
+				return nil, false
+			}
+			hm := map[string]any{}
+			for k, v := range map[string]string{"id": h.GetId(), "method": h.GetMethod(), "path": h.GetPath(), "host": h.GetHost(),
+				"scheme": h.GetScheme(), "query": h.GetQuery(), "fragment": h.GetFragment(), "protocol": h.GetProtocol(), "body": h.GetBody()} {
+				if v != "" {
+					hm[k] = v
+				}
+			}
+			if hs := h.GetHeaders(); len(hs) > 0 {
+				m := make(map[string]any, len(hs))
+				for k, v := range hs {
+					m[k] = v
+				}
+				hm["headers"] = m
+			}
+			if n := h.GetSize(); n != 0 {
+				hm["size"] = strconv.FormatInt(n, 10) // int64: a string in protojson
+			}
+			if b := h.GetRawBody(); len(b) > 0 {
+				hm["rawBody"] = base64.StdEncoding.EncodeToString(b)
+			}
+			rm["http"] = hm
+		}
+		out["request"] = rm
+	}
+	if ce := a.GetContextExtensions(); len(ce) > 0 {
+		m := make(map[string]any, len(ce))
+		for k, v := range ce {
+			m[k] = v
+		}
+		out["contextExtensions"] = m
+	}
+	if a.GetMetadataContext() != nil {
+		out["metadataContext"] = map[string]any{}
+	}
+	if a.GetRouteMetadataContext() != nil {
+		out["routeMetadataContext"] = map[string]any{}
+	}
+	return out, true
+}
+
+func fastPeer(p *authv3.AttributeContext_Peer) (map[string]any, bool) {
+	m := map[string]any{}
+	if ad := p.GetAddress(); ad != nil {
+		am := map[string]any{}
+		switch {
+		case ad.GetSocketAddress() != nil:
+			sa := ad.GetSocketAddress()
+			if sa.GetProtocol() != 0 || sa.GetNamedPort() != "" || sa.GetResolverName() != "" || sa.GetIpv4Compat() || sa.GetNetworkNamespaceFilepath() != "" {
+				return nil, false
+			}
+			sm := map[string]any{}
+			if sa.GetAddress() != "" {
+				sm["address"] = sa.GetAddress()
+			}
+			if pv := sa.GetPortValue(); pv != 0 {
+				sm["portValue"] = json.Number(strconv.FormatUint(uint64(pv), 10))
+			}
+			am["socketAddress"] = sm
+		case ad.GetPipe() != nil:
+			pm := map[string]any{}
+			if ad.GetPipe().GetPath() != "" {
+				pm["path"] = ad.GetPipe().GetPath()
+			}
+			if md := ad.GetPipe().GetMode(); md != 0 {
+				pm["mode"] = json.Number(strconv.FormatUint(uint64(md), 10))
+			}
+			am["pipe"] = pm
+		case ad.GetAddress() == nil:
+		default:
+			return nil, false
+		}
+		m["address"] = am
+	}
+	for k, v := range map[string]string{"service": p.GetService(), "principal": p.GetPrincipal(), "certificate": p.GetCertificate()} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	if ls := p.GetLabels(); len(ls) > 0 {
+		lm := make(map[string]any, len(ls))
+		for k, v := range ls {
+			lm[k] = v
+		}
+		m["labels"] = lm
+	}
+	return m, true
+}
+
+// protoTime is the layout protojson writes a Timestamp in: 0, 3, 6 or 9
+// fractional digits, as many as the nanoseconds need.
+func protoTime(nanos int32) string {
+	switch {
+	case nanos == 0:
+		return "2006-01-02T15:04:05Z"
+	case nanos%1e6 == 0:
+		return "2006-01-02T15:04:05.000Z"
+	case nanos%1e3 == 0:
+		return "2006-01-02T15:04:05.000000Z"
+	}
+	return "2006-01-02T15:04:05.000000000Z"
 }

@@ -47,6 +47,7 @@ func TestBench(t *testing.T) {
 		{"holds", benchHolds},
 		{"vault", benchVault},
 		{"connectors", benchConnectors},
+		{"extauthz", benchExtAuthz},
 	}
 	var secs []*section
 	for _, sec := range all {

@@ -39,6 +39,9 @@ func runMain(m *testing.M) int {
 	if os.Getenv(upstreamEnv) != "" {
 		return serveUpstream() // a child: the tool upstream, in its own process
 	}
+	if os.Getenv(authzPeerEnv) != "" {
+		return serveAuthzPeer() // a child: the bare ext_authz peer (extauthz_test.go)
+	}
 	switch {
 	case os.Geteuid() != 0:
 		skipReason = "the bench suite needs root: it creates network namespaces and sandboxes"

@@ -129,6 +129,8 @@ type gwOpts struct {
 	HoldWait   string   // gateway.hold_wait
 	MaxHolds   int      // gateway.max_pending_holds
 	Egress     []string // agent-a's egress allowlist
+	ExtAuthz   bool     // gateway.ext_authz on a Unix socket beside the sandbox socket
+	RegoExtra  string   // a second user module (source)
 }
 
 // approverToken is the bench approver's API token (bob, group ops).
@@ -141,6 +143,7 @@ type gw struct {
 	sock  string
 	admin string
 	cfg   string
+	authz string // the ext_authz socket, when gwOpts.ExtAuthz
 }
 
 // startGateway writes a config for o and runs the real binary in the
@@ -210,6 +213,15 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 			return nil, err
 		}
 		doc["rego"] = []string{rp}
+		if o.RegoExtra != "" {
+			if err := os.WriteFile(filepath.Join(d, "extra.rego"), []byte(o.RegoExtra), 0o644); err != nil {
+				return nil, err
+			}
+			doc["rego"] = []string{d} // both modules: the directory holds them
+		}
+	}
+	if o.ExtAuthz {
+		g["ext_authz"] = map[string]any{"listen": "unix:" + filepath.Join(d, "authz.sock"), "trusted_uids": []int{0}}
 	}
 	data, err := yaml.Marshal(doc)
 	if err != nil {
@@ -228,6 +240,9 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	}
 	p := start(t, w.ns, sluiceBin, "serve", "--config", cfg)
 	gwy := &gw{w: w, p: p, sock: filepath.Join(d, "gw.sock"), admin: admin, cfg: cfg}
+	if o.ExtAuthz {
+		gwy.authz = filepath.Join(d, "authz.sock")
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if !p.running() {

@@ -4,12 +4,15 @@ package sluice.policies.envoy
 
 import data.envoy.authz
 
+# The team's policy, evaluated once per request.
+allowed if authz.allow with input as input.envoy
+
 decisions contains {"action": "allow", "rule": "envoy.authz", "reason": "allowed by envoy.authz"} if {
 	input.envoy
-	authz.allow with input as input.envoy
+	allowed
 }
 
 decisions contains {"action": "block", "rule": "envoy.authz", "reason": "denied by envoy.authz"} if {
 	input.envoy
-	not authz.allow with input as input.envoy
+	not allowed
 }
