@@ -386,7 +386,7 @@ func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *
 		req.Header = http.Header{}
 	}
 	c.destHost = req.URL.Hostname()
-	in := s.input(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
+	in := toolInput(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
 	c.decision, c.decided = s.Decide(ctx, in), true
 	if c.decision.Action == policy.Block {
 		msg := "blocked by policy (evaluated again at approval)"

@@ -52,6 +52,19 @@ func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
 	return errors.Join(Check(ctx, cfg, CheckOptions{Logger: opts.Logger}).Errors...)
 }
 
+// PolicyConfig is the policy configuration serve compiles from cfg: the
+// simple rules (policies[i] keeps its index as its rule name), the Rego
+// paths, the agents' egress allowlists and the CONNECT ports. Check,
+// `sluice policy eval` and `sluice policy test --with-config` use it, so
+// that they decide and test what serve decides.
+func PolicyConfig(cfg *config.Config, log *slog.Logger) policy.Config {
+	rules := make([]policy.Rule, len(cfg.Policies))
+	for i, p := range cfg.Policies {
+		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
+	}
+	return policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: log}
+}
+
 // Check loads every spec (once), decides how each credential is attached,
 // compiles the Rego and checks the modules (policy.Check), checks every
 // secret reference, and checks what would fail at runtime
@@ -70,16 +83,14 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 			f.Connectors = append(f.Connectors, up.conn)
 		}
 	}
-	rules := make([]policy.Rule, len(cfg.Policies))
 	for i, p := range cfg.Policies {
-		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
 		if !strings.ContainsAny(p.Match, "*?") {
 			if _, ok := cat.tools[p.Match]; !ok && err == nil {
 				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
 			}
 		}
 	}
-	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: opts.Logger}); perr != nil {
+	if _, perr := policy.New(ctx, PolicyConfig(cfg, opts.Logger)); perr != nil {
 		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", perr))
 	} else if lint, lerr := policy.Check(ctx, cfg.Rego); lerr != nil {
 		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", lerr))

@@ -328,32 +328,19 @@ func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration) 
 	}
 }
 
-func (s *Server) rules() []policy.Rule {
-	rules := make([]policy.Rule, len(s.cfg.Policies))
-	for i, p := range s.cfg.Policies {
-		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
-	}
-	return rules
-}
-
 func (s *Server) loadPolicy(ctx context.Context) error {
 	s.policyMu.Lock()
 	defer s.policyMu.Unlock()
 	if e := s.engine.Load(); e != nil {
 		return e.Reload(ctx) // OnReload records the outcome
 	}
-	e, err := policy.New(ctx, policy.Config{
-		Rules:        s.rules(),
-		Paths:        s.cfg.Rego,
-		Egress:       egressAllowlists(s.cfg),
-		ConnectPorts: s.cfg.Egress.ConnectPorts,
-		Logger:       s.log,
-		// Called for every reload, by SIGHUP or by Watch on a file change.
-		OnReload: func(ok bool, err error) {
-			s.tel.reload(ok)
-			s.setPolicyErr(err)
-		},
-	})
+	pc := PolicyConfig(s.cfg, s.log)
+	// Called for every reload, by SIGHUP or by Watch on a file change.
+	pc.OnReload = func(ok bool, err error) {
+		s.tel.reload(ok)
+		s.setPolicyErr(err)
+	}
+	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
 	if err != nil {
