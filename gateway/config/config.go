@@ -750,7 +750,7 @@ func (c *Config) Validate() error {
 		} else if strings.HasPrefix(cn.Spec, "http://") {
 			bad(k+".spec", "a spec URL must be https")
 		} else if u, err := url.Parse(cn.Spec); err == nil && u.Scheme == "https" && u.User != nil {
-			bad(k+".spec", "a spec URL must not carry user info (got %q): put a credential the spec host needs nowhere in sluice.yaml", RedactURL(cn.Spec))
+			bad(k+".spec", "a spec URL must not carry user info (got %q): a credential does not belong in sluice.yaml", RedactURL(cn.Spec))
 		}
 		if cn.BaseURL != "" {
 			u, err := url.Parse(cn.BaseURL)
