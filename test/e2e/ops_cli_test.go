@@ -240,6 +240,24 @@ decisions contains {"action": "block", "rule": "evalcheck.echo", "reason": sprin
 		t.Errorf("eval's reason differs from the gateway's:\n eval    %q\n gateway %q", dec.Reason, gwReason)
 	}
 
+	// By its alias, as a call may name it: the same tool, the same input.
+	out, stderr, code = runBin(t, e.Dir, sluiceBin, "tools", "--json", "--config", path)
+	var tools []struct{ Name, Alias string }
+	if err := json.Unmarshal([]byte(out), &tools); code != 0 || err != nil {
+		t.Fatalf("tools --json: exit %d, %v\n%s", code, err, stderr)
+	}
+	alias := ""
+	for _, tl := range tools {
+		if tl.Name == "tickets.list_tickets" {
+			alias = tl.Alias
+		}
+	}
+	out, stderr, code = eval("--tool", alias, "--args", args)
+	var byAlias struct{ Reason string }
+	if err := json.Unmarshal([]byte(out), &byAlias); alias == "" || alias == "tickets.list_tickets" || code != 0 || err != nil || byAlias.Reason != gwReason {
+		t.Errorf("eval by alias %q: exit %d, %v, reason %q\n%s", alias, code, err, byAlias.Reason, stderr)
+	}
+
 	// Refused before policy: the same code from both.
 	for _, c := range []struct {
 		name, tool, args string
