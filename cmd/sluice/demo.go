@@ -60,8 +60,13 @@ the gateway in front of it. A scripted agent then makes an allowed, a blocked an
 an ask call over the gateway's socket, and the demo checks every answer.
 
 Without --keep everything stops afterwards (the files stay in the directory);
-with --keep the gateway and the upstream keep running until Ctrl-C. The exit
-status is non-zero if any answer is not the expected one.`,
+with --keep the gateway and the upstream keep running until Ctrl-C, the
+approver's API token is written to approver-token (0600) and the admin port
+the gateway got is recorded in the demo's sluice.yaml, so that
+"sluice approvals list --config DIR/sluice.yaml --token-file DIR/approver-token"
+works while it runs. A directory a running demo is using (its demo.lock is
+held) is refused before anything is written. The exit status is non-zero if
+any answer is not the expected one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runDemo(cmd.Context(), cmd.OutOrStdout(), dir, keep)
