@@ -190,7 +190,7 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 		cred = credentialLabel(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
-		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
+		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,
 		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rid,

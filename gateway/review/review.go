@@ -184,13 +184,10 @@ func New(opt Options) (*UI, error) {
 			}
 			return "in " + ago(d)
 		},
-		"stamp": func(t time.Time) string {
-			if t.IsZero() {
-				return ""
-			}
-			return t.UTC().Format("2006-01-02 15:04:05Z")
-		},
+		"stamp":         stampHTML,
 		"sortedHeaders": sortedHeaders,
+		"argsum":        func(doc []byte) string { return argSummary(doc) },
+		"pathesc":       url.PathEscape,
 	}
 	for _, name := range []string{"login", "queue", "hold", "history", "audit", "error", "redirect", "queuefrag"} {
 		t, err := template.New("base.html").Funcs(funcs).ParseFS(templateFS, "templates/base.html", "templates/queuelist.html", "templates/"+name+".html")
@@ -413,12 +410,14 @@ type view struct {
 	Mine       bool   // the person is the requester (caller.user)
 	CanApprove bool   // the server's answer, not the page's guess
 	Why        string // why not, when CanApprove is false
+	Outcome    Outcome
+	Marked     bool // the page shows markers for invisible characters: explain them
 }
 
 // visibleTo decides whether a person may see a hold at all: its approvers
 // and its requester may; others get 404, as if it did not exist.
 func (u *UI) visibleTo(h holds.Hold, p holds.Person) (view, bool) {
-	v := view{Hold: h, Mine: ident.Conflict(h.Caller.User, p.Name)} // as CanApprove compares
+	v := view{Hold: h, Mine: ident.Conflict(h.Caller.User, p.Name), Outcome: outcome(h)} // Mine as CanApprove compares
 	err := u.opt.Holds.CanApprove(h, p)
 	switch {
 	case err == nil && !v.Mine:
@@ -486,6 +485,7 @@ func (u *UI) handleHold(w http.ResponseWriter, r *http.Request, s *session) {
 		u.fail(w, r, s, http.StatusNotFound, "No such hold.")
 		return
 	}
+	v.Marked = holdMarked(h)
 	u.render(w, http.StatusOK, "hold", u.page(s, "Hold "+h.ID, "", v))
 }
 
