@@ -20,7 +20,8 @@
         pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
       var span = document.createElement("span");
       span.className = "local";
-      span.textContent = " (" + s + " your time, " + (zone ? zone + " " : "") + "UTC" + sign + pad(Math.floor(off / 60)) + ":" + pad(off % 60) + ")";
+      span.textContent = off === 0 ? " (your time too)" :
+        " (" + s + " your time, " + (zone ? zone + " " : "") + "UTC" + sign + pad(Math.floor(off / 60)) + ":" + pad(off % 60) + ")";
       el.appendChild(span);
     });
   }
