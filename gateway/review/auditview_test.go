@@ -110,6 +110,7 @@ func TestTimeline(t *testing.T) {
 		audit.Record{Event: "hold_created", Fields: map[string]any{"hold": "h-1", "tool": "payments.create_refund", "session": "s-1"}},
 		audit.Record{Event: "dns_refused", Fields: map[string]any{"kind": "dns", "dest_host": "evil.example", "session": "s-1", "code": "egress_denied"}},
 		audit.Record{Event: "decision", Fields: map[string]any{"kind": "http", "dest_host": "files.example", "port": 80, "session": "s-1", "decision": "allow"}},
+		audit.Record{Event: "decision", Fields: map[string]any{"tool": "t.slash", "session": "team/s 9"}},
 	)
 	e := newEnv(t, func(o *Options) { o.AuditFile = path })
 	b := e.browser()
@@ -125,5 +126,13 @@ func TestTimeline(t *testing.T) {
 	}
 	if strings.Contains(body, "pypi.org") {
 		t.Error("another session's record is on the timeline")
+	}
+	// A session name with a slash and a space is one path segment, escaped.
+	_, body = b.get("/audit?tool=t.slash")
+	if !strings.Contains(body, `href="/sessions/team%2Fs%209"`) {
+		t.Fatalf("the session link is not escaped:\n%s", body)
+	}
+	if _, body = b.get("/sessions/team%2Fs%209"); fmt.Sprint(lines(body)) != "[6]" {
+		t.Fatalf("timeline of %q: %v", "team/s 9", lines(body))
 	}
 }
