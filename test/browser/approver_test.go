@@ -92,6 +92,9 @@ func TestApproverPage(t *testing.T) {
 			if strings.Contains(eval[string](alice, `document.documentElement.outerHTML`), secret) {
 				t.Fatal("the queue page carries the credential's value")
 			}
+			if tips := eval[[]string](alice, tooltipOnly); len(tips) != 0 {
+				t.Errorf("queue: text only in tooltips: %q", tips)
+			}
 			alice.shot("10-queue-card-" + sz.name)
 
 			alice.do(chromedp.Navigate(r.base+"/holds/"+h.ID), chromedp.WaitVisible(chromedp.CSS("#approve")))
@@ -301,6 +304,9 @@ func TestAuditTableAndTimeline(t *testing.T) {
 			if len(all) < 10 || !descending(all) {
 				t.Fatalf("table rows %v: want all records, newest first", all)
 			}
+			if tips := eval[[]string](alice, tooltipOnly); len(tips) != 0 {
+				t.Errorf("audit: text only in tooltips: %q", tips)
+			}
 			alice.shot("13-audit-" + sz.name)
 
 			// Filter through the form: decision = block.
@@ -362,6 +368,9 @@ func TestAuditTableAndTimeline(t *testing.T) {
 			}
 			if strings.Contains(text, "r-2") || strings.Contains(eval[string](alice, `document.body.innerHTML`), `data-seq="`+firstOf(t, r, "s-2")+`"`) {
 				t.Error("the timeline shows session s-2's records")
+			}
+			if tips := eval[[]string](alice, tooltipOnly); len(tips) != 0 {
+				t.Errorf("timeline: text only in tooltips: %q", tips)
 			}
 			alice.shot("14-timeline-" + sz.name)
 
