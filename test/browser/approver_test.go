@@ -142,14 +142,21 @@ func TestApproverPage(t *testing.T) {
 			if got, err := r.gw.Holds().Get(context.Background(), h.ID); err != nil || got.Status != holds.Done {
 				t.Fatalf("hold after approval: %s %v", got.Status, err)
 			}
-			// The form's POST redirects to the hold's page: wait for it to
-			// be the decided page, then load it once more for the result.
-			for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-				if v, err := chromedp.Run(alice.ctx, chromedp.Evaluate[bool](`document.readyState === "complete" && !!document.querySelector("#outcome")`)); err == nil && v {
+			// The form's POST redirects to the hold's page; load that page
+			// again for the result, trying again while the form's own
+			// navigation is still in flight (it aborts ours).
+			var nerr error
+			for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+				ctx, cancel := context.WithTimeout(alice.ctx, 10*time.Second)
+				nerr = chromedp.Do(ctx, chromedp.Navigate(r.base+"/holds/"+h.ID), chromedp.WaitVisible(chromedp.CSS("#sent")))
+				cancel()
+				if nerr == nil {
 					break
 				}
 			}
-			alice.do(chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#sent")))
+			if nerr != nil {
+				t.Fatalf("the decided hold's page: %v", nerr)
+			}
 			sent := eval[string](alice, `document.querySelector("#sent").innerText`)
 			if !strings.Contains(sent, "was sent once") || !strings.Contains(sent, "upstream answered 201 Created") {
 				t.Errorf("after the decision: %q", sent)
