@@ -51,12 +51,10 @@ type Caller struct {
 
 // Hold is one held call.
 type Hold struct {
-	ID     string `json:"id"`
-	Status Status `json:"status"`
-	Tool   string `json:"tool"`
-	// OpSummary is the operation's OpenAPI summary at hold time (what the
-	// tool does, in the connector author's words), for the approver.
-	OpSummary      string    `json:"op_summary,omitempty"`
+	ID             string    `json:"id"`
+	Status         Status    `json:"status"`
+	Tool           string    `json:"tool"`
+	OpSummary      string    `json:"op_summary,omitempty"` // the operation's OpenAPI summary at hold time, for the approver
 	Args           []byte    `json:"args"` // the canonical JSON arguments document
 	Request        Request   `json:"request"`
 	SHA256         string    `json:"sha256"`               // hex of the canonical request encoding
