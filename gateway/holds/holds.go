@@ -55,7 +55,7 @@ type Hold struct {
 	Status         Status    `json:"status"`
 	Tool           string    `json:"tool"`
 	OpSummary      string    `json:"op_summary,omitempty"` // the operation's OpenAPI summary at hold time, for the approver
-	Args           []byte    `json:"args"` // the canonical JSON arguments document
+	Args           []byte    `json:"args"`                 // the canonical JSON arguments document
 	Request        Request   `json:"request"`
 	SHA256         string    `json:"sha256"`               // hex of the canonical request encoding
 	Credential     string    `json:"credential,omitempty"` // the name of what the gateway attaches, never a value
