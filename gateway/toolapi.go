@@ -124,7 +124,7 @@ func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *ref
 		}
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
-		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
 		}

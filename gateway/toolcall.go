@@ -178,7 +178,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Decide.
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
-	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
+	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
 	c.decide(s.Decide(dctx, in))
 	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
@@ -645,32 +645,4 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 // caller is the call's canonical identity as policy sees it.
 func (c *toolCall) caller() policy.Caller {
 	return policy.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User}
-}
-
-// input builds the policy input document (rego/README.md). The request part
-// is taken before any credential is attached.
-func (s *Server) input(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
-	in := &policy.Input{
-		Version:   policy.InputVersion,
-		Kind:      "tool_call",
-		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
-		Connector: t.Connector,
-		Tool:      t.Name,
-		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
-		Time:      now,
-	}
-	if args != nil {
-		in.Args = map[string]any{"path": orEmpty(args.Path), "query": orEmpty(args.Query), "headers": orEmpty(args.Headers), "body": args.Body}
-	}
-	if req != nil {
-		in.Request = policy.Request{Method: req.Method, Host: req.URL.Host, Path: req.URL.Path, Query: req.URL.Query(), Headers: req.Header.Clone()}
-	}
-	return in
-}
-
-func orEmpty(m map[string]any) map[string]any {
-	if m == nil {
-		return map[string]any{}
-	}
-	return m
 }
