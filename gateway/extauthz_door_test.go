@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -360,4 +361,35 @@ func headerOf(hs []*corev3.HeaderValueOption, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestEnvoyApprovalLapses: an approved hold whose request is not sent
+// again before the hold expires lets nothing through afterwards; the
+// identical request is held anew (not refused forever).
+func TestEnvoyApprovalLapses(t *testing.T) {
+	g := startEnvoyGateway(t, func(c *config.Config) { c.Gateway.HoldTTL = config.Duration(700 * time.Millisecond) })
+	body := []byte(`{"amount":9}`)
+	first := g.check(t, g.checkRequest("HTTP/1.1", "POST", "/refunds", body, nil)).GetDeniedResponse()
+	id := headerOf(first.GetHeaders(), "x-sluice-hold")
+	if first.GetStatus().GetCode() != 202 || id == "" {
+		t.Fatalf("ask: %v", first)
+	}
+	if ar := g.admin(t, "tok-bob", "POST", "/api/v1/holds/"+id+"/approve", `{"reason":"ok"}`); ar.status != 200 {
+		t.Fatalf("approve: %d %s", ar.status, ar.raw)
+	}
+	time.Sleep(time.Second)
+	res := g.check(t, g.checkRequest("HTTP/1.1", "POST", "/refunds", body, nil))
+	d := res.GetDeniedResponse()
+	if res.GetOkResponse() != nil || d.GetStatus().GetCode() != 202 || headerOf(d.GetHeaders(), "x-sluice-hold") == id {
+		t.Fatalf("after the approval lapsed: %v; want a new hold", res)
+	}
+	lapsed := false
+	for _, r := range auditEvents(t, g.testGateway) {
+		if r.Event == "hold_expired" && strings.Contains(fmt.Sprint(fieldsOf(r)), "approved_unused") {
+			lapsed = true
+		}
+	}
+	if !lapsed {
+		t.Error("no hold_expired record for the lapsed approval")
+	}
 }

@@ -115,7 +115,12 @@ func (s *Server) releaseHold(ctx context.Context, c *toolCall, tool *connectors.
 		return false, nil
 	}
 	if time.Now().After(h.Expires) {
-		return false, refusal.New(http.StatusForbidden, refusal.ApprovalExpired, "the approval of this call was not used before the hold expired; it was not sent")
+		// Approved but not sent again in time: the approval lapses and
+		// this request is held anew.
+		if err := s.holds.ExpireApproved(ctx, h); err != nil {
+			return false, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the approvals cannot be updated").Wrap(err)
+		}
+		return false, nil
 	}
 	released, err := s.holds.Release(ctx, h, c.rec.RequestID)
 	switch {

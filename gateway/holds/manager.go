@@ -427,6 +427,23 @@ func (m *Manager) FindApproved(ctx context.Context, c Caller, tool, sha string) 
 	return h, true, nil
 }
 
+// ExpireApproved ends an approved deferred hold whose request was not sent
+// again before the hold expired (audited hold_expired): its approval no
+// longer lets anything through, and the next identical request is held
+// anew.
+func (m *Manager) ExpireApproved(ctx context.Context, h Hold) error {
+	ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Approved), string(Expired), nil)
+	if err != nil || !ok {
+		return err
+	}
+	h.Status = Expired
+	if err := m.o.Audit(context.WithoutCancel(ctx), "hold_expired", h, map[string]any{"approved_unused": true}); err != nil {
+		m.log.Error("holds: expiry not audited", "hold", h.ID, "err", err)
+	}
+	m.publish(h, "expired")
+	return nil
+}
+
 // Release lets an approved deferred hold's request through, exactly once:
 // the flip from approved to executed is one conditional UPDATE, so of two
 // matching requests at the same time one is released and the other is
