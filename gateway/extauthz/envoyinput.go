@@ -144,11 +144,7 @@ func fastAttributes(a *authv3.AttributeContext) (map[string]any, bool) {
 				}
 			}
 			if hs := h.GetHeaders(); len(hs) > 0 {
-				m := make(map[string]any, len(hs))
-				for k, v := range hs {
-					m[k] = v
-				}
-				hm["headers"] = m
+				hm["headers"] = anyMap(hs)
 			}
 			if n := h.GetSize(); n != 0 {
 				hm["size"] = strconv.FormatInt(n, 10) // int64: a string in protojson
@@ -161,11 +157,7 @@ func fastAttributes(a *authv3.AttributeContext) (map[string]any, bool) {
 		out["request"] = rm
 	}
 	if ce := a.GetContextExtensions(); len(ce) > 0 {
-		m := make(map[string]any, len(ce))
-		for k, v := range ce {
-			m[k] = v
-		}
-		out["contextExtensions"] = m
+		out["contextExtensions"] = anyMap(ce)
 	}
 	if a.GetMetadataContext() != nil {
 		out["metadataContext"] = map[string]any{}
@@ -215,11 +207,7 @@ func fastPeer(p *authv3.AttributeContext_Peer) (map[string]any, bool) {
 		}
 	}
 	if ls := p.GetLabels(); len(ls) > 0 {
-		lm := make(map[string]any, len(ls))
-		for k, v := range ls {
-			lm[k] = v
-		}
-		m["labels"] = lm
+		m["labels"] = anyMap(ls)
 	}
 	return m, true
 }
@@ -236,4 +224,13 @@ func protoTime(nanos int32) string {
 		return "2006-01-02T15:04:05.000000Z"
 	}
 	return "2006-01-02T15:04:05.000000000Z"
+}
+
+// anyMap is a string map as encoding/json decodes a JSON object.
+func anyMap(in map[string]string) map[string]any {
+	m := make(map[string]any, len(in))
+	for k, v := range in {
+		m[k] = v
+	}
+	return m
 }
