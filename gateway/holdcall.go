@@ -64,7 +64,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		cred = credentialLabel(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
-		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
+		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,
 		Caller:    holds.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rec.RequestID,
