@@ -15,7 +15,7 @@ func (s *Store) AuditHead(ctx context.Context) (seq uint64, hash string, updated
 		n    int64
 		unix int64
 	)
-	err = s.db.QueryRowContext(ctx, `SELECT seq, hash, updated FROM audit_head WHERE id = 1`).Scan(&n, &hash, &unix)
+	err = s.db.queryRow(ctx, `SELECT seq, hash, updated FROM audit_head WHERE id = 1`).Scan(&n, &hash, &unix)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, "", time.Time{}, false, nil
 	}
@@ -27,7 +27,7 @@ func (s *Store) AuditHead(ctx context.Context) (seq uint64, hash string, updated
 
 // SetAuditHead records the audit log's head.
 func (s *Store) SetAuditHead(ctx context.Context, seq uint64, hash string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO audit_head (id, seq, hash, updated) VALUES (1, ?, ?, ?)
+	_, err := s.db.exec(ctx, `INSERT INTO audit_head (id, seq, hash, updated) VALUES (1, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, updated = excluded.updated`,
 		int64(seq), hash, s.now().UnixNano())
 	if err != nil {
