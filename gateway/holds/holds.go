@@ -76,6 +76,9 @@ type Hold struct {
 	// approved), else the hold's ID, which is stable and stored. Only such
 	// a hold is re-sent after a crash left its outcome unknown.
 	IdempotencyHeader string `json:"idempotency_header,omitempty"`
+	// Version is the stored hold's change count when it was read: a
+	// decision applies only to the version its decider saw.
+	Version int64 `json:"-"`
 }
 
 // Terminal says whether the hold's state can no longer change.

@@ -268,3 +268,80 @@ func anys(st []string) []any {
 	}
 	return out
 }
+
+// HoldCaps bounds CreateHold: the pending holds of one agent, and of one
+// sandbox under it.
+type HoldCaps struct {
+	Statuses   []string // what counts as the same request still open (deduplication)
+	Pending    string   // the status the caps count
+	PerAgent   int
+	PerSandbox int
+}
+
+var (
+	// ErrAgentCap: the agent has HoldCaps.PerAgent pending holds.
+	ErrAgentCap = errors.New("store: the agent's pending holds are at their cap")
+	// ErrSandboxCap: the sandbox has HoldCaps.PerSandbox pending holds.
+	ErrSandboxCap = errors.New("store: the sandbox's pending holds are at its cap")
+)
+
+// CreateHold stores h unless the same caller already has a hold of the
+// same tool and request hash in one of c.Statuses (that one is returned,
+// created false) or a cap is reached (ErrAgentCap, ErrSandboxCap). The
+// look-up, the counts and the insert are one step on every gateway
+// sharing the database: SQLite's write transaction starts at BEGIN;
+// PostgreSQL takes a transaction-scoped advisory lock on the agent, so
+// concurrent asks on different replicas can neither pass a cap together
+// nor make two holds of one request.
+func (s *Store) CreateHold(ctx context.Context, h HoldRow, c HoldCaps) (HoldRow, bool, error) {
+	var (
+		existing HoldRow
+		created  bool
+	)
+	err := s.db.inTx(ctx, func(tx *txn) error {
+		if s.b.Kind() == Postgres {
+			if _, err := tx.exec(`SELECT pg_advisory_xact_lock(hashtextextended('sluice.holds.' || ?, 0))`, h.Agent); err != nil {
+				return err
+			}
+		}
+		q := `SELECT ` + holdCols + ` FROM holds WHERE agent = ? AND sandbox = ? AND session = ? AND "user" = ? AND tool = ? AND sha256 = ?` +
+			statusIn(c.Statuses) + ` ORDER BY created DESC LIMIT 1`
+		old, err := scanHold(tx.queryRow(q, append([]any{h.Agent, h.Sandbox, h.Session, h.User, h.Tool, h.SHA256}, anys(c.Statuses)...)...))
+		switch {
+		case err == nil:
+			existing = old
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		var n int
+		if err := tx.queryRow(`SELECT COUNT(*) FROM holds WHERE agent = ? AND status = ?`, h.Agent, c.Pending).Scan(&n); err != nil {
+			return err
+		}
+		if n >= c.PerAgent {
+			return ErrAgentCap
+		}
+		if err := tx.queryRow(`SELECT COUNT(*) FROM holds WHERE agent = ? AND sandbox = ? AND status = ?`, h.Agent, h.Sandbox, c.Pending).Scan(&n); err != nil {
+			return err
+		}
+		if n >= c.PerSandbox {
+			return ErrSandboxCap
+		}
+		if _, err := tx.exec(`INSERT INTO holds (id, status, agent, sandbox, session, "user", tool, sha256, created, expires, doc)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			h.ID, h.Status, h.Agent, h.Sandbox, h.Session, h.User, h.Tool, h.SHA256, h.Created.UnixNano(), h.Expires.UnixNano(), h.Doc); err != nil {
+			return err
+		}
+		created = true
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrAgentCap), errors.Is(err, ErrSandboxCap):
+		return HoldRow{}, false, err
+	case err != nil:
+		return HoldRow{}, false, fmt.Errorf("store: create hold: %w", err)
+	case created:
+		return h, true, nil
+	}
+	return existing, false, nil
+}
