@@ -205,6 +205,8 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; the call was not held and not sent")
 		e.cause = err
 		return e
+	case storeRefusal(err) != nil:
+		return storeRefusal(err)
 	case err != nil:
 		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held for approval; it was not sent")
 		e.cause = err
@@ -218,6 +220,9 @@ func (s *Server) awaitHold(ctx context.Context, c *call, id string, d time.Durat
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	h, err := s.holds.Wait(wctx, id)
+	if e := storeRefusal(err); e != nil {
+		return e
+	}
 	if err != nil {
 		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read")
 		e.cause = err
@@ -305,6 +310,10 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 	caller := policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, caller)) {
 		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such hold"), rid)
+		return
+	}
+	if e := storeRefusal(err); e != nil {
+		writeError(w, e, rid)
 		return
 	}
 	if err != nil {

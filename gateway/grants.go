@@ -36,6 +36,9 @@ func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *c
 	}
 	key := holds.GrantKey{Agent: c.caller.Agent, User: c.caller.User, Tool: tool.Name, SHA256: hr.Hash()}
 	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
+	if e := storeRefusal(err); e != nil {
+		return false, e
+	}
 	if err != nil {
 		// Fail closed: an unreadable store allows nothing.
 		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "standing approvals cannot be read; the call was not sent")

@@ -51,6 +51,9 @@ func (s *Server) sessionRefusal(ctx context.Context, session string) *apiError {
 		return nil
 	}
 	ended, err := s.store.SessionEnded(ctx, session)
+	if e := storeRefusal(err); e != nil {
+		return e
+	}
 	if err != nil {
 		e := refuse(http.StatusServiceUnavailable, CodeSessionUnavailable, "whether this session has ended cannot be read; the call was not sent")
 		e.cause = err

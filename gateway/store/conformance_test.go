@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluice-gw/sluice/gateway/store/pgtest"
 )
@@ -202,5 +204,55 @@ func TestPostgresTLS(t *testing.T) {
 				t.Fatalf("error shows the password: %v", err)
 			}
 		})
+	}
+}
+
+// TestPostgresSlowIsBounded: a statement stuck behind a lock is cut by
+// the server's statement_timeout, and a server that accepts connections
+// but never answers is cut by the client's own timeout; either way the
+// error is ErrUnavailable, in bounded time.
+func TestPostgresSlowIsBounded(t *testing.T) {
+	srv := server(t)
+	ctx := context.Background()
+	dsn := srv.SuperURL(srv.NewDatabaseT(t))
+	s, err := Open(ctx, dsn+"&statement_timeout=300ms")
+	must(t, err)
+	defer s.Close()
+	locker, err := Open(ctx, dsn)
+	must(t, err)
+	defer locker.Close()
+	conn, err := locker.db.sql.Conn(ctx)
+	must(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(ctx, `BEGIN; LOCK TABLE holds IN ACCESS EXCLUSIVE MODE`)
+	must(t, err)
+	start := time.Now()
+	_, err = s.GetHold(ctx, "h1")
+	if !errors.Is(err, ErrUnavailable) || time.Since(start) > 3*time.Second {
+		t.Fatalf("GetHold behind a lock: %v after %s; want ErrUnavailable within the statement timeout", err, time.Since(start))
+	}
+	_, _ = conn.ExecContext(ctx, `ROLLBACK`)
+	if _, err := s.GetHold(ctx, "h1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetHold after the lock: %v; want ErrNotFound", err)
+	}
+
+	// A black hole: accepts, never answers (a hung server or network).
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	hole := fmt.Sprintf("postgres://postgres:x@127.0.0.1:%d/postgres?sslmode=disable&statement_timeout=500ms", l.Addr().(*net.TCPAddr).Port)
+	start = time.Now()
+	_, err = Open(ctx, hole)
+	if err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("Open on a server that never answers: %v after %s; want an error within the timeout", err, time.Since(start))
 	}
 }

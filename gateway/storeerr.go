@@ -1,0 +1,42 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/store"
+)
+
+// CodeStoreUnavailable: the state the call needs (its session, its hold,
+// the pending-holds cap) could not be read or written because the store
+// did not answer (PostgreSQL down or slow past its statement timeout).
+// Nothing was sent; the call may be retried (on another replica).
+const CodeStoreUnavailable Code = "store_unavailable"
+
+// storeRefusal is 503 store_unavailable when err means the store was not
+// reached (store.ErrUnavailable), else nil: a refusal the caller already
+// chose stands for every other error.
+func storeRefusal(err error) *apiError {
+	if !errors.Is(err, store.ErrUnavailable) {
+		return nil
+	}
+	e := refuse(http.StatusServiceUnavailable, CodeStoreUnavailable, "the gateway's state store is unavailable; the call was not sent")
+	e.cause = err
+	return e
+}
+
+// storeReadyTimeout bounds /readyz's store check: a load balancer asks
+// often and must not queue behind a hung database.
+const storeReadyTimeout = 2 * time.Second
+
+// storeProblem is /readyz's store check: "" when the store answers.
+func (s *Server) storeProblem(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, storeReadyTimeout)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		return "store: unavailable (" + s.store.Kind().String() + "); calls that need state are refused 503 store_unavailable"
+	}
+	return ""
+}
