@@ -206,7 +206,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		log.Warn("audit: removed an unfinished last line", "path", cfg.Audit.Path, "bytes", n,
 			"reason", "a write that did not complete before the last stop (full disk or crash); never acknowledged")
 	}
-	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
+	if s.store, err = store.OpenWith(ctx, cfg.Store, store.Options{AuditLog: cfg.Audit.Path}); err != nil {
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}

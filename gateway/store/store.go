@@ -111,6 +111,9 @@ type Options struct {
 	// PostgreSQL DSN's statement_timeout, if set, is used (plus 1s, so
 	// the server's own timeout fires first).
 	QueryTimeout time.Duration
+	// AuditLog is the gateway's audit log path: on a shared store each
+	// replica's head is kept apart (host name and this path).
+	AuditLog string
 	// NoMigrate opens the database without creating or migrating the
 	// schema (sluice store status); the SQLite file is not locked.
 	NoMigrate bool
@@ -135,6 +138,7 @@ type Store struct {
 	// endedCache holds SessionEnded's answers; the query itself was still
 	// ~8% of a proxied request's CPU.
 	endedCache endedCache
+	auditLog   string // Options.AuditLog
 }
 
 // Open opens a DSN: "sqlite:/path/to/file.db" (or ":memory:" after
@@ -163,7 +167,7 @@ func OpenWith(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now}
+	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog}
 	s.endedCache.shared = b.shared()
 	fail := func(err error) (*Store, error) {
 		sdb.Close()
