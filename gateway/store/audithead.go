@@ -10,7 +10,7 @@ import (
 )
 
 // auditLogKey is the audit_heads row this store's gateway uses. SQLite:
-// '' (one gateway per store, as before the table was keyed). PostgreSQL:
+// ” (one gateway per store, as before the table was keyed). PostgreSQL:
 // the host name and Options.AuditLog, so each replica checks its own
 // file against its own head, never against another replica's.
 func (s *Store) auditLogKey() string {
