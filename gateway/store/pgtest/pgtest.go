@@ -188,6 +188,12 @@ func (s *Server) SuperURL(db string) string {
 	return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/%s?sslmode=disable", url.QueryEscape(s.Password), s.Port, db)
 }
 
+// SocketURL is the superuser's DSN for database db over the Unix socket
+// (reachable from a network namespace that shares the file system).
+func (s *Server) SocketURL(db string) string {
+	return fmt.Sprintf("postgres://postgres:%s@/%s?host=%s&port=%d&sslmode=disable", url.QueryEscape(s.Password), db, url.QueryEscape(s.Dir), s.Port)
+}
+
 // NewDatabase creates a fresh database and returns its name.
 func (s *Server) NewDatabase(ctx context.Context) (string, error) {
 	name := fmt.Sprintf("t%d_%s", s.dbs.Add(1), randHex(4))
