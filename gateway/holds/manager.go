@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -61,6 +62,9 @@ type Manager struct {
 	// being re-sent by this process: at most one re-send per hold at a time.
 	reconcile []string
 	inflight  map[string]struct{}
+	// resyncs counts wakeAll calls (re-checks after a lost notification
+	// connection), for tests.
+	resyncs atomic.Int64
 }
 
 // New returns a Manager over o.Store.
@@ -457,6 +461,58 @@ func (m *Manager) Subscribe(ctx context.Context) <-chan Event {
 	return ch
 }
 
+// remoteChanged handles another replica's change to hold id: when
+// something here waits on it or watches the queue, the hold is read and
+// published as if changed here.
+func (m *Manager) remoteChanged(ctx context.Context, id string) {
+	m.mu.Lock()
+	_, waiting := m.waiters[id]
+	watched := len(m.subs) > 0
+	m.mu.Unlock()
+	if !waiting && !watched {
+		return
+	}
+	h, err := m.get(ctx, id)
+	if err != nil {
+		m.wake(id) // the waiter reads it again itself
+		return
+	}
+	m.publish(h, eventKind(h.Status))
+}
+
+// eventKind is the Event.Kind a hold in status st was last changed by.
+func eventKind(st Status) string {
+	switch st {
+	case Pending:
+		return "created"
+	case Running:
+		return "approved"
+	}
+	return string(st) // executed, denied, expired, failed, outcome_unknown
+}
+
+// wake releases whoever waits on id, without an event.
+func (m *Manager) wake(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ch, ok := m.waiters[id]; ok {
+		close(ch)
+		delete(m.waiters, id)
+	}
+}
+
+// wakeAll releases every waiter: each reads its hold again. Called after
+// the notification connection was lost, when changes may have been missed.
+func (m *Manager) wakeAll() {
+	m.resyncs.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, ch := range m.waiters {
+		close(ch)
+		delete(m.waiters, id)
+	}
+}
+
 func (m *Manager) publish(h Hold, kind string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -554,10 +610,15 @@ func (m *Manager) Recover(ctx context.Context) error {
 // leaves at most the calls that were in flight).
 const maxRecover = 1 << 20
 
-// Run re-sends what Recover left to reconcile (in the background), then
-// expires holds as they come due, until ctx ends.
+// Run re-sends what Recover left to reconcile (in the background), listens
+// for hold changes made by other gateways on a shared store, and expires
+// holds as they come due, until ctx ends.
 func (m *Manager) Run(ctx context.Context) {
 	m.startReconcile(ctx)
+	// A shared store: holds change on other replicas too. Their
+	// notifications wake this replica's waiters and feed its live queue;
+	// after a lost connection every waiter re-checks its hold.
+	go m.o.Store.ListenHolds(ctx, func(id string) { m.remoteChanged(ctx, id) }, m.wakeAll)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {

@@ -207,6 +207,9 @@ func (s *Store) Decide(ctx context.Context, d Decision) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("store: decide hold: %w", err)
 	}
+	if won {
+		s.notifyHold(ctx, d.ID)
+	}
 	return won, nil
 }
 
@@ -221,6 +224,9 @@ func (s *Store) FinishHold(ctx context.Context, id, from, to string, result []by
 	n, err := s.db.exec(ctx, `UPDATE holds SET status = ?, result = ?, version = version + 1 WHERE id = ? AND status = ?`, to, result, id, from)
 	if err != nil {
 		return false, fmt.Errorf("store: finish hold: %w", err)
+	}
+	if n == 1 {
+		s.notifyHold(ctx, id)
 	}
 	return n == 1, nil
 }
@@ -250,6 +256,7 @@ func (s *Store) moveAll(ctx context.Context, q string, args ...any) ([]string, e
 	if err != nil {
 		return nil, fmt.Errorf("store: update holds: %w", err)
 	}
+	s.notifyHold(ctx, ids...)
 	return ids, nil
 }
 
@@ -341,6 +348,7 @@ func (s *Store) CreateHold(ctx context.Context, h HoldRow, c HoldCaps) (HoldRow,
 	case err != nil:
 		return HoldRow{}, false, fmt.Errorf("store: create hold: %w", err)
 	case created:
+		s.notifyHold(ctx, h.ID)
 		return h, true, nil
 	}
 	return existing, false, nil

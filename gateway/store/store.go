@@ -139,6 +139,7 @@ type Store struct {
 	// ~8% of a proxied request's CPU.
 	endedCache endedCache
 	auditLog   string // Options.AuditLog
+	origin     string // this Store in hold notifications (notify.go)
 }
 
 // Open opens a DSN: "sqlite:/path/to/file.db" (or ":memory:" after
@@ -167,7 +168,7 @@ func OpenWith(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog}
+	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog, origin: newOrigin()}
 	s.endedCache.shared = b.shared()
 	fail := func(err error) (*Store, error) {
 		sdb.Close()
