@@ -112,6 +112,31 @@ func TestReplicasOnPostgres(t *testing.T) {
 		}
 	})
 
+	t.Run("wake across replicas", func(t *testing.T) {
+		c := casebook.Expect(t, "G15", "the agent long-polls its hold on replica A (?wait=20s); an approver approves it through replica B's admin API",
+			"the poll on A answers 200 with the upstream result soon after B's approval (LISTEN/NOTIFY), not at the end of the wait")
+		ask := a.Call(agentA, "tickets.create_refund", `{"body":{"amount":51}}`)
+		if ask.Status != http.StatusAccepted || ask.HoldID == "" {
+			t.Fatalf("ask: %d %s", ask.Status, ask.Body)
+		}
+		got := make(chan gwenv.Reply, 1)
+		go func() { got <- a.For(t).Do(agentA, http.MethodGet, "/v1/holds/"+ask.HoldID+"?wait=20s", "", nil) }()
+		time.Sleep(200 * time.Millisecond) // the poll is waiting
+		st, _, _ := gs[1].For(t).AdminDo(http.MethodPost, "/api/v1/holds/"+ask.HoldID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`)
+		approved := time.Now()
+		var p gwenv.Reply
+		select {
+		case p = <-got:
+		case <-time.After(25 * time.Second):
+			t.Fatal("the poll on A never returned")
+		}
+		after := time.Since(approved)
+		c.Observef("approve on B %d; poll on A %d (result status %d) %s after B answered", st, p.Status, p.Result.Status, after.Round(time.Millisecond))
+		if st != http.StatusOK || p.Status != http.StatusOK || p.Result.Status == 0 || after > 5*time.Second {
+			t.Fatalf("approve on B %d; poll on A %d %s, %s after; want 200 with the result well before the 20s wait ends", st, p.Status, p.Body, after)
+		}
+	})
+
 	t.Run("pending cap", func(t *testing.T) {
 		c := casebook.Expect(t, "B12", "agent-a asks 5 different calls spread over 3 replicas with max_pending_holds 3",
 			"3 held (202) in total, then 429 rate_limited on whichever replica; nothing sent")
