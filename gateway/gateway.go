@@ -109,6 +109,10 @@ type Server struct {
 
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
+	// sharedLimits: agents[].rate_limit across the replicas of a shared
+	// store (ratelimit_shared.go).
+	sharedLimits sharedLimits
+
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
 }
 

@@ -183,6 +183,9 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 			e.retryAfter = wait
 			return nil, e
 		}
+		if e := s.sharedLimit(ctx, c.caller, agent.RateLimit, id.Agent); e != nil {
+			return nil, e
+		}
 	}
 
 	// Tool and grant.

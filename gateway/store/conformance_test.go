@@ -256,3 +256,54 @@ func TestPostgresSlowIsBounded(t *testing.T) {
 		t.Fatalf("Open on a server that never answers: %v after %s; want an error within the timeout", err, time.Since(start))
 	}
 }
+
+// TestTakeTokensShared: three store handles (replicas) drawing from one
+// bucket get its burst and then its refill rate in total, never more.
+func TestTakeTokensShared(t *testing.T) {
+	srv := server(t)
+	ctx := context.Background()
+	dsn := srv.SuperURL(srv.NewDatabaseT(t))
+	var ss []*Store
+	for range 3 {
+		s, err := Open(ctx, dsn)
+		must(t, err)
+		defer s.Close()
+		ss = append(ss, s)
+	}
+	if _, err := openTempSQLite(t).TakeTokens(ctx, "k", 1, 1, 1); !errors.Is(err, ErrNotShared) {
+		t.Fatalf("SQLite TakeTokens: %v, want ErrNotShared", err)
+	}
+	const rate, burst = 100.0, 50
+	var mu sync.Mutex
+	total := 0
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Go(func() {
+			for time.Since(start) < time.Second {
+				n, err := ss[i%3].TakeTokens(ctx, "agent/sb", 5, rate, burst)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				total += n
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	want := float64(burst) + rate*el
+	if float64(total) > want+5 || float64(total) < 0.9*want {
+		t.Fatalf("took %d tokens in %.2fs; the bucket allows %.0f", total, el, want)
+	}
+}
+
+func openTempSQLite(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), "sqlite:"+filepath.Join(t.TempDir(), "s.db"))
+	must(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
