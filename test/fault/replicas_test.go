@@ -43,6 +43,11 @@ func TestReplicasOnPostgres(t *testing.T) {
 		docs[i].Gateway()["max_pending_holds"] = 3
 		docs[i].Gateway()["max_pending_holds_per_sandbox"] = 3
 		docs[i].Gateway()["hold_wait"] = "50ms"
+		// agent-b: a sandbox of its own, limited, granted the tickets tools.
+		docs[i]["agents"] = []map[string]any{
+			{"name": "agent-a", "connectors": []string{"tickets"}},
+			{"name": "agent-b", "connectors": []string{"tickets"}, "rate_limit": map[string]any{"per_second": 10, "burst": 10}},
+		}
 		paths[i] = e.Write(docs[i])
 	}
 	g16 := casebook.Expect(t, "G16", "3 replicas started together on an empty PostgreSQL database",
@@ -156,6 +161,34 @@ func TestReplicasOnPostgres(t *testing.T) {
 		c.Observef("%s; upstream requests %d", strings.Join(got, ", "), sent)
 		if held != 3 || sent != 0 {
 			t.Fatalf("%d held, %d sent; want 3 held in total, 0 sent (%v)", held, sent, got)
+		}
+	})
+
+	t.Run("rate limit", func(t *testing.T) {
+		c := casebook.Expect(t, "B12", "agent-b's sandbox floods list_tickets through 3 replicas for 2s with rate_limit 10/s burst 10",
+			"about burst + 10/s allowed in total (±10%), not 3×; the rest 429 rate_limited; the upstream sees only the allowed")
+		before := len(e.Up.Requests())
+		var mu sync.Mutex
+		counts := map[int]int{}
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i := range 6 {
+			wg.Go(func() {
+				for time.Since(start) < 2*time.Second {
+					r := gs[i%3].For(t).Call(gwenv.AgentB, "tickets.list_tickets", `{}`)
+					mu.Lock()
+					counts[r.Status]++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		el := time.Since(start).Seconds()
+		want := 10 + 10*el
+		sent := len(e.Up.Requests()) - before
+		c.Observef("%.1fs: statuses %v; limit %.0f; upstream requests %d", el, counts, want, sent)
+		if got := float64(counts[http.StatusOK]); got > want*1.1 || got < want*0.9 || counts[http.StatusTooManyRequests] == 0 || sent != counts[http.StatusOK] {
+			t.Fatalf("statuses %v in %.1fs, %d upstream requests; want %.0f (±10%%) allowed in total, the rest 429", counts, el, sent, want)
 		}
 	})
 
