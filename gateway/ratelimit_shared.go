@@ -18,7 +18,9 @@ import (
 // sharedLimits makes agents[].rate_limit one limit across the replicas
 // of a shared (PostgreSQL) store: a sandbox allowed N calls a second gets
 // N in total, not N per replica. The per-replica bucket (callLimits)
-// still runs first; this one draws from the shared bucket in the store,
+// is then not used (it would refuse calls the shared one allows, since
+// each replica sees only part of a sandbox's calls); this one draws from
+// the shared bucket in the store,
 // a lease of a few tokens at a time, so an allowed call waits on the
 // database once per lease, not once per call. A lease's unused tokens
 // lapse after leaseTTL: held tokens can never add up to a burst.
@@ -53,13 +55,19 @@ func sharedLimitKey(c policy.Caller) string {
 	return "call:" + hex.EncodeToString(h.Sum(nil))
 }
 
+// sharedRateLimits says whether agents[].rate_limit is enforced by
+// sharedLimit (a shared store) instead of the per-replica callLimits.
+func (s *Server) sharedRateLimits() bool { return s.store.Kind() == store.Postgres }
+
 // sharedLimit refuses a call past the caller's shared limit (429
 // rate_limited), or when the shared bucket cannot be read (503
-// store_unavailable: fail closed); nil on an unshared store.
-func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, rl *config.RateLimit, agent string) *apiError {
-	if s.store.Kind() != store.Postgres {
+// store_unavailable: fail closed); nil on an unshared store or for an
+// agent without a limit.
+func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Agent) *apiError {
+	if !s.sharedRateLimits() || a == nil || a.RateLimit == nil {
 		return nil
 	}
+	rl, agent := a.RateLimit, a.Name
 	sl := &s.sharedLimits
 	now := time.Now()
 	sl.mu.Lock()

@@ -14,7 +14,8 @@ import (
 // TestRateLimitAcrossReplicas: three gateways on one PostgreSQL store,
 // one sandbox calling through all three as fast as it can for 3 s with a
 // limit of 20/s (burst 20). The calls answered 200 are the limit's in
-// total — burst plus 20 a second, within 10% — not three times that;
+// total — burst plus 20 a second, never more than 10% over — not three
+// times that;
 // the rest are 429 rate_limited and never reach the upstream.
 func TestRateLimitAcrossReplicas(t *testing.T) {
 	srv := pgtest.StartT(t, pgtest.Options{})
@@ -57,8 +58,11 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 	el := time.Since(start).Seconds()
 	want := 20 + 20*el
 	t.Logf("%.2fs: %d allowed (limit %.0f), %d rate_limited", el, ok.Load(), want, limited.Load())
-	if got := float64(ok.Load()); got > want*1.1 || got < want*0.9 {
-		t.Fatalf("%d calls allowed in %.2fs across 3 replicas; the shared limit allows %.0f (±10%%)", ok.Load(), el, want)
+	// Never more than 10% over the limit (that would be the hole). Under
+	// it only by what a loaded machine (two cores shared by several suites,
+	// or -race) leaves unused: tokens accrue while no call is being made.
+	if got, least := float64(ok.Load()), 0.85*(20+20*dur.Seconds()); got > want*1.1 || got < least {
+		t.Fatalf("%d calls allowed in %.2fs across 3 replicas; the shared limit allows %.0f (at most +10%%, at least %.0f)", ok.Load(), el, want, least)
 	}
 	if limited.Load() == 0 {
 		t.Fatal("no call was rate limited: the load did not reach the limit")

@@ -177,15 +177,15 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 
 	// The agent's rate limit, per sandbox, before any work for the call.
 	agent := s.cfg.Agent(id.Agent)
-	if agent != nil && agent.RateLimit != nil {
+	if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
 		if ok, wait := s.limits.allow(c.caller, agent.RateLimit, time.Now()); !ok {
 			e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
 			e.retryAfter = wait
 			return nil, e
 		}
-		if e := s.sharedLimit(ctx, c.caller, agent.RateLimit, id.Agent); e != nil {
-			return nil, e
-		}
+	}
+	if e := s.sharedLimit(ctx, c.caller, agent); e != nil {
+		return nil, e
 	}
 
 	// Tool and grant.
