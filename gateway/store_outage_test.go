@@ -110,6 +110,11 @@ func TestPostgresOutage(t *testing.T) {
 	if r := poll(t, c, holdID, ""); r.status != 202 || !strings.Contains(r.raw, `"pending"`) {
 		t.Fatalf("the hold made before the outage: %d %s, want still pending", r.status, r.raw)
 	}
+	// The store's errors were logged (each refusal's cause): never with
+	// the password of the DSN.
+	if log := g.logBuf.String(); !strings.Contains(log, "store: unavailable") || strings.Contains(log, srv.Password) {
+		t.Fatalf("gateway log: store errors logged %v, password shown %v", strings.Contains(log, "store: unavailable"), strings.Contains(log, srv.Password))
+	}
 }
 
 func ready(t *testing.T, g *testGateway) (int, string) {

@@ -229,6 +229,11 @@ func TestReplicasOnPostgres(t *testing.T) {
 			g.AwaitReady()
 		}
 		c.Observef("%s; upstream requests while down %d; all 3 serve and are ready after restart", strings.Join(obs, "; "), sent)
+		for i, g := range gs {
+			if strings.Contains(string(g.Stderr()), srv.Password) {
+				t.Errorf("replica %d's log shows the database password", i)
+			}
+		}
 		if sent != 0 {
 			t.Fatalf("%d upstream requests while PostgreSQL was down", sent)
 		}
