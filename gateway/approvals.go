@@ -302,7 +302,7 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 		wait = min(d, maxPollWait)
 	}
 	h, err := s.holds.Get(r.Context(), r.PathValue("id"))
-	caller := policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	caller := callerOf(id)
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, caller)) {
 		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such hold"), rid)
 		return

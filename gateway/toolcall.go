@@ -76,6 +76,12 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusForbidden, CodeUnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent)), rid)
 		return
 	}
+	if id.Egress != "" {
+		if e := s.checkNarrowing(r.Context(), rid, id, agent.Egress); e != nil { // narrow.go
+			writeError(w, e, rid)
+			return
+		}
+	}
 	views := []toolView{}
 	now := time.Now().UTC()
 	for _, t := range s.catalog.list {
@@ -166,7 +172,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	if !ok {
 		return nil, refuse(http.StatusForbidden, CodeIdentityRequired, "bug: connection has no identity")
 	}
-	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	c.caller = callerOf(id)
 	c.tool = r.PathValue("tool")
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution.
@@ -537,6 +543,9 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	f := map[string]any{
 		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
 		"tool": c.tool,
+	}
+	if c.caller.Egress != "" {
+		f["egress"] = c.caller.Egress
 	}
 	if c.decided {
 		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason

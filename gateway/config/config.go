@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // Config is the whole of sluice.yaml.
@@ -1009,25 +1011,8 @@ func CoversMetadata(p netip.Prefix) (netip.Prefix, bool) {
 // DNS name ("pypi.org") or "*." followed by one ("*.pythonhosted.org", any
 // name below it, at any depth, but not the domain itself). Labels are
 // letters, digits, '-' and '_', 1-63 bytes; the name at most 253 bytes.
-func ValidEgress(h string) bool {
-	h = strings.TrimPrefix(h, "*.")
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(h, ".") {
-		if l == "" || len(l) > 63 {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			switch b := l[i]; {
-			case 'a' <= b && b <= 'z', '0' <= b && b <= '9', b == '-', b == '_':
-			default:
-				return false
-			}
-		}
-	}
-	return true
-}
+// It is the syntax of a sandbox's egress narrowing too (sandboxd/wire).
+func ValidEgress(h string) bool { return wire.ValidEgressHost(h) }
 
 // Agent returns the named agent's grants, or nil.
 func (c *Config) Agent(name string) *Agent {
