@@ -191,7 +191,7 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
 		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
-		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User},
+		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User, Egress: c.caller.Egress},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rid,
 		IdempotencyHeader: tool.IdempotencyHeader,
@@ -331,7 +331,7 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 // after a crash left its outcome unknown (THREATS G2).
 func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, bool) {
 	c := &call{rid: h.RequestID, start: time.Now(), tool: h.Tool,
-		caller: policy.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User}}
+		caller: policy.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User, Egress: h.Caller.Egress}}
 	res, aerr := s.runHeld(ctx, c, h)
 	if aerr != nil {
 		c.status = aerr.Status
@@ -418,6 +418,9 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	f := map[string]any{
 		"hold": h.ID, "tool": h.Tool, "sha256": h.SHA256, "rule": h.Rule,
 		"sandbox": h.Caller.Sandbox, "agent": h.Caller.Agent, "session": h.Caller.Session, "user": h.Caller.User,
+	}
+	if h.Caller.Egress != "" {
+		f["egress"] = h.Caller.Egress
 	}
 	if event == "hold_created" {
 		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason

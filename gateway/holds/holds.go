@@ -47,6 +47,9 @@ type Caller struct {
 	Agent   string `json:"agent"`
 	Session string `json:"session"`
 	User    string `json:"user"`
+	// Egress is the sandbox's egress narrowing (policy.Caller.Egress),
+	// kept so that the hold's records carry it too.
+	Egress string `json:"egress,omitempty"`
 }
 
 // Hold is one held call.
