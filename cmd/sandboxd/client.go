@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/sandboxd"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // The client verbs (create, exec, cp, ls, rm) talk to a running daemon's
@@ -125,10 +126,11 @@ func (c *apiClient) putFile(ctx context.Context, id, src, dst string) error {
 	return err
 }
 
-// runViaDaemon is `sandboxd run` through a running daemon: create, copy
-// in, exec, and destroy whatever happened.
+// runViaDaemon is `sandboxd run` through a running daemon: create, check
+// the agent with the gateway (check, when not nil: unknown_agent fails the
+// run, as without a daemon), copy in, exec, and destroy whatever happened.
 func runViaDaemon(ctx context.Context, c *apiClient, rc sandboxd.CreateRequest, envs, copies, argv []string,
-	timeout time.Duration, outputBytes int, stdin *os.File, stdout, stderr io.Writer) (int, error) {
+	timeout time.Duration, outputBytes int, stdin *os.File, stdout, stderr io.Writer, check func(wire.Identity) error) (int, error) {
 	env, err := parseEnv("run", envs)
 	if err != nil {
 		return 0, err
@@ -144,6 +146,11 @@ func runViaDaemon(ctx context.Context, c *apiClient, rc sandboxd.CreateRequest, 
 			fmt.Fprintf(stderr, "sandboxd: run: destroy %s: %v\n", in.ID, err)
 		}
 	}()
+	if check != nil {
+		if err := check(wire.Identity{Sandbox: in.ID, Agent: in.Agent, Session: in.Session, User: in.User}); err != nil {
+			return 0, err
+		}
+	}
 	for _, cp := range copies {
 		src, dst, ok := strings.Cut(cp, ":")
 		if !ok {

@@ -125,7 +125,14 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 				sock := cmp.Or(runAPI, cfg.API)
 				if daemonAnswers(ctx, sock) {
 					c := &apiClient{sock: sock, hc: unixClient(sock)}
-					rcode, err := runViaDaemon(ctx, c, rc, envs, copies, argv, timeout, outputBytes, stdin, stdout, stderr)
+					var check func(id wire.Identity) error
+					if !noGateway && cfg.GatewayTLS.Address == "" && checkGatewaySocket(cfg.Gateway) == nil {
+						check = func(id wire.Identity) error {
+							id.Host = cfg.Host
+							return checkAgent(ctx, cfg.Gateway, id, stderr)
+						}
+					}
+					rcode, err := runViaDaemon(ctx, c, rc, envs, copies, argv, timeout, outputBytes, stdin, stdout, stderr, check)
 					code = rcode
 					return err
 				}

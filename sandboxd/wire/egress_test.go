@@ -64,3 +64,32 @@ func TestEgressMatch(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseEgress: whatever ParseEgress accepts is exactly what
+// FormatEgress makes of its hosts (one canonical form), and every host
+// it returns matches itself.
+func FuzzParseEgress(f *testing.F) {
+	f.Add("pypi.org")                              // one name
+	f.Add("*.pythonhosted.org,pypi.org")           // canonical pair
+	f.Add("pypi.org,*.pythonhosted.org")           // unsorted: refused
+	f.Add("a.org,a.org")                           // duplicate: refused
+	f.Add("A.org")                                 // upper case: refused
+	f.Add("*.")                                    // empty wildcard: refused
+	f.Add("a..b")                                  // empty label: refused
+	f.Add(strings.Repeat("a", 63) + "." + "b.org") // longest label
+	f.Fuzz(func(t *testing.T, s string) {
+		hosts, err := ParseEgress(s)
+		if err != nil || s == "" {
+			return
+		}
+		again, err := FormatEgress(hosts)
+		if err != nil || again != s {
+			t.Fatalf("ParseEgress(%q) accepted %q, FormatEgress gives %q, %v", s, hosts, again, err)
+		}
+		for _, h := range hosts {
+			if !strings.HasPrefix(h, "*.") && !EgressAllows(hosts, h) {
+				t.Fatalf("%q does not match itself in %q", h, hosts)
+			}
+		}
+	})
+}

@@ -49,8 +49,10 @@ func TestSandboxdValidate(t *testing.T) {
 // TestSandboxdDaemonVerbs: with `sandboxd serve` running, create, ls, cp
 // (in and out), exec, rm talk to its API socket; `run` goes through the
 // daemon rather than failing on its state lock, and destroys its sandbox;
-// `id` inside names the sandbox's own user (uid=1000(sandbox)); a verb on
-// a sandbox that is gone fails with the daemon's not_found.
+// `id` inside names the sandbox's own user (uid=1000(sandbox)); an unknown
+// agent fails a run through the daemon as without one, a wider --egress
+// fails the create; a verb on a sandbox that is gone fails with the
+// daemon's not_found.
 func TestSandboxdDaemonVerbs(t *testing.T) {
 	e := newEnv(t)
 	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
@@ -133,9 +135,20 @@ func TestSandboxdDaemonVerbs(t *testing.T) {
 	if code != 5 || out != "sandbox\n" {
 		t.Errorf("run with the daemon up: exit %d, stdout %q, stderr %q; want 5 and sandbox", code, out, stderr)
 	}
+	// Through the daemon too, an agent the gateway does not know fails
+	// the run before the command runs, and --egress wider than the
+	// agent's list (agent-a has none) fails the create.
+	out, stderr, code = sd("run", "--agent", "nobody", "--", "echo", "ran")
+	if code != 1 || out != "" || !strings.Contains(stderr, `unknown_agent: agent "nobody" is not configured`) {
+		t.Errorf("run --agent nobody with the daemon up: exit %d, stdout %q, stderr %q; want 1 and unknown_agent", code, out, stderr)
+	}
+	out, stderr, code = sd("create", "--agent", "agent-a", "--egress", "evil.test")
+	if code != 1 || out != "" || !strings.Contains(stderr, "(403 egress_not_granted)") || !strings.Contains(stderr, "evil.test") {
+		t.Errorf("create --egress evil.test: exit %d, stdout %q, stderr %q; want 1 and egress_not_granted", code, out, stderr)
+	}
 	out, _, _ = sd("ls")
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 {
-		t.Errorf("ls after run: %q, want the header and %s only (run destroys its sandbox)", out, id)
+		t.Errorf("ls after the runs: %q, want the header and %s only (run destroys its sandbox, a refused create makes none)", out, id)
 	}
 
 	if out, stderr, code := sd("rm", id); code != 0 {
