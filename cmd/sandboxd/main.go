@@ -245,6 +245,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	f.StringVar(&pr.Agent, "agent", "", "agent name (identity, required)")
 	f.StringVar(&pr.Session, "session", "", "session (identity)")
 	f.StringVar(&pr.User, "user", "", "user the agent acts for (identity)")
+	f.StringSliceVar(&pr.Egress, "egress", nil, "narrow the agent's egress allowlist to these hosts (repeatable or comma-separated; never widens)")
 	f.StringVar(&apiSock, "api", "", "override the daemon's API socket (config api)")
 	pinCmd.MarkFlagsMutuallyExclusive("netns", "pid")
 	pinCmd.MarkFlagsOneRequired("netns", "pid")
