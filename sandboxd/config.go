@@ -160,8 +160,13 @@ func LoadConfig(path string) (Config, error) {
 	}
 	c, err := ParseConfig(b)
 	if err != nil {
-		// Named as sluice names its config: "config FILE: KEY: … (line N)".
-		return Config{}, fmt.Errorf("config %s: %s", path, strings.TrimPrefix(err.Error(), "config: "))
+		// Named as sluice names its config: "config FILE: KEY: … (line N)",
+		// one problem a line.
+		lines := strings.Split(err.Error(), "\n")
+		for i, l := range lines {
+			lines[i] = "config " + path + ": " + strings.TrimPrefix(l, "config: ")
+		}
+		return Config{}, errors.New(strings.Join(lines, "\n"))
 	}
 	return c, nil
 }
@@ -277,62 +282,75 @@ func child(n *yaml.Node, key string) *yaml.Node {
 	return nil
 }
 
-// withLine adds the line of the key a Validate error names ("config:
-// KEY: …"), when the file has that key.
+// withLine adds to each error of a Validate error ("config: KEY: …")
+// the line of KEY, when the file has that key.
 func withLine(doc *yaml.Node, err error) error {
-	rest, ok := strings.CutPrefix(err.Error(), "config: ")
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{err}
+	}
+	for i, e := range errs {
+		if n := keyNode(doc, e.Error()); n != nil {
+			errs[i] = fmt.Errorf("%w (line %d)", e, n.Line)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// keyNode is the node of the key msg ("config: KEY: …") names, or nil.
+func keyNode(doc *yaml.Node, msg string) *yaml.Node {
+	rest, ok := strings.CutPrefix(msg, "config: ")
 	key, _, ok2 := strings.Cut(rest, ": ")
 	if doc == nil || !ok || !ok2 {
-		return err
+		return nil
 	}
 	n := doc
 	for _, k := range strings.Split(key, ".") {
 		if n = child(n, k); n == nil {
-			return err
+			return nil
 		}
 	}
-	return fmt.Errorf("%w (line %d)", err, n.Line)
+	return n
 }
 
-// Validate checks every key, naming it in the error.
+// Validate checks every key and reports every bad one (errors.Join),
+// each naming its key.
 func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	for _, p := range []struct{ key, v string }{
 		{"api", c.API}, {"gateway", c.Gateway}, {"state_dir", c.StateDir}, {"rootfs", c.Rootfs},
 	} {
 		if p.v == "" || !filepath.IsAbs(p.v) {
-			return fmt.Errorf("config: %s: must be an absolute path, got %q", p.key, p.v)
+			bad("config: %s: must be an absolute path, got %q", p.key, p.v)
 		}
 	}
 	if c.CgroupParent == "" || filepath.Base(c.CgroupParent) != c.CgroupParent || c.CgroupParent == ".." {
-		return fmt.Errorf("config: cgroup_parent: must be one path element, got %q", c.CgroupParent)
+		bad("config: cgroup_parent: must be one path element, got %q", c.CgroupParent)
 	}
 	if c.UIDs.Base < 65536 {
-		return fmt.Errorf("config: uids.base: must be >= 65536 so no sandbox maps onto host system users, got %d", c.UIDs.Base)
+		bad("config: uids.base: must be >= 65536 so no sandbox maps onto host system users, got %d", c.UIDs.Base)
 	}
 	if c.UIDs.Count < 1 || int64(c.UIDs.Base)+int64(c.UIDs.Count)*65536 > 1<<32-2 {
-		return fmt.Errorf("config: uids.count: %d slots do not fit above base %d", c.UIDs.Count, c.UIDs.Base)
+		bad("config: uids.count: %d slots do not fit above base %d", c.UIDs.Count, c.UIDs.Base)
 	}
 	if c.DNSCache < 0 || c.DNSCache > time.Hour {
-		return fmt.Errorf("config: dns_cache: must be in 0s..1h, got %s", c.DNSCache)
+		bad("config: dns_cache: must be in 0s..1h, got %s", c.DNSCache)
 	}
 	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
-		return fmt.Errorf("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
-	}
-	if err := checkGatewayAdmin(c.GatewayAdmin); err != nil {
-		return err
-	}
-	if err := c.GatewayTLS.validate(c.Host); err != nil {
-		return err
+		bad("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
 	}
 	if f := c.GatewaySessionTokenFile; f != "" {
 		if !filepath.IsAbs(f) {
-			return fmt.Errorf("config: gateway_session_token_file: must be an absolute path, got %q", f)
-		}
-		if c.GatewayAdmin == "" {
-			return errors.New("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
+			bad("config: gateway_session_token_file: must be an absolute path, got %q", f)
+		} else if c.GatewayAdmin == "" {
+			bad("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
 		}
 	}
-	return c.Limits.Validate("limits")
+	errs = append(errs, checkGatewayAdmin(c.GatewayAdmin), c.GatewayTLS.validate(c.Host), c.Limits.Validate("limits"))
+	return errors.Join(errs...)
 }
 
 // Validate checks that every limit is positive and bounded; key prefixes

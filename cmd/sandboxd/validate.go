@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -34,8 +35,11 @@ func validateCmd(cfgPath *string) *cobra.Command {
 			}
 			cfg, err := loadConfig(*cfgPath)
 			if err != nil {
-				fmt.Fprintln(out, "error:", err)
-				return silentError{"validate: 1 problem(s)"}
+				lines := strings.Split(err.Error(), "\n")
+				for _, l := range lines {
+					fmt.Fprintln(out, "error:", l)
+				}
+				return silentError{fmt.Sprintf("validate: %d problem(s)", len(lines))}
 			}
 			var errs, warns []string
 			if fi, err := os.Stat(cfg.Rootfs); err != nil || !fi.IsDir() {

@@ -14,7 +14,8 @@ import (
 
 // TestSandboxdValidate: `sandboxd validate` accepts sizes (1GiB) and says
 // them back in its summary; a bad file gets sluice's form of error — the
-// file, the key path and its line — and exit 1, printed once.
+// file, the key path and its line, one problem a line, every problem —
+// and exit 1, printed once.
 func TestSandboxdValidate(t *testing.T) {
 	buildSandboxBins(t)
 	dir := t.TempDir()
@@ -37,6 +38,8 @@ func TestSandboxdValidate(t *testing.T) {
 		{"size.yaml", "limits:\n  memory_bytes: 1 gigabyte\n", `error: config size.yaml: limits.memory_bytes: "1 gigabyte" is not a size (bytes, or like 512MiB or 1GiB) (line 2)` + "\n"},
 		{"small.yaml", "host: a\nlimits:\n  memory_bytes: 8MiB\n", "error: config small.yaml: limits.memory_bytes: must be >= 16MiB, got 8388608 (8MiB) (line 3)\n"},
 		{"relative.yaml", "state_dir: var/lib\n", `error: config relative.yaml: state_dir: must be an absolute path, got "var/lib" (line 1)` + "\n"},
+		{"two.yaml", "state_dir: var/lib\nlimits:\n  pids: 2\n", `error: config two.yaml: state_dir: must be an absolute path, got "var/lib" (line 1)` + "\n" +
+			"error: config two.yaml: limits.pids: must be in 8..1048576, got 2 (line 3)\n"},
 	} {
 		write(tc.name, tc.body)
 		out, stderr, code := runBin(t, dir, sandboxdBin, "validate", "--config", tc.name)
