@@ -124,6 +124,11 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 				// (and its lock): the run goes through it instead.
 				sock := cmp.Or(runAPI, cfg.API)
 				if daemonAnswers(ctx, sock) {
+					if gw != "" || noGateway {
+						// The daemon's sandboxes use its gateway; a run
+						// must not silently use another than asked.
+						return fmt.Errorf("run: a daemon serves %s and owns state_dir %s; its sandboxes use its gateway, so --gateway/--no-gateway need a one-shot run of your own: add --state-dir DIR", sock, cfg.StateDir)
+					}
 					c := &apiClient{sock: sock, hc: unixClient(sock)}
 					var check func(id wire.Identity) error
 					if !noGateway && cfg.GatewayTLS.Address == "" && checkGatewaySocket(cfg.Gateway) == nil {

@@ -138,6 +138,10 @@ func TestSandboxdDaemonVerbs(t *testing.T) {
 	if code != 5 || out != "sandbox\n" {
 		t.Errorf("run with the daemon up: exit %d, stdout %q, stderr %q; want 5 and sandbox", code, out, stderr)
 	}
+	// A gateway other than the daemon's cannot be honoured through it.
+	if _, stderr, code := sd("run", "--agent", "agent-a", "--no-gateway", "--", "true"); code != 1 || !strings.Contains(stderr, "add --state-dir DIR") {
+		t.Errorf("run --no-gateway with the daemon up: exit %d, stderr %q; want 1 asking for --state-dir", code, stderr)
+	}
 	// Through the daemon too, an agent the gateway does not know fails
 	// the run before the command runs, and --egress wider than the
 	// agent's list (agent-a has none) fails the create.
