@@ -33,16 +33,7 @@ import (
 // egress_not_granted, audited there and in sandboxd's events, and runs
 // nothing.
 func TestSandboxEgressNarrowing(t *testing.T) {
-	const curl = "/usr/bin/curl"
-	if _, err := os.Stat(curl); err != nil {
-		t.Skip("curl not installed (Debian package curl; test.sh installs it)")
-	}
-	e := newEnv(t)
-	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
-		t.Skip("kernel lacks user namespaces")
-	}
-	buildSandboxBins(t)
-	e.NS.AddAddr(t, egressIP+"/32")
+	e := curlSandboxEnv(t)
 	var reqs atomic.Int64
 	var hosts hostList
 	hl := e.NS.Listen(t, egressIP+":80")
@@ -63,7 +54,7 @@ func TestSandboxEgressNarrowing(t *testing.T) {
 
 	const proxy = "http://127.0.0.1:3128"
 	script := strings.Join([]string{
-		`step() { name=$1; shift; out=$(` + curl + ` -sS --max-time 10 "$@" 2>/tmp/err); rc=$?; out=$(printf '%s' "$out" | tr '\n' ' '); printf '%s %s %s|%s\n' "$name" "$rc" "$out" "$(tr '\n' ' ' </tmp/err)"; }`,
+		curlStep,
 		`step both -w ' %{http_code}' -x ` + proxy + ` http://pkg.test/x`,
 		`step narrowed-http -w ' %{http_code}' -x ` + proxy + ` http://other.test/y`,
 		`step narrowed-connect -w ' %{http_connect}' -x ` + proxy + ` https://other.test/`,
@@ -77,11 +68,7 @@ func TestSandboxEgressNarrowing(t *testing.T) {
 		t.Fatalf("sandboxd run --egress pkg.test: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
 	}
 	t.Logf("inside the sandbox:\n%s", out)
-	steps := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		k, v, _ := strings.Cut(l, " ")
-		steps[k] = v
-	}
+	steps := parseSteps(out)
 	for _, tc := range []struct{ step, prefix, contains string }{
 		{"both", "0 hello from pkg.test 200", ""},
 		{"narrowed-http", "0 ", `"code":"egress_denied"`},
