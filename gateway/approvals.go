@@ -96,7 +96,7 @@ func (s *Server) newReviewUI() error {
 			_, err := s.appendAudit(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
-		AuditTail:     s.auditTail,
+		AuditFile:     s.cfg.Audit.Path,
 		SecureCookies: strings.HasPrefix(s.cfg.Approvals.PublicURL, "https://"),
 	}
 	if oc != nil {
@@ -113,26 +113,6 @@ func (s *Server) newReviewUI() error {
 	}
 	s.reviewUI, s.adminAuth = ui, ui.Person
 	return nil
-}
-
-// auditTail returns the newest n audit records (the review UI's audit view).
-func (s *Server) auditTail(n int) ([]json.RawMessage, error) {
-	f, err := os.Open(s.cfg.Audit.Path)
-	if err != nil {
-		return nil, fmt.Errorf("audit tail: %w", err)
-	}
-	defer f.Close()
-	lines, err := tailLines(f, n)
-	if err != nil {
-		return nil, fmt.Errorf("audit tail: %w", err)
-	}
-	out := make([]json.RawMessage, 0, len(lines))
-	for _, l := range lines {
-		if json.Valid(l) {
-			out = append(out, json.RawMessage(l))
-		}
-	}
-	return out, nil
 }
 
 // holdTTL is the rule's hold_ttl, else gateway.hold_ttl.
@@ -190,7 +170,7 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 		cred = credentialLabel(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
-		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
+		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,
 		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User, Egress: c.caller.Egress},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rid,
@@ -386,7 +366,7 @@ func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *
 		req.Header = http.Header{}
 	}
 	c.destHost = req.URL.Hostname()
-	in := s.input(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
+	in := toolInput(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
 	c.decision, c.decided = s.Decide(ctx, in), true
 	if c.decision.Action == policy.Block {
 		msg := "blocked by policy (evaluated again at approval)"

@@ -90,7 +90,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		}
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
-		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
 		if s.Decide(r.Context(), in).Action == policy.Block {
 			continue
 		}
@@ -214,18 +214,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		vspan.End()
 		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		body = []byte("{}")
-	}
-	args, err := connectors.DecodeArgs(body)
-	if err == nil {
-		stripHeaderArgs(&args)
-		err = tool.Validate(args)
-	}
-	var req *http.Request
-	if err == nil {
-		req, err = tool.NewRequest(ctx, up.conn.BaseURL, args)
-	}
+	args, req, err := prepareCall(ctx, tool, up.conn.BaseURL, body)
 	vspan.End()
 	if err != nil {
 		var ae *connectors.ArgError
@@ -238,7 +227,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 
 	// Decision.
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
-	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
+	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
 	c.decision, c.decided = s.Decide(dctx, in), true
 	dspan.SetAttributes(attribute.String("decision", c.decision.Action.String()), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
@@ -504,34 +493,6 @@ func isJSON(ct string) bool {
 	ct, _, _ = strings.Cut(ct, ";")
 	ct = strings.TrimSpace(strings.ToLower(ct))
 	return ct == "application/json" || strings.HasSuffix(ct, "+json")
-}
-
-// input builds the policy input document (rego/README.md). The request part
-// is taken before any credential is attached.
-func (s *Server) input(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
-	in := &policy.Input{
-		Version:   policy.InputVersion,
-		Kind:      "tool_call",
-		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
-		Connector: t.Connector,
-		Tool:      t.Name,
-		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
-		Time:      now,
-	}
-	if args != nil {
-		in.Args = map[string]any{"path": orEmpty(args.Path), "query": orEmpty(args.Query), "headers": orEmpty(args.Headers), "body": args.Body}
-	}
-	if req != nil {
-		in.Request = policy.Request{Method: req.Method, Host: req.URL.Host, Path: req.URL.Path, Query: req.URL.Query(), Headers: req.Header.Clone()}
-	}
-	return in
-}
-
-func orEmpty(m map[string]any) map[string]any {
-	if m == nil {
-		return map[string]any{}
-	}
-	return m
 }
 
 // record appends the call's audit record. It returns the refusal to send
