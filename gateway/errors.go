@@ -32,6 +32,10 @@ const (
 	// asking for its tools (403): refused rather than answered with an
 	// empty list, so a misnamed agent shows at once.
 	CodeUnknownAgent Code = "unknown_agent"
+	// CodeEgressNotGranted is an identity whose egress narrowing
+	// (sandboxd --egress) names a host outside its agent's allowlist
+	// asking for its tools (403): a narrowing never widens.
+	CodeEgressNotGranted Code = "egress_not_granted"
 	// Connection-level refusals, before any identity exists.
 	CodeUntrustedPeer    Code = "untrusted_peer"
 	CodeIdentityRequired Code = "identity_required"

@@ -162,7 +162,7 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeIdentityRequired, psDenied, "bug: connection has no identity"))
 		return
 	}
-	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	c.caller = callerOf(id)
 	if c.kind == "connect" {
 		e.connect(w, r, c, id)
 		return
@@ -244,6 +244,9 @@ func parseTarget(authority, defaultPort string) (host string, port int, err erro
 // sent or a credential attached.
 func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
 	if ee := e.sessionGate(ctx, c); ee != nil {
+		return ee
+	}
+	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
 		return ee
 	}
 	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
@@ -876,6 +879,9 @@ func (c *egressCall) auditFields(event string, refusal *apiError) []audit.Field 
 	f = append(f, audit.Field{Key: "dest_host", Value: c.destHost})
 	if event == "result" {
 		f = append(f, audit.Field{Key: "duration_ms", Value: time.Since(c.start).Milliseconds()})
+	}
+	if c.caller.Egress != "" {
+		f = append(f, audit.Field{Key: "egress", Value: c.caller.Egress})
 	}
 	f = append(f, audit.Field{Key: "kind", Value: c.kind})
 	if c.port != 0 {
