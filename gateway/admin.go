@@ -43,8 +43,8 @@ func (s *Server) adminHandler() http.Handler {
 	return mux
 }
 
-// handleReady is 200 only when a policy is loaded and the audit log takes
-// writes; otherwise 503 with the reasons, so a load balancer stops sending
+// handleReady is 200 only when a policy is loaded, the audit log takes
+// writes and the store answers; otherwise 503 with the reasons, so a load balancer stops sending
 // traffic that would be refused anyway.
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	problems := []string{}
@@ -57,8 +57,12 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if err := s.audit.Err(); err != nil {
 		problems = append(problems, "audit: "+err.Error())
 	}
+	storeDown := s.storeProblem(r.Context())
+	if storeDown != "" {
+		problems = append(problems, storeDown)
+	}
 	status := http.StatusOK
-	if len(problems) > 0 && (s.engine.Load() == nil || s.audit.Err() != nil) {
+	if len(problems) > 0 && (s.engine.Load() == nil || s.audit.Err() != nil || storeDown != "") {
 		status = http.StatusServiceUnavailable
 	}
 	v := int64(0)

@@ -163,7 +163,7 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
 		return
 	}
-	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	c.caller = callerOf(id)
 	if c.kind == "connect" {
 		e.connect(w, r, c, id)
 		return
@@ -245,6 +245,9 @@ func parseTarget(authority, defaultPort string) (host string, port int, err erro
 // sent or a credential attached.
 func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
 	if ee := e.sessionGate(ctx, c); ee != nil {
+		return ee
+	}
+	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
 		return ee
 	}
 	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
@@ -877,6 +880,9 @@ func (c *egressCall) auditFields(event string, ref *refusal.Error) []audit.Field
 	f = append(f, audit.Field{Key: "dest_host", Value: c.destHost})
 	if event == "result" {
 		f = append(f, audit.Field{Key: "duration_ms", Value: time.Since(c.start).Milliseconds()})
+	}
+	if c.caller.Egress != "" {
+		f = append(f, audit.Field{Key: "egress", Value: c.caller.Egress})
 	}
 	f = append(f, audit.Field{Key: "kind", Value: c.kind})
 	if c.port != 0 {

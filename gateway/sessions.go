@@ -42,6 +42,9 @@ func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Er
 		return nil
 	}
 	ended, err := s.store.SessionEnded(ctx, session)
+	if e := storeRefusal(err); e != nil {
+		return e
+	}
 	if err != nil {
 		return refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "whether this session has ended cannot be read; the call was not sent").Wrap(err)
 	}

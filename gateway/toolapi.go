@@ -27,7 +27,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
 	}
-	tools, e := s.Tools(r.Context(), id)
+	tools, e := s.tools(r.Context(), rid, id)
 	if e != nil {
 		refusal.Write(w, e, rid)
 		return
@@ -108,6 +108,11 @@ func replyBody(o call.Outcome) result {
 // tools are listed. An agent that is not configured is refused, not
 // answered with an empty list, so a misnamed agent shows at once.
 func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *refusal.Error) {
+	return s.tools(ctx, refusal.NewRequestID(), id)
+}
+
+// tools is Tools with the request ID an audited refusal is recorded under.
+func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]call.Tool, *refusal.Error) {
 	id, e := canonicalCaller(id)
 	if e != nil {
 		return nil, e
@@ -115,6 +120,11 @@ func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *ref
 	agent := s.cfg.Agent(id.Agent)
 	if agent == nil {
 		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
+	}
+	if id.Egress != "" {
+		if e := s.checkNarrowing(ctx, rid, id, agent.Egress); e != nil { // narrow.go
+			return nil, e
+		}
 	}
 	views := []call.Tool{}
 	now := time.Now().UTC()
@@ -124,7 +134,7 @@ func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *ref
 		}
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
-		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
 		}
