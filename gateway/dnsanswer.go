@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -33,7 +34,7 @@ const answerTTL = 300
 // is a stream of questions answered as they come (dns_stream.go).
 func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return

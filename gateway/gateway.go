@@ -31,7 +31,9 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -416,7 +418,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) Findings {
 		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", perr))
 	}
 	if cfg.Gateway.RelayTLS.Listen != "" {
-		if _, err := relayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
+		if _, err := ingress.RelayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
 			f.Errors = append(f.Errors, err)
 		}
 	}
@@ -443,18 +445,19 @@ func (f *Findings) add(ps []error) {
 // until ctx ends. It returns when both listeners are closed.
 func (s *Server) Serve(ctx context.Context) error {
 	gc := s.cfg.Gateway
-	sl, err := listenSandboxWith(gc.SandboxSocket, gc.TrustedRelayUIDs, s.log, s.tel.refused, handoffIdle, listenLimits{
-		maxConns: gc.MaxConnections, maxPerSandbox: gc.MaxConnectionsPerSandbox,
-		body: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate},
+	sl, err := ingress.Listen(ingress.Options{
+		Socket: gc.SandboxSocket, TrustedUIDs: gc.TrustedRelayUIDs, Log: s.log, Refused: s.tel.refused,
+		MaxConns: gc.MaxConnections, MaxPerSandbox: gc.MaxConnectionsPerSandbox,
+		Body: h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate},
 	})
 	if err != nil {
 		return err
 	}
 	if rt := s.cfg.Gateway.RelayTLS; rt.Listen != "" {
-		tcfg, err := relayTLSConfig(rt)
+		tcfg, err := ingress.RelayTLSConfig(rt)
 		if err == nil {
 			var a net.Addr
-			if a, err = sl.listenRelayTLS(rt.Listen, tcfg); err == nil {
+			if a, err = sl.ListenRelayTLS(rt.Listen, tcfg); err == nil {
 				addr := a.String()
 				s.relayAddr.Store(&addr)
 			}
@@ -469,10 +472,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		ConnContext:       s.connContext, // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    maxHeaderBytes, // strict.go refuses longer heads first, with JSON
+		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}}
-	listeners := []net.Listener{strictHeads{sl}} // strict.go: framing checked before parsing
+	listeners := []net.Listener{ingress.StrictHeads(sl)} // framing checked before parsing
 	if s.cfg.Gateway.AdminListen != "" {
 		al, err := net.Listen("tcp", s.cfg.Gateway.AdminListen)
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/mitm"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
@@ -462,21 +463,21 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		})
 		out.Body = det
 	}
-	var bb *boundedBody // the inner request's body bound (B10)
+	var bb *h1.BoundedBody // the inner request's body bound (B10)
 	if out.Body != nil && out.Body != http.NoBody {
 		gc := e.s.cfg.Gateway
-		bb = &boundedBody{rc: out.Body, ctl: http.NewResponseController(w),
-			lim: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate}}
+		bb = h1.Bound(out.Body, http.NewResponseController(w),
+			h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate})
 		out.Body = bb
 	}
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
 		ee := dialRefusal(c, err)
-		if bb != nil && bb.timedOut.Load() {
+		if bb != nil && bb.TimedOut() {
 			c.event = "request_timeout"
 			ee = egressRefuse(http.StatusRequestTimeout, refusal.RequestTimeout, psBadRequest, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
-				bb.lim.timeout, bb.lim.minRate))
+				bb.Limit().Timeout, bb.Limit().MinRate))
 			w.Header().Set("Connection", "close")
 		}
 		c.status = ee.Status

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -158,7 +159,7 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		c.kind = "connect"
 	}
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
 		return
@@ -697,6 +698,15 @@ func (e *rawEgress) classify(ctx context.Context, host string) (netip.Addr, erro
 	return addrs[0], nil
 }
 
+// sandboxConn is a connection of the sandbox socket (ingress.Conn) that a
+// tunnel may take over: Detach returns the bytes its readers took and
+// nobody read, Socket the socket beneath them.
+type sandboxConn interface {
+	net.Conn
+	Detach() []byte
+	Socket() net.Conn
+}
+
 // splice copies both ways until either side closes or nothing moves in
 // either direction for idle, when the watchdog closes both connections.
 func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration, upN, dnN *atomic.Int64) {
@@ -712,10 +722,10 @@ func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration,
 // are relayed socket to socket (relayTCP) once the bytes already buffered
 // above the sandbox's socket are sent; anything else by splice.
 func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCall) {
-	ic, _ := conn.(*identConn)
+	ic, _ := conn.(sandboxConn)
 	var client, upstream *net.TCPConn
 	if ic != nil {
-		client, _ = ic.Conn.(*net.TCPConn)
+		client, _ = ic.Socket().(*net.TCPConn)
 	}
 	upstream, _ = up.(*net.TCPConn)
 	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
@@ -725,7 +735,7 @@ func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egre
 	// The server's reader first (after Hijack it holds every byte the
 	// server took off the connection), then the connection's own.
 	pending, _ := br.Peek(br.Buffered())
-	pending = append(pending[:len(pending):len(pending)], ic.detach()...)
+	pending = append(pending[:len(pending):len(pending)], ic.Detach()...)
 	if len(pending) > 0 {
 		if _, err := upstream.Write(pending); err != nil {
 			return
@@ -745,7 +755,7 @@ func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egre
 // reports its count only when it ends, so for it the idle watchdog asks
 // the kernel whether data still arrives (TCP_INFO's last_data_recv on its
 // source socket). When nothing has moved either way for idle, closer (for
-// a handed-off socket the identConn, which also ends the lease) and up
+// a handed-off socket the ingress.Conn, which also ends the lease) and up
 // are closed.
 func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN, dnN, bulk *atomic.Int64) {
 	act := newActivity()
@@ -821,8 +831,8 @@ func closeWrite(c net.Conn) {
 		_ = x.CloseWrite()
 		return
 	}
-	if ic, ok := c.(*identConn); ok {
-		closeWrite(ic.Conn)
+	if ic, ok := c.(sandboxConn); ok {
+		closeWrite(ic.Socket())
 		return
 	}
 	_ = c.Close()

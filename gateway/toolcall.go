@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
@@ -65,7 +66,7 @@ type toolView struct {
 // its name) is left out; ask and allow tools are listed.
 func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
@@ -161,7 +162,7 @@ type result struct {
 }
 
 func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result, *refusal.Error) {
-	id, ok := identityFrom(ctx)
+	id, ok := ingress.IdentityFrom(ctx)
 	if !ok {
 		return nil, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "bug: connection has no identity")
 	}
