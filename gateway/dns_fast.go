@@ -65,7 +65,7 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 		if e.res == nil {
 			return dst, false
 		}
-		if addrs, ttl, ok = e.res.cached(name, q.Type); !ok || len(addrs) == 0 {
+		if addrs, ttl, ok = e.res.Cached(name, q.Type); !ok || len(addrs) == 0 {
 			return dst, false
 		}
 		for _, a := range addrs {

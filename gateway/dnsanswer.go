@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/ingress"
@@ -139,10 +140,10 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 	if e.res == nil {
 		return reply(mdns.RcodeServerFailure, nil)
 	}
-	addrs, ttl, err := e.res.lookup(ctx, name, qn.Qtype)
+	addrs, ttl, err := e.res.Lookup(ctx, name, qn.Qtype)
 	if err != nil {
-		var rc *rcodeError
-		if errors.As(err, &rc) && rc.rcode == mdns.RcodeNameError {
+		var rc *dns.RcodeError
+		if errors.As(err, &rc) && rc.Rcode == mdns.RcodeNameError {
 			return reply(mdns.RcodeNameError, nil)
 		}
 		e.s.log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)

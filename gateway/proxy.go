@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
@@ -52,7 +53,7 @@ const (
 type rawEgress struct {
 	s         *Server
 	dialer    *guard.Dialer
-	res       *resolver     // nil without dns.upstreams
+	res       *dns.Resolver // nil without dns.upstreams
 	upstreams *upstreamPool // absolute-form requests: connections per caller and destination
 	ports     map[int]bool  // CONNECT ports
 	idle      time.Duration
@@ -94,7 +95,7 @@ func (s *Server) newRawEgress() *rawEgress {
 		e.ports[p] = true
 	}
 	if len(cfg.DNS.Upstreams) > 0 {
-		e.res = newResolver(cfg.DNS.Upstreams, cfg.DNS.Timeout.Std(), cfg.DNS.CacheMax)
+		e.res = dns.NewResolver(cfg.DNS.Upstreams, cfg.DNS.Timeout.Std(), cfg.DNS.CacheMax)
 		e.dialer = guard.New(guard.Options{Resolver: e.res})
 	}
 	e.upstreams = newUpstreamPool(upstreamOptions{
@@ -451,8 +452,8 @@ func dialRefusal(c *egressCall, err error) *egressError {
 		return ee
 	}
 	var dnsErr *net.DNSError
-	var rc *rcodeError
-	if errors.As(err, &dnsErr) || errors.As(err, &rc) || errors.Is(err, errNoUpstream) {
+	var rc *dns.RcodeError
+	if errors.As(err, &dnsErr) || errors.As(err, &rc) || errors.Is(err, dns.ErrNoUpstream) {
 		ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psDNS, "the destination's name could not be resolved")
 		ee.Wrap(err)
 		return ee
