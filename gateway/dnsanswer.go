@@ -146,7 +146,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 		if errors.As(err, &rc) && rc.Rcode == mdns.RcodeNameError {
 			return reply(mdns.RcodeNameError, nil)
 		}
-		e.s.log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
+		e.d.Log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
 		return reply(mdns.RcodeServerFailure, nil)
 	}
 	rrs := make([]mdns.RR, 0, len(addrs))
@@ -222,8 +222,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f), false)
-		e.s.log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+		_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f), false)
+		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
 	label, _, _ := strings.Cut(name, ".")
@@ -234,8 +234,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_high_entropy", f), false)
-			e.s.log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+			_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_high_entropy", f), false)
+			e.d.Log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}
 	}

@@ -291,7 +291,7 @@ func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
 // connections go to exactly the classified address, over TLS verified
 // against the system roots (or egress.intercept.upstream_ca_file).
 func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn, r io.Reader, addr netip.Addr) error {
-	in := e.s.icpt
+	in := e.d.Interceptor
 	leaf, err := in.ca.Leaf(tunnel.destHost)
 	if err != nil {
 		return err
@@ -320,7 +320,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 		ForceAttemptHTTP2:      true, // HTTP/2 when the upstream offers it (gRPC needs it end to end)
 		MaxIdleConnsPerHost:    2,
 		IdleConnTimeout:        e.idle,
-		ResponseHeaderTimeout:  e.s.cfg.Gateway.UpstreamTimeout.Std(),
+		ResponseHeaderTimeout:  e.d.Config.Gateway.UpstreamTimeout.Std(),
 		MaxResponseHeaderBytes: 64 << 10,
 	}
 	defer tr.CloseIdleConnections()
@@ -351,7 +351,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 // interceptRequest decides and sends one request of an intercepted tunnel.
 func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
 	ctx := r.Context()
-	in := e.s.icpt
+	in := e.d.Interceptor
 	c := &egressCall{rid: refusal.NewRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
 	c.destIP.Store(tunnel.destIP.Load())
 	if err := checkProxyRequest(r); err != nil {
@@ -398,7 +398,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	var scr *scrub.Scrubber
 	if b := pl.subst; b != nil {
-		sec, err := e.s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: b.cfg.Secret, Caller: c.caller})
+		sec, err := e.d.Credential(ctx, b.cfg.Secret, c.caller)
 		if err != nil {
 			ee := egressRefuse(http.StatusServiceUnavailable, refusal.CredentialUnavailable, psDenied, "the secret bound to this placeholder is unavailable")
 			ee.Wrap(err)
@@ -465,7 +465,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	var bb *h1.BoundedBody // the inner request's body bound (B10)
 	if out.Body != nil && out.Body != http.NoBody {
-		gc := e.s.cfg.Gateway
+		gc := e.d.Config.Gateway
 		bb = h1.Bound(out.Body, http.NewResponseController(w),
 			h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate})
 		out.Body = bb
@@ -488,7 +488,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		return
 	}
 	c.upstreamStatus = resp.StatusCode
-	e.s.tel.upstreamAnswered("", "intercept", resp.StatusCode)
+	e.d.UpstreamAnswered("", "intercept", resp.StatusCode)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		e.relayWebSocket(w, c, key, resp, scr, switched)
 		return
@@ -498,7 +498,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	reflected := false
 	var body []byte
 	if scr != nil {
-		limit := e.s.cfg.Gateway.MaxResponseBytes
+		limit := e.d.Config.Gateway.MaxResponseBytes
 		body, err = io.ReadAll(io.LimitReader(resp.Body, limit+1))
 		if err != nil || int64(len(body)) > limit {
 			e.upstreamFailed(w, c, fmt.Sprintf("the upstream reply could not be read whole (limit %d bytes) to be checked for the secret", limit))
@@ -519,7 +519,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	c.status = resp.StatusCode
 	if reflected {
-		e.s.tel.reflected.Add(ctx, 1)
+		e.d.Reflected.Add(ctx, 1)
 		if ee := e.record(ctx, c, "secret_reflected", nil, false); ee != nil {
 			e.refuse(w, c, ee)
 			return

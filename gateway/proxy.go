@@ -51,7 +51,7 @@ const (
 // allow_private — it never reaches an internal address — and audited like
 // a tool call.
 type rawEgress struct {
-	s         *Server
+	d         egressDeps
 	dialer    *guard.Dialer
 	res       *dns.Resolver // nil without dns.upstreams
 	upstreams *upstreamPool // absolute-form requests: connections per caller and destination
@@ -77,14 +77,17 @@ type rawEgress struct {
 	exfil       metric.Int64Counter
 }
 
+// newRawEgress provisions raw egress for this server.
+func (s *Server) newRawEgress() *rawEgress { return newRawEgress(s.egressDeps()) }
+
 // newRawEgress provisions raw egress. With dns.upstreams configured the
 // proxy's guarded dialer resolves with the same resolver as the DNS
 // answerer; otherwise with the gateway's dialer's resolver.
-func (s *Server) newRawEgress() *rawEgress {
-	cfg := s.cfg
+func newRawEgress(d egressDeps) *rawEgress {
+	cfg := d.Config
 	e := &rawEgress{
-		s:       s,
-		dialer:  s.dialer,
+		d:       d,
+		dialer:  d.Dialer,
 		ports:   map[int]bool{443: true},
 		idle:    cfg.Egress.IdleTimeout.Std(),
 		hello:   cfg.Egress.HandshakeTimeout.Std(),
@@ -107,9 +110,9 @@ func (s *Server) newRawEgress() *rawEgress {
 		maxIdlePerCaller: 64,
 		headerTimeout:    cfg.Gateway.UpstreamTimeout.Std(),
 	})
-	s.stop.atClose(e.upstreams.closeIdle) // idle upstream connections close when the server stops
-	s.stop.atClose(e.live.closeAll)       // open tunnels end, and write their records, before the audit log closes
-	m := s.tel.provider.Meter("sluice/gateway/egress")
+	d.AtClose(e.upstreams.closeIdle) // idle upstream connections close when the server stops
+	d.AtClose(e.live.closeAll)       // open tunnels end, and write their records, before the audit log closes
+	m := d.Meter
 	e.tunnelGauge, _ = m.Int64UpDownCounter("sluice.egress.active", metric.WithDescription("Open CONNECT tunnels and proxied requests."))
 	e.dnsAnswers, _ = m.Int64Counter("sluice.dns.answers", metric.WithDescription("DNS answers of POST /v1/dns by rcode."))
 	e.exfil, _ = m.Int64Counter("sluice.dns.exfiltration_signals", metric.WithDescription("DNS exfiltration signals: callers that asked for more unique names under one base domain than dns.subdomain_threshold, and (signal=label_entropy) questions whose leftmost label has high entropy."))
@@ -177,7 +180,7 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 func (e *rawEgress) acquire(id wire.Identity) (release func(), ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.tunnels[id.Sandbox] >= e.s.cfg.Egress.MaxTunnelsPerCaller {
+	if e.tunnels[id.Sandbox] >= e.d.Config.Egress.MaxTunnelsPerCaller {
 		return nil, false
 	}
 	e.tunnels[id.Sandbox]++
@@ -250,7 +253,7 @@ func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Reques
 		return ee
 	}
 	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
-	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), e.s.tel.ruleLabel(c.decision.Rule)))
+	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), e.d.RuleLabel(c.decision.Rule)))
 	if c.decision.Action == policy.Allow {
 		return nil
 	}
@@ -293,7 +296,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, ee)
 		return
 	}
-	if e.s.icpt.credentialed(host) {
+	if e.d.Interceptor.credentialed(host) {
 		// THREATS D5: a placeholder never crosses plain http, so a host
 		// with a secret bound to it is reached over CONNECT only.
 		c.event = "plaintext_credentialed_host"
@@ -347,7 +350,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	c.destIP.Store(resp.remote)
 	defer resp.body.Close()
 	c.upstreamStatus = resp.status
-	e.s.tel.upstreamAnswered("", "proxy", resp.status)
+	e.d.UpstreamAnswered("", "proxy", resp.status)
 	// The start of the body is read before the answer is committed: a
 	// response whose framing breaks at once (a bad first chunk, a small
 	// body shorter than its Content-Length) is still refused with a 502.
@@ -612,7 +615,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.logLine(c, ee)
 		return
 	}
-	if e.s.icpt.intercepts(host, c.decision) {
+	if e.d.Interceptor.intercepts(host, c.decision) {
 		// TLS interception (intercept.go): every request in the tunnel is
 		// decided, credentialed and audited on its own.
 		c.event = "intercepted"
@@ -634,7 +637,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.logLine(c, ee)
 		return
 	}
-	dctx, cancel := context.WithTimeout(ctx, e.s.cfg.Gateway.UpstreamTimeout.Std())
+	dctx, cancel := context.WithTimeout(ctx, e.d.Config.Gateway.UpstreamTimeout.Std())
 	up, err := e.dialer.DialContext(dctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String(), nil)
 	cancel()
 	if err != nil {
@@ -645,7 +648,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	}
 	defer up.Close()
 	lt.dialled(up)
-	defer e.s.sessConns.add(c.caller.Session, up)() // the end of the session closes the upstream too
+	defer e.d.Track(c.caller.Session, up)() // the end of the session closes the upstream too
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := up.Write(hello); err != nil {
 		return
@@ -675,7 +678,7 @@ func (e *rawEgress) classify(ctx context.Context, host string) (netip.Addr, erro
 		if e.res != nil {
 			lookup = e.res
 		}
-		lctx, cancel := context.WithTimeout(ctx, e.s.cfg.Gateway.UpstreamTimeout.Std())
+		lctx, cancel := context.WithTimeout(ctx, e.d.Config.Gateway.UpstreamTimeout.Std())
 		defer cancel()
 		addrs, err = lookup.LookupNetIP(lctx, "ip", host)
 		if err != nil {
@@ -855,13 +858,13 @@ func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError
 // fsync makes it durable); a record that cannot be written refuses.
 func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref *refusal.Error, presync bool) *egressError {
 	f := c.auditFields(event, ref)
-	if _, err := e.s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}, presync); err != nil {
-		e.s.tel.audits.Add(ctx, 1)
+	if _, err := e.d.Append(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}, presync); err != nil {
+		e.d.AuditFailures.Add(ctx, 1)
 		// Some callers log no refusal after a failed result record (the
 		// answer is already out): this line names the cause, once per
 		// interval while it repeats (logcap.go).
-		if e.s.repeats.allow("audit: record not durable; refusing raw egress", err.Error()) {
-			e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
+		if e.d.Repeats("audit: record not durable; refusing raw egress", err.Error()) {
+			e.d.Log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
 		}
 		ee := egressRefuse(http.StatusServiceUnavailable, refusal.AuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
 		ee.Wrap(err)
@@ -937,11 +940,11 @@ func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
 		if ee.Status >= 500 {
 			level = slog.LevelWarn
 		}
-		if ee.Code == refusal.AuditUnavailable && !e.s.repeats.allow("egress", reason) {
+		if ee.Code == refusal.AuditUnavailable && !e.d.Repeats("egress", reason) {
 			return // the same refusal was logged in this interval: counted (logcap.go)
 		}
 	}
-	e.s.log.LogAttrs(context.Background(), level, "egress",
+	e.d.Log.LogAttrs(context.Background(), level, "egress",
 		slog.String("request_id", c.rid),
 		slog.String("kind", c.kind),
 		slog.String("decision", decision),
