@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
-	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -35,7 +34,7 @@ const answerTTL = 300
 // is a stream of questions answered as they come (dns_stream.go).
 func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	id, ok := ingress.IdentityFrom(r.Context())
+	id, ok := e.d.Identity(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return

@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -28,6 +29,9 @@ type egressDeps struct {
 	// Dialer is the gateway's guarded dialer; replaced by one on the
 	// dns.Resolver when dns.upstreams is set.
 	Dialer *guard.Dialer
+	// Identity is the relayed identity of a request (ingress.IdentityFrom:
+	// egress takes it as a hook, so it never imports the socket's package).
+	Identity func(ctx context.Context) (wire.Identity, bool)
 	// Engine is the current policy; decision caches key on its version.
 	Engine func() *policy.Engine
 	// Append writes one audit record (Server.appendAudit, the one way
@@ -60,30 +64,4 @@ type egressDeps struct {
 	Decisions, Reflected, AuditFailures metric.Int64Counter
 	RuleLabel                           func(rule string) string // a rule's metric label
 	UpstreamAnswered                    func(connector, path string, status int)
-}
-
-// egressDeps wires raw egress to this server.
-func (s *Server) egressDeps() egressDeps {
-	return egressDeps{
-		Config:  s.cfg,
-		Log:     s.log,
-		Dialer:  s.dialer,
-		Engine:  s.engine.Load,
-		Append:  s.appendAudit,
-		Session: s.sessionRefusal,
-		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
-			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
-		},
-		Track:            s.sessConns.add,
-		OnStop:           s.stop.onStop,
-		AtClose:          s.stop.atClose,
-		Repeats:          s.repeats.allow,
-		Interceptor:      s.icpt,
-		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
-		Decisions:        s.tel.decisions,
-		Reflected:        s.tel.reflected,
-		AuditFailures:    s.tel.audits,
-		RuleLabel:        s.tel.ruleLabel,
-		UpstreamAnswered: s.tel.upstreamAnswered,
-	}
 }

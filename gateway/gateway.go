@@ -740,3 +740,12 @@ func (h *stopHooks) closeAll() {
 		f()
 	}
 }
+
+// egressAllowlists maps each agent to its agents[].egress list for policy.
+func egressAllowlists(cfg *config.Config) map[string][]string {
+	m := make(map[string][]string, len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		m[a.Name] = a.Egress
+	}
+	return m
+}

@@ -507,7 +507,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		// The one check tool calls pass too (THREATS D11).
 		var bf bool
 		if body, bf, err = scr.Reply(resp.Header, body, limit); err != nil {
-			c.upstreamErr = replyReason(err)
+			c.upstreamErr = scrub.ReplyReason(err)
 			e.upstreamFailed(w, c, err.Error())
 			return
 		}
@@ -555,6 +555,15 @@ func (e *rawEgress) upstreamFailed(w http.ResponseWriter, c *egressCall, msg str
 	refusal.Write(w, ee.Error, c.rid)
 }
 
+// caCertPEM is the interception CA's certificate in PEM, for sandbox
+// trust stores; nil when interception is off.
+func (in *interceptor) caCertPEM() []byte {
+	if in == nil {
+		return nil
+	}
+	return in.ca.CertPEM()
+}
+
 // placeholderView is one entry of GET /api/v1/placeholders.
 type placeholderView struct {
 	Secret      string   `json:"secret"`
@@ -564,33 +573,14 @@ type placeholderView struct {
 	Prefix      string   `json:"prefix,omitempty"`
 }
 
-// adminIntercept routes GET /ca.pem (the interception CA's certificate,
-// for sandbox trust stores; public: it is a certificate) and GET
-// /api/v1/placeholders (what sandboxd puts in a sandbox's environment) on
-// the admin listener. The placeholders are not secret values, but they are
-// what the gateway swaps for one toward a bound host, so only sandboxd (a
-// token of gateway.session_tokens_sha256) or an approver may read them:
-// anyone else is 401 unauthenticated.
-func (s *Server) adminIntercept(mux *http.ServeMux) {
-	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
-		if s.icpt == nil {
-			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "TLS interception is not configured"), refusal.NewRequestID())
-			return
+// placeholders lists the egress.placeholders entries with the placeholder
+// each stands as; empty when none are configured.
+func (in *interceptor) placeholders() []placeholderView {
+	views := []placeholderView{}
+	if in != nil {
+		for _, b := range in.phs {
+			views = append(views, placeholderView{Secret: b.cfg.Secret, Placeholder: b.token, Hosts: b.cfg.Hosts, Header: b.cfg.Header, Prefix: b.cfg.Prefix})
 		}
-		w.Header().Set("Content-Type", "application/x-pem-file")
-		_, _ = w.Write(s.icpt.ca.CertPEM())
-	})
-	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := s.sessionCaller(r); !ok {
-			refusal.WriteUnauthenticated(w, "an approver token or a session token is required", refusal.NewRequestID())
-			return
-		}
-		views := []placeholderView{}
-		if s.icpt != nil {
-			for _, b := range s.icpt.phs {
-				views = append(views, placeholderView{Secret: b.cfg.Secret, Placeholder: b.token, Hosts: b.cfg.Hosts, Header: b.cfg.Header, Prefix: b.cfg.Prefix})
-			}
-		}
-		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": views})
-	})
+	}
+	return views
 }

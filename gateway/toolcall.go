@@ -439,7 +439,7 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 		// headers and body scrubbed, Content-Length the scrubbed body's.
 		var err error
 		if raw, c.reflect, err = scr.Reply(resp.Header, raw, limit); err != nil {
-			c.upstreamErr = replyReason(err)
+			c.upstreamErr = scrub.ReplyReason(err)
 			return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, err.Error()).Wrap(err)
 		}
 	}
@@ -469,15 +469,6 @@ func responseHeaders(h http.Header) map[string][]string {
 		out[k] = slices.Clone(vs)
 	}
 	return out
-}
-
-// replyReason is the stable reason of a reply scrub.Reply refused.
-func replyReason(err error) string {
-	var re *scrub.ReplyError
-	if errors.As(err, &re) {
-		return re.Reason
-	}
-	return "unreadable_reply"
 }
 
 func isJSON(ct string) bool {
