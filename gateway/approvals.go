@@ -98,7 +98,7 @@ func (s *Server) newReviewUI() error {
 			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
-		AuditTail:     s.auditTail,
+		AuditFile:     s.cfg.Audit.Path,
 		SecureCookies: strings.HasPrefix(s.cfg.Approvals.PublicURL, "https://"),
 	}
 	if oc != nil {
@@ -115,26 +115,6 @@ func (s *Server) newReviewUI() error {
 	}
 	s.reviewUI, s.adminAuth = ui, ui.Person
 	return nil
-}
-
-// auditTail returns the newest n audit records (the review UI's audit view).
-func (s *Server) auditTail(n int) ([]json.RawMessage, error) {
-	f, err := os.Open(s.cfg.Audit.Path)
-	if err != nil {
-		return nil, fmt.Errorf("audit tail: %w", err)
-	}
-	defer f.Close()
-	lines, err := tailLines(f, n)
-	if err != nil {
-		return nil, fmt.Errorf("audit tail: %w", err)
-	}
-	out := make([]json.RawMessage, 0, len(lines))
-	for _, l := range lines {
-		if json.Valid(l) {
-			out = append(out, json.RawMessage(l))
-		}
-	}
-	return out, nil
 }
 
 // holdTTL is the rule's hold_ttl, else gateway.hold_ttl.
@@ -188,8 +168,8 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 		cred = credentialLabel(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
-		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
-		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User},
+		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,
+		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User, Egress: c.caller.Egress},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rid,
 		IdempotencyHeader: tool.IdempotencyHeader,
@@ -294,7 +274,7 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 		wait = min(d, maxPollWait)
 	}
 	h, err := s.holds.Get(r.Context(), r.PathValue("id"))
-	caller := policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	caller := callerOf(id)
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, caller)) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"), rid)
 		return
@@ -323,7 +303,7 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 // after a crash left its outcome unknown (THREATS G2).
 func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, bool) {
 	c := &call{rid: h.RequestID, start: time.Now(), tool: h.Tool,
-		caller: policy.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User}}
+		caller: policy.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User, Egress: h.Caller.Egress}}
 	res, aerr := s.runHeld(ctx, c, h)
 	if aerr != nil {
 		c.status = aerr.Status
@@ -376,7 +356,7 @@ func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *
 		req.Header = http.Header{}
 	}
 	c.destHost = req.URL.Hostname()
-	in := s.input(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
+	in := toolInput(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
 	c.decision, c.decided = s.Decide(ctx, in), true
 	if c.decision.Action == policy.Block {
 		msg := "blocked by policy (evaluated again at approval)"
@@ -408,6 +388,9 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	f := map[string]any{
 		"hold": h.ID, "tool": h.Tool, "sha256": h.SHA256, "rule": h.Rule,
 		"sandbox": h.Caller.Sandbox, "agent": h.Caller.Agent, "session": h.Caller.Session, "user": h.Caller.User,
+	}
+	if h.Caller.Egress != "" {
+		f["egress"] = h.Caller.Egress
 	}
 	if event == "hold_created" {
 		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason

@@ -28,6 +28,10 @@ type dnsDecisionKey struct {
 // the name) goes to policy. c carries the decision for the audit record
 // of a refusal either way.
 func (e *rawEgress) allowDNS(ctx context.Context, c *egressCall, host string) bool {
+	if narrowedOut(c.caller, host) { // narrow.go: before policy and its cache
+		c.decision, c.decided = narrowDecision, true
+		return false
+	}
 	eng := e.d.Engine()
 	v := eng.Version()
 	k := dnsDecisionKey{caller: c.caller, host: host}

@@ -44,12 +44,12 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 	}
 	var nb [256]byte
 	name := string(dns.AppendName(nb[:0], q.Name))
-	caller := policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	caller := callerOf(id)
 	now := time.Now()
 	eng := e.d.Engine()
 	st := e.subs.state
 	d, ok := st.decisions.get(eng, eng.Version(), dnsDecisionKey{caller: caller, host: name}, now)
-	if !ok || d.Action != policy.Allow || guard.NameClass(name) != guard.Public {
+	if !ok || d.Action != policy.Allow || guard.NameClass(name) != guard.Public || narrowedOut(caller, name) {
 		return dst, false
 	}
 	if caller.Session != "" {

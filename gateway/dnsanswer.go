@@ -18,7 +18,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
-	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -72,7 +71,7 @@ func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 //   - other types of an allowed name → NOERROR with no records.
 func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
 	c := &egressCall{rid: rid, start: time.Now(), kind: "dns",
-		caller: policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}}
+		caller: callerOf(id)}
 	q := new(mdns.Msg)
 	reply := func(rcode int, rrs []mdns.RR) []byte {
 		m := new(mdns.Msg)
@@ -221,7 +220,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f), false)
+		_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
 		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
@@ -233,7 +232,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_high_entropy", f), false)
+			_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_high_entropy", withEgress(f, c.caller)), false)
 			e.d.Log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}

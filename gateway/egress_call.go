@@ -111,6 +111,9 @@ func (c *egressCall) auditFields(event string, ref *refusal.Error) []audit.Field
 	if event == "result" {
 		f = append(f, audit.Field{Key: "duration_ms", Value: time.Since(c.start).Milliseconds()})
 	}
+	if c.caller.Egress != "" {
+		f = append(f, audit.Field{Key: "egress", Value: c.caller.Egress})
+	}
 	f = append(f, audit.Field{Key: "kind", Value: c.kind})
 	if c.port != 0 {
 		f = append(f, audit.Field{Key: "port", Value: c.port})

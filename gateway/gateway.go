@@ -246,9 +246,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	return s, nil
 }
 
-// loadCatalog loads every connector's spec and decides how its credential
-// is attached (newCredPlan). errs refuse serve; warns are printed.
-func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (c *catalog, warns []error, err error) {
+// loadCatalogWith loads every connector's spec and decides how its credential
+// is attached (newCredPlan); sl adds validate's strictness and defect
+// report to each load. errs refuse serve; warns are printed.
+func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, sl specLoad) (c *catalog, warns []error, err error) {
 	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
 	var errs []error
 	local := existingLocal(cfg)
@@ -256,7 +257,7 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (c *c
 		key := fmt.Sprintf("connectors[%d]", i)
 		allow := allowPrivate(cc)
 		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
-		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict})
+		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
 			continue
@@ -329,32 +330,19 @@ func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration) 
 	}
 }
 
-func (s *Server) rules() []policy.Rule {
-	rules := make([]policy.Rule, len(s.cfg.Policies))
-	for i, p := range s.cfg.Policies {
-		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
-	}
-	return rules
-}
-
 func (s *Server) loadPolicy(ctx context.Context) error {
 	s.policyMu.Lock()
 	defer s.policyMu.Unlock()
 	if e := s.engine.Load(); e != nil {
 		return e.Reload(ctx) // OnReload records the outcome
 	}
-	e, err := policy.New(ctx, policy.Config{
-		Rules:        s.rules(),
-		Paths:        s.cfg.Rego,
-		Egress:       egressAllowlists(s.cfg),
-		ConnectPorts: s.cfg.Egress.ConnectPorts,
-		Logger:       s.log,
-		// Called for every reload, by SIGHUP or by Watch on a file change.
-		OnReload: func(ok bool, err error) {
-			s.tel.reload(ok)
-			s.setPolicyErr(err)
-		},
-	})
+	pc := PolicyConfig(s.cfg, s.log)
+	// Called for every reload, by SIGHUP or by Watch on a file change.
+	pc.OnReload = func(ok bool, err error) {
+		s.tel.reload(ok)
+		s.setPolicyErr(err)
+	}
+	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
 	if err != nil {
@@ -377,68 +365,6 @@ func (s *Server) setPolicyErr(err error) {
 // Decide evaluates the current policy. With no policy loaded it blocks.
 func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 	return s.engine.Load().Decide(ctx, in) // a nil *Engine blocks
-}
-
-// Findings are the problems Check found in a configuration: Errors make
-// `sluice validate` fail (serve refuses most of them too); Warnings are
-// printed and do not.
-type Findings struct {
-	Errors   []error
-	Warnings []error
-}
-
-// Validate is the dry run of New for `sluice validate`: Check's errors,
-// joined.
-func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
-	return errors.Join(Check(ctx, cfg, opts).Errors...)
-}
-
-// Check loads every spec, decides how each credential is attached,
-// compiles the Rego, checks every secret reference, and checks what would
-// fail at runtime (upstreamProblems, askProblems); it returns every problem
-// found, each naming its config key. It writes nothing and listens on
-// nothing.
-func Check(ctx context.Context, cfg *config.Config, opts Options) Findings {
-	var f Findings
-	cat, warns, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
-	if err != nil {
-		f.Errors = append(f.Errors, err)
-	}
-	f.Warnings = append(f.Warnings, warns...)
-	rules := make([]policy.Rule, len(cfg.Policies))
-	for i, p := range cfg.Policies {
-		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
-		if !strings.ContainsAny(p.Match, "*?") && cat != nil {
-			if _, ok := cat.tools[p.Match]; !ok && err == nil {
-				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
-			}
-		}
-	}
-	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: opts.Logger}); perr != nil {
-		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", perr))
-	}
-	if cfg.Gateway.RelayTLS.Listen != "" {
-		if _, err := ingress.RelayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
-			f.Errors = append(f.Errors, err)
-		}
-	}
-	f.Errors = append(f.Errors, checkSecretRefs(ctx, cfg)...)
-	f.Errors = append(f.Errors, dohAllowlistProblems(cfg)...)
-	f.add(upstreamProblems(cfg, cat))
-	f.add(askProblems(cfg))
-	return f
-}
-
-// add files each problem as an error, or as a warning when it is a *warning.
-func (f *Findings) add(ps []error) {
-	for _, p := range ps {
-		var w *warning
-		if errors.As(p, &w) {
-			f.Warnings = append(f.Warnings, p)
-		} else {
-			f.Errors = append(f.Errors, p)
-		}
-	}
 }
 
 // Serve listens on the sandbox socket and the admin address and serves

@@ -49,6 +49,9 @@ func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *c
 		"tool": tool.Name, "sha256": key.SHA256, "rule": c.decision.Rule,
 		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
 	}
+	if c.caller.Egress != "" {
+		f["egress"] = c.caller.Egress
+	}
 	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: "grant_used", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 		return false, e

@@ -109,7 +109,7 @@ func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
 		return
 	}
-	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	c.caller = callerOf(id)
 	if c.kind == "connect" {
 		e.connect(w, r, c, id)
 		return
@@ -191,6 +191,12 @@ func parseTarget(authority, defaultPort string) (host string, port int, err erro
 // sent or a credential attached.
 func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Request) *egressError {
 	if ee := e.sessionGate(ctx, c); ee != nil {
+		return ee
+	}
+	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
+		return ee
+	}
+	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
 		return ee
 	}
 	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go

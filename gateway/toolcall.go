@@ -76,6 +76,12 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent)), rid)
 		return
 	}
+	if id.Egress != "" {
+		if e := s.checkNarrowing(r.Context(), rid, id, agent.Egress); e != nil { // narrow.go
+			refusal.Write(w, e, rid)
+			return
+		}
+	}
 	views := []toolView{}
 	now := time.Now().UTC()
 	for _, t := range s.catalog.list {
@@ -84,7 +90,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		}
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
-		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
 		if s.Decide(r.Context(), in).Action == policy.Block {
 			continue
 		}
@@ -166,7 +172,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	if !ok {
 		return nil, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "bug: connection has no identity")
 	}
-	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	c.caller = callerOf(id)
 	c.tool = r.PathValue("tool")
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution.
@@ -208,18 +214,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		vspan.End()
 		return nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		body = []byte("{}")
-	}
-	args, err := connectors.DecodeArgs(body)
-	if err == nil {
-		stripHeaderArgs(&args)
-		err = tool.Validate(args)
-	}
-	var req *http.Request
-	if err == nil {
-		req, err = tool.NewRequest(ctx, up.conn.BaseURL, args)
-	}
+	args, req, err := prepareCall(ctx, tool, up.conn.BaseURL, body)
 	vspan.End()
 	if err != nil {
 		var ae *connectors.ArgError
@@ -232,7 +227,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 
 	// Decision.
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
-	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
+	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
 	c.decision, c.decided = s.Decide(dctx, in), true
 	dspan.SetAttributes(attribute.String("decision", c.decision.Action.String()), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
@@ -477,34 +472,6 @@ func isJSON(ct string) bool {
 	return ct == "application/json" || strings.HasSuffix(ct, "+json")
 }
 
-// input builds the policy input document (rego/README.md). The request part
-// is taken before any credential is attached.
-func (s *Server) input(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
-	in := &policy.Input{
-		Version:   policy.InputVersion,
-		Kind:      "tool_call",
-		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
-		Connector: t.Connector,
-		Tool:      t.Name,
-		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
-		Time:      now,
-	}
-	if args != nil {
-		in.Args = map[string]any{"path": orEmpty(args.Path), "query": orEmpty(args.Query), "headers": orEmpty(args.Headers), "body": args.Body}
-	}
-	if req != nil {
-		in.Request = policy.Request{Method: req.Method, Host: req.URL.Host, Path: req.URL.Path, Query: req.URL.Query(), Headers: req.Header.Clone()}
-	}
-	return in
-}
-
-func orEmpty(m map[string]any) map[string]any {
-	if m == nil {
-		return map[string]any{}
-	}
-	return m
-}
-
 // record appends the call's audit record. It returns the refusal to send
 // instead when the record cannot be made durable: audit failure closes.
 func (s *Server) record(ctx context.Context, c *call, event string, ref *refusal.Error) *refusal.Error {
@@ -514,6 +481,9 @@ func (s *Server) record(ctx context.Context, c *call, event string, ref *refusal
 	f := map[string]any{
 		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
 		"tool": c.tool,
+	}
+	if c.caller.Egress != "" {
+		f["egress"] = c.caller.Egress
 	}
 	if c.decided {
 		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason

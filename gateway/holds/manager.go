@@ -102,6 +102,7 @@ func (m *Manager) MaxPendingPerSandbox() int { return m.o.MaxPendingPerSandbox }
 // doc is the immutable part of a hold, stored as JSON.
 type doc struct {
 	Tool       string   `json:"tool"`
+	OpSummary  string   `json:"op_summary,omitempty"`
 	Args       []byte   `json:"args"`
 	Request    Request  `json:"request"`
 	Credential string   `json:"credential,omitempty"`
@@ -120,7 +121,7 @@ func fromRow(r store.HoldRow) (Hold, error) {
 	if err := json.Unmarshal(r.Doc, &d); err != nil {
 		return Hold{}, fmt.Errorf("holds: hold %s: stored document: %w", r.ID, err)
 	}
-	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
+	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, OpSummary: d.OpSummary, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
 		Credential: d.Credential, Caller: d.Caller, Approvers: d.Approvers, Rule: d.Rule, Reason: d.Reason,
 		Created: r.Created, Expires: r.Expires, DecidedBy: r.DecidedBy, DecisionReason: r.DecisionReason, Decided: r.Decided,
 		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader}
@@ -180,7 +181,7 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 		return Hold{}, false, ErrTooManyForSandbox
 	}
 	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
-	d, err := json.Marshal(doc{Tool: h.Tool, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
+	d, err := json.Marshal(doc{Tool: h.Tool, OpSummary: h.OpSummary, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
 		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)

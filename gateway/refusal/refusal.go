@@ -49,6 +49,10 @@ const (
 	// for its tools (403): refused rather than answered with an empty
 	// list, so a misnamed agent shows at once.
 	UnknownAgent Code = "unknown_agent"
+	// EgressNotGranted is an identity whose egress narrowing (sandboxd
+	// --egress) names a host outside its agent's allowlist asking for its
+	// tools (403): a narrowing never widens.
+	EgressNotGranted Code = "egress_not_granted"
 	// SessionEnded is a call from a session an operator ended (403).
 	SessionEnded Code = "session_ended"
 	// SessionUnavailable is a call whose session state cannot be read

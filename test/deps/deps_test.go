@@ -103,13 +103,13 @@ var gatewayFloors = map[string][]string{
 	"gateway/h1":      nil, // HTTP/1 field syntax: both sides of the gateway parse with it
 	"gateway/ident":   nil,
 	"gateway/audit":   nil,
-	"gateway/config":  nil,
+	"gateway/config":  {"sandboxd/wire"}, // the egress narrowing is parsed as the preamble carries it
 	"gateway/guard":   nil,
 	"gateway/mitm":    nil,
 	"gateway/scrub":   nil,
 	"gateway/store":   nil,
 	"gateway/holds":   {"gateway/store", "gateway/ident"},
-	"gateway/review":  {"gateway/config", "gateway/holds", "gateway/ident", "gateway/store"},
+	"gateway/review":  {"gateway/audit", "gateway/config", "gateway/holds", "gateway/ident", "gateway/store"},
 	// The sandbox socket: peer credentials, the preamble, strict heads.
 	"gateway/ingress": {"gateway/refusal", "gateway/h1", "gateway/config", "gateway/ident", "sandboxd/wire"},
 	// Raw egress: decided by policy, dialled through the guard, audited;
