@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // adminHandler serves people and monitoring, never sandboxes: health,
@@ -20,7 +21,7 @@ import (
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		refusal.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.tel.handler)
@@ -33,7 +34,7 @@ func (s *Server) adminHandler() http.Handler {
 	s.adminHolds(mux)
 	s.adminSessions(mux)      // sessions.go
 	s.adminSandboxEvents(mux) // sandbox_events.go
-	s.adminIntercept(mux)     // intercept.go
+	s.adminIntercept(mux)     // below
 	if s.reviewUI != nil {
 		mux.Handle("/", s.reviewUI)
 	} else {
@@ -68,7 +69,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if e := s.engine.Load(); e != nil {
 		v = e.Version()
 	}
-	writeJSON(w, status, map[string]any{"ready": status == http.StatusOK, "policy_version": v, "problems": problems})
+	refusal.WriteJSON(w, status, map[string]any{"ready": status == http.StatusOK, "policy_version": v, "problems": problems})
 }
 
 // handleAuditTail returns the newest records of the audit log (?limit=N,
@@ -78,20 +79,20 @@ func (s *Server) handleAuditTail(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
 			return
 		}
 		limit = n
 	}
 	f, err := os.Open(s.cfg.Audit.Path)
 	if err != nil {
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be read"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be read"), refusal.NewRequestID())
 		return
 	}
 	defer f.Close()
 	lines, err := tailLines(f, limit)
 	if err != nil {
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be read"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be read"), refusal.NewRequestID())
 		return
 	}
 	recs := make([]json.RawMessage, 0, len(lines))
@@ -100,7 +101,7 @@ func (s *Server) handleAuditTail(w http.ResponseWriter, r *http.Request) {
 			recs = append(recs, json.RawMessage(l))
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"records": recs})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"records": recs})
 }
 
 // tailLines returns the last n lines of r.
@@ -138,4 +139,29 @@ func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
 	}{len(s.catalog.list), v}); err != nil {
 		s.log.Warn("admin: index page", "err", fmt.Sprint(err))
 	}
+}
+
+// adminIntercept routes GET /ca.pem (the interception CA's certificate,
+// for sandbox trust stores; public: it is a certificate) and GET
+// /api/v1/placeholders (what sandboxd puts in a sandbox's environment) on
+// the admin listener. The placeholders are not secret values, but they are
+// what the gateway swaps for one toward a bound host, so only sandboxd (a
+// token of gateway.session_tokens_sha256) or an approver may read them:
+// anyone else is 401 unauthenticated.
+func (s *Server) adminIntercept(mux *http.ServeMux) {
+	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
+		if s.icpt == nil {
+			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "TLS interception is not configured"), refusal.NewRequestID())
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-pem-file")
+		_, _ = w.Write(s.icpt.caCertPEM())
+	})
+	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.sessionCaller(r); !ok {
+			refusal.WriteUnauthenticated(w, "an approver token or a session token is required", refusal.NewRequestID())
+			return
+		}
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": s.icpt.placeholders()})
+	})
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -93,7 +95,7 @@ func (s *Server) newReviewUI() error {
 		Users: users,
 		Log:   s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
-			_, err := s.appendAudit(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields}, false)
+			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
 		AuditFile:     s.cfg.Audit.Path,
@@ -131,35 +133,31 @@ func (s *Server) holdTTL(rule string) time.Duration {
 // before any credential is attached), waits up to gateway.hold_wait for a
 // decision and answers with the outcome or 202. Any failure to hold is
 // 503 approval_unavailable: an ask is never allowed by accident.
-func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *connectors.Tool, args connectors.Args, req *http.Request) *apiError {
+func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *connectors.Tool, args connectors.Args, req *http.Request) *refusal.Error {
 	if !s.approvalsEnabled() {
-		return refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
+		return refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
 	}
 	if len(c.decision.Approvers) == 0 {
 		// Nobody could approve it: holding it would only make it expire.
-		return refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")
+		return refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")
 	}
 	hr, err := canonicalRequest(req)
 	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held; it was not sent")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held; it was not sent").Wrap(err)
 	}
 	argDoc, err := json.Marshal(args)
 	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held; it was not sent")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held; it was not sent").Wrap(err)
 	}
 	// A call that names its hold is a re-send of it: it must be the very
 	// request that was (or will be) approved (THREATS E4).
 	if id := r.Header.Get("Sluice-Hold"); id != "" {
 		h, err := s.holds.Get(ctx, id)
 		if err != nil || !sameCaller(h.Caller, c.caller) || h.Tool != tool.Name {
-			return refuse(http.StatusNotFound, CodeNotFound, "no such hold")
+			return refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold")
 		}
 		if h.SHA256 != hr.Hash() {
-			return refuse(http.StatusConflict, CodeArgsMismatch, "the arguments differ from the held call's; the approval covers only the request it was given for")
+			return refusal.New(http.StatusConflict, refusal.ArgsMismatch, "the arguments differ from the held call's; the approval covers only the request it was given for")
 		}
 		return s.awaitHold(ctx, c, h.ID, s.cfg.Gateway.HoldWait.Std())
 	}
@@ -178,25 +176,21 @@ func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *c
 	})
 	switch {
 	case errors.Is(err, holds.ErrTooManyForSandbox):
-		return refuse(http.StatusTooManyRequests, CodeTooManyHolds, fmt.Sprintf("this sandbox has %d calls waiting for approval, its share of its agent's %d (gateway.max_pending_holds_per_sandbox); wait for decisions", s.holds.MaxPendingPerSandbox(), s.cfg.Gateway.MaxPendingHolds))
+		return refusal.New(http.StatusTooManyRequests, refusal.TooManyHolds, fmt.Sprintf("this sandbox has %d calls waiting for approval, its share of its agent's %d (gateway.max_pending_holds_per_sandbox); wait for decisions", s.holds.MaxPendingPerSandbox(), s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrTooMany):
-		return refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
+		return refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrAudit):
-		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; the call was not held and not sent")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; the call was not held and not sent").Wrap(err)
 	case storeRefusal(err) != nil:
 		return storeRefusal(err)
 	case err != nil:
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held for approval; it was not sent")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held for approval; it was not sent").Wrap(err)
 	}
 	return s.awaitHold(ctx, c, h.ID, s.cfg.Gateway.HoldWait.Std())
 }
 
 // awaitHold waits up to d for the hold to be decided and sets the answer.
-func (s *Server) awaitHold(ctx context.Context, c *call, id string, d time.Duration) *apiError {
+func (s *Server) awaitHold(ctx context.Context, c *call, id string, d time.Duration) *refusal.Error {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	h, err := s.holds.Wait(wctx, id)
@@ -204,9 +198,7 @@ func (s *Server) awaitHold(ctx context.Context, c *call, id string, d time.Durat
 		return e
 	}
 	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read").Wrap(err)
 	}
 	c.held = holdAnswer(h)
 	return nil
@@ -234,8 +226,8 @@ func canonicalRequest(req *http.Request) (holds.Request, error) {
 
 // holdAnswer is what the agent gets for a hold in its current state.
 func holdAnswer(h holds.Hold) *heldReply {
-	refusal := func(status int, code Code, msg string) *heldReply {
-		var b errorBody
+	heldRefusal := func(status int, code refusal.Code, msg string) *heldReply {
+		var b refusal.Body
 		b.Error.Code, b.Error.Message, b.Error.RequestID = code, msg, h.RequestID
 		data, _ := json.Marshal(b)
 		return &heldReply{status: status, body: data}
@@ -245,17 +237,17 @@ func holdAnswer(h holds.Hold) *heldReply {
 		if h.Result != nil {
 			return &heldReply{status: h.Result.HTTPStatus, body: h.Result.Body}
 		}
-		return refusal(http.StatusBadGateway, CodeUpstreamError, "the approved call failed and left no result")
+		return heldRefusal(http.StatusBadGateway, refusal.UpstreamError, "the approved call failed and left no result")
 	case holds.Denied:
 		msg := "denied by " + h.DecidedBy
 		if h.DecisionReason != "" {
 			msg += ": " + h.DecisionReason
 		}
-		return refusal(http.StatusForbidden, CodeApprovalDenied, msg)
+		return heldRefusal(http.StatusForbidden, refusal.ApprovalDenied, msg)
 	case holds.Expired:
-		return refusal(http.StatusForbidden, CodeApprovalExpired, "no one decided this call before it expired; it was not sent")
+		return heldRefusal(http.StatusForbidden, refusal.ApprovalExpired, "no one decided this call before it expired; it was not sent")
 	case holds.Unknown:
-		return refusal(http.StatusBadGateway, CodeUpstreamError, "the gateway stopped while sending this approved call; its outcome is unknown and it is not re-sent")
+		return heldRefusal(http.StatusBadGateway, refusal.UpstreamError, "the gateway stopped while sending this approved call; its outcome is unknown and it is not re-sent")
 	}
 	data, _ := json.Marshal(map[string]any{
 		"hold":       map[string]any{"id": h.ID, "status": h.Status, "poll": "/v1/holds/" + h.ID, "expires": h.Expires},
@@ -267,21 +259,21 @@ func holdAnswer(h holds.Hold) *heldReply {
 // handlePollHold is GET /v1/holds/{id}?wait=30s on the sandbox socket:
 // only the caller the hold is for sees it; anyone else gets 404.
 func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
-	id, ok := identityFrom(r.Context())
+	rid := refusal.NewRequestID()
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
-		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
+		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
 	}
 	if s.holds == nil {
-		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such hold"), rid)
+		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"), rid)
 		return
 	}
 	var wait time.Duration
 	if v := r.URL.Query().Get("wait"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
-			writeError(w, refuse(http.StatusBadRequest, CodeSchemaViolation, "wait must be a duration like 30s"), rid)
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "wait must be a duration like 30s"), rid)
 			return
 		}
 		wait = min(d, maxPollWait)
@@ -289,15 +281,15 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 	h, err := s.holds.Get(r.Context(), r.PathValue("id"))
 	caller := callerOf(id)
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, caller)) {
-		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such hold"), rid)
+		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"), rid)
 		return
 	}
 	if e := storeRefusal(err); e != nil {
-		writeError(w, e, rid)
+		refusal.Write(w, e, rid)
 		return
 	}
 	if err != nil {
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read"), rid)
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read"), rid)
 		return
 	}
 	if wait > 0 && !h.Status.Terminal() {
@@ -305,7 +297,7 @@ func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
 		h, err = s.holds.Wait(ctx, h.ID)
 		cancel()
 		if err != nil {
-			writeError(w, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read"), rid)
+			refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read"), rid)
 			return
 		}
 	}
@@ -328,7 +320,7 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 			aerr = err
 		}
 		s.logCall(c, aerr)
-		var b errorBody
+		var b refusal.Body
 		b.Error.Code, b.Error.Message, b.Error.RequestID = aerr.Code, aerr.Message, c.rid
 		data, _ := json.Marshal(b)
 		return holds.Result{HTTPStatus: aerr.Status, Body: data, Answered: c.answered}, false
@@ -342,30 +334,28 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true}, true
 }
 
-func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *apiError) {
+func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *refusal.Error) {
 	// A hold created while its session was being ended is never sent.
 	if aerr := s.sessionRefusal(ctx, h.Caller.Session); aerr != nil {
 		return nil, aerr
 	}
 	tool, ok := s.catalog.Tool(h.Tool)
 	if !ok {
-		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q any more", h.Tool))
+		return nil, refusal.New(http.StatusNotFound, refusal.UnknownTool, fmt.Sprintf("no tool is named %q any more", h.Tool))
 	}
 	agent := s.cfg.Agent(h.Caller.Agent)
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
-		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", h.Caller.Agent, tool.Connector))
+		return nil, refusal.New(http.StatusForbidden, refusal.NotGranted, fmt.Sprintf("agent %q is not granted connector %q", h.Caller.Agent, tool.Connector))
 	}
 	c.connector = tool.Connector
 	up := s.catalog.connectors[tool.Connector]
 	args, err := connectors.DecodeArgs(h.Args)
 	if err != nil {
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "stored arguments: "+err.Error())
+		return nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "stored arguments: "+err.Error())
 	}
 	req, err := http.NewRequestWithContext(ctx, h.Request.Method, h.Request.URL, bytes.NewReader(h.Request.Body))
 	if err != nil {
-		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the stored request cannot be rebuilt")
-		e.cause = err
-		return nil, e
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the stored request cannot be rebuilt").Wrap(err)
 	}
 	if len(h.Request.Body) == 0 {
 		req.Body, req.ContentLength = http.NoBody, 0
@@ -382,7 +372,7 @@ func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *
 		if c.decision.Reason != "" {
 			msg += ": " + c.decision.Reason
 		}
-		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
+		return nil, refusal.New(http.StatusForbidden, refusal.PolicyBlock, msg)
 	}
 	// Ask again is fine: a person approved exactly this request.
 	//
@@ -545,11 +535,11 @@ func (s *Server) withPerson(fn func(http.ResponseWriter, *http.Request, holds.Pe
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, ok := s.adminPerson(r)
 		if !ok {
-			writeUnauthenticated(w, "a valid approver token is required", newRequestID())
+			refusal.WriteUnauthenticated(w, "a valid approver token is required", refusal.NewRequestID())
 			return
 		}
 		if s.holds == nil {
-			writeError(w, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "holds are not available"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "holds are not available"), refusal.NewRequestID())
 			return
 		}
 		fn(w, r, p)
@@ -566,7 +556,7 @@ func (s *Server) handleListHolds(w http.ResponseWriter, r *http.Request, _ holds
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
 			return
 		}
 		f.Limit = n
@@ -580,7 +570,7 @@ func (s *Server) handleListHolds(w http.ResponseWriter, r *http.Request, _ holds
 	for i, h := range hs {
 		views[i] = viewHold(h)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"holds": views})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"holds": views})
 }
 
 func (s *Server) handleGetHold(w http.ResponseWriter, r *http.Request, _ holds.Person) {
@@ -589,7 +579,7 @@ func (s *Server) handleGetHold(w http.ResponseWriter, r *http.Request, _ holds.P
 		s.holdsError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
 }
 
 func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Request, holds.Person) {
@@ -604,18 +594,18 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 			err = json.Unmarshal(body, &in)
 		}
 		if err != nil {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", `want {"reason": "...", "always": false, "ttl": "8h"}`), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, `want {"reason": "...", "always": false, "ttl": "8h"}`), refusal.NewRequestID())
 			return
 		}
 		if (in.Always || in.TTL != "") && !approve {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "always and ttl apply only to approve"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "always and ttl apply only to approve"), refusal.NewRequestID())
 			return
 		}
 		var h holds.Hold
 		if approve && (in.Always || in.TTL != "") {
 			ttl, aerr := grantTTL(in.Always, in.TTL)
 			if aerr != nil {
-				writeError(w, aerr, newRequestID())
+				refusal.Write(w, aerr, refusal.NewRequestID())
 				return
 			}
 			var g holds.Grant
@@ -624,14 +614,14 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 				s.holdsError(w, err)
 				return
 			}
-			writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h), "grant": g})
+			refusal.WriteJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h), "grant": g})
 			return
 		}
 		if approve {
 			h, err = s.holds.Approve(r.Context(), r.PathValue("id"), p, in.Reason)
 		} else {
 			if strings.TrimSpace(in.Reason) == "" {
-				writeError(w, refuse(http.StatusBadRequest, "bad_request", "a denial needs a reason"), newRequestID())
+				refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "a denial needs a reason"), refusal.NewRequestID())
 				return
 			}
 			h, err = s.holds.Deny(r.Context(), r.PathValue("id"), p, in.Reason)
@@ -640,33 +630,33 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 			s.holdsError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
 	}
 }
 
 // holdsError maps the holds errors to statuses and codes.
 func (s *Server) holdsError(w http.ResponseWriter, err error) {
-	var e *apiError
+	var e *refusal.Error
 	switch {
 	case errors.Is(err, holds.ErrNotFound):
-		e = refuse(http.StatusNotFound, CodeNotFound, "no such hold")
+		e = refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold")
 	case errors.Is(err, holds.ErrSelfApproval):
-		e = refuse(http.StatusForbidden, "self_approval_forbidden", "the person a call is made for cannot decide it")
+		e = refusal.New(http.StatusForbidden, "self_approval_forbidden", "the person a call is made for cannot decide it")
 	case errors.Is(err, holds.ErrNotApprover):
-		e = refuse(http.StatusForbidden, "not_an_approver", "this hold's rule does not name you as an approver")
+		e = refusal.New(http.StatusForbidden, "not_an_approver", "this hold's rule does not name you as an approver")
 	case errors.Is(err, holds.ErrConflict):
-		e = refuse(http.StatusConflict, "conflict", "the hold is already decided")
+		e = refusal.New(http.StatusConflict, "conflict", "the hold is already decided")
 	case errors.Is(err, holds.ErrExpired):
-		e = refuse(http.StatusGone, "expired", "the hold has expired")
+		e = refusal.New(http.StatusGone, "expired", "the hold has expired")
 	case errors.Is(err, holds.ErrGrantTTL):
-		e = refuse(http.StatusBadRequest, "bad_request", "ttl must be more than 0 and at most 24h")
+		e = refusal.New(http.StatusBadRequest, refusal.BadRequest, "ttl must be more than 0 and at most 24h")
 	case errors.Is(err, holds.ErrGrantNotFound):
-		e = refuse(http.StatusNotFound, CodeNotFound, "no such grant")
+		e = refusal.New(http.StatusNotFound, refusal.NotFound, "no such grant")
 	case errors.Is(err, holds.ErrGrantRevoked):
-		e = refuse(http.StatusConflict, "conflict", "the grant is already revoked")
+		e = refusal.New(http.StatusConflict, "conflict", "the grant is already revoked")
 	default:
 		s.log.Error("holds: admin API", "err", err)
-		e = refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the holds store is unavailable")
+		e = refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the holds store is unavailable")
 	}
-	writeError(w, e, newRequestID())
+	refusal.Write(w, e, refusal.NewRequestID())
 }

@@ -14,8 +14,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -30,10 +32,10 @@ const answerTTL = 300
 // rcode says what happened. With Content-Type DNSStreamType the request
 // is a stream of questions answered as they come (dns_stream.go).
 func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
-	id, ok := identityFrom(r.Context())
+	rid := refusal.NewRequestID()
+	id, ok := e.d.Identity(r.Context())
 	if !ok {
-		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
+		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
 	}
 	ct := r.Header.Get("Content-Type")
@@ -42,12 +44,12 @@ func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ct != "application/dns-message" {
-		writeError(w, refuse(http.StatusUnsupportedMediaType, CodeSchemaViolation, "want Content-Type: application/dns-message"), rid)
+		refusal.Write(w, refusal.New(http.StatusUnsupportedMediaType, refusal.SchemaViolation, "want Content-Type: application/dns-message"), rid)
 		return
 	}
 	raw, err := io.ReadAll(io.LimitReader(r.Body, maxDNSMessage+1))
 	if err != nil || len(raw) > maxDNSMessage {
-		writeError(w, refuse(http.StatusRequestEntityTooLarge, CodeSchemaViolation, "a DNS question is at most 4096 bytes"), rid)
+		refusal.Write(w, refusal.New(http.StatusRequestEntityTooLarge, refusal.SchemaViolation, "a DNS question is at most 4096 bytes"), rid)
 		return
 	}
 	out := e.answer(r.Context(), rid, id, raw)
@@ -121,7 +123,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 		return reply(mdns.RcodeNotImplemented, nil)
 	}
 	if ee := e.sessionGate(ctx, c); ee != nil { // sessions.go
-		_ = e.record(ctx, c, "dns_refused", ee.apiError, false)
+		_ = e.record(ctx, c, "dns_refused", ee.Error, false)
 		e.logLine(c, ee)
 		return reply(mdns.RcodeRefused, nil)
 	}
@@ -136,13 +138,13 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 	if e.res == nil {
 		return reply(mdns.RcodeServerFailure, nil)
 	}
-	addrs, ttl, err := e.res.lookup(ctx, name, qn.Qtype)
+	addrs, ttl, err := e.res.Lookup(ctx, name, qn.Qtype)
 	if err != nil {
-		var rc *rcodeError
-		if errors.As(err, &rc) && rc.rcode == mdns.RcodeNameError {
+		var rc *dns.RcodeError
+		if errors.As(err, &rc) && rc.Rcode == mdns.RcodeNameError {
 			return reply(mdns.RcodeNameError, nil)
 		}
-		e.s.log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
+		e.d.Log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
 		return reply(mdns.RcodeServerFailure, nil)
 	}
 	rrs := make([]mdns.RR, 0, len(addrs))
@@ -170,8 +172,8 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 // dnsRefusal audits and logs a refused question.
 func (e *rawEgress) dnsRefusal(ctx context.Context, c *egressCall, event, why string) {
 	c.event = event
-	ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psDNS, why)
-	_ = e.record(ctx, c, event, ee.apiError, false)
+	ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDNS, why)
+	_ = e.record(ctx, c, event, ee.Error, false)
 	e.logLine(c, ee)
 }
 
@@ -218,8 +220,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
-		e.s.log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+		_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
+		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
 	label, _, _ := strings.Cut(name, ".")
@@ -230,8 +232,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_high_entropy", withEgress(f, c.caller)), false)
-			e.s.log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+			_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_high_entropy", withEgress(f, c.caller)), false)
+			e.d.Log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}
 	}
@@ -241,7 +243,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 // (answerFast) makes one only for a question that writes an audit record.
 func (c *egressCall) ensureRID() {
 	if c.rid == "" {
-		c.rid = newRequestID()
+		c.rid = refusal.NewRequestID()
 	}
 }
 

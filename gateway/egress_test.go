@@ -19,6 +19,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -112,7 +113,7 @@ func exchange(t *testing.T, g *testGateway, req string) (*http.Response, []byte,
 }
 
 func errCode(body []byte) string {
-	var b errorBody
+	var b refusal.Body
 	_ = json.Unmarshal(body, &b)
 	return string(b.Error.Code)
 }
@@ -338,77 +339,6 @@ func FuzzDNSName(f *testing.F) {
 	})
 }
 
-// TestHeadChecker runs the framing checker alone over whole connections'
-// bytes: keep-alive sequences that are fine pass, smuggling shapes fail.
-func TestHeadChecker(t *testing.T) {
-	tests := []struct {
-		name, in string
-		ok       bool
-	}{
-		{"two keep-alive requests with bodies", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n\n\n\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", true},
-		{"chunked then another request", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\n\n\r\n\r\n0\r\nX-T: 1\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", true},
-		{"CONNECT then TLS bytes", "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n\x16\x03\x01\n\n\x00", true},
-		{"smuggled second request with CL and TE", "GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false},
-		{"chunk data without CRLF", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX0\r\n\r\n", false},
-		{"chunk size not hex", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", false},
-		{"obs-fold in a trailer", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: a\r\n b\r\n\r\n", false},
-		{"Content-Length with plus", "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc", false},
-		{"bare LF request line", "GET / HTTP/1.1\nHost: x\r\n\r\n", false},
-		// Nothing on the sandbox socket answers 101: a request naming
-		// Upgrade stays HTTP, and the head after it is checked.
-		{"Upgrade header then a smuggled request", "GET /a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", false},
-		{"Upgrade header then a good request", "GET /a HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", true},
-		{"PRI method in HTTP/1.1 then a smuggled request", "PRI /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", false},
-		{"HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04", true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			a, b := net.Pipe()
-			defer a.Close()
-			go func() { _, _ = io.Copy(io.Discard, a) }()
-			h := &headChecker{src: strings.NewReader(tc.in), conn: b}
-			_, err := io.ReadAll(io.LimitReader(&oneByte{h}, 1<<20))
-			if (err == nil) != tc.ok {
-				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
-			}
-		})
-	}
-}
-
-// oneByte reads one byte at a time, so that every split point is exercised.
-type oneByte struct{ r io.Reader }
-
-func (o *oneByte) Read(p []byte) (int, error) {
-	if len(p) > 1 {
-		p = p[:1]
-	}
-	return o.r.Read(p)
-}
-
-// FuzzHeadChecker feeds the framing checker arbitrary connection bytes in
-// two reads; it must never panic, and a refused stream stays refused.
-func FuzzHeadChecker(f *testing.F) {
-	f.Add("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", 5)                                     // proxy request
-	f.Add("CONNECT a:443 HTTP/1.1\r\n\r\n\x16\x03", 3)                                        // tunnel
-	f.Add("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 40) // chunked
-	f.Add("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx", 1)            // duplicate CL
-	f.Fuzz(func(t *testing.T, in string, split int) {
-		a, b := net.Pipe()
-		defer a.Close()
-		go func() { _, _ = io.Copy(io.Discard, a) }()
-		h := &headChecker{src: strings.NewReader(in), conn: b}
-		if split < 0 || split > len(in) {
-			split = len(in) / 2
-		}
-		buf := make([]byte, len(in)+1)
-		_, err1 := h.Read(buf[:max(split, 1)])
-		_, err2 := h.Read(buf)
-		if err1 == errStrict && err2 != errStrict {
-			t.Fatal("a refused stream was read again")
-		}
-	})
-}
-
 // FuzzDNSAnswer feeds the answerer arbitrary messages: it must always
 // answer with a DNS message that parses and carries the question's ID.
 func FuzzDNSAnswer(f *testing.F) {
@@ -542,7 +472,7 @@ func TestStrictAfterUpgrade(t *testing.T) {
 				t.Fatalf("second response: %v", err)
 			}
 			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusBadRequest || errCode(body) != string(CodeSchemaViolation) || !strings.Contains(string(body), "obs-fold") {
+			if resp.StatusCode != http.StatusBadRequest || errCode(body) != string(refusal.SchemaViolation) || !strings.Contains(string(body), "obs-fold") {
 				t.Fatalf("second request: %d %s, want 400 schema_violation naming obs-fold", resp.StatusCode, body)
 			}
 		})

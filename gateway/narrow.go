@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -55,17 +56,17 @@ func (e *rawEgress) narrowGate(ctx context.Context, c *egressCall, host string) 
 		return nil
 	}
 	c.decision, c.decided = narrowDecision, true
-	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(narrowDecision.Action.String(), e.s.tel.ruleLabel(narrowRule)))
-	return egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied,
+	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(narrowDecision.Action.String(), e.d.RuleLabel(narrowRule)))
+	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied,
 		fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", host, c.caller.Sandbox))
 }
 
 // checkNarrowing refuses (and audits) an identity whose narrowing names a
 // host the agent's allowlist does not cover: a narrowing never widens.
-func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identity, allow []string) *apiError {
+func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identity, allow []string) *refusal.Error {
 	hosts, err := wire.ParseEgress(id.Egress)
 	if err != nil {
-		return refuse(http.StatusForbidden, CodeEgressNotGranted, err.Error())
+		return refusal.New(http.StatusForbidden, refusal.EgressNotGranted, err.Error())
 	}
 	var wider []string
 	for _, h := range hosts {
@@ -77,13 +78,12 @@ func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identit
 		return nil
 	}
 	f := map[string]any{"sandbox": id.Sandbox, "agent": id.Agent, "session": id.Session, "user": id.User,
-		"egress": id.Egress, "not_granted": wider, "code": string(CodeEgressNotGranted)}
+		"egress": id.Egress, "not_granted": wider, "code": string(refusal.EgressNotGranted)}
 	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; nothing is served until it can")
-		e.cause = err
+		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is served until it can").Wrap(err)
 		return e
 	}
-	return refuse(http.StatusForbidden, CodeEgressNotGranted,
+	return refusal.New(http.StatusForbidden, refusal.EgressNotGranted,
 		fmt.Sprintf("egress %s is not on agent %q's egress allowlist (agents[].egress): a sandbox's --egress may only narrow it", strings.Join(wider, ", "), id.Agent))
 }
 

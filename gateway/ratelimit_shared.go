@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -63,7 +64,7 @@ func (s *Server) sharedRateLimits() bool { return s.store.Kind() == store.Postgr
 // rate_limited), or when the shared bucket cannot be read (503
 // store_unavailable: fail closed); nil on an unshared store or for an
 // agent without a limit.
-func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Agent) *apiError {
+func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Agent) *refusal.Error {
 	if !s.sharedRateLimits() || a == nil || a.RateLimit == nil {
 		return nil
 	}
@@ -86,13 +87,11 @@ func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Age
 		if e := storeRefusal(err); e != nil {
 			return e
 		}
-		e := refuse(http.StatusServiceUnavailable, CodeStoreUnavailable, "the shared rate limit cannot be read; the call was not sent")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the shared rate limit cannot be read; the call was not sent").Wrap(err)
 	}
 	if n == 0 {
-		e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox, across every gateway (burst %d); retry later", agent, rl.PerSecond, rl.Burst))
-		e.retryAfter = time.Duration(float64(time.Second) / max(rl.PerSecond, 1e-9))
+		e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox, across every gateway (burst %d); retry later", agent, rl.PerSecond, rl.Burst))
+		e.RetryAfter = time.Duration(float64(time.Second) / max(rl.PerSecond, 1e-9))
 		return e
 	}
 	sl.mu.Lock()

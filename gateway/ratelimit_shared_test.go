@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -45,7 +46,7 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 				switch {
 				case r.status == http.StatusOK:
 					ok.Add(1)
-				case r.status == http.StatusTooManyRequests && r.code() == string(CodeRateLimited):
+				case r.status == http.StatusTooManyRequests && r.code() == string(refusal.RateLimited):
 					limited.Add(1)
 				default:
 					other.Add(1)

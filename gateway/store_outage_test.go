@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"net/http"
 	"strings"
 	"testing"
@@ -49,7 +50,7 @@ func TestPostgresOutage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			r := doCall(t, c, tc.tool, tc.args)
-			if r.status != http.StatusServiceUnavailable || r.code() != string(CodeStoreUnavailable) {
+			if r.status != http.StatusServiceUnavailable || r.code() != string(refusal.StoreUnavailable) {
 				t.Fatalf("%d %s, want 503 store_unavailable", r.status, r.raw)
 			}
 			if d := time.Since(start); d > 5*time.Second {
@@ -64,7 +65,7 @@ func TestPostgresOutage(t *testing.T) {
 	}
 	t.Run("hold poll", func(t *testing.T) {
 		r := poll(t, c, holdID, "")
-		if r.status != http.StatusServiceUnavailable || r.code() != string(CodeStoreUnavailable) {
+		if r.status != http.StatusServiceUnavailable || r.code() != string(refusal.StoreUnavailable) {
 			t.Fatalf("%d %s, want 503 store_unavailable", r.status, r.raw)
 		}
 	})
@@ -81,7 +82,7 @@ func TestPostgresOutage(t *testing.T) {
 	for _, rid := range rids {
 		found := false
 		for _, rec := range recs {
-			if rec.RequestID == rid && rec.Fields["code"] == string(CodeStoreUnavailable) {
+			if rec.RequestID == rid && rec.Fields["code"] == string(refusal.StoreUnavailable) {
 				found = true
 			}
 		}

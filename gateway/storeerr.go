@@ -6,25 +6,18 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
 )
-
-// CodeStoreUnavailable: the state the call needs (its session, its hold,
-// the pending-holds cap) could not be read or written because the store
-// did not answer (PostgreSQL down or slow past its statement timeout).
-// Nothing was sent; the call may be retried (on another replica).
-const CodeStoreUnavailable Code = "store_unavailable"
 
 // storeRefusal is 503 store_unavailable when err means the store was not
 // reached (store.ErrUnavailable), else nil: a refusal the caller already
 // chose stands for every other error.
-func storeRefusal(err error) *apiError {
+func storeRefusal(err error) *refusal.Error {
 	if !errors.Is(err, store.ErrUnavailable) {
 		return nil
 	}
-	e := refuse(http.StatusServiceUnavailable, CodeStoreUnavailable, "the gateway's state store is unavailable; the call was not sent")
-	e.cause = err
-	return e
+	return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the gateway's state store is unavailable; the call was not sent").Wrap(err)
 }
 
 // storeReadyTimeout bounds /readyz's store check: a load balancer asks

@@ -3,16 +3,13 @@ package gateway
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"io"
-	"log"
-	"net"
 	"net/http"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // call is the head of a tool call that reaches the tickets upstream; the
@@ -34,50 +31,50 @@ func TestMalformedHeadsGetJSON(t *testing.T) {
 		name   string
 		req    string
 		status int
-		code   Code
+		code   refusal.Code
 	}{
 		{"well-formed control", callLine + "\r\n" + callHead + "\r\n{}", 200, ""},
 		// Request line (RFC 9112 3).
-		{"go: method not a token (RFC 9110 9.1)", "PO(ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: method with a tab", "POST\t/v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: method with a byte above 0x7f", "P\xc3\x96ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: empty method", " /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: method only", "POST\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: no version (HTTP/0.9 shape)", "POST /v1/tools/tickets.list_tickets\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: two spaces after the method", "POST  /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: space inside the target", "POST /v1/tools/tickets. list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: control byte in the target (RFC 3986 2)", "POST /v1/tools/tickets.\x01list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: DEL in the target", "POST /v1/tools/tickets.\x7flist_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: target in no request form (RFC 9112 3.2)", "POST v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: absolute form with a bad authority", "GET http://[::1/x HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, CodeSchemaViolation},
-		{"go: CONNECT with a bad authority", "CONNECT [::1:443 HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, CodeSchemaViolation},
-		{"go: lowercase version (RFC 9112 2.3)", "POST /v1/tools/tickets.list_tickets http/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: version with two digits", "POST /v1/tools/tickets.list_tickets HTTP/1.10\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: text after the version", "POST /v1/tools/tickets.list_tickets HTTP/1.1 x\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: HTTP/2.0 that is not the preface", "POST /v1/tools/tickets.list_tickets HTTP/2.0\r\n" + callHead + "\r\n{}", 505, CodeSchemaViolation},
-		{"go: HTTP/3.0", "POST /v1/tools/tickets.list_tickets HTTP/3.0\r\n" + callHead + "\r\n{}", 505, CodeSchemaViolation},
-		{"NUL in the request line", "POST /v1/tools/tickets.list_tickets\x00 HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"bare CR in the request line", "POST /v1/tools/tickets.list_tickets\r HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"bare LF after the request line (RFC 9112 2.2)", callLine + "\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: empty line before the first request (RFC 9112 2.2 allows only after a message)", "\r\n" + callLine + "\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: method not a token (RFC 9110 9.1)", "PO(ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: method with a tab", "POST\t/v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: method with a byte above 0x7f", "P\xc3\x96ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: empty method", " /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: method only", "POST\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: no version (HTTP/0.9 shape)", "POST /v1/tools/tickets.list_tickets\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: two spaces after the method", "POST  /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: space inside the target", "POST /v1/tools/tickets. list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: control byte in the target (RFC 3986 2)", "POST /v1/tools/tickets.\x01list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: DEL in the target", "POST /v1/tools/tickets.\x7flist_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: target in no request form (RFC 9112 3.2)", "POST v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: absolute form with a bad authority", "GET http://[::1/x HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, refusal.SchemaViolation},
+		{"go: CONNECT with a bad authority", "CONNECT [::1:443 HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, refusal.SchemaViolation},
+		{"go: lowercase version (RFC 9112 2.3)", "POST /v1/tools/tickets.list_tickets http/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: version with two digits", "POST /v1/tools/tickets.list_tickets HTTP/1.10\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: text after the version", "POST /v1/tools/tickets.list_tickets HTTP/1.1 x\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: HTTP/2.0 that is not the preface", "POST /v1/tools/tickets.list_tickets HTTP/2.0\r\n" + callHead + "\r\n{}", 505, refusal.SchemaViolation},
+		{"go: HTTP/3.0", "POST /v1/tools/tickets.list_tickets HTTP/3.0\r\n" + callHead + "\r\n{}", 505, refusal.SchemaViolation},
+		{"NUL in the request line", "POST /v1/tools/tickets.list_tickets\x00 HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"bare CR in the request line", "POST /v1/tools/tickets.list_tickets\r HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"bare LF after the request line (RFC 9112 2.2)", callLine + "\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: empty line before the first request (RFC 9112 2.2 allows only after a message)", "\r\n" + callLine + "\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
 		// Header fields (RFC 9112 5, RFC 9110 5).
-		{"header line without a colon", callLine + "\r\n" + callHead + "X-A b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"space before the colon", callLine + "\r\n" + callHead + "X-A : b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"NUL in a header name", callLine + "\r\n" + callHead + "X-\x00A: b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"byte above 0x7f in a header name", callLine + "\r\n" + callHead + "X-\xffA: b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"NUL in a header value", callLine + "\r\n" + callHead + "X-A: b\x00c\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"bare CR in a header value", callLine + "\r\n" + callHead + "X-A: b\rc\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"obs-fold (RFC 9112 5.2)", callLine + "\r\n" + callHead + "X-A: b\r\n c\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"obs-fold on the first header line", callLine + "\r\n X-A: b\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: no Host in HTTP/1.1 (RFC 9112 3.2)", callLine + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"two Host fields (RFC 9112 3.2)", callLine + "\r\n" + callHead + "Host: other\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"go: malformed Host (RFC 9112 3.2)", callLine + "\r\nHost: a<b\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"go: Expect other than 100-continue (RFC 9110 10.1.1)", callLine + "\r\n" + callHead + "Expect: teapot\r\n\r\n{}", 417, CodeSchemaViolation},
-		{"go: Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1)", "POST /v1/tools/tickets.list_tickets HTTP/1.0\r\nHost: sluice\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, CodeSchemaViolation},
+		{"header line without a colon", callLine + "\r\n" + callHead + "X-A b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"space before the colon", callLine + "\r\n" + callHead + "X-A : b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"NUL in a header name", callLine + "\r\n" + callHead + "X-\x00A: b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"byte above 0x7f in a header name", callLine + "\r\n" + callHead + "X-\xffA: b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"NUL in a header value", callLine + "\r\n" + callHead + "X-A: b\x00c\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"bare CR in a header value", callLine + "\r\n" + callHead + "X-A: b\rc\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"obs-fold (RFC 9112 5.2)", callLine + "\r\n" + callHead + "X-A: b\r\n c\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"obs-fold on the first header line", callLine + "\r\n X-A: b\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: no Host in HTTP/1.1 (RFC 9112 3.2)", callLine + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"two Host fields (RFC 9112 3.2)", callLine + "\r\n" + callHead + "Host: other\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"go: malformed Host (RFC 9112 3.2)", callLine + "\r\nHost: a<b\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"go: Expect other than 100-continue (RFC 9110 10.1.1)", callLine + "\r\n" + callHead + "Expect: teapot\r\n\r\n{}", 417, refusal.SchemaViolation},
+		{"go: Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1)", "POST /v1/tools/tickets.list_tickets HTTP/1.0\r\nHost: sluice\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, refusal.SchemaViolation},
 		// Size (RFC 6585 5).
-		{"go: header section over 64 KiB", callLine + "\r\n" + callHead + "X-Big: " + big + "\r\n\r\n{}", 431, CodeHeaderTooLarge},
-		{"go: request line over 64 KiB", "POST /v1/tools/tickets.list_tickets?" + big + " HTTP/1.1\r\n" + callHead + "\r\n{}", 431, CodeHeaderTooLarge},
-		{"go: header section over 64 KiB, never ended", callLine + "\r\n" + callHead + "X-Big: " + big, 431, CodeHeaderTooLarge},
+		{"go: header section over 64 KiB", callLine + "\r\n" + callHead + "X-Big: " + big + "\r\n\r\n{}", 431, refusal.HeaderTooLarge},
+		{"go: request line over 64 KiB", "POST /v1/tools/tickets.list_tickets?" + big + " HTTP/1.1\r\n" + callHead + "\r\n{}", 431, refusal.HeaderTooLarge},
+		{"go: header section over 64 KiB, never ended", callLine + "\r\n" + callHead + "X-Big: " + big, 431, refusal.HeaderTooLarge},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +106,7 @@ func TestMalformedHeadsGetJSON(t *testing.T) {
 			}
 			// One log line for the refusal, under the request ID the
 			// caller got.
-			var eb errorBody
+			var eb refusal.Body
 			_ = json.Unmarshal(body, &eb)
 			if rid := eb.Error.RequestID; rid == "" {
 				t.Errorf("no request_id in %q", body)
@@ -140,182 +137,4 @@ func logged(g *testGateway, parts ...string) bool {
 		}
 	}
 	return false
-}
-
-// chanListener is a net.Listener that serves the connections sent on it.
-type chanListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-}
-
-func (l *chanListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-func (l *chanListener) Close() error   { close(l.done); return nil }
-func (l *chanListener) Addr() net.Addr { return &net.UnixAddr{Name: "fuzz", Net: "unix"} }
-
-// checkedConn reads through a headChecker, as strictHeads arranges it.
-type checkedConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c *checkedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// FuzzRequestHead is a differential check of the strict checker against
-// Go's HTTP server, configured as the sandbox server is: whatever the head,
-// the first answer is either the handler's (the checker let through a head
-// Go accepts) or sluice's JSON refusal, never Go's own text/plain one (or
-// its bodiless 417).
-func FuzzRequestHead(f *testing.F) {
-	f.Add("GET /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n")                 // well-formed
-	f.Add("GET http://pkg.example/x HTTP/1.1\r\nHost: pkg.example\r\n\r\n") // absolute form
-	f.Add("CONNECT pkg.example:443 HTTP/1.1\r\n\r\n")                       // authority form, no Host
-	f.Add("GE(T / HTTP/1.1\r\nHost: a\r\n\r\n")                             // method not a token
-	f.Add("GET / HTTP/1.1 x\r\nHost: a\r\n\r\n")                            // text after the version
-	f.Add("GET / HTTP/2.0\r\nHost: a\r\n\r\n")                              // 505
-	f.Add("GET / HTTP/1.1\r\n\r\n")                                         // no Host
-	f.Add("GET / HTTP/1.1\r\nHost: a b\r\n\r\n")                            // malformed Host
-	f.Add("GET / HTTP/1.1\r\nHost: a\r\nExpect: x\r\n\r\n")                 // 417
-	f.Add("\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n")                          // leading empty line
-	f.Add("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n") // TE in HTTP/1.0
-	f.Add("GET /%zz HTTP/1.1\r\nHost: a\r\n\r\n")                           // bad escape in the target
-	l := &chanListener{conns: make(chan net.Conn), done: make(chan struct{})}
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("X-Handler", "1")
-		}),
-		MaxHeaderBytes: maxHeaderBytes,
-		ErrorLog:       log.New(io.Discard, "", 0),
-	}
-	go func() { _ = srv.Serve(l) }()
-	f.Cleanup(func() { _ = srv.Close() })
-	f.Fuzz(func(t *testing.T, in string) {
-		client, server := socketPair(t)
-		defer client.Close()
-		h := &headChecker{src: server, conn: server}
-		l.conns <- &checkedConn{Conn: server, r: bufio.NewReaderSize(h, 4096)}
-		// All of in, then the end of the client's side: an incomplete
-		// head is answered at once, not after a timeout.
-		go func() {
-			_, _ = io.WriteString(client, in)
-			_ = client.CloseWrite()
-		}()
-		_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(client), nil)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("head %q: no answer and no close within 5s", in)
-		}
-		if err != nil {
-			return // closed without an answer, as Go's server does before a whole request line
-		}
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		if resp.Header.Get("X-Handler") == "1" {
-			return
-		}
-		if resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"error":{"code":`) {
-			t.Fatalf("head %q: answered %d %q %q by Go's server, not by the checker", in, resp.StatusCode, resp.Header.Get("Content-Type"), body)
-		}
-	})
-}
-
-// socketPair is a connected pair of Unix stream sockets (net.Pipe has no
-// half-close).
-func socketPair(t *testing.T) (client, server *net.UnixConn) {
-	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
-
-// TestBodyLimitSlowReader (B10): the body bound cuts a body that stalls
-// while it is read, but not one whose bytes already arrived and that the
-// server is merely slow to read: the time a handler spends elsewhere is
-// not the client's.
-func TestBodyLimitSlowReader(t *testing.T) {
-	sock := t.TempDir() + "/b.sock"
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	lim := bodyLimit{timeout: 200 * time.Millisecond, minRate: 500}
-	head := "POST /x HTTP/1.1\r\nHost: sluice\r\nContent-Length: 10\r\n\r\n"
-	for _, tc := range []struct {
-		name  string
-		body  string        // sent with the head
-		pause time.Duration // before the server reads the body
-		cut   bool
-	}{
-		{"whole body waiting for a slow reader", "0123456789", 600 * time.Millisecond, false},
-		{"stalled body", "01234", 0, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cl, err := net.Dial("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			sv, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sv.Close()
-			if _, err := io.WriteString(cl, head); err != nil {
-				t.Fatal(err)
-			}
-			h := &headChecker{src: sv, conn: sv, lim: lim}
-			br := bufio.NewReader(h)
-			if _, err := http.ReadRequest(br); err != nil {
-				t.Fatal(err)
-			}
-			// The body arrives after the head was read: it waits in the
-			// kernel while the server is busy elsewhere for pause.
-			if _, err := io.WriteString(cl, tc.body); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(tc.pause)
-			start := time.Now()
-			buf := make([]byte, 64)
-			var got int
-			for got < 10 {
-				n, err := br.Read(buf)
-				got += n
-				if err != nil {
-					break
-				}
-			}
-			took := time.Since(start)
-			if cut := h.state == stFailed; cut != tc.cut {
-				t.Fatalf("cut %v after %v (%d bytes read), want %v", cut, took, got, tc.cut)
-			}
-			if !tc.cut {
-				return
-			}
-			_ = cl.SetReadDeadline(time.Now().Add(5 * time.Second))
-			out, _ := io.ReadAll(cl)
-			if !strings.HasPrefix(string(out), "HTTP/1.1 408 ") || !strings.Contains(string(out), `"request_timeout"`) {
-				t.Errorf("answer %q, want 408 request_timeout", out)
-			}
-			if took > 3*time.Second {
-				t.Errorf("cut after %v, want about the 200ms bound", took)
-			}
-		})
-	}
 }

@@ -3,10 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +23,8 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -39,7 +39,7 @@ func (s *Server) sandboxHandler() http.Handler {
 	eg := s.newRawEgress() // proxy.go, dnsanswer.go
 	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such endpoint on the sandbox socket"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodConnect || r.URL.IsAbs() {
@@ -65,20 +65,20 @@ type toolView struct {
 // A tool the policy would block outright (with nothing of the call known but
 // its name) is left out; ask and allow tools are listed.
 func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
-	id, ok := identityFrom(r.Context())
+	rid := refusal.NewRequestID()
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
-		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
+		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
 	}
 	agent := s.cfg.Agent(id.Agent)
 	if agent == nil {
-		writeError(w, refuse(http.StatusForbidden, CodeUnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent)), rid)
+		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent)), rid)
 		return
 	}
 	if id.Egress != "" {
 		if e := s.checkNarrowing(r.Context(), rid, id, agent.Egress); e != nil { // narrow.go
-			writeError(w, e, rid)
+			refusal.Write(w, e, rid)
 			return
 		}
 	}
@@ -100,7 +100,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		}
 		views = append(views, toolView{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"tools": views, "request_id": rid})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"tools": views, "request_id": rid})
 }
 
 // call is one tool call's state as it moves through the pipeline; it is
@@ -133,7 +133,7 @@ type call struct {
 // handleToolCall runs the pipeline. Each stage either passes the call on or
 // returns a refusal; every outcome is audited before the answer leaves.
 func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
-	c := &call{rid: newRequestID(), start: time.Now()}
+	c := &call{rid: refusal.NewRequestID(), start: time.Now()}
 	ctx, span := s.tel.tracer.Start(r.Context(), "sluice.tool_call", trace.WithAttributes(attribute.String("request_id", c.rid)))
 	defer span.End()
 	res, aerr := s.runCall(ctx, c, r)
@@ -150,11 +150,11 @@ func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
 			c.status = aerr.Status
 		}
 		s.logCall(c, aerr)
-		writeError(w, aerr, c.rid)
+		refusal.Write(w, aerr, c.rid)
 		return
 	}
 	res.RequestID = c.rid
-	writeJSON(w, http.StatusOK, res)
+	refusal.WriteJSON(w, http.StatusOK, res)
 	s.logCall(c, nil)
 }
 
@@ -167,17 +167,17 @@ type result struct {
 	RequestID    string              `json:"request_id"`
 }
 
-func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result, *apiError) {
-	id, ok := identityFrom(ctx)
+func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result, *refusal.Error) {
+	id, ok := ingress.IdentityFrom(ctx)
 	if !ok {
-		return nil, refuse(http.StatusForbidden, CodeIdentityRequired, "bug: connection has no identity")
+		return nil, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "bug: connection has no identity")
 	}
 	c.caller = callerOf(id)
 	c.tool = r.PathValue("tool")
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution.
 	sessErr := s.sessionRefusal(ctx, id.Session)
-	if sessErr != nil && sessErr.Code == CodeSessionEnded {
+	if sessErr != nil && sessErr.Code == refusal.SessionEnded {
 		return nil, sessErr
 	}
 
@@ -185,8 +185,8 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	agent := s.cfg.Agent(id.Agent)
 	if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
 		if ok, wait := s.limits.allow(c.caller, agent.RateLimit, time.Now()); !ok {
-			e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
-			e.retryAfter = wait
+			e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
+			e.RetryAfter = wait
 			return nil, e
 		}
 	}
@@ -197,12 +197,12 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	// Tool and grant.
 	tool, ok := s.catalog.Tool(c.tool)
 	if !ok {
-		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
+		return nil, refusal.New(http.StatusNotFound, refusal.UnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
 	}
 	c.tool = tool.Name // a call by alias is decided, held and audited under the tool's name
 	c.connector = tool.Connector
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
-		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
+		return nil, refusal.New(http.StatusForbidden, refusal.NotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
 	}
 	up := s.catalog.connectors[tool.Connector]
 
@@ -211,20 +211,20 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 	body, err := io.ReadAll(io.LimitReader(r.Body, connectors.MaxArgsBytes+1))
 	if err != nil {
 		vspan.End()
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments could not be read")
+		return nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "arguments could not be read")
 	}
 	if len(body) > connectors.MaxArgsBytes {
 		vspan.End()
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
+		return nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
 	}
 	args, req, err := prepareCall(ctx, tool, up.conn.BaseURL, body)
 	vspan.End()
 	if err != nil {
 		var ae *connectors.ArgError
 		if errors.As(err, &ae) {
-			return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, ae.Error())
+			return nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, ae.Error())
 		}
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments: "+err.Error())
+		return nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "arguments: "+err.Error())
 	}
 	c.destHost = req.URL.Hostname()
 
@@ -258,7 +258,7 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 		if c.decision.Reason != "" {
 			msg += ": " + c.decision.Reason
 		}
-		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
+		return nil, refusal.New(http.StatusForbidden, refusal.PolicyBlock, msg)
 	}
 
 	scr, aerr := s.credential(ctx, c, tool, up, req)
@@ -270,16 +270,14 @@ func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result
 
 // credential attaches the connector's credential to req, where the caller
 // never sees it, and returns the scrubber for the reply.
-func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *apiError) {
+func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *refusal.Error) {
 	var scr *scrub.Scrubber
 	if cc := up.cfg.Credential; cc != nil {
 		ref := CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Vault: cc.Vault, Caller: c.caller, Tool: tool.Name}
 		if cc.Vault != nil && cc.Vault.TransitKey != "" {
 			h, err := RequestHash(req)
 			if err != nil {
-				e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the request cannot be hashed for its per-call token")
-				e.cause = err
-				return nil, e
+				return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the request cannot be hashed for its per-call token").Wrap(err)
 			}
 			ref.RequestSHA256 = h
 		}
@@ -287,22 +285,18 @@ func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool,
 		secret, err := s.creds.Credential(cctx, ref)
 		cspan.End()
 		if err != nil {
-			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is unavailable")
-			e.cause = err
-			return nil, e
+			return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
 		}
 		att, err := attach(req, up.creds, tool, secret)
 		if err != nil {
-			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential cannot be attached to this operation")
-			e.cause = err
-			return nil, e
+			return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
 		}
 		c.cred = att.where
 		scr = up.scrubber(att.forms)
 		if scr.Ignored() > 0 {
 			// Too short to find in a reply without mangling it: refuse
 			// rather than risk reflecting it unscrubbed.
-			return nil, refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
+			return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
 		}
 		// The reply must be readable to be scrubbed: ask for it
 		// uncoded (an absent Accept-Encoding means any coding, RFC 9110
@@ -351,7 +345,7 @@ func sameForms(a, b [][]byte) bool {
 }
 
 // send audits the decision, sends req upstream and audits the result.
-func (s *Server) send(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *apiError) {
+func (s *Server) send(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *refusal.Error) {
 
 	// The decision is in the audit file before anything leaves the gateway
 	// (it survives our crash); the result's fsync makes both durable before
@@ -404,7 +398,7 @@ func stripHeaderArgs(a *connectors.Args) {
 	}
 }
 
-func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *apiError) {
+func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *refusal.Error) {
 	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -416,13 +410,9 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 			if de.Addr.IsValid() {
 				c.destIP.Store(de.Addr.String())
 			}
-			e := refuse(http.StatusForbidden, CodeEgressDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
-			e.cause = err
-			return nil, e
+			return nil, refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class)).Wrap(err)
 		}
-		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream could not be reached")
-		e.cause = err
-		return nil, e
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the upstream could not be reached").Wrap(err)
 	}
 	defer resp.Body.Close()
 	c.answered = true
@@ -431,17 +421,15 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		// Go's client takes any three digits; a status outside HTTP's
 		// range is a broken or hostile upstream (THREATS F6).
-		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream answered with an invalid status %d", resp.StatusCode))
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream answered with an invalid status %d", resp.StatusCode))
 	}
 	limit := s.cfg.Gateway.MaxResponseBytes
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream reply could not be read")
-		e.cause = err
-		return nil, e
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the upstream reply could not be read").Wrap(err)
 	}
 	if int64(len(raw)) > limit {
-		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
 	}
 	if scr != nil {
 		// The one check both tool calls and intercepted requests pass
@@ -449,10 +437,8 @@ func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http
 		// headers and body scrubbed, Content-Length the scrubbed body's.
 		var err error
 		if raw, c.reflect, err = scr.Reply(resp.Header, raw, limit); err != nil {
-			c.upstreamErr = replyReason(err)
-			e := refuse(http.StatusBadGateway, CodeUpstreamError, err.Error())
-			e.cause = err
-			return nil, e
+			c.upstreamErr = scrub.ReplyReason(err)
+			return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, err.Error()).Wrap(err)
 		}
 	}
 	hdr := responseHeaders(resp.Header)
@@ -483,15 +469,6 @@ func responseHeaders(h http.Header) map[string][]string {
 	return out
 }
 
-// replyReason is the stable reason of a reply scrub.Reply refused.
-func replyReason(err error) string {
-	var re *scrub.ReplyError
-	if errors.As(err, &re) {
-		return re.Reason
-	}
-	return "unreadable_reply"
-}
-
 func isJSON(ct string) bool {
 	ct, _, _ = strings.Cut(ct, ";")
 	ct = strings.TrimSpace(strings.ToLower(ct))
@@ -500,7 +477,7 @@ func isJSON(ct string) bool {
 
 // record appends the call's audit record. It returns the refusal to send
 // instead when the record cannot be made durable: audit failure closes.
-func (s *Server) record(ctx context.Context, c *call, event string, refusal *apiError) *apiError {
+func (s *Server) record(ctx context.Context, c *call, event string, ref *refusal.Error) *refusal.Error {
 	if c.audited {
 		return nil // the refusal was recorded as the call's result
 	}
@@ -529,8 +506,8 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	if c.upstreamStatus != 0 {
 		f["upstream_status"] = c.upstreamStatus
 	}
-	if refusal != nil {
-		f["code"] = string(refusal.Code)
+	if ref != nil {
+		f["code"] = string(ref.Code)
 	}
 	if c.upstreamErr != "" {
 		f["upstream_error"] = c.upstreamErr
@@ -546,34 +523,32 @@ func (s *Server) record(ctx context.Context, c *call, event string, refusal *api
 	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}, written); err != nil {
 		// The call's one tool_call line (logCall) names the cause.
 		s.tel.audits.Add(ctx, 1)
-		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 	}
 	return nil
 }
 
 // logCall writes the one canonical decision line of a call.
-func (s *Server) logCall(c *call, refusal *apiError) {
+func (s *Server) logCall(c *call, ref *refusal.Error) {
 	d := time.Since(c.start)
 	decision, rule, reason := "", c.decision.Rule, c.decision.Reason
 	if c.decided {
 		decision = c.decision.Action.String()
 	}
 	level := slog.LevelInfo
-	if refusal != nil {
-		reason = string(refusal.Code)
-		if refusal.cause != nil {
-			reason += ": " + refusal.cause.Error()
+	if ref != nil {
+		reason = string(ref.Code)
+		if ref.Cause() != nil {
+			reason += ": " + ref.Cause().Error()
 		}
-		if refusal.Status >= 500 {
+		if ref.Status >= 500 {
 			level = slog.LevelWarn
 		}
 	} else if c.reflect {
 		reason = "secret_reflected"
 	}
 	s.tel.latency.WithLabelValues(decision).Observe(d.Seconds())
-	if refusal != nil && refusal.Code == CodeAuditUnavailable && !s.repeats.allow("tool_call", reason) {
+	if ref != nil && ref.Code == refusal.AuditUnavailable && !s.repeats.allow("tool_call", reason) {
 		return // the same refusal was logged in this interval: counted (logcap.go)
 	}
 	s.log.LogAttrs(context.Background(), level, "tool_call",
@@ -592,10 +567,4 @@ func (s *Server) logCall(c *call, refusal *apiError) {
 		slog.Int("upstream_status", c.upstreamStatus),
 		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
 	)
-}
-
-func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

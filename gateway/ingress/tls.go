@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -26,9 +27,9 @@ import (
 // the relay copies the bytes. Accepted connections join the sandbox
 // socket's, served by the same server with the same checks.
 
-// relayTLSConfig loads the listener's certificate and the CA its relays'
+// RelayTLSConfig loads the listener's certificate and the CA its relays'
 // certificates must chain to.
-func relayTLSConfig(rt config.RelayTLS) (*tls.Config, error) {
+func RelayTLSConfig(rt config.RelayTLS) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(rt.CertFile, rt.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("gateway.relay_tls: certificate: %w", err)
@@ -49,8 +50,8 @@ func relayTLSConfig(rt config.RelayTLS) (*tls.Config, error) {
 	}, nil
 }
 
-// listenRelayTLS accepts remote relays on addr into l until l is closed.
-func (l *sandboxListener) listenRelayTLS(addr string, cfg *tls.Config) (net.Addr, error) {
+// ListenRelayTLS accepts remote relays on addr into l until l is closed.
+func (l *Listener) ListenRelayTLS(addr string, cfg *tls.Config) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("gateway.relay_tls.listen: %w", err)
@@ -69,17 +70,17 @@ func (l *sandboxListener) listenRelayTLS(addr string, cfg *tls.Config) (net.Addr
 
 // admitTLS completes the handshake, reads the preamble and checks its
 // host against the relay's certificate, all within preambleTimeout.
-func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) { l.admitCapped(l.identifyTLS(c, cfg)) }
+func (l *Listener) admitTLS(c net.Conn, cfg *tls.Config) { l.admitCapped(l.identifyTLS(c, cfg)) }
 
 // identifyTLS is admitTLS's checks: the connection identified, or nil
 // when it was refused (answered and closed).
-func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
+func (l *Listener) identifyTLS(c net.Conn, cfg *tls.Config) *Conn {
 	_ = c.SetDeadline(time.Now().Add(preambleTimeout))
 	tc := tls.Server(c, cfg)
 	if err := tc.Handshake(); err != nil {
 		// No TLS, no way to answer: the handshake's alert is the answer.
 		l.log.Warn("relay listener: refused connection: TLS handshake failed (a relay needs a client certificate from relay_tls.client_ca_file)", "remote", c.RemoteAddr().String(), "err", err)
-		l.refused(CodeUntrustedPeer)
+		l.refused(refusal.UntrustedPeer)
 		c.Close()
 		return nil
 	}
@@ -88,22 +89,22 @@ func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
 	id, err := wire.Read(br)
 	if err != nil {
 		l.log.Warn("relay listener: refused connection without a valid identity preamble", "remote", c.RemoteAddr().String(), "err", err)
-		l.refused(CodeIdentityRequired)
-		rejectConn(tc, 400, CodeIdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line (no handoff over TLS)")
+		l.refused(refusal.IdentityRequired)
+		rejectConn(tc, 400, refusal.IdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line (no handoff over TLS)")
 		return nil
 	}
 	if len(certs) == 0 || !slices.Contains(certs[0].DNSNames, id.Host) {
 		l.log.Warn("relay listener: refused connection: the preamble's host is not a name in the relay's certificate", "remote", c.RemoteAddr().String(), "host", id.Host)
-		l.refused(CodeUntrustedPeer)
-		rejectConn(tc, 403, CodeUntrustedPeer, "the identity's host must be a DNS name in the relay's client certificate")
+		l.refused(refusal.UntrustedPeer)
+		rejectConn(tc, 403, refusal.UntrustedPeer, "the identity's host must be a DNS name in the relay's client certificate")
 		return nil
 	}
 	if id, err = canonicalIdentity(id); err != nil {
 		l.log.Warn("relay listener: refused connection with an ambiguous identity", "remote", c.RemoteAddr().String(), "err", err)
-		l.refused(CodeIdentityRequired)
-		rejectConn(tc, 400, CodeIdentityRequired, err.Error())
+		l.refused(refusal.IdentityRequired)
+		rejectConn(tc, 400, refusal.IdentityRequired, err.Error())
 		return nil
 	}
 	_ = c.SetDeadline(time.Time{})
-	return &identConn{Conn: tc, r: br, base: br, id: id}
+	return &Conn{Conn: tc, r: br, base: br, id: id}
 }

@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bufio"
@@ -10,12 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/h1"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -28,12 +29,16 @@ import (
 // joins them) and bare LF line ends. It also refuses, first, every head Go
 // would refuse itself with its own text/plain answer (a request line that
 // does not parse, a version other than HTTP/1.x, a missing, repeated or
-// malformed Host, an Expect it does not meet, a head over maxHeaderBytes),
+// malformed Host, an Expect it does not meet, a head over MaxHeaderBytes),
 // so that every refusal on the socket is sluice's JSON error. A refused
 // connection gets the JSON error (400, 417, 431 or 505), a log line and a
 // refusal count, and is closed: nothing of it reaches a handler, let alone
 // an upstream.
 type strictHeads struct{ net.Listener }
+
+// StrictHeads wraps l, the sandbox Listener, so that every request head on
+// its connections is checked before Go's HTTP server parses it.
+func StrictHeads(l net.Listener) net.Listener { return strictHeads{l} }
 
 // Accept wraps the relayed connection's reader with a checker.
 func (l strictHeads) Accept() (net.Conn, error) {
@@ -41,9 +46,9 @@ func (l strictHeads) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ic, ok := c.(*identConn); ok {
+	if ic, ok := c.(*Conn); ok {
 		h := &headChecker{src: ic.r, conn: ic.Conn, id: ic.id}
-		if sl, ok := l.Listener.(*sandboxListener); ok {
+		if sl, ok := l.Listener.(*Listener); ok {
 			h.log, h.refused, h.lim = sl.log, sl.refused, sl.lim.body
 		}
 		ic.r = bufio.NewReaderSize(h, 4096)
@@ -51,11 +56,11 @@ func (l strictHeads) Accept() (net.Conn, error) {
 	return c, nil
 }
 
-// maxHeaderBytes bounds a request head, its request line included: a
+// MaxHeaderBytes bounds a request head, its request line included: a
 // longer one is refused 431 by the checker. The sandbox server's
 // MaxHeaderBytes is the same, and Go's server refuses only past it plus
 // 4 KiB, so no head ever reaches Go's own text/plain 431.
-const maxHeaderBytes = 64 << 10
+const MaxHeaderBytes = 64 << 10
 
 // maxLine bounds a chunk-size or trailer line the checker keeps; past it
 // the line is refused when it ends.
@@ -90,14 +95,14 @@ type headChecker struct {
 
 	// For the refusal's log line and count; nil in tests.
 	log     *slog.Logger
-	refused func(Code)
+	refused func(refusal.Code)
 	id      wire.Identity
 
-	// The body bound (bodyLimit; zero: none). gen is odd while a body is
+	// The body bound (h1.BodyLimit; zero: none). gen is odd while a body is
 	// read: the watchdog's timer, on its own goroutine, checks it and got,
 	// the body bytes read so far, and cuts a stalled body by setting the
 	// read deadline past while a Read waits (reading).
-	lim     bodyLimit
+	lim     h1.BodyLimit
 	gen     atomic.Uint64
 	got     atomic.Int64
 	reading atomic.Bool
@@ -106,27 +111,15 @@ type headChecker struct {
 	timer   atomic.Pointer[time.Timer]
 }
 
-// bodyLimit bounds how long a request body may take on the sandbox socket
-// (THREATS B10), as Apache's mod_reqtimeout does: timeout from the end of
-// the head, extended by a second for every minRate bytes that arrived. A
-// body that stalls (slowloris on the body, not the head) is cut with 408
-// request_timeout when its time is up while the server waits for its
-// bytes; a handler that is slow to read is not the client's fault and
-// never cuts it.
-type bodyLimit struct {
-	timeout time.Duration // 0: no bound
-	minRate int64         // bytes per second that extend it; 0: none
-}
-
 // beginBody starts the body watchdog when a head announced a body.
 func (h *headChecker) beginBody() {
-	if h.lim.timeout <= 0 || h.conn == nil {
+	if h.lim.Timeout <= 0 || h.conn == nil {
 		return
 	}
 	gen := h.gen.Add(1) // odd: in a body
 	h.got.Store(0)
 	start := time.Now()
-	h.arm(gen, start, h.lim.timeout)
+	h.arm(gen, start, h.lim.Timeout)
 }
 
 // endBody stops it when the body is complete (or the connection failed).
@@ -150,16 +143,16 @@ func (h *headChecker) arm(gen uint64, start time.Time, after time.Duration) {
 		if h.gen.Load() != gen {
 			return // that body is complete
 		}
-		allowed := h.lim.timeout
-		if h.lim.minRate > 0 {
-			allowed += time.Duration(h.got.Load() / h.lim.minRate * int64(time.Second))
+		allowed := h.lim.Timeout
+		if h.lim.MinRate > 0 {
+			allowed += time.Duration(h.got.Load() / h.lim.MinRate * int64(time.Second))
 		}
 		if rest := time.Until(start.Add(allowed)); rest > 0 {
 			h.arm(gen, start, rest)
 			return
 		}
 		// Time is up. A Read waiting now is cut at once; if none waits
-		// (the handler is busy elsewhere), the next Read gets overdueGrace
+		// (the handler is busy elsewhere), the next Read gets h1.OverdueGrace
 		// for bytes the sandbox has already sent.
 		h.overdue.Store(true)
 		if h.reading.Load() {
@@ -168,9 +161,6 @@ func (h *headChecker) arm(gen uint64, start time.Time, after time.Duration) {
 		}
 	}))
 }
-
-// overdueGrace is how long a Read of an overdue body waits for bytes.
-const overdueGrace = time.Second
 
 // reqHead is what the checker keeps of a request head while it reads it.
 type reqHead struct {
@@ -193,7 +183,7 @@ var errStrict = errors.New("gateway: malformed request framing refused")
 // headError is a refusal with a status other than 400.
 type headError struct {
 	status int
-	code   Code
+	code   refusal.Code
 	msg    string
 }
 
@@ -205,7 +195,7 @@ func (h *headChecker) Read(p []byte) (int, error) {
 	}
 	inBody := h.gen.Load()%2 == 1
 	if inBody && h.overdue.Load() {
-		_ = h.conn.SetReadDeadline(time.Now().Add(overdueGrace))
+		_ = h.conn.SetReadDeadline(time.Now().Add(h1.OverdueGrace))
 		h.cut.Store(true) // a timeout now is the body's
 	}
 	h.reading.Store(inBody)
@@ -217,9 +207,9 @@ func (h *headChecker) Read(p []byte) (int, error) {
 		if err != nil && h.cut.Load() && errors.As(err, &ne) && ne.Timeout() {
 			h.state = stFailed
 			h.endBody()
-			h.reject(&headError{http.StatusRequestTimeout, CodeRequestTimeout, fmt.Sprintf(
+			h.reject(&headError{http.StatusRequestTimeout, refusal.RequestTimeout, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
-				h.lim.timeout, h.lim.minRate)})
+				h.lim.Timeout, h.lim.MinRate)})
 			return 0, errStrict
 		}
 	}
@@ -248,12 +238,12 @@ func (h *headChecker) Read(p []byte) (int, error) {
 // first (a lingering close): a socket closed with unread input may reset
 // the peer, which would lose the answer.
 func (h *headChecker) reject(why error) {
-	status, code, msg := http.StatusBadRequest, CodeSchemaViolation, "malformed HTTP framing: "+why.Error()
+	status, code, msg := http.StatusBadRequest, refusal.SchemaViolation, "malformed HTTP framing: "+why.Error()
 	var he *headError
 	if errors.As(why, &he) {
 		status, code, msg = he.status, he.code, he.msg
 	}
-	rid := newRequestID()
+	rid := refusal.NewRequestID()
 	if h.log != nil {
 		h.log.Warn("sandbox socket: refused a malformed request", "decision", "block", "reason", why.Error(),
 			"status", status, "code", string(code), "sandbox", h.id.Sandbox, "agent", h.id.Agent, "session", h.id.Session, "request_id", rid)
@@ -287,9 +277,9 @@ func (h *headChecker) feed(b []byte) error {
 				n = len(b)
 			}
 			if h.state == stHead {
-				if h.head.size += n; h.head.size > maxHeaderBytes {
-					return &headError{http.StatusRequestHeaderFieldsTooLarge, CodeHeaderTooLarge,
-						fmt.Sprintf("the request head is over %d bytes (RFC 6585 5)", maxHeaderBytes)}
+				if h.head.size += n; h.head.size > MaxHeaderBytes {
+					return &headError{http.StatusRequestHeaderFieldsTooLarge, refusal.HeaderTooLarge,
+						fmt.Sprintf("the request head is over %d bytes (RFC 6585 5)", MaxHeaderBytes)}
 				}
 			}
 			h.buf = appendBounded(h.buf, b[:n])
@@ -367,7 +357,7 @@ func (h *headChecker) line() error {
 			h.endBody()
 			return nil
 		}
-		return checkFieldLine(l)
+		return h1.CheckFieldLine(l)
 	}
 	// stHead: the request line, then field lines, each checked as it
 	// ends (Go's server parses each line as soon as it has it, and must
@@ -410,7 +400,7 @@ func (hd *reqHead) requestLine(l string) error {
 	if !ok1 || !ok2 {
 		return errors.New("request line is not method, target and version (RFC 9112 3)")
 	}
-	if method == "" || strings.IndexFunc(method, func(r rune) bool { return r > 0x7f || !isTokenChar(byte(r)) }) >= 0 {
+	if method == "" || strings.IndexFunc(method, func(r rune) bool { return r > 0x7f || !h1.IsTokenChar(byte(r)) }) >= 0 {
 		return errors.New("method is not a token (RFC 9110 9.1)")
 	}
 	major, minor, ok := http.ParseHTTPVersion(proto)
@@ -426,7 +416,7 @@ func (hd *reqHead) requestLine(l string) error {
 	}
 	hd.preface = method == "PRI" && target == "*" && major == 2 && minor == 0
 	if major != 1 && !hd.preface {
-		return &headError{http.StatusHTTPVersionNotSupported, CodeSchemaViolation, "only HTTP/1.0 and HTTP/1.1 are served on the sandbox socket"}
+		return &headError{http.StatusHTTPVersionNotSupported, refusal.SchemaViolation, "only HTTP/1.0 and HTTP/1.1 are served on the sandbox socket"}
 	}
 	hd.method, hd.major, hd.minor = method, major, minor
 	return nil
@@ -434,32 +424,24 @@ func (hd *reqHead) requestLine(l string) error {
 
 // field checks a field line and keeps what framing, Host and Expect need.
 func (hd *reqHead) field(l []byte) error {
-	if err := checkFieldLine(l); err != nil {
+	if err := h1.CheckFieldLine(l); err != nil {
 		return err
 	}
 	hd.fields++
-	i := bytes.IndexByte(l, ':') // checkFieldLine found one after a name
-	name, value := l[:i], bytes.Trim(l[i+1:], " \t")
-	switch {
-	case bytes.EqualFold(name, fieldContentLength):
+	name, value := h1.SplitField(l)
+	switch f := h1.Name(name); {
+	case f == h1.ContentLength:
 		hd.cls = append(hd.cls, string(value))
-	case bytes.EqualFold(name, fieldTransferEncoding):
+	case f == h1.TransferEncoding:
 		hd.tes = append(hd.tes, string(value))
-	case bytes.EqualFold(name, fieldHost):
+	case f == h1.Host:
 		hd.hosts++
 		hd.host = string(value)
-	case bytes.EqualFold(name, fieldExpect) && !hd.expectSeen:
+	case f == h1.Expect && !hd.expectSeen:
 		hd.expectSeen, hd.expect = true, string(value) // Go's server reads the first
 	}
 	return nil
 }
-
-var (
-	fieldContentLength    = []byte("Content-Length")
-	fieldTransferEncoding = []byte("Transfer-Encoding")
-	fieldHost             = []byte("Host")
-	fieldExpect           = []byte("Expect")
-)
 
 // endHead checks a complete request head and sets the framing of its body.
 func (h *headChecker) endHead() error {
@@ -484,10 +466,10 @@ func (h *headChecker) endHead() error {
 		return errors.New("more than one Host (RFC 9112 3.2)")
 	case hd.hosts == 0 && http11 && hd.method != http.MethodConnect && !(hd.preface && hd.fields == 0):
 		return errors.New("no Host in an HTTP/1.1 request (RFC 9112 3.2)")
-	case hd.hosts == 1 && !validHost(hd.host):
+	case hd.hosts == 1 && !h1.ValidHost(hd.host):
 		return errors.New("malformed Host (RFC 9112 3.2)")
-	case hd.expect != "" && !hasToken(hd.expect, "100-continue"):
-		return &headError{http.StatusExpectationFailed, CodeSchemaViolation, "the only expectation served is 100-continue (RFC 9110 10.1.1)"}
+	case hd.expect != "" && !h1.HasToken(hd.expect, "100-continue"):
+		return &headError{http.StatusExpectationFailed, refusal.SchemaViolation, "the only expectation served is 100-continue (RFC 9110 10.1.1)"}
 	}
 	switch {
 	case hd.method == http.MethodConnect || hd.preface:
@@ -510,112 +492,4 @@ func (h *headChecker) endHead() error {
 		}
 	}
 	return nil
-}
-
-// validHost reports whether a Host value has only bytes a uri-host and port
-// may have, as Go's server checks it (httpguts.ValidHostHeader).
-func validHost(h string) bool {
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
-
-// hasToken reports whether token is in the comma- or space-separated list
-// v, case-insensitively, as Go's server reads Expect.
-func hasToken(v, token string) bool {
-	for sp := 0; sp+len(token) <= len(v); sp++ {
-		if sp > 0 && !isTokenBoundary(v[sp-1]) {
-			continue
-		}
-		if end := sp + len(token); end != len(v) && !isTokenBoundary(v[end]) {
-			continue
-		}
-		if strings.EqualFold(v[sp:sp+len(token)], token) {
-			return true
-		}
-	}
-	return false
-}
-
-func isTokenBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
-
-// checkFieldLine refuses obs-fold, a name that is not a token (bytes
-// 0x80-0xff, a space before the colon) and control bytes in a value.
-func checkFieldLine(l []byte) error {
-	if len(l) > 0 && (l[0] == ' ' || l[0] == '\t') {
-		return errors.New("obs-fold continuation line (RFC 9112 5.2)")
-	}
-	i := bytes.IndexByte(l, ':')
-	if i <= 0 {
-		return errors.New("header line without a name")
-	}
-	for _, c := range l[:i] {
-		if !isTokenChar(c) {
-			return errors.New("invalid byte in a header name (RFC 9110 5.1)")
-		}
-	}
-	for _, c := range l[i+1:] {
-		if c < 0x20 && c != '\t' || c == 0x7f {
-			return errors.New("control byte in a header value (RFC 9110 5.5)")
-		}
-	}
-	return nil
-}
-
-func isTokenChar(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-// boundedBody puts bodyLimit on a request body that does not pass the
-// framing checker: an inner request of an intercepted tunnel, served by
-// its own HTTP server over the tunnel's TLS (HTTP/1 or HTTP/2). Each Read
-// gets the deadline the bound leaves, or overdueGrace for bytes already
-// sent if the bound passed while nobody read; the deadline is lifted at
-// the body's end. timedOut tells the caller why a read failed.
-type boundedBody struct {
-	rc       io.ReadCloser
-	ctl      *http.ResponseController
-	lim      bodyLimit
-	start    time.Time
-	got      int64
-	timedOut atomic.Bool
-}
-
-func (b *boundedBody) Read(p []byte) (int, error) {
-	now := time.Now()
-	if b.start.IsZero() {
-		b.start = now
-	}
-	allowed := b.lim.timeout
-	if b.lim.minRate > 0 {
-		allowed += time.Duration(b.got / b.lim.minRate * int64(time.Second))
-	}
-	dl := b.start.Add(allowed)
-	if g := now.Add(overdueGrace); dl.Before(g) && now.After(dl) {
-		dl = g
-	}
-	_ = b.ctl.SetReadDeadline(dl)
-	n, err := b.rc.Read(p)
-	b.got += int64(n)
-	if err != nil {
-		_ = b.ctl.SetReadDeadline(time.Time{})
-		var ne net.Error
-		if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
-			b.timedOut.Store(true)
-		}
-	}
-	return n, err
-}
-
-func (b *boundedBody) Close() error {
-	_ = b.ctl.SetReadDeadline(time.Time{})
-	return b.rc.Close()
 }
