@@ -56,7 +56,7 @@ func (e *rawEgress) narrowGate(ctx context.Context, c *egressCall, host string) 
 		return nil
 	}
 	c.decision, c.decided = narrowDecision, true
-	e.s.tel.decisions.Add(ctx, 1, e.decisionAttrs.get(narrowDecision.Action.String(), e.s.tel.ruleLabel(narrowRule)))
+	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(narrowDecision.Action.String(), e.d.RuleLabel(narrowRule)))
 	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied,
 		fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", host, c.caller.Sandbox))
 }
@@ -80,8 +80,7 @@ func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identit
 	f := map[string]any{"sandbox": id.Sandbox, "agent": id.Agent, "session": id.Session, "user": id.User,
 		"egress": id.Egress, "not_granted": wider, "code": string(refusal.EgressNotGranted)}
 	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
-		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is served until it can")
-		e.Wrap(err)
+		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is served until it can").Wrap(err)
 		return e
 	}
 	return refusal.New(http.StatusForbidden, refusal.EgressNotGranted,

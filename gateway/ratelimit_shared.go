@@ -87,9 +87,7 @@ func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Age
 		if e := storeRefusal(err); e != nil {
 			return e
 		}
-		e := refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the shared rate limit cannot be read; the call was not sent")
-		e.Wrap(err)
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the shared rate limit cannot be read; the call was not sent").Wrap(err)
 	}
 	if n == 0 {
 		e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox, across every gateway (burst %d); retry later", agent, rl.PerSecond, rl.Burst))

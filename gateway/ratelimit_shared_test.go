@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -8,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
-	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store/pgtest"
 )
 

@@ -58,7 +58,7 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	ev, err := decodeSandboxEvent(http.MaxBytesReader(w, r.Body, maxSandboxEventBytes))
 	if err != nil {
-		refusal.Write(w, refusal.New(http.StatusBadRequest, "bad_request", err.Error()), rid)
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, err.Error()), rid)
 		return
 	}
 	fields := map[string]any{"sandbox": ev.Sandbox, "agent": ev.Agent, "session": ev.Session, "user": ev.User,

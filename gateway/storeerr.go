@@ -17,9 +17,7 @@ func storeRefusal(err error) *refusal.Error {
 	if !errors.Is(err, store.ErrUnavailable) {
 		return nil
 	}
-	e := refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the gateway's state store is unavailable; the call was not sent")
-	e.Wrap(err)
-	return e
+	return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the gateway's state store is unavailable; the call was not sent").Wrap(err)
 }
 
 // storeReadyTimeout bounds /readyz's store check: a load balancer asks

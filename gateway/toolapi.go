@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -22,7 +23,7 @@ import (
 // handleListTools is GET /v1/tools.
 func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
@@ -38,7 +39,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 // handleToolCall is POST /v1/tools/{tool}: the body is the arguments
 // document; Sluice-Hold names the hold a re-send is for.
 func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		// The pipeline refuses, audits and logs a call without identity.
 		id = wire.Identity{}
@@ -51,7 +52,7 @@ func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
 
 // handlePollHold is GET /v1/holds/{id}?wait=30s.
 func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), refusal.NewRequestID())
 		return
