@@ -16,7 +16,7 @@ command -v curl >/dev/null 2>&1 || need+=(curl) # test/e2e runs Debian's curl in
 for p in squid tinyproxy crun dnsperf; do command -v $p >/dev/null 2>&1 || need+=($p); done
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip) # test/e2e runs pip inside a sandbox
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # Vault's database engine in the Vault tests
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # the PostgreSQL store (gateway/store/pgtest) and Vault's database engine
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -33,6 +33,8 @@ go vet ./...
 echo "== Vault server for the Vault tests (built once, cached)"
 SLUICE_VAULT_BIN=$(test/tools/vault.sh)
 export SLUICE_VAULT_BIN SLUICE_REQUIRE_VAULT=1
+# PostgreSQL store tests fail, not skip, without a server: test.sh installs it.
+export SLUICE_REQUIRE_POSTGRES=1
 
 echo "== go test"
 short=()

@@ -102,6 +102,9 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 		"hold": h.ID, "tool": h.Tool, "sha256": h.SHA256, "rule": h.Rule,
 		"sandbox": h.Caller.Sandbox, "agent": h.Caller.Agent, "session": h.Caller.Session, "user": h.Caller.User,
 	}
+	if h.Caller.Egress != "" {
+		f["egress"] = h.Caller.Egress
+	}
 	if event == "hold_created" {
 		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -104,7 +105,7 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 		}
 	}
 	if cfg.Gateway.RelayTLS.Listen != "" {
-		if _, err := relayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
+		if _, err := ingress.RelayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
 			f.Errors = append(f.Errors, err)
 		}
 	}

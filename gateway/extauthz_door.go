@@ -234,14 +234,19 @@ const holdRetryAfter = 5 * time.Second
 func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Duration) extauthz.Verdict {
 	rec := s.envoyRecord(r)
 	id, e := canonicalCaller(r.Identity)
-	rec.Sandbox, rec.Agent, rec.Session, rec.User = id.Sandbox, id.Agent, id.Session, id.User
+	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
 	if e == nil {
 		e = s.sessionRefusal(ctx, id.Session) // unknown state refuses too: raw egress is never held to re-check
+	}
+	if e == nil && narrowedOut(callerOf(id), r.Host) { // narrow.go: the sandbox's narrowing, before policy
+		d := narrowDecision
+		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+		e = refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", r.Host, id.Sandbox))
 	}
 	if e == nil {
 		in := &policy.Input{
 			Version: policy.InputVersion, Kind: string(rec.Kind),
-			Caller:  policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User},
+			Caller:  callerOf(id),
 			Request: policy.Request{Method: r.Method, Host: r.Host, Port: r.Port, Path: r.Path, Query: r.Query, Headers: r.Headers},
 			Envoy:   r.Envoy, Time: time.Now().UTC(),
 		}
@@ -286,7 +291,7 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 func (s *Server) envoyRefused(ctx context.Context, r *extauthz.Request, v extauthz.Verdict) string {
 	e := refusal.New(v.Status, refusal.Code(v.Code), v.Message)
 	rec := s.envoyRecord(r)
-	rec.Sandbox, rec.Agent, rec.Session, rec.User = r.Identity.Sandbox, r.Identity.Agent, r.Identity.Session, r.Identity.User
+	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = r.Identity.Sandbox, r.Identity.Agent, r.Identity.Session, r.Identity.User, r.Identity.Egress
 	rec.Status = v.Status
 	if ae := s.auditRecord(ctx, rec, e); ae != nil {
 		e = ae

@@ -23,6 +23,8 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/extauthz"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 var updateEnvoy = flag.Bool("update-envoy", false, "rewrite testdata/envoy/*.golden")
@@ -391,5 +393,45 @@ func TestEnvoyApprovalLapses(t *testing.T) {
 	}
 	if !lapsed {
 		t.Error("no hold_expired record for the lapsed approval")
+	}
+}
+
+// TestEnvoyRawEgressNarrowed: raw egress decided for the Envoy door keeps
+// a sandbox's egress narrowing (sandboxd --egress), as the forward proxy
+// does: a host the agent may reach but the narrowing leaves out is 403
+// egress_denied by rule sandbox_egress before policy, audited with the
+// narrowing; a host in both passes. Envoy's identity sources carry no
+// narrowing, so the door's raw-egress decision is called directly.
+func TestEnvoyRawEgressNarrowed(t *testing.T) {
+	g := startEnvoyGateway(t, func(c *config.Config) {
+		c.Agents[0].Egress = []string{"pypi.org", "files.pythonhosted.org"}
+	})
+	id := agentA
+	narrow, err := wire.FormatEgress([]string{"files.pythonhosted.org"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id.Egress = narrow
+	connect := func(host string) extauthz.Verdict {
+		return g.envoyEgress(context.Background(), &extauthz.Request{Identity: id, IdentitySource: "context_extensions",
+			Protocol: "HTTP/1.1", Scheme: "http", Method: http.MethodConnect, Host: host, Port: 443, ExplicitPort: true}, 0)
+	}
+	if v := connect("pypi.org"); v.Allow || v.Status != http.StatusForbidden || v.Code != "egress_denied" {
+		t.Errorf("CONNECT pypi.org:443 outside the narrowing: %+v, want 403 egress_denied", v)
+	}
+	if v := connect("files.pythonhosted.org"); !v.Allow {
+		t.Errorf("CONNECT files.pythonhosted.org:443 inside the narrowing: %+v, want allowed", v)
+	}
+	byHost := map[string]map[string]any{}
+	for _, r := range envoyRecords(t, g.testGateway) {
+		f := fieldsOf(r)
+		h, _ := f["dest_host"].(string)
+		byHost[h] = f
+	}
+	if f := byHost["pypi.org"]; f["rule"] != "sandbox_egress" || f["code"] != "egress_denied" || f["egress"] != narrow || f["decision"] != "block" {
+		t.Errorf("pypi.org record %v: want rule sandbox_egress, code egress_denied, decision block, egress %q", f, narrow)
+	}
+	if f := byHost["files.pythonhosted.org"]; f["decision"] != "allow" || f["egress"] != narrow {
+		t.Errorf("files.pythonhosted.org record %v: want decision allow with egress %q", f, narrow)
 	}
 }

@@ -32,7 +32,9 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -109,6 +111,10 @@ type Server struct {
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
+
+	// sharedLimits: agents[].rate_limit across the replicas of a shared
+	// store (ratelimit_shared.go).
+	sharedLimits sharedLimits
 
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
 
@@ -210,7 +216,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		log.Warn("audit: removed an unfinished last line", "path", cfg.Audit.Path, "bytes", n,
 			"reason", "a write that did not complete before the last stop (full disk or crash); never acknowledged")
 	}
-	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
+	if s.store, err = store.OpenWith(ctx, cfg.Store, store.Options{AuditLog: cfg.Audit.Path}); err != nil {
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -373,18 +379,19 @@ func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 // until ctx ends. It returns when both listeners are closed.
 func (s *Server) Serve(ctx context.Context) error {
 	gc := s.cfg.Gateway
-	sl, err := listenSandboxWith(gc.SandboxSocket, gc.TrustedRelayUIDs, s.log, s.tel.refused, handoffIdle, listenLimits{
-		maxConns: gc.MaxConnections, maxPerSandbox: gc.MaxConnectionsPerSandbox,
-		body: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate},
+	sl, err := ingress.Listen(ingress.Options{
+		Socket: gc.SandboxSocket, TrustedUIDs: gc.TrustedRelayUIDs, Log: s.log, Refused: s.tel.refused,
+		MaxConns: gc.MaxConnections, MaxPerSandbox: gc.MaxConnectionsPerSandbox,
+		Body: h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate},
 	})
 	if err != nil {
 		return err
 	}
 	if rt := s.cfg.Gateway.RelayTLS; rt.Listen != "" {
-		tcfg, err := relayTLSConfig(rt)
+		tcfg, err := ingress.RelayTLSConfig(rt)
 		if err == nil {
 			var a net.Addr
-			if a, err = sl.listenRelayTLS(rt.Listen, tcfg); err == nil {
+			if a, err = sl.ListenRelayTLS(rt.Listen, tcfg); err == nil {
 				addr := a.String()
 				s.relayAddr.Store(&addr)
 			}
@@ -405,10 +412,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		ConnContext:       s.connContext, // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    maxHeaderBytes, // strict.go refuses longer heads first, with JSON
+		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}}
-	listeners := []net.Listener{strictHeads{sl}} // strict.go: framing checked before parsing
+	listeners := []net.Listener{ingress.StrictHeads(sl)} // framing checked before parsing
 	if s.cfg.Gateway.AdminListen != "" {
 		al, err := net.Listen("tcp", s.cfg.Gateway.AdminListen)
 		if err != nil {
@@ -595,89 +602,11 @@ func (s *Server) flushUsage(ctx context.Context) {
 
 func (s *Server) count(agent, tool, action string) { s.usage.add(usageKey{agent, tool, action}) }
 
-// shutdownGrace bounds a graceful shutdown: requests still running after
-// it have their connections closed.
-const shutdownGrace = 10 * time.Second
-
-// shutdown stops servers gracefully. Long-lived requests are told first
-// (stopHooks.begin: a DNS stream stops reading questions, answers those in
-// flight and ends its body), so that Shutdown waits for them only as long
-// as their answers take; whatever still runs after shutdownGrace has its
-// connection closed rather than outliving Serve. Then the idle upstream
-// connections of raw egress are closed.
-func (s *Server) shutdown(servers []*http.Server) {
-	s.stop.begin()
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	for _, srv := range servers {
-		if err := srv.Shutdown(ctx); err != nil {
-			s.log.Warn("gateway: shutdown: grace period over; closing the connections still busy", "grace", shutdownGrace.String(), "err", err)
-			_ = srv.Close()
-		}
+// egressAllowlists maps each agent to its agents[].egress list for policy.
+func egressAllowlists(cfg *config.Config) map[string][]string {
+	m := make(map[string][]string, len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		m[a.Name] = a.Egress
 	}
-	s.stop.closeAll()
-}
-
-// stopHooks is what a shutdown must reach that http.Server.Shutdown does
-// not: requests that would otherwise run on (DNS streams wait for
-// questions for minutes), and the upstream transports of raw egress,
-// which keep idle connections open.
-type stopHooks struct {
-	mu       sync.Mutex
-	stopping bool
-	next     uint64
-	running  map[uint64]func() // told when the shutdown begins
-	closers  []func()          // run when the servers have stopped, and by Close
-}
-
-// onStop arranges for f to run once when the shutdown begins, or at once if
-// it has begun. The returned func unregisters f; once it returns, f is not
-// running and will not run. f runs with the hooks locked: it must be quick
-// and must not call back.
-func (h *stopHooks) onStop(f func()) (unregister func()) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.stopping {
-		f()
-		return func() {}
-	}
-	if h.running == nil {
-		h.running = map[uint64]func(){}
-	}
-	h.next++
-	k := h.next
-	h.running[k] = f
-	return func() {
-		h.mu.Lock()
-		delete(h.running, k)
-		h.mu.Unlock()
-	}
-}
-
-// begin tells every registered request that the shutdown began.
-func (h *stopHooks) begin() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.stopping = true
-	for k, f := range h.running {
-		f()
-		delete(h.running, k)
-	}
-}
-
-// atClose adds f to what runs when the servers have stopped.
-func (h *stopHooks) atClose(f func()) {
-	h.mu.Lock()
-	h.closers = append(h.closers, f)
-	h.mu.Unlock()
-}
-
-// closeAll runs the closers; it may run more than once.
-func (h *stopHooks) closeAll() {
-	h.mu.Lock()
-	fs := slices.Clone(h.closers)
-	h.mu.Unlock()
-	for _, f := range fs {
-		f()
-	}
+	return m
 }

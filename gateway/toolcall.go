@@ -95,7 +95,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	if held != nil {
 		// Not from a door: from an approval. Its record names no transport.
 		c.event, c.rec.Transport, c.rec.Tool = call.EventResult, "", held.Tool
-		c.req.Identity = wire.Identity{Sandbox: held.Caller.Sandbox, Agent: held.Caller.Agent, Session: held.Caller.Session, User: held.Caller.User}
+		c.req.Identity = wire.Identity{Sandbox: held.Caller.Sandbox, Agent: held.Caller.Agent, Session: held.Caller.Session, User: held.Caller.User, Egress: held.Caller.Egress}
 	} else if c.rec.Transport == "" {
 		c.rec.Transport = call.HTTP
 	}
@@ -128,7 +128,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// (THREATS E8): hold ownership, grants and ended sessions compare the
 	// canonical forms.
 	id, e := canonicalCaller(c.req.Identity)
-	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User = id.Sandbox, id.Agent, id.Session, id.User
+	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User, c.rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
 	if e != nil {
 		return call.Outcome{}, e
 	}
@@ -142,12 +142,18 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// Limit: the agent's rate limit, per sandbox, before any work for the
-	// call. An approved hold was limited when it was made.
+	// call (one bucket across replicas on a shared store). An approved
+	// hold was limited when it was made.
 	agent := s.cfg.Agent(id.Agent)
-	if c.held == nil && agent != nil && agent.RateLimit != nil {
-		if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
-			e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
-			e.RetryAfter = wait
+	if c.held == nil {
+		if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
+			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
+				e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
+				e.RetryAfter = wait
+				return call.Outcome{}, e
+			}
+		}
+		if e := s.sharedLimit(ctx, c.caller(), agent); e != nil {
 			return call.Outcome{}, e
 		}
 	}
@@ -269,7 +275,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 // refused: it is a door's bug or an ambiguous name, never guessed at.
 func canonicalCaller(id wire.Identity) (wire.Identity, *refusal.Error) {
 	if err := id.Validate(); err != nil {
-		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "bug: the call carries no valid identity").Wrap(err)
+		// A door's bug, or a name no relay would have passed: wire's
+		// message names the field, never more than the caller sent.
+		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "the call carries no valid identity: "+strings.TrimPrefix(err.Error(), "wire: "))
 	}
 	for _, f := range []struct {
 		name string
@@ -314,7 +322,14 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 	}
 	var args *connectors.Args
 	var err error
-	if !formed || len(bytes.TrimSpace(body)) > 0 {
+	var req *http.Request
+	switch {
+	case !formed && c.req.IdempotencyKey == "":
+		// Exactly what `sluice policy eval --tool` prepares (toolinput.go).
+		var a connectors.Args
+		a, req, err = prepareCall(ctx, tool, up.conn.BaseURL, body)
+		args = &a
+	case !formed || len(bytes.TrimSpace(body)) > 0:
 		if len(bytes.TrimSpace(body)) == 0 {
 			body = []byte("{}")
 		}
@@ -325,14 +340,15 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 			err = tool.Validate(a)
 		}
 		args = &a
-	}
-	var req *http.Request
-	switch {
-	case err != nil:
-	case formed:
+		switch {
+		case err != nil:
+		case formed:
+			req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+		default:
+			req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
+		}
+	default: // a formed request without arguments
 		req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
-	default:
-		req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
 	}
 	if err != nil {
 		var ae *connectors.ArgError
@@ -644,5 +660,5 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 
 // caller is the call's canonical identity as policy sees it.
 func (c *toolCall) caller() policy.Caller {
-	return policy.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User}
+	return policy.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User, Egress: c.rec.Egress}
 }

@@ -247,7 +247,7 @@ the log changed: that is the refusal's whole point.`,
 			ctx := cmd.Context()
 			// The store is one gateway's (flock): a running gateway makes
 			// this fail here, before anything is written.
-			st, err := store.Open(ctx, lc.Store)
+			st, err := store.OpenWith(ctx, lc.Store, store.Options{AuditLog: path})
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %w", err)
 			}

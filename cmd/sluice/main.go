@@ -94,6 +94,7 @@ Start with: sluice demo`,
 		auditCmd(g),
 		approvalsCmd(g),
 		sessionsCmd(g),
+		storeCmd(g),
 		placeholdersCmd(g),
 		demoCmd(g),
 	)

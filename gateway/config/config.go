@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // Config is the whole of sluice.yaml.
@@ -666,10 +668,14 @@ func (c *Config) Validate() error {
 		if strings.TrimPrefix(c.Store, "sqlite:") == "" {
 			bad("store", "sqlite: needs a path")
 		}
-	case strings.HasPrefix(c.Store, "postgres://"):
-		bad("store", "postgres is not supported yet; use sqlite:/path")
+	case strings.HasPrefix(c.Store, "postgres://"), strings.HasPrefix(c.Store, "postgresql://"):
+		// Checked in full when the store opens (sslmode, pool size,
+		// statement_timeout); never echoed here: it may hold a password.
+		if _, err := url.Parse(c.Store); err != nil {
+			bad("store", "not a postgres:// URL (the value is not shown: it may hold a password)")
+		}
 	default:
-		bad("store", "want sqlite:/path, got %q", RedactURL(c.Store))
+		bad("store", "want sqlite:/path or postgres://…, got %q", RedactURL(c.Store))
 	}
 	if c.Audit.Path == "" {
 		bad("audit.path", "must be set: the gateway does not run without an audit log")
@@ -1062,25 +1068,8 @@ func CoversMetadata(p netip.Prefix) (netip.Prefix, bool) {
 // DNS name ("pypi.org") or "*." followed by one ("*.pythonhosted.org", any
 // name below it, at any depth, but not the domain itself). Labels are
 // letters, digits, '-' and '_', 1-63 bytes; the name at most 253 bytes.
-func ValidEgress(h string) bool {
-	h = strings.TrimPrefix(h, "*.")
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(h, ".") {
-		if l == "" || len(l) > 63 {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			switch b := l[i]; {
-			case 'a' <= b && b <= 'z', '0' <= b && b <= '9', b == '-', b == '_':
-			default:
-				return false
-			}
-		}
-	}
-	return true
-}
+// It is the syntax of a sandbox's egress narrowing too (sandboxd/wire).
+func ValidEgress(h string) bool { return wire.ValidEgressHost(h) }
 
 // Agent returns the named agent's grants, or nil.
 func (c *Config) Agent(name string) *Agent {

@@ -47,6 +47,9 @@ type Caller struct {
 	Agent   string `json:"agent"`
 	Session string `json:"session"`
 	User    string `json:"user"`
+	// Egress is the sandbox's egress narrowing (policy.Caller.Egress),
+	// kept so that the hold's records carry it too.
+	Egress string `json:"egress,omitempty"`
 }
 
 // Hold is one held call.
@@ -83,6 +86,9 @@ type Hold struct {
 	// request with the same hash is let through once (Release), after
 	// which it is Done.
 	Deferred bool `json:"deferred,omitempty"`
+	// Version is the stored hold's change count when it was read: a
+	// decision applies only to the version its decider saw.
+	Version int64 `json:"-"`
 }
 
 // Terminal says whether the hold's state can no longer change.

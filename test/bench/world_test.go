@@ -131,6 +131,7 @@ type gwOpts struct {
 	Egress     []string // agent-a's egress allowlist
 	ExtAuthz   bool     // gateway.ext_authz on a Unix socket beside the sandbox socket
 	RegoExtra  string   // a second user module (source)
+	Store      string   // store: ("" = an SQLite file in the gateway's directory)
 }
 
 // approverToken is the bench approver's API token (bob, group ops).
@@ -192,9 +193,13 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	if egress == nil {
 		egress = []string{}
 	}
+	store := o.Store
+	if store == "" {
+		store = "sqlite:" + filepath.Join(d, "store.db")
+	}
 	doc := map[string]any{
 		"gateway": g,
-		"store":   "sqlite:" + filepath.Join(d, "store.db"),
+		"store":   store,
 		"audit":   auditSection(audit, o.AuditSync),
 		"secrets": map[string]any{"backend": "local", "local": map[string]any{
 			"path": filepath.Join(d, "secrets.json"), "key_file": filepath.Join(d, "secrets.key")}},
