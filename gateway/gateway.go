@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -110,6 +111,8 @@ type Server struct {
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
+
+	mcpDoor atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -351,6 +354,9 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 		OnReload: func(ok bool, err error) {
 			s.tel.reload(ok)
 			s.setPolicyErr(err)
+			if ok {
+				s.mcpChanged() // what a caller may list may have changed
+			}
 		},
 	})
 	s.tel.reload(err == nil)

@@ -36,7 +36,8 @@ func (s *Server) sandboxHandler() http.Handler {
 	mux.HandleFunc("GET /v1/tools", s.handleListTools)
 	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
 	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
-	eg := s.newRawEgress() // proxy.go, dnsanswer.go
+	mux.Handle("/mcp", s.newMCPDoor()) // mcp_door.go: the same listing and pipeline over MCP
+	eg := s.newRawEgress()             // proxy.go, dnsanswer.go
 	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such endpoint on the sandbox socket"), newRequestID())
@@ -61,9 +62,8 @@ type toolView struct {
 	Schema      json.RawMessage `json:"schema"`
 }
 
-// handleListTools lists what the caller is granted and not blocked from.
-// A tool the policy would block outright (with nothing of the call known but
-// its name) is left out; ask and allow tools are listed.
+// handleListTools lists what the caller is granted and not blocked from
+// (grantedTools, mcp_door.go).
 func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 	rid := newRequestID()
 	id, ok := identityFrom(r.Context())
@@ -71,23 +71,13 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
 		return
 	}
-	agent := s.cfg.Agent(id.Agent)
-	if agent == nil {
-		writeError(w, refuse(http.StatusForbidden, CodeUnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent)), rid)
+	tools, aerr := s.grantedTools(r.Context(), id)
+	if aerr != nil {
+		writeError(w, aerr, rid)
 		return
 	}
 	views := []toolView{}
-	now := time.Now().UTC()
-	for _, t := range s.catalog.list {
-		if !slices.Contains(agent.Connectors, t.Connector) {
-			continue
-		}
-		// Decided as a call with no arguments yet: a tool that policy
-		// blocks whatever the arguments are is not offered at all.
-		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
-		if s.Decide(r.Context(), in).Action == policy.Block {
-			continue
-		}
+	for _, t := range tools {
 		desc := t.Summary
 		if desc == "" {
 			desc = t.Description

@@ -74,6 +74,8 @@ func allowed(from, to string) (bool, string) {
 		return under(to, "sandboxd") || under(to, "dns") || to == "internal/buildinfo", "cmd/sandboxd links only sandboxd, dns and internal/buildinfo: a sandbox host holds no credentials and makes no decisions"
 	case under(from, "internal/buildinfo"):
 		return false, "internal/buildinfo imports only the standard library"
+	case under(from, "gateway") && from != "gateway" && to == "gateway":
+		return false, "a gateway/* package never imports the root gateway: the root hands it hooks (gateway/mcp's Deps)"
 	case under(from, "gateway"):
 		ok := under(to, "gateway") || to == "sandboxd/wire" || under(to, "connectors") || under(to, "policy") ||
 			under(to, "vault") || under(to, "dns") || under(to, "rego")
@@ -178,6 +180,7 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"cmd/sandboxd", "policy"},
 		{"gateway", "test/e2e"},
 		{"gateway", "sandboxd"},
+		{"gateway/mcp", "gateway"},
 		{"dns", "connectors"},
 	}
 	for _, c := range cases {
