@@ -96,6 +96,7 @@ Start with: sluice demo`,
 		sessionsCmd(g),
 		placeholdersCmd(g),
 		demoCmd(g),
+		mcpStdioCmd(g),
 	)
 	return root.ExecuteContext(ctx)
 }
