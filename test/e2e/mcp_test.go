@@ -1,0 +1,338 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
+)
+
+// mcpConnect opens an MCP session with the official Go SDK client over
+// the sandbox socket as id (the identity is the connection's preamble).
+func mcpConnect(t *testing.T, g *gwenv.Gateway, id wire.Identity, opts *sdk.ClientOptions) *sdk.ClientSession {
+	t.Helper()
+	c := sdk.NewClient(&sdk.Implementation{Name: "e2e-go", Version: "1"}, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	hc := g.Client(id)
+	hc.Timeout = 0 // the standalone event stream stays open
+	cs, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: "http://sluice/mcp", HTTPClient: hc, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatalf("mcp connect as %s: %v", id.Agent, err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// toolText is a tool result's text content.
+func toolText(r *sdk.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		if tc, ok := c.(*sdk.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// structured is a tool result's structuredContent as a map.
+func structured(t *testing.T, r *sdk.CallToolResult) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(r.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	return m
+}
+
+// TestMCPGoClientListsAndCalls: the Go SDK's client lists agent-a's
+// tools (granted, minus the ones its policy blocks outright) with their
+// schemas and annotations, calls an allowed tool through the pipeline
+// (the upstream answers, with the credential attached outside), gets
+// refusals as isError results naming their code, and agent-b sees none.
+func TestMCPGoClientListsAndCalls(t *testing.T) {
+	e := newEnv(t)
+	d := mainConfig(e, "sluice")
+	g := e.Start(d, e.Write(d))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	cs := mcpConnect(t, g, agentA, nil)
+	lt, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v", err)
+	}
+	tools := map[string]*sdk.Tool{}
+	for _, tl := range lt.Tools {
+		tools[tl.Name] = tl
+	}
+	for _, want := range []string{"tickets.list_tickets", "tickets.get_ticket", "tickets.create_refund", "sluice.await_hold"} {
+		if tools[want] == nil {
+			t.Errorf("tools/list lacks %s (has %v)", want, keys(tools))
+		}
+	}
+	if tools["tickets.delete_ticket"] != nil {
+		t.Error("tools/list offers tickets.delete_ticket, which the policy blocks outright")
+	}
+	if lt := tools["tickets.list_tickets"]; lt != nil {
+		if lt.Annotations == nil || !lt.Annotations.ReadOnlyHint {
+			t.Errorf("list_tickets (GET) annotations %+v: want readOnlyHint", lt.Annotations)
+		}
+		s, _ := lt.InputSchema.(map[string]any)
+		if s["type"] != "object" {
+			t.Errorf("list_tickets inputSchema %v: want a JSON Schema object", lt.InputSchema)
+		}
+	}
+	if rf := tools["tickets.create_refund"]; rf != nil && (rf.Annotations == nil || rf.Annotations.ReadOnlyHint) {
+		t.Errorf("create_refund (POST) annotations %+v: want not readOnly", rf.Annotations)
+	}
+
+	// Allowed: the upstream's answer, and the call's one decision line.
+	r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}})
+	if err != nil {
+		t.Fatalf("tools/call list_tickets: %v", err)
+	}
+	e.Keep([]byte(toolText(r)))
+	sc := structured(t, r)
+	if r.IsError || sc["status"] != float64(200) {
+		t.Fatalf("list_tickets over MCP: isError %v, %s; want the upstream's 200", r.IsError, toolText(r))
+	}
+	rid, _ := sc["request_id"].(string)
+	line := g.AwaitLog("the call's decision line", func(m map[string]any) bool { return m["msg"] == "tool_call" && m["request_id"] == rid })
+	if line["decision"] != "allow" || line["agent"] != "agent-a" {
+		t.Errorf("decision line for %s: %v; want allow for agent-a", rid, line)
+	}
+	if n := len(e.Up.Requests()); n != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", n)
+	}
+
+	// The alias is accepted too.
+	if a := aliasOf(t, g, "tickets.list_tickets"); a != "" {
+		r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: a, Arguments: map[string]any{}})
+		if err != nil || r.IsError {
+			t.Errorf("call by alias %s: %v %s", a, err, toolText(r))
+		}
+	}
+
+	// Blocked: an isError result naming policy_block and the rule's reason;
+	// nothing upstream.
+	before := len(e.Up.Requests())
+	r, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.delete_ticket", Arguments: map[string]any{"path": map[string]any{"id": "T-1"}}})
+	if err != nil {
+		t.Fatalf("tools/call delete_ticket: %v (want a tool result, not a protocol error)", err)
+	}
+	if !r.IsError || !strings.HasPrefix(toolText(r), "policy_block: ") || !strings.Contains(toolText(r), "deleting tickets is not for agents") {
+		t.Errorf("blocked call: isError %v %q; want isError naming policy_block and the reason", r.IsError, toolText(r))
+	}
+	brid, _ := structured(t, r)["error"].(map[string]any)["request_id"].(string)
+	if f := auditFields(t, g, "decision", brid); f["code"] != "policy_block" || f["agent"] != "agent-a" {
+		t.Errorf("audit record of the blocked MCP call: %v; want code policy_block for agent-a", f)
+	}
+	// Bad arguments: schema_violation, nothing upstream.
+	r, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{"nonsense": 1}})
+	if err != nil || !r.IsError || !strings.HasPrefix(toolText(r), "schema_violation: ") {
+		t.Errorf("bad arguments: %v isError %v %q; want isError schema_violation", err, r != nil && r.IsError, toolText(r))
+	}
+	if n := len(e.Up.Requests()); n != before {
+		t.Errorf("refused calls reached the upstream (%d requests, want %d)", n, before)
+	}
+
+	// agent-b is granted nothing: only the built-in tool is listed.
+	csb := mcpConnect(t, g, agentB, nil)
+	ltb, err := csb.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ltb.Tools) != 1 || ltb.Tools[0].Name != "sluice.await_hold" {
+		var names []string
+		for _, tl := range ltb.Tools {
+			names = append(names, tl.Name)
+		}
+		t.Errorf("agent-b lists %v; want only sluice.await_hold", names)
+	}
+	r, err = csb.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}})
+	if err == nil && !r.IsError {
+		t.Errorf("agent-b called a tool it is not granted: %s", toolText(r))
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// aliasOf is the tool's function-safe alias as GET /v1/tools lists it.
+func aliasOf(t *testing.T, g *gwenv.Gateway, tool string) string {
+	t.Helper()
+	r := g.Do(agentA, http.MethodGet, "/v1/tools", "", nil)
+	var l struct {
+		Tools []struct{ Name, Alias string } `json:"tools"`
+	}
+	_ = json.Unmarshal(r.Body, &l)
+	for _, x := range l.Tools {
+		if x.Name == tool {
+			return x.Alias
+		}
+	}
+	return ""
+}
+
+// TestMCPHoldProgressApproval: an ask call over MCP stays open and sends
+// progress notifications while it waits; approved through the admin API it
+// returns the upstream's result. A denied one is isError with the
+// approver's reason; one still pending after hold_wait is isError with the
+// hold id, and sluice.await_hold returns its result once approved.
+func TestMCPHoldProgressApproval(t *testing.T) {
+	e := newEnv(t)
+	d := mainConfig(e, "sluice")
+	withApprovers(d, gwenv.CarolToken)
+	d.Gateway()["hold_wait"] = "6s"
+	g := e.Start(d, e.Write(d))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	progress := map[any]int{}
+	first := make(chan struct{}, 8)
+	cs := mcpConnect(t, g, agentA, &sdk.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *sdk.ProgressNotificationClientRequest) {
+		mu.Lock()
+		progress[r.Params.ProgressToken]++
+		mu.Unlock()
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+	}})
+	pending := func() string {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			st, _, m := g.AdminDo(http.MethodGet, "/api/v1/holds?status=pending", gwenv.CarolToken, "")
+			if st != http.StatusOK {
+				continue
+			}
+			hs, _ := m["holds"].([]any)
+			for _, h := range hs {
+				if hm, _ := h.(map[string]any); hm["status"] == "pending" {
+					return hm["id"].(string)
+				}
+			}
+		}
+		t.Fatal("no pending hold appeared")
+		return ""
+	}
+	refund := func(token string) *sdk.CallToolParams {
+		p := &sdk.CallToolParams{Name: "tickets.create_refund", Arguments: map[string]any{"body": map[string]any{"amount": 5, "reason": "dup"}}}
+		if token != "" {
+			p.SetProgressToken(token)
+		}
+		return p
+	}
+
+	// 1. ask → progress → approval → the upstream's result.
+	done := make(chan *sdk.CallToolResult, 1)
+	go func() {
+		r, err := cs.CallTool(ctx, refund("p1"))
+		if err != nil {
+			t.Errorf("ask call: %v", err)
+		}
+		done <- r
+	}()
+	id := pending()
+	select {
+	case <-first:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no progress notification while the call was held")
+	}
+	if st, body, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+id+"/approve", gwenv.CarolToken, `{"reason":"ok"}`); st != http.StatusOK {
+		t.Fatalf("approve: %d %s", st, body)
+	}
+	r := <-done
+	if r == nil || r.IsError || structured(t, r)["status"] == nil {
+		t.Fatalf("approved ask over MCP: %+v; want the upstream's result", r)
+	}
+	e.Keep([]byte(toolText(r)))
+	mu.Lock()
+	if progress["p1"] == 0 {
+		t.Errorf("progress notifications for token p1: 0")
+	}
+	mu.Unlock()
+
+	// 2. ask → deny with a reason → isError approval_denied naming it.
+	go func() {
+		r, _ := cs.CallTool(ctx, refund(""))
+		done <- r
+	}()
+	id = pending()
+	if st, body, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+id+"/deny", gwenv.CarolToken, `{"reason":"not this one"}`); st != http.StatusOK {
+		t.Fatalf("deny: %d %s", st, body)
+	}
+	r = <-done
+	if r == nil || !r.IsError || !strings.HasPrefix(toolText(r), "approval_denied: ") || !strings.Contains(toolText(r), "not this one") {
+		t.Fatalf("denied ask over MCP: %+v %q; want isError approval_denied with the reason", r, toolText(r))
+	}
+
+	// 3. still pending after hold_wait → isError with the hold id; then
+	// sluice.await_hold returns the result once approved.
+	r, err := cs.CallTool(ctx, refund(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, _ := structured(t, r)["hold"].(map[string]any)
+	hid, _ := hold["id"].(string)
+	if !r.IsError || hid == "" || !strings.Contains(toolText(r), "sluice.await_hold") || !strings.Contains(toolText(r), hid) {
+		t.Fatalf("pending ask: isError %v %q; want isError naming the hold and sluice.await_hold", r.IsError, toolText(r))
+	}
+	go func() {
+		r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "sluice.await_hold", Arguments: map[string]any{"hold_id": hid}})
+		if err != nil {
+			t.Errorf("await_hold: %v", err)
+		}
+		done <- r
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if st, body, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+hid+"/approve", gwenv.CarolToken, `{"reason":"ok"}`); st != http.StatusOK {
+		t.Fatalf("approve: %d %s", st, body)
+	}
+	r = <-done
+	if r == nil || r.IsError {
+		t.Fatalf("await_hold after approval: %+v", r)
+	}
+	e.Keep([]byte(toolText(r)))
+	// Another sandbox cannot wait on (or learn of) agent-a's hold.
+	csb := mcpConnect(t, g, agentB, nil)
+	rb, err := csb.CallTool(ctx, &sdk.CallToolParams{Name: "sluice.await_hold", Arguments: map[string]any{"hold_id": hid, "wait_seconds": 0}})
+	if err != nil || !rb.IsError || !strings.HasPrefix(toolText(rb), "not_found: ") {
+		t.Errorf("agent-b awaiting agent-a's hold: %v %q; want isError not_found", err, toolText(rb))
+	}
+}
+
+// auditFields waits for the audit record event of request rid and returns
+// its fields.
+func auditFields(t *testing.T, g *gwenv.Gateway, event, rid string) map[string]any {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, r := range g.AuditRecords() {
+			if r["event"] == event && r["request_id"] == rid {
+				f, _ := r["fields"].(map[string]any)
+				return f
+			}
+		}
+	}
+	t.Fatalf("no audit record %s for request %s", event, rid)
+	return nil
+}
