@@ -336,3 +336,90 @@ func auditFields(t *testing.T, g *gwenv.Gateway, event, rid string) map[string]a
 	t.Fatalf("no audit record %s for request %s", event, rid)
 	return nil
 }
+
+// mcpPost POSTs one raw message to /mcp as id and returns the status and
+// the JSON-RPC error's code and message.
+func mcpPost(t *testing.T, g *gwenv.Gateway, id wire.Identity, body string, hdr http.Header) (int, float64, string) {
+	t.Helper()
+	h := http.Header{"Content-Type": {"application/json"}, "Accept": {"application/json, text/event-stream"}}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	r := g.Do(id, http.MethodPost, "/mcp", body, h)
+	var m struct {
+		JSONRPC string `json:"jsonrpc"`
+		Error   struct {
+			Code    float64 `json:"code"`
+			Message string  `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(r.Body, &m); err != nil || m.JSONRPC != "2.0" {
+		t.Errorf("POST /mcp %.60q: %d %q is not a JSON-RPC answer", body, r.Status, r.Body)
+	}
+	return r.Status, m.Error.Code, m.Error.Message
+}
+
+// TestMCPBadInput: malformed JSON-RPC, a batch, an unknown method, an
+// oversized message and a session id another sandbox opened are refused
+// with JSON-RPC errors naming what was wrong, and nothing reaches the
+// upstream.
+func TestMCPBadInput(t *testing.T) {
+	e := newEnv(t)
+	d := mainConfig(e, "sluice")
+	d.Gateway()["mcp"] = map[string]any{"max_message_bytes": 4096}
+	g := e.Start(d, e.Write(d))
+	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"tickets.list_tickets","arguments":{}}}`
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		code       float64
+		says       string
+	}{
+		{"not JSON", `{"jsonrpc":"2.0","id":1,"method":`, 400, -32700, "not valid JSON"},
+		{"batch (removed in MCP 2025-06-18)", "[" + call + "," + call + "]", 400, -32600, "batches are not accepted"},
+		{"not an object", `"tools/call"`, 400, -32600, "JSON-RPC 2.0 object"},
+		{"wrong version", `{"jsonrpc":"1.0","id":1,"method":"ping"}`, 400, -32600, `jsonrpc: must be "2.0"`},
+		{"unknown method", `{"jsonrpc":"2.0","id":1,"method":"resources/list"}`, 404, -32601, `method "resources/list" is not offered`},
+		{"oversized", `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"` + strings.Repeat("x", 5000) + `"}}`, 413, -32600, "larger than 4096 bytes"},
+		{"object id", `{"jsonrpc":"2.0","id":{"x":1},"method":"ping"}`, 400, -32600, "id: must be a string or an integer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, code, msg := mcpPost(t, g, agentA, tc.body, nil)
+			if st != tc.status || code != tc.code || !strings.Contains(msg, tc.says) {
+				t.Errorf("%d %v %q; want %d %v naming %q", st, code, msg, tc.status, tc.code, tc.says)
+			}
+		})
+	}
+
+	// A session id opened by agent-a is not agent-b's: refused, as an
+	// unknown one is, and the call is not run.
+	cs := mcpConnect(t, g, agentA, nil)
+	sid := cs.ID()
+	if sid == "" {
+		t.Fatal("the gateway assigned no session id")
+	}
+	for _, tc := range []struct {
+		name string
+		id   wire.Identity
+		sid  string
+	}{{"another sandbox's session", agentB, sid}, {"same agent, another session", wire.Identity{Sandbox: "sb-other", Agent: agentA.Agent, Session: "s-other", User: agentA.User, Host: agentA.Host}, sid}, {"unknown session", agentA, "00ff"}} {
+		st, code, msg := mcpPost(t, g, tc.id, call, http.Header{"Mcp-Session-Id": {tc.sid}})
+		if st != http.StatusNotFound || code != -32001 || !strings.Contains(msg, "was opened by this sandbox") {
+			t.Errorf("%s: %d %v %q; want 404 -32001", tc.name, st, code, msg)
+		}
+	}
+	if n := len(e.Up.Requests()); n != 0 {
+		t.Errorf("refused MCP messages reached the upstream: %d requests", n)
+	}
+	for _, m := range g.LogLines() {
+		if m["msg"] == "tool_call" {
+			t.Errorf("a refused MCP message ran a call: %v", m)
+		}
+	}
+	// Control: the owner's own session still works.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}}); err != nil || r.IsError {
+		t.Errorf("the owner's call on its session: %v", err)
+	}
+}
