@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // adminHandler serves people and monitoring, never sandboxes: health,
@@ -20,7 +21,7 @@ import (
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		refusal.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.tel.handler)
@@ -64,7 +65,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if e := s.engine.Load(); e != nil {
 		v = e.Version()
 	}
-	writeJSON(w, status, map[string]any{"ready": status == http.StatusOK, "policy_version": v, "problems": problems})
+	refusal.WriteJSON(w, status, map[string]any{"ready": status == http.StatusOK, "policy_version": v, "problems": problems})
 }
 
 // handleAuditTail returns the newest records of the audit log (?limit=N,
@@ -74,20 +75,20 @@ func (s *Server) handleAuditTail(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
 			return
 		}
 		limit = n
 	}
 	f, err := os.Open(s.cfg.Audit.Path)
 	if err != nil {
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be read"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be read"), refusal.NewRequestID())
 		return
 	}
 	defer f.Close()
 	lines, err := tailLines(f, limit)
 	if err != nil {
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be read"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be read"), refusal.NewRequestID())
 		return
 	}
 	recs := make([]json.RawMessage, 0, len(lines))
@@ -96,7 +97,7 @@ func (s *Server) handleAuditTail(w http.ResponseWriter, r *http.Request) {
 			recs = append(recs, json.RawMessage(l))
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"records": recs})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"records": recs})
 }
 
 // tailLines returns the last n lines of r.

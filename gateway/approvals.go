@@ -17,31 +17,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
-	"github.com/sluice-gw/sluice/policy"
 )
-
-// maxPollWait bounds GET /v1/holds/{id}?wait=.
-const maxPollWait = 5 * time.Minute
-
-// heldReply is the answer to a call that was held: 202 with the hold, or
-// the stored outcome once it has one.
-type heldReply struct {
-	status int
-	body   []byte
-}
-
-func writeRaw(w http.ResponseWriter, status int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(bytes.TrimRight(body, "\n"), '\n'))
-}
 
 // Holds returns the holds manager (the review UI decides through it).
 func (s *Server) Holds() *holds.Manager { return s.holds }
@@ -93,7 +74,7 @@ func (s *Server) newReviewUI() error {
 		Users: users,
 		Log:   s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
-			_, err := s.appendAudit(ctx, audit.Record{RequestID: newRequestID(), Event: event, Fields: fields}, false)
+			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
 		AuditTail:     s.auditTail,
@@ -133,284 +114,6 @@ func (s *Server) auditTail(n int) ([]json.RawMessage, error) {
 		}
 	}
 	return out, nil
-}
-
-// holdTTL is the rule's hold_ttl, else gateway.hold_ttl.
-func (s *Server) holdTTL(rule string) time.Duration {
-	if rest, ok := strings.CutPrefix(rule, "policies["); ok {
-		if i, err := strconv.Atoi(strings.TrimSuffix(rest, "]")); err == nil && i >= 0 && i < len(s.cfg.Policies) {
-			if t := s.cfg.Policies[i].HoldTTL.Std(); t > 0 {
-				return t
-			}
-		}
-	}
-	return s.cfg.Gateway.HoldTTL.Std()
-}
-
-// holdCall holds an ask call: it persists the canonical request (taken
-// before any credential is attached), waits up to gateway.hold_wait for a
-// decision and answers with the outcome or 202. Any failure to hold is
-// 503 approval_unavailable: an ask is never allowed by accident.
-func (s *Server) holdCall(ctx context.Context, c *call, r *http.Request, tool *connectors.Tool, args connectors.Args, req *http.Request) *apiError {
-	if !s.approvalsEnabled() {
-		return refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
-	}
-	if len(c.decision.Approvers) == 0 {
-		// Nobody could approve it: holding it would only make it expire.
-		return refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")
-	}
-	hr, err := canonicalRequest(req)
-	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held; it was not sent")
-		e.cause = err
-		return e
-	}
-	argDoc, err := json.Marshal(args)
-	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held; it was not sent")
-		e.cause = err
-		return e
-	}
-	// A call that names its hold is a re-send of it: it must be the very
-	// request that was (or will be) approved (THREATS E4).
-	if id := r.Header.Get("Sluice-Hold"); id != "" {
-		h, err := s.holds.Get(ctx, id)
-		if err != nil || !sameCaller(h.Caller, c.caller) || h.Tool != tool.Name {
-			return refuse(http.StatusNotFound, CodeNotFound, "no such hold")
-		}
-		if h.SHA256 != hr.Hash() {
-			return refuse(http.StatusConflict, CodeArgsMismatch, "the arguments differ from the held call's; the approval covers only the request it was given for")
-		}
-		return s.awaitHold(ctx, c, h.ID, s.cfg.Gateway.HoldWait.Std())
-	}
-	// The hold_created record carries the decision; a failure to hold is
-	// audited as the call's decision with its refusal code.
-	cred := ""
-	if up := s.catalog.connectors[tool.Connector]; up != nil && up.cfg.Credential != nil {
-		cred = credentialLabel(up.cfg.Credential)
-	}
-	h, _, err := s.holds.Create(ctx, holds.Hold{
-		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
-		Caller:    holds.Caller{Sandbox: c.caller.Sandbox, Agent: c.caller.Agent, Session: c.caller.Session, User: c.caller.User},
-		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
-		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rid,
-		IdempotencyHeader: tool.IdempotencyHeader,
-	})
-	switch {
-	case errors.Is(err, holds.ErrTooManyForSandbox):
-		return refuse(http.StatusTooManyRequests, CodeTooManyHolds, fmt.Sprintf("this sandbox has %d calls waiting for approval, its share of its agent's %d (gateway.max_pending_holds_per_sandbox); wait for decisions", s.holds.MaxPendingPerSandbox(), s.cfg.Gateway.MaxPendingHolds))
-	case errors.Is(err, holds.ErrTooMany):
-		return refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
-	case errors.Is(err, holds.ErrAudit):
-		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; the call was not held and not sent")
-		e.cause = err
-		return e
-	case err != nil:
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be held for approval; it was not sent")
-		e.cause = err
-		return e
-	}
-	return s.awaitHold(ctx, c, h.ID, s.cfg.Gateway.HoldWait.Std())
-}
-
-// awaitHold waits up to d for the hold to be decided and sets the answer.
-func (s *Server) awaitHold(ctx context.Context, c *call, id string, d time.Duration) *apiError {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	h, err := s.holds.Wait(wctx, id)
-	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read")
-		e.cause = err
-		return e
-	}
-	c.held = holdAnswer(h)
-	return nil
-}
-
-func sameCaller(h holds.Caller, c policy.Caller) bool {
-	return h.Sandbox == c.Sandbox && h.Agent == c.Agent && h.Session == c.Session && h.User == c.User
-}
-
-// canonicalRequest takes the request as it would be sent, before the
-// credential is attached, and leaves req's body readable again.
-func canonicalRequest(req *http.Request) (holds.Request, error) {
-	var body []byte
-	if req.Body != nil {
-		b, err := io.ReadAll(req.Body)
-		if err != nil {
-			return holds.Request{}, fmt.Errorf("hold: read request body: %w", err)
-		}
-		req.Body.Close()
-		body = b
-		req.Body = io.NopCloser(bytes.NewReader(b))
-	}
-	return holds.Request{Method: req.Method, URL: req.URL.String(), Headers: req.Header.Clone(), Body: body}, nil
-}
-
-// holdAnswer is what the agent gets for a hold in its current state.
-func holdAnswer(h holds.Hold) *heldReply {
-	refusal := func(status int, code Code, msg string) *heldReply {
-		var b errorBody
-		b.Error.Code, b.Error.Message, b.Error.RequestID = code, msg, h.RequestID
-		data, _ := json.Marshal(b)
-		return &heldReply{status: status, body: data}
-	}
-	switch h.Status {
-	case holds.Done, holds.Failed:
-		if h.Result != nil {
-			return &heldReply{status: h.Result.HTTPStatus, body: h.Result.Body}
-		}
-		return refusal(http.StatusBadGateway, CodeUpstreamError, "the approved call failed and left no result")
-	case holds.Denied:
-		msg := "denied by " + h.DecidedBy
-		if h.DecisionReason != "" {
-			msg += ": " + h.DecisionReason
-		}
-		return refusal(http.StatusForbidden, CodeApprovalDenied, msg)
-	case holds.Expired:
-		return refusal(http.StatusForbidden, CodeApprovalExpired, "no one decided this call before it expired; it was not sent")
-	case holds.Unknown:
-		return refusal(http.StatusBadGateway, CodeUpstreamError, "the gateway stopped while sending this approved call; its outcome is unknown and it is not re-sent")
-	}
-	data, _ := json.Marshal(map[string]any{
-		"hold":       map[string]any{"id": h.ID, "status": h.Status, "poll": "/v1/holds/" + h.ID, "expires": h.Expires},
-		"request_id": h.RequestID,
-	})
-	return &heldReply{status: http.StatusAccepted, body: data}
-}
-
-// handlePollHold is GET /v1/holds/{id}?wait=30s on the sandbox socket:
-// only the caller the hold is for sees it; anyone else gets 404.
-func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
-	id, ok := identityFrom(r.Context())
-	if !ok {
-		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
-		return
-	}
-	if s.holds == nil {
-		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such hold"), rid)
-		return
-	}
-	var wait time.Duration
-	if v := r.URL.Query().Get("wait"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 0 {
-			writeError(w, refuse(http.StatusBadRequest, CodeSchemaViolation, "wait must be a duration like 30s"), rid)
-			return
-		}
-		wait = min(d, maxPollWait)
-	}
-	h, err := s.holds.Get(r.Context(), r.PathValue("id"))
-	caller := policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
-	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, caller)) {
-		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such hold"), rid)
-		return
-	}
-	if err != nil {
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read"), rid)
-		return
-	}
-	if wait > 0 && !h.Status.Terminal() {
-		ctx, cancel := context.WithTimeout(r.Context(), wait)
-		h, err = s.holds.Wait(ctx, h.ID)
-		cancel()
-		if err != nil {
-			writeError(w, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the hold could not be read"), rid)
-			return
-		}
-	}
-	a := holdAnswer(h)
-	writeRaw(w, a.status, a.body)
-}
-
-// executeHold runs an approved hold: the policy is evaluated again with
-// the stored input, the credential is attached now, and exactly the stored
-// request is sent, once. The result is the answer the agent's call gets.
-// The holds manager also re-sends an idempotency-keyed hold through here
-// after a crash left its outcome unknown (THREATS G2).
-func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, bool) {
-	c := &call{rid: h.RequestID, start: time.Now(), tool: h.Tool,
-		caller: policy.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User}}
-	res, aerr := s.runHeld(ctx, c, h)
-	if aerr != nil {
-		c.status = aerr.Status
-		if err := s.record(ctx, c, "result", aerr); err != nil {
-			aerr = err
-		}
-		s.logCall(c, aerr)
-		var b errorBody
-		b.Error.Code, b.Error.Message, b.Error.RequestID = aerr.Code, aerr.Message, c.rid
-		data, _ := json.Marshal(b)
-		return holds.Result{HTTPStatus: aerr.Status, Body: data, Answered: c.answered}, false
-	}
-	res.RequestID = c.rid
-	data, err := json.Marshal(res)
-	if err != nil {
-		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`), Answered: true}, false
-	}
-	s.logCall(c, nil)
-	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true}, true
-}
-
-func (s *Server) runHeld(ctx context.Context, c *call, h holds.Hold) (*result, *apiError) {
-	// A hold created while its session was being ended is never sent.
-	if aerr := s.sessionRefusal(ctx, h.Caller.Session); aerr != nil {
-		return nil, aerr
-	}
-	tool, ok := s.catalog.Tool(h.Tool)
-	if !ok {
-		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q any more", h.Tool))
-	}
-	agent := s.cfg.Agent(h.Caller.Agent)
-	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
-		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", h.Caller.Agent, tool.Connector))
-	}
-	c.connector = tool.Connector
-	up := s.catalog.connectors[tool.Connector]
-	args, err := connectors.DecodeArgs(h.Args)
-	if err != nil {
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "stored arguments: "+err.Error())
-	}
-	req, err := http.NewRequestWithContext(ctx, h.Request.Method, h.Request.URL, bytes.NewReader(h.Request.Body))
-	if err != nil {
-		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the stored request cannot be rebuilt")
-		e.cause = err
-		return nil, e
-	}
-	if len(h.Request.Body) == 0 {
-		req.Body, req.ContentLength = http.NoBody, 0
-	}
-	req.Header = http.Header(h.Request.Headers).Clone()
-	if req.Header == nil {
-		req.Header = http.Header{}
-	}
-	c.destHost = req.URL.Hostname()
-	in := s.input(c.caller.Sandbox, c.caller.Agent, c.caller.Session, c.caller.User, tool, &args, req, time.Now().UTC())
-	c.decision, c.decided = s.Decide(ctx, in), true
-	if c.decision.Action == policy.Block {
-		msg := "blocked by policy (evaluated again at approval)"
-		if c.decision.Reason != "" {
-			msg += ": " + c.decision.Reason
-		}
-		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
-	}
-	// Ask again is fine: a person approved exactly this request.
-	//
-	// An idempotency-keyed operation is sent with the key: the agent's own
-	// value when the approved request has one, else the hold's ID. The ID
-	// is stable and stored, so a re-send after a crash carries the same key
-	// and the upstream answers it with its first reply instead of acting
-	// twice. It is added after the decision, which saw the request exactly
-	// as it was approved.
-	if hk := h.IdempotencyHeader; hk != "" && req.Header.Get(hk) == "" {
-		req.Header.Set(hk, h.ID)
-	}
-	scr, aerr := s.credential(ctx, c, tool, up, req)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return s.send(ctx, c, up, req, scr)
 }
 
 // auditHold appends a hold's audit record.
@@ -553,11 +256,11 @@ func (s *Server) withPerson(fn func(http.ResponseWriter, *http.Request, holds.Pe
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, ok := s.adminPerson(r)
 		if !ok {
-			writeUnauthenticated(w, "a valid approver token is required", newRequestID())
+			refusal.WriteUnauthenticated(w, "a valid approver token is required", refusal.NewRequestID())
 			return
 		}
 		if s.holds == nil {
-			writeError(w, refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "holds are not available"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "holds are not available"), refusal.NewRequestID())
 			return
 		}
 		fn(w, r, p)
@@ -574,7 +277,7 @@ func (s *Server) handleListHolds(w http.ResponseWriter, r *http.Request, _ holds
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
 			return
 		}
 		f.Limit = n
@@ -588,7 +291,7 @@ func (s *Server) handleListHolds(w http.ResponseWriter, r *http.Request, _ holds
 	for i, h := range hs {
 		views[i] = viewHold(h)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"holds": views})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"holds": views})
 }
 
 func (s *Server) handleGetHold(w http.ResponseWriter, r *http.Request, _ holds.Person) {
@@ -597,7 +300,7 @@ func (s *Server) handleGetHold(w http.ResponseWriter, r *http.Request, _ holds.P
 		s.holdsError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
 }
 
 func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Request, holds.Person) {
@@ -612,18 +315,18 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 			err = json.Unmarshal(body, &in)
 		}
 		if err != nil {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", `want {"reason": "...", "always": false, "ttl": "8h"}`), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, `want {"reason": "...", "always": false, "ttl": "8h"}`), refusal.NewRequestID())
 			return
 		}
 		if (in.Always || in.TTL != "") && !approve {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "always and ttl apply only to approve"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "always and ttl apply only to approve"), refusal.NewRequestID())
 			return
 		}
 		var h holds.Hold
 		if approve && (in.Always || in.TTL != "") {
 			ttl, aerr := grantTTL(in.Always, in.TTL)
 			if aerr != nil {
-				writeError(w, aerr, newRequestID())
+				refusal.Write(w, aerr, refusal.NewRequestID())
 				return
 			}
 			var g holds.Grant
@@ -632,14 +335,14 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 				s.holdsError(w, err)
 				return
 			}
-			writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h), "grant": g})
+			refusal.WriteJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h), "grant": g})
 			return
 		}
 		if approve {
 			h, err = s.holds.Approve(r.Context(), r.PathValue("id"), p, in.Reason)
 		} else {
 			if strings.TrimSpace(in.Reason) == "" {
-				writeError(w, refuse(http.StatusBadRequest, "bad_request", "a denial needs a reason"), newRequestID())
+				refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "a denial needs a reason"), refusal.NewRequestID())
 				return
 			}
 			h, err = s.holds.Deny(r.Context(), r.PathValue("id"), p, in.Reason)
@@ -648,33 +351,33 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 			s.holdsError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"hold": viewHold(h)})
 	}
 }
 
 // holdsError maps the holds errors to statuses and codes.
 func (s *Server) holdsError(w http.ResponseWriter, err error) {
-	var e *apiError
+	var e *refusal.Error
 	switch {
 	case errors.Is(err, holds.ErrNotFound):
-		e = refuse(http.StatusNotFound, CodeNotFound, "no such hold")
+		e = refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold")
 	case errors.Is(err, holds.ErrSelfApproval):
-		e = refuse(http.StatusForbidden, "self_approval_forbidden", "the person a call is made for cannot decide it")
+		e = refusal.New(http.StatusForbidden, "self_approval_forbidden", "the person a call is made for cannot decide it")
 	case errors.Is(err, holds.ErrNotApprover):
-		e = refuse(http.StatusForbidden, "not_an_approver", "this hold's rule does not name you as an approver")
+		e = refusal.New(http.StatusForbidden, "not_an_approver", "this hold's rule does not name you as an approver")
 	case errors.Is(err, holds.ErrConflict):
-		e = refuse(http.StatusConflict, "conflict", "the hold is already decided")
+		e = refusal.New(http.StatusConflict, "conflict", "the hold is already decided")
 	case errors.Is(err, holds.ErrExpired):
-		e = refuse(http.StatusGone, "expired", "the hold has expired")
+		e = refusal.New(http.StatusGone, "expired", "the hold has expired")
 	case errors.Is(err, holds.ErrGrantTTL):
-		e = refuse(http.StatusBadRequest, "bad_request", "ttl must be more than 0 and at most 24h")
+		e = refusal.New(http.StatusBadRequest, refusal.BadRequest, "ttl must be more than 0 and at most 24h")
 	case errors.Is(err, holds.ErrGrantNotFound):
-		e = refuse(http.StatusNotFound, CodeNotFound, "no such grant")
+		e = refusal.New(http.StatusNotFound, refusal.NotFound, "no such grant")
 	case errors.Is(err, holds.ErrGrantRevoked):
-		e = refuse(http.StatusConflict, "conflict", "the grant is already revoked")
+		e = refusal.New(http.StatusConflict, "conflict", "the grant is already revoked")
 	default:
 		s.log.Error("holds: admin API", "err", err)
-		e = refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the holds store is unavailable")
+		e = refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the holds store is unavailable")
 	}
-	writeError(w, e, newRequestID())
+	refusal.Write(w, e, refusal.NewRequestID())
 }

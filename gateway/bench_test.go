@@ -4,13 +4,14 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/sluice-gw/sluice/gateway/config"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-gw/sluice/gateway/config"
 )
 
 // BenchmarkAllowedCall compares one allowed tool call end to end over the

@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http/httptrace"
 	"sync/atomic"
+
+	"github.com/sluice-gw/sluice/gateway/call"
 )
 
 // atomicString is a string safe to set from another goroutine.
@@ -20,11 +22,11 @@ func (a *atomicString) Load() string {
 }
 
 // httptraceDial records the address actually dialled for the decision line.
-func httptraceDial(ctx context.Context, c *call) context.Context {
+func httptraceDial(ctx context.Context, rec *call.Record) context.Context {
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		ConnectStart: func(_, addr string) {
 			if host, _, err := net.SplitHostPort(addr); err == nil {
-				c.destIP.Store(host)
+				rec.SetResolvedIP(host)
 			}
 		},
 		GotConn: func(info httptrace.GotConnInfo) {
@@ -32,7 +34,7 @@ func httptraceDial(ctx context.Context, c *call) context.Context {
 				return
 			}
 			if host, _, err := net.SplitHostPort(info.Conn.RemoteAddr().String()); err == nil {
-				c.destIP.Store(host)
+				rec.SetResolvedIP(host)
 			}
 		},
 	})

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -56,7 +57,7 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
 	if err := rc.EnableFullDuplex(); err != nil {
-		writeError(w, refuse(http.StatusInternalServerError, CodeSchemaViolation, "bug(): the connection cannot stream"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusInternalServerError, refusal.SchemaViolation, "bug(): the connection cannot stream"), refusal.NewRequestID())
 		return
 	}
 	w.Header().Set("Content-Type", DNSStreamType)
@@ -81,7 +82,7 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 	}}
 	st := e.subs.state
 	pool := &answerPool{
-		answer: func(q []byte) { out.send(e.answer(ctx, newRequestID(), id, q)) },
+		answer: func(q []byte) { out.send(e.answer(ctx, refusal.NewRequestID(), id, q)) },
 		take:   func(first bool) bool { return st.takeWorker(id.Sandbox, first) },
 		put:    func() { st.putWorker(id.Sandbox) },
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -31,10 +32,10 @@ const answerTTL = 300
 // rcode says what happened. With Content-Type DNSStreamType the request
 // is a stream of questions answered as they come (dns_stream.go).
 func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
+	rid := refusal.NewRequestID()
 	id, ok := identityFrom(r.Context())
 	if !ok {
-		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
+		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
 	}
 	ct := r.Header.Get("Content-Type")
@@ -43,12 +44,12 @@ func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ct != "application/dns-message" {
-		writeError(w, refuse(http.StatusUnsupportedMediaType, CodeSchemaViolation, "want Content-Type: application/dns-message"), rid)
+		refusal.Write(w, refusal.New(http.StatusUnsupportedMediaType, refusal.SchemaViolation, "want Content-Type: application/dns-message"), rid)
 		return
 	}
 	raw, err := io.ReadAll(io.LimitReader(r.Body, maxDNSMessage+1))
 	if err != nil || len(raw) > maxDNSMessage {
-		writeError(w, refuse(http.StatusRequestEntityTooLarge, CodeSchemaViolation, "a DNS question is at most 4096 bytes"), rid)
+		refusal.Write(w, refusal.New(http.StatusRequestEntityTooLarge, refusal.SchemaViolation, "a DNS question is at most 4096 bytes"), rid)
 		return
 	}
 	out := e.answer(r.Context(), rid, id, raw)
@@ -122,7 +123,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 		return reply(mdns.RcodeNotImplemented, nil)
 	}
 	if ee := e.sessionGate(ctx, c); ee != nil { // sessions.go
-		_ = e.record(ctx, c, "dns_refused", ee.apiError, false)
+		_ = e.record(ctx, c, "dns_refused", ee.Error, false)
 		e.logLine(c, ee)
 		return reply(mdns.RcodeRefused, nil)
 	}
@@ -171,8 +172,8 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 // dnsRefusal audits and logs a refused question.
 func (e *rawEgress) dnsRefusal(ctx context.Context, c *egressCall, event, why string) {
 	c.event = event
-	ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psDNS, why)
-	_ = e.record(ctx, c, event, ee.apiError, false)
+	ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDNS, why)
+	_ = e.record(ctx, c, event, ee.Error, false)
 	e.logLine(c, ee)
 }
 
@@ -242,7 +243,7 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 // (answerFast) makes one only for a question that writes an audit record.
 func (c *egressCall) ensureRID() {
 	if c.rid == "" {
-		c.rid = newRequestID()
+		c.rid = refusal.NewRequestID()
 	}
 }
 

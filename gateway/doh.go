@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // DNS over HTTPS (RFC 8484) and DNS over TLS (RFC 7858) are refused by the
@@ -96,7 +97,7 @@ func refuseDoH(c *egressCall) *egressError {
 	if c.port == dotPort {
 		msg = "port 853 is DNS over TLS; resolve names through the gateway (POST /v1/dns)"
 	}
-	return egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, msg)
+	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, msg)
 }
 
 // dohAllowlistProblems reports every agents[].egress entry that names a

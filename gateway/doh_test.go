@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // TestDoHEndpointsRefused: CONNECT (and absolute-form http) to a well-known
@@ -43,7 +44,7 @@ func TestDoHEndpointsRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := up.queries.Load()
 			resp, body, _, _ := exchange(t, g, tc.req)
-			if resp.StatusCode != http.StatusForbidden || errCode(body) != string(CodeEgressDenied) {
+			if resp.StatusCode != http.StatusForbidden || errCode(body) != string(refusal.EgressDenied) {
 				t.Fatalf("got %d %s, want 403 egress_denied: %s", resp.StatusCode, errCode(body), body)
 			}
 			if ps := resp.Header.Get("Proxy-Status"); ps != "sluice; error="+psDenied {

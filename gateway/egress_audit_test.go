@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -68,9 +69,9 @@ func TestProxyAuditSyncModes(t *testing.T) {
 			must(t, os.Symlink("/dev/full", be.g.cfg.Audit.Path))
 			for i := range 2 {
 				resp, body := proxyGet(t, c)
-				var eb errorBody
+				var eb refusal.Body
 				_ = json.Unmarshal([]byte(body), &eb)
-				if resp.StatusCode != http.StatusServiceUnavailable || eb.Error.Code != CodeAuditUnavailable {
+				if resp.StatusCode != http.StatusServiceUnavailable || eb.Error.Code != refusal.AuditUnavailable {
 					t.Fatalf("request %d with a failing audit log: %d %s", i, resp.StatusCode, body)
 				}
 				if ps := resp.Header.Get("Proxy-Status"); ps != "sluice; error="+psDenied {
@@ -111,9 +112,9 @@ func TestProxyAuditSyncModes(t *testing.T) {
 			c := be.viaProxy(t)
 			defer c.CloseIdleConnections()
 			resp, body := proxyGet(t, c)
-			var eb errorBody
+			var eb refusal.Body
 			_ = json.Unmarshal([]byte(body), &eb)
-			if resp.StatusCode != http.StatusServiceUnavailable || eb.Error.Code != CodeAuditUnavailable {
+			if resp.StatusCode != http.StatusServiceUnavailable || eb.Error.Code != refusal.AuditUnavailable {
 				t.Fatalf("request with a full disk: %d %s", resp.StatusCode, body)
 			}
 			if !errors.Is(be.g.Server.audit.Err(), syscall.ENOSPC) {
@@ -157,18 +158,18 @@ func TestEgressAuditFieldsSorted(t *testing.T) {
 	full.destIP.Store("192.0.2.1")
 	bare := &egressCall{kind: "dns", destHost: "pkg.example", event: "doh_refused"}
 	for _, tc := range []struct {
-		name    string
-		c       *egressCall
-		event   string
-		refusal *apiError
-		want    int
+		name  string
+		c     *egressCall
+		event string
+		ref   *refusal.Error
+		want  int
 	}{
-		{"every field of a result", full, "result", &apiError{Code: CodeUpstreamError}, 18},
+		{"every field of a result", full, "result", &refusal.Error{Code: refusal.UpstreamError}, 18},
 		{"a decision", full, "decision", nil, 14},
-		{"a refusal before policy", bare, "decision", &apiError{Code: CodeEgressDenied}, 8},
+		{"a ref before policy", bare, "decision", &refusal.Error{Code: refusal.EgressDenied}, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := tc.c.auditFields(tc.event, tc.refusal)
+			f := tc.c.auditFields(tc.event, tc.ref)
 			for i := 1; i < len(f); i++ {
 				if f[i-1].Key >= f[i].Key {
 					t.Fatalf("%q before %q", f[i-1].Key, f[i].Key)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -186,9 +187,9 @@ func TestEgressDecisionCache(t *testing.T) {
 	}{
 		{"allowed, cached", ca, "http://pkg.example/x", nil, http.StatusOK, ""},
 		{"allowed again from the cache", ca, "http://pkg.example/x", nil, http.StatusOK, ""},
-		{"same request, another caller: its own decision", cb, "http://pkg.example/x", nil, http.StatusForbidden, string(CodeEgressDenied)},
-		{"same request with a header policy blocks", ca, "http://pkg.example/x", map[string]string{"X-Deny": "1"}, http.StatusForbidden, string(CodeEgressDenied)},
-		{"same path with a query policy blocks", ca, "http://pkg.example/x?q=bad", nil, http.StatusForbidden, string(CodeEgressDenied)},
+		{"same request, another caller: its own decision", cb, "http://pkg.example/x", nil, http.StatusForbidden, string(refusal.EgressDenied)},
+		{"same request with a header policy blocks", ca, "http://pkg.example/x", map[string]string{"X-Deny": "1"}, http.StatusForbidden, string(refusal.EgressDenied)},
+		{"same path with a query policy blocks", ca, "http://pkg.example/x?q=bad", nil, http.StatusForbidden, string(refusal.EgressDenied)},
 		{"the cached allow is still an allow", ca, "http://pkg.example/x", nil, http.StatusOK, ""},
 	}
 	for _, s := range steps {
@@ -213,8 +214,8 @@ func TestEgressDecisionCache(t *testing.T) {
 	if time.Since(start) >= decisionTTL {
 		t.Skip("too slow to tell the reload from the cache's TTL")
 	}
-	if status != http.StatusForbidden || code != string(CodeEgressDenied) || be.requests.Load() != before {
-		t.Fatalf("after the reload: %d %q, upstream reached %d times; want 403 %s and none", status, code, be.requests.Load()-before, CodeEgressDenied)
+	if status != http.StatusForbidden || code != string(refusal.EgressDenied) || be.requests.Load() != before {
+		t.Fatalf("after the reload: %d %q, upstream reached %d times; want 403 %s and none", status, code, be.requests.Load()-before, refusal.EgressDenied)
 	}
 	var decisions, refusals int
 	for _, r := range auditEvents(t, be.g) {

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // egressPath is a raw-egress request path in the one form policy decides
@@ -157,7 +159,7 @@ func (c *egressCall) path(r *http.Request) (egressPath, *egressError) {
 	p, err := normalizePath(r.URL.EscapedPath())
 	if err != nil {
 		c.event = "path_refused"
-		return egressPath{}, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "request path: "+err.Error())
+		return egressPath{}, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "request path: "+err.Error())
 	}
 	return p, nil
 }

@@ -19,6 +19,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -112,7 +113,7 @@ func exchange(t *testing.T, g *testGateway, req string) (*http.Response, []byte,
 }
 
 func errCode(body []byte) string {
-	var b errorBody
+	var b refusal.Body
 	_ = json.Unmarshal(body, &b)
 	return string(b.Error.Code)
 }
@@ -542,7 +543,7 @@ func TestStrictAfterUpgrade(t *testing.T) {
 				t.Fatalf("second response: %v", err)
 			}
 			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusBadRequest || errCode(body) != string(CodeSchemaViolation) || !strings.Contains(string(body), "obs-fold") {
+			if resp.StatusCode != http.StatusBadRequest || errCode(body) != string(refusal.SchemaViolation) || !strings.Contains(string(body), "obs-fold") {
 				t.Fatalf("second request: %d %s, want 400 schema_violation naming obs-fold", resp.StatusCode, body)
 			}
 		})

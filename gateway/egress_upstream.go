@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -272,20 +272,19 @@ func readResponseHead(br *bufio.Reader, method string, budget *int, first bool) 
 		if len(line) == 0 {
 			break
 		}
-		if err := checkFieldLine(line); err != nil {
+		if err := h1.CheckFieldLine(line); err != nil {
 			return nil, fmt.Errorf("response head: %w", err)
 		}
-		i := bytes.IndexByte(line, ':') // checkFieldLine found one after a name
-		name, value := line[:i], bytes.Trim(line[i+1:], " \t")
-		switch {
-		case bytes.EqualFold(name, fieldContentLength):
+		name, value := h1.SplitField(line)
+		switch h1.Name(name) {
+		case h1.ContentLength:
 			cls++
 			cl = append(cl[:0], value...)
-		case bytes.EqualFold(name, fieldTransferEncoding):
+		case h1.TransferEncoding:
 			tes++
 			te = string(value)
-		case bytes.EqualFold(name, fieldConnection):
-			h.close = h.close || hasToken(string(value), "close")
+		case h1.Connection:
+			h.close = h.close || h1.HasToken(string(value), "close")
 		}
 		key := http.CanonicalHeaderKey(string(name))
 		h.header[key] = append(h.header[key], string(value))
@@ -326,8 +325,6 @@ func readResponseHead(br *bufio.Reader, method string, budget *int, first bool) 
 	}
 	return h, nil
 }
-
-var fieldConnection = []byte("Connection")
 
 // parseStatusLine parses HTTP-version SP 3DIGIT SP [reason] (RFC 9112 4)
 // and returns the version; only HTTP/1.x is accepted.
@@ -506,7 +503,7 @@ func readTrailer(br *bufio.Reader, budget *int) error {
 		if len(line) == 0 {
 			return nil
 		}
-		if err := checkFieldLine(line); err != nil {
+		if err := h1.CheckFieldLine(line); err != nil {
 			return fmt.Errorf("chunked trailer: %w", err)
 		}
 	}

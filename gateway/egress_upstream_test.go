@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -154,7 +155,7 @@ func rawEgressFor(t *testing.T, u *rawUpstream, headerTimeout time.Duration) *be
 		return (&net.Dialer{}).DialContext(ctx, network, u.ln.Addr().String())
 	}})
 	be := &benchEgress{g: g, eg: eg, sock: filepath.Join(g.dir, "raw.sock"), conns: map[string]map[string]bool{}}
-	sl, err := listenSandbox(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(Code) {})
+	sl, err := listenSandbox(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,17 +271,17 @@ func TestUpstreamMalformedResponse(t *testing.T) {
 			})
 			be := rawEgressFor(t, u, 5*time.Second)
 			status, body, hdr := getAs(t, be, agentA, "a")
-			if status != http.StatusBadGateway || errCode([]byte(body)) != string(CodeUpstreamError) {
+			if status != http.StatusBadGateway || errCode([]byte(body)) != string(refusal.UpstreamError) {
 				t.Fatalf("got %d %.200q, want 502 upstream_error", status, body)
 			}
 			if ps := hdr.Get("Proxy-Status"); ps != "sluice; error="+psProtocol {
 				t.Errorf("Proxy-Status %q, want error=%s", ps, psProtocol)
 			}
-			var eb errorBody
+			var eb refusal.Body
 			_ = json.Unmarshal([]byte(body), &eb)
 			found := false
 			for _, r := range auditEvents(t, be.g) {
-				if r.RequestID == eb.Error.RequestID && r.Fields["code"] == string(CodeUpstreamError) && r.Fields["upstream_error"] == "malformed_response" {
+				if r.RequestID == eb.Error.RequestID && r.Fields["code"] == string(refusal.UpstreamError) && r.Fields["upstream_error"] == "malformed_response" {
 					found = true
 				}
 			}
@@ -322,7 +323,7 @@ func TestUpstreamBodyBrokenMidway(t *testing.T) {
 	u.waitEnded(t, 0)
 	found := false
 	for _, r := range auditEvents(t, be.g) {
-		if r.Event == "result" && r.Fields["upstream_error"] == "broken_body" && r.Fields["code"] == string(CodeUpstreamError) {
+		if r.Event == "result" && r.Fields["upstream_error"] == "broken_body" && r.Fields["code"] == string(refusal.UpstreamError) {
 			found = true
 		}
 	}
@@ -375,7 +376,7 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 	start := time.Now()
 	status, body, hdr := getAs(t, be, agentA, "a")
 	took := time.Since(start)
-	if status != http.StatusBadGateway || errCode([]byte(body)) != string(CodeUpstreamError) || hdr.Get("Proxy-Status") != "sluice; error="+psTimeout {
+	if status != http.StatusBadGateway || errCode([]byte(body)) != string(refusal.UpstreamError) || hdr.Get("Proxy-Status") != "sluice; error="+psTimeout {
 		t.Fatalf("got %d %q %q, want 502 upstream_error with error=%s", status, body, hdr.Get("Proxy-Status"), psTimeout)
 	}
 	if took < 300*time.Millisecond || took > 5*time.Second {
@@ -384,7 +385,7 @@ func TestUpstreamHeaderTimeout(t *testing.T) {
 	u.waitEnded(t, 0)
 	found := false
 	for _, r := range auditEvents(t, be.g) {
-		if r.Event == "decision" && r.Fields["code"] == string(CodeUpstreamError) && r.Fields["upstream_error"] == "response_timeout" {
+		if r.Event == "decision" && r.Fields["code"] == string(refusal.UpstreamError) && r.Fields["upstream_error"] == "response_timeout" {
 			found = true
 		}
 	}

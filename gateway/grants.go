@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -24,22 +25,20 @@ import (
 //
 // A re-send that names its hold (Sluice-Hold) is never granted: it must
 // get its hold's answer, not a second execution.
-func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *connectors.Tool, req *http.Request) (bool, *apiError) {
-	if s.holds == nil || r.Header.Get("Sluice-Hold") != "" || c.decision.Action != policy.Ask {
+func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
+	if s.holds == nil || c.req.HoldID != "" || c.decision.Action != policy.Ask {
 		return false, nil
 	}
-	hr, err := canonicalRequest(req)
+	hr, err := c.holdRequest(req)
 	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "the call could not be checked for a standing approval; it was not sent")
-		e.cause = err
+		e := refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be checked for a standing approval; it was not sent").Wrap(err)
 		return false, e
 	}
-	key := holds.GrantKey{Agent: c.caller.Agent, User: c.caller.User, Tool: tool.Name, SHA256: hr.Hash()}
+	key := holds.GrantKey{Agent: c.rec.Agent, User: c.rec.User, Tool: tool.Name, SHA256: hr.Hash()}
 	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
 	if err != nil {
 		// Fail closed: an unreadable store allows nothing.
-		e := refuse(http.StatusServiceUnavailable, CodeApprovalUnavailable, "standing approvals cannot be read; the call was not sent")
-		e.cause = err
+		e := refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "standing approvals cannot be read; the call was not sent").Wrap(err)
 		return false, e
 	}
 	if !ok {
@@ -48,31 +47,30 @@ func (s *Server) useGrant(ctx context.Context, c *call, r *http.Request, tool *c
 	f := map[string]any{
 		"grant": g.ID, "hold": g.Hold, "granted_by": g.By, "grant_expires": g.Expires.Format(time.RFC3339),
 		"tool": tool.Name, "sha256": key.SHA256, "rule": c.decision.Rule,
-		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
+		"sandbox": c.rec.Sandbox, "agent": c.rec.Agent, "session": c.rec.Session, "user": c.rec.User,
 	}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: "grant_used", Fields: f}, false); err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")
-		e.cause = err
+	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
+		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 		return false, e
 	}
-	c.decision = policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
-		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"}
+	c.decide(policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
+		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"})
 	return true, nil
 }
 
 // grantTTL parses the approve body's ttl: "" is holds.DefaultGrantTTL, at
 // most holds.MaxGrantTTL. A ttl without always is refused rather than
 // silently ignored.
-func grantTTL(always bool, v string) (time.Duration, *apiError) {
+func grantTTL(always bool, v string) (time.Duration, *refusal.Error) {
 	if !always {
-		return 0, refuse(http.StatusBadRequest, "bad_request", `ttl needs "always": true`)
+		return 0, refusal.New(http.StatusBadRequest, refusal.BadRequest, `ttl needs "always": true`)
 	}
 	if v == "" {
 		return holds.DefaultGrantTTL, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 || d > holds.MaxGrantTTL {
-		return 0, refuse(http.StatusBadRequest, "bad_request", "ttl must be a duration like 8h, more than 0 and at most 24h")
+		return 0, refusal.New(http.StatusBadRequest, refusal.BadRequest, "ttl must be a duration like 8h, more than 0 and at most 24h")
 	}
 	return d, nil
 }
@@ -92,14 +90,14 @@ func (s *Server) handleListGrants(w http.ResponseWriter, r *http.Request, _ hold
 	case "all":
 		all = true
 	default:
-		writeError(w, refuse(http.StatusBadRequest, "bad_request", "status must be active or all"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "status must be active or all"), refusal.NewRequestID())
 		return
 	}
 	limit := 0
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			writeError(w, refuse(http.StatusBadRequest, "bad_request", "limit must be 1..1000"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
 			return
 		}
 		limit = n
@@ -109,7 +107,7 @@ func (s *Server) handleListGrants(w http.ResponseWriter, r *http.Request, _ hold
 		s.holdsError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"grants": gs})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"grants": gs})
 }
 
 func (s *Server) handleRevokeGrant(w http.ResponseWriter, r *http.Request, p holds.Person) {
@@ -118,5 +116,5 @@ func (s *Server) handleRevokeGrant(w http.ResponseWriter, r *http.Request, p hol
 		s.holdsError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"grant": g})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"grant": g})
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/mitm"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -350,19 +351,19 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
 	ctx := r.Context()
 	in := e.s.icpt
-	c := &egressCall{rid: newRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
+	c := &egressCall{rid: refusal.NewRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
 	c.destIP.Store(tunnel.destIP.Load())
 	if err := checkProxyRequest(r); err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed request: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed request: "+err.Error()))
 		return
 	}
 	if !strings.HasPrefix(r.RequestURI, "/") {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "only origin-form request targets are served inside a tunnel"))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "only origin-form request targets are served inside a tunnel"))
 		return
 	}
 	if h, p, err := parseTarget(r.Host, strconv.Itoa(tunnel.port)); err != nil || h != tunnel.destHost || p != tunnel.port {
 		c.event = "host_mismatch"
-		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, "the Host header does not name the CONNECT host"))
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, "the Host header does not name the CONNECT host"))
 		return
 	}
 	path, ee := c.path(r)
@@ -378,7 +379,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	key := wsKey(r)
 	if key != "" {
 		if err := checkWSHandshake(r); err != nil {
-			e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed request: "+err.Error()))
+			e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed request: "+err.Error()))
 			return
 		}
 		hdr.Set("Upgrade", "websocket") // policy sees what is asked for
@@ -390,7 +391,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	pl, err := in.planFor(c.destHost, hdr, r.RequestURI)
 	if err != nil {
 		c.event = "placeholder_crlf"
-		ee := egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed request: "+err.Error())
+		ee := egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed request: "+err.Error())
 		e.refuse(w, c, ee)
 		return
 	}
@@ -398,20 +399,20 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	if b := pl.subst; b != nil {
 		sec, err := e.s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: b.cfg.Secret, Caller: c.caller})
 		if err != nil {
-			ee := egressRefuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, psDenied, "the secret bound to this placeholder is unavailable")
-			ee.cause = err
+			ee := egressRefuse(http.StatusServiceUnavailable, refusal.CredentialUnavailable, psDenied, "the secret bound to this placeholder is unavailable")
+			ee.Wrap(err)
 			e.refuse(w, c, ee)
 			return
 		}
 		v := sec.Reveal()
 		if len(v) == 0 || bytes.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 			c.event = "secret_crlf"
-			e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "the secret bound to this placeholder cannot be sent in a header"))
+			e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "the secret bound to this placeholder cannot be sent in a header"))
 			return
 		}
 		scr = scrub.New(v)
 		if scr.Ignored() > 0 {
-			e.refuse(w, c, egressRefuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, psDenied, "the secret bound to this placeholder is too short to be protected"))
+			e.refuse(w, c, egressRefuse(http.StatusServiceUnavailable, refusal.CredentialUnavailable, psDenied, "the secret bound to this placeholder is too short to be protected"))
 			return
 		}
 		hdr.Set(b.cfg.Header, b.cfg.Prefix+string(v))
@@ -440,7 +441,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	out.RequestURI = ""
 	out.URL.Scheme, out.URL.Host, out.URL.User = "https", authority, nil
 	if err := path.setOn(out.URL); err != nil { // exactly the path policy decided on
-		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, CodeSchemaViolation, psBadRequest, err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, refusal.SchemaViolation, psBadRequest, err.Error()))
 		return
 	}
 	out.Host = authority
@@ -473,16 +474,16 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		ee := dialRefusal(c, err)
 		if bb != nil && bb.timedOut.Load() {
 			c.event = "request_timeout"
-			ee = egressRefuse(http.StatusRequestTimeout, CodeRequestTimeout, psBadRequest, fmt.Sprintf(
+			ee = egressRefuse(http.StatusRequestTimeout, refusal.RequestTimeout, psBadRequest, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
 				bb.lim.timeout, bb.lim.minRate))
 			w.Header().Set("Connection", "close")
 		}
 		c.status = ee.Status
-		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.apiError, false)
+		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.Error, false)
 		e.logLine(c, ee)
 		w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
-		writeError(w, ee.apiError, c.rid)
+		refusal.Write(w, ee.Error, c.rid)
 		return
 	}
 	c.upstreamStatus = resp.StatusCode
@@ -545,12 +546,12 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 
 // upstreamFailed answers 502 for a reply that cannot be relayed safely.
 func (e *rawEgress) upstreamFailed(w http.ResponseWriter, c *egressCall, msg string) {
-	ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, msg)
+	ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, msg)
 	c.status = ee.Status
-	_ = e.record(context.Background(), c, "result", ee.apiError, false)
+	_ = e.record(context.Background(), c, "result", ee.Error, false)
 	e.logLine(c, ee)
 	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
-	writeError(w, ee.apiError, c.rid)
+	refusal.Write(w, ee.Error, c.rid)
 }
 
 // placeholderView is one entry of GET /api/v1/placeholders.
@@ -572,7 +573,7 @@ type placeholderView struct {
 func (s *Server) adminIntercept(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
 		if s.icpt == nil {
-			writeError(w, refuse(http.StatusNotFound, CodeNotFound, "TLS interception is not configured"), newRequestID())
+			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "TLS interception is not configured"), refusal.NewRequestID())
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-pem-file")
@@ -580,7 +581,7 @@ func (s *Server) adminIntercept(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := s.sessionCaller(r); !ok {
-			writeUnauthenticated(w, "an approver token or a session token is required", newRequestID())
+			refusal.WriteUnauthenticated(w, "an approver token or a session token is required", refusal.NewRequestID())
 			return
 		}
 		views := []placeholderView{}
@@ -589,6 +590,6 @@ func (s *Server) adminIntercept(mux *http.ServeMux) {
 				views = append(views, placeholderView{Secret: b.cfg.Secret, Placeholder: b.token, Hosts: b.cfg.Hosts, Header: b.cfg.Header, Prefix: b.cfg.Prefix})
 			}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"placeholders": views})
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": views})
 	})
 }

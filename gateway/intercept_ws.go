@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/h1"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 )
 
@@ -45,7 +47,7 @@ func wsUpgrade(h http.Header, method string) bool {
 // headerToken reports whether one of h's key values lists token.
 func headerToken(h http.Header, key, token string) bool {
 	for _, v := range h.Values(key) {
-		if hasToken(v, token) {
+		if h1.HasToken(v, token) {
 			return true
 		}
 	}
@@ -166,12 +168,12 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	awaitRelay(done, e.idle, func() bool { return act.idleFor(e.idle) }, func() { conn.Close(); up.Close() }, true)
 	var ee *egressError
 	if p := perr.Load(); p != nil {
-		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the upstream broke the WebSocket protocol; the connection was closed")
-		ee.cause = *p
+		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, "the upstream broke the WebSocket protocol; the connection was closed")
+		ee.Wrap(*p)
 	}
-	var ref *apiError
+	var ref *refusal.Error
 	if ee != nil {
-		ref = ee.apiError
+		ref = ee.Error
 	}
 	_ = e.record(context.Background(), c, "result", ref, false)
 	e.logLine(c, ee)

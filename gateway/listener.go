@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -173,8 +174,8 @@ type sandboxListener struct {
 	conns   chan *identConn
 	done    chan struct{}
 	once    sync.Once
-	refused func(code Code) // metrics hook
-	idle    time.Duration   // handed-off connections: handoffIdle
+	refused func(code refusal.Code) // metrics hook
+	idle    time.Duration           // handed-off connections: handoffIdle
 	lim     listenLimits
 
 	open      atomic.Int64   // connections accepted and not yet closed
@@ -192,19 +193,19 @@ type listenLimits struct {
 	body          bodyLimit
 }
 
-func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func(Code)) (*sandboxListener, error) {
+func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func(refusal.Code)) (*sandboxListener, error) {
 	return listenSandboxIdle(path, trusted, log, refused, handoffIdle)
 }
 
 // listenSandboxIdle is listenSandbox with the handed-off connections' idle
 // period (tests shorten it).
-func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused func(Code), idle time.Duration) (*sandboxListener, error) {
+func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused func(refusal.Code), idle time.Duration) (*sandboxListener, error) {
 	return listenSandboxWith(path, trusted, log, refused, idle, listenLimits{})
 }
 
 // listenSandboxWith is listenSandboxIdle with the connection caps and the
 // request body bound.
-func listenSandboxWith(path string, trusted []uint32, log *slog.Logger, refused func(Code), idle time.Duration, lim listenLimits) (*sandboxListener, error) {
+func listenSandboxWith(path string, trusted []uint32, log *slog.Logger, refused func(refusal.Code), idle time.Duration, lim listenLimits) (*sandboxListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("gateway: sandbox socket dir: %w", err)
 	}
@@ -295,16 +296,16 @@ func (l *sandboxListener) admitCapped(ic *identConn) {
 	}
 	if n := l.open.Add(1); l.lim.maxConns > 0 && n > int64(l.lim.maxConns) {
 		l.open.Add(-1)
-		l.overCap(ic.id, CodeGatewayBusy)
-		rejectConn(ic, http.StatusServiceUnavailable, CodeGatewayBusy,
+		l.overCap(ic.id, refusal.GatewayBusy)
+		rejectConn(ic, http.StatusServiceUnavailable, refusal.GatewayBusy,
 			fmt.Sprintf("the gateway has its %d connections open (gateway.max_connections); close some or retry shortly", l.lim.maxConns))
 		return
 	}
 	sb := ic.id.Host + "\x00" + ic.id.Sandbox // sandbox names are a relay's (host's) own
 	if !l.takeSandbox(sb) {
 		l.open.Add(-1)
-		l.overCap(ic.id, CodeTooManyConnections)
-		rejectConn(ic, http.StatusTooManyRequests, CodeTooManyConnections,
+		l.overCap(ic.id, refusal.TooManyConnections)
+		rejectConn(ic, http.StatusTooManyRequests, refusal.TooManyConnections,
 			fmt.Sprintf("this sandbox has its %d connections open (gateway.max_connections_per_sandbox); close some or retry shortly", l.lim.maxPerSandbox))
 		return
 	}
@@ -342,7 +343,7 @@ func (l *sandboxListener) putSandbox(sb string) {
 // overCap counts a connection refused at a cap and logs it: the first
 // refusal, then at most one line a second with how many were not logged,
 // so a flood cannot flood the log too.
-func (l *sandboxListener) overCap(id wire.Identity, code Code) {
+func (l *sandboxListener) overCap(id wire.Identity, code refusal.Code) {
 	l.refused(code)
 	now := time.Now().Unix()
 	last := l.warned.Load()
@@ -361,8 +362,8 @@ func (l *sandboxListener) identify(c *net.UnixConn) *identConn {
 	uid, pid, err := peerCred(c)
 	if err != nil || !l.trusted[uid] {
 		l.log.Warn("sandbox socket: refused connection from untrusted peer", "peer_uid", uid, "peer_pid", pid, "err", err)
-		l.refused(CodeUntrustedPeer)
-		rejectConn(c, 403, CodeUntrustedPeer, "this socket accepts connections only from a trusted sluice relay (sandboxd)")
+		l.refused(refusal.UntrustedPeer)
+		rejectConn(c, 403, refusal.UntrustedPeer, "this socket accepts connections only from a trusted sluice relay (sandboxd)")
 		return nil
 	}
 	// Receive uses recvmsg: a handed-off descriptor arrives with the line
@@ -371,24 +372,24 @@ func (l *sandboxListener) identify(c *net.UnixConn) *identConn {
 	p, err := wire.Receive(c)
 	if errors.Is(err, wire.ErrHandoff) {
 		l.log.Warn("sandbox socket: refused handoff: the passed descriptors are not one connected stream socket", "peer_uid", uid, "err", err)
-		l.refused(CodeIdentityRequired)
-		rejectConn(c, 400, CodeIdentityRequired, "a SLUICE-HANDOFF line must pass exactly one connected stream socket, and a SLUICE-IDENTITY line none")
+		l.refused(refusal.IdentityRequired)
+		rejectConn(c, 400, refusal.IdentityRequired, "a SLUICE-HANDOFF line must pass exactly one connected stream socket, and a SLUICE-IDENTITY line none")
 		return nil
 	}
 	if err != nil {
 		l.log.Warn("sandbox socket: refused connection without a valid identity preamble", "peer_uid", uid, "err", err)
-		l.refused(CodeIdentityRequired)
-		rejectConn(c, 400, CodeIdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line")
+		l.refused(refusal.IdentityRequired)
+		rejectConn(c, 400, refusal.IdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line")
 		return nil
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	if p.Identity, err = canonicalIdentity(p.Identity); err != nil {
 		l.log.Warn("sandbox socket: refused connection with an ambiguous identity", "peer_uid", uid, "err", err)
-		l.refused(CodeIdentityRequired)
+		l.refused(refusal.IdentityRequired)
 		if p.Conn != nil {
 			p.Conn.Close()
 		}
-		rejectConn(c, 400, CodeIdentityRequired, err.Error())
+		rejectConn(c, 400, refusal.IdentityRequired, err.Error())
 		return nil
 	}
 	ic := &identConn{Conn: c, r: p.Reader, base: p.Reader, id: p.Identity}
@@ -420,7 +421,7 @@ func peerCred(c *net.UnixConn) (uid uint32, pid int32, err error) {
 
 // rejectConn answers with an HTTP error (what a confused client most likely
 // speaks) and closes.
-func rejectConn(c net.Conn, status int, code Code, msg string) {
+func rejectConn(c net.Conn, status int, code refusal.Code, msg string) {
 	body := fmt.Sprintf(`{"error":{"code":%q,"message":%q}}`+"\n", code, msg)
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",

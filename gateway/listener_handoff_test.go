@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -212,7 +213,7 @@ func TestHandoffLease(t *testing.T) {
 }
 
 // metricCount reads sluice_connections_refused_total for code.
-func refusedCount(t *testing.T, g *testGateway, code Code) float64 {
+func refusedCount(t *testing.T, g *testGateway, code refusal.Code) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + g.AdminAddr() + "/metrics")
 	if err != nil {
@@ -321,17 +322,17 @@ func TestHandoffRefusals(t *testing.T) {
 		line   string
 		fds    []string
 		status string
-		code   Code
+		code   refusal.Code
 		log    string
 	}{
-		{"handoff without a descriptor", string(hand), nil, "400", CodeIdentityRequired, "refused handoff"},
-		{"handoff of a regular file", string(hand), []string{"file"}, "400", CodeIdentityRequired, "refused handoff"},
-		{"handoff of a UDP socket", string(hand), []string{"udp"}, "400", CodeIdentityRequired, "refused handoff"},
-		{"handoff of a listening socket", string(hand), []string{"listening"}, "400", CodeIdentityRequired, "refused handoff"},
-		{"handoff of two sockets", string(hand), []string{"tcp", "tcp"}, "400", CodeIdentityRequired, "refused handoff"},
-		{"identity line with a descriptor", string(ident) + "GET /v1/tools HTTP/1.1\r\nHost: x\r\n\r\n", []string{"tcp"}, "400", CodeIdentityRequired, "refused handoff"},
-		{"handoff line with an unknown field", wire.HandoffPrefix + `{"sandbox":"sb-1","agent":"agent-a","admin":"1"}` + "\n", []string{"tcp"}, "400", CodeIdentityRequired, "without a valid identity preamble"},
-		{"HTTP request with a descriptor", "GET /v1/tools HTTP/1.1\r\nHost: x\r\n\r\n", []string{"tcp"}, "400", CodeIdentityRequired, "without a valid identity preamble"},
+		{"handoff without a descriptor", string(hand), nil, "400", refusal.IdentityRequired, "refused handoff"},
+		{"handoff of a regular file", string(hand), []string{"file"}, "400", refusal.IdentityRequired, "refused handoff"},
+		{"handoff of a UDP socket", string(hand), []string{"udp"}, "400", refusal.IdentityRequired, "refused handoff"},
+		{"handoff of a listening socket", string(hand), []string{"listening"}, "400", refusal.IdentityRequired, "refused handoff"},
+		{"handoff of two sockets", string(hand), []string{"tcp", "tcp"}, "400", refusal.IdentityRequired, "refused handoff"},
+		{"identity line with a descriptor", string(ident) + "GET /v1/tools HTTP/1.1\r\nHost: x\r\n\r\n", []string{"tcp"}, "400", refusal.IdentityRequired, "refused handoff"},
+		{"handoff line with an unknown field", wire.HandoffPrefix + `{"sandbox":"sb-1","agent":"agent-a","admin":"1"}` + "\n", []string{"tcp"}, "400", refusal.IdentityRequired, "without a valid identity preamble"},
+		{"HTTP request with a descriptor", "GET /v1/tools HTTP/1.1\r\nHost: x\r\n\r\n", []string{"tcp"}, "400", refusal.IdentityRequired, "without a valid identity preamble"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -340,11 +341,11 @@ func TestHandoffRefusals(t *testing.T) {
 	}
 	t.Run("untrusted peer with a handoff", func(t *testing.T) {
 		g := startGateway(t, up.URL, "", func(c *config.Config) { c.Gateway.TrustedRelayUIDs = []uint32{4242} })
-		refusalCase(t, g, string(hand), []string{"tcp"}, "403", CodeUntrustedPeer, "untrusted peer")
+		refusalCase(t, g, string(hand), []string{"tcp"}, "403", refusal.UntrustedPeer, "untrusted peer")
 	})
 }
 
-func refusalCase(t *testing.T, g *testGateway, line string, kinds []string, status string, code Code, logWant string) {
+func refusalCase(t *testing.T, g *testGateway, line string, kinds []string, status string, code refusal.Code, logWant string) {
 	t.Helper()
 	before := refusedCount(t, g, code)
 	logLen := len(g.logBuf.String())
@@ -464,7 +465,7 @@ func TestHandoffPreambleInStream(t *testing.T) {
 					t.Fatalf("%s: the forged line was served: %s", mode, b)
 				}
 				// The request ID differs per connection; the rest must not.
-				var eb errorBody
+				var eb refusal.Body
 				if err := json.Unmarshal(b, &eb); err != nil {
 					t.Fatalf("%s: body %q: %v", mode, b, err)
 				}
@@ -485,7 +486,7 @@ func TestHandoffIdle(t *testing.T) {
 	g := startGateway(t, up.URL, "", nil)
 	const idle = 300 * time.Millisecond
 	sock := g.dir + "/idle.sock"
-	sl, err := listenSandboxIdle(sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(Code) {}, idle)
+	sl, err := listenSandboxIdle(sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {}, idle)
 	if err != nil {
 		t.Fatal(err)
 	}

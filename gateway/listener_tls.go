@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -79,7 +80,7 @@ func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
 	if err := tc.Handshake(); err != nil {
 		// No TLS, no way to answer: the handshake's alert is the answer.
 		l.log.Warn("relay listener: refused connection: TLS handshake failed (a relay needs a client certificate from relay_tls.client_ca_file)", "remote", c.RemoteAddr().String(), "err", err)
-		l.refused(CodeUntrustedPeer)
+		l.refused(refusal.UntrustedPeer)
 		c.Close()
 		return nil
 	}
@@ -88,20 +89,20 @@ func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
 	id, err := wire.Read(br)
 	if err != nil {
 		l.log.Warn("relay listener: refused connection without a valid identity preamble", "remote", c.RemoteAddr().String(), "err", err)
-		l.refused(CodeIdentityRequired)
-		rejectConn(tc, 400, CodeIdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line (no handoff over TLS)")
+		l.refused(refusal.IdentityRequired)
+		rejectConn(tc, 400, refusal.IdentityRequired, "a relayed connection must start with a valid SLUICE-IDENTITY line (no handoff over TLS)")
 		return nil
 	}
 	if len(certs) == 0 || !slices.Contains(certs[0].DNSNames, id.Host) {
 		l.log.Warn("relay listener: refused connection: the preamble's host is not a name in the relay's certificate", "remote", c.RemoteAddr().String(), "host", id.Host)
-		l.refused(CodeUntrustedPeer)
-		rejectConn(tc, 403, CodeUntrustedPeer, "the identity's host must be a DNS name in the relay's client certificate")
+		l.refused(refusal.UntrustedPeer)
+		rejectConn(tc, 403, refusal.UntrustedPeer, "the identity's host must be a DNS name in the relay's client certificate")
 		return nil
 	}
 	if id, err = canonicalIdentity(id); err != nil {
 		l.log.Warn("relay listener: refused connection with an ambiguous identity", "remote", c.RemoteAddr().String(), "err", err)
-		l.refused(CodeIdentityRequired)
-		rejectConn(tc, 400, CodeIdentityRequired, err.Error())
+		l.refused(refusal.IdentityRequired)
+		rejectConn(tc, 400, refusal.IdentityRequired, err.Error())
 		return nil
 	}
 	_ = c.SetDeadline(time.Time{})

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -143,23 +144,23 @@ type egressCall struct {
 // egressError is a refusal of raw egress: the JSON error plus the RFC 9209
 // Proxy-Status error type.
 type egressError struct {
-	*apiError
+	*refusal.Error
 	proxyStatus string
 }
 
-func egressRefuse(status int, code Code, ps, msg string) *egressError {
-	return &egressError{apiError: refuse(status, code, msg), proxyStatus: ps}
+func egressRefuse(status int, code refusal.Code, ps, msg string) *egressError {
+	return &egressError{Error: refusal.New(status, code, msg), proxyStatus: ps}
 }
 
 // serveProxy handles absolute-form requests and CONNECT.
 func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
-	c := &egressCall{rid: newRequestID(), start: time.Now(), kind: "http"}
+	c := &egressCall{rid: refusal.NewRequestID(), start: time.Now(), kind: "http"}
 	if r.Method == http.MethodConnect {
 		c.kind = "connect"
 	}
 	id, ok := identityFrom(r.Context())
 	if !ok {
-		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeIdentityRequired, psDenied, "bug: connection has no identity"))
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
 		return
 	}
 	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
@@ -261,23 +262,23 @@ func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Reques
 	if c.decision.Action == policy.Ask {
 		msg = "raw egress cannot be held for approval; it was not sent"
 	}
-	return egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, msg)
+	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, msg)
 }
 
 // forward proxies one absolute-form request.
 func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCall, id wire.Identity) {
 	ctx := r.Context()
 	if err := checkProxyRequest(r); err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "malformed proxy request: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed proxy request: "+err.Error()))
 		return
 	}
 	if r.URL.Scheme != "http" {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "only http:// is proxied in absolute form; use CONNECT for https"))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "only http:// is proxied in absolute form; use CONNECT for https"))
 		return
 	}
 	host, port, err := parseTarget(r.URL.Host, "80")
 	if err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "bad request target: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "bad request target: "+err.Error()))
 		return
 	}
 	c.destHost, c.port = host, port
@@ -294,12 +295,12 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		// THREATS D5: a placeholder never crosses plain http, so a host
 		// with a secret bound to it is reached over CONNECT only.
 		c.event = "plaintext_credentialed_host"
-		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, "a secret is bound to "+host+"; plain http:// to it is refused, use https"))
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, "a secret is bound to "+host+"; plain http:// to it is refused, use https"))
 		return
 	}
 	release, ok := e.acquire(id)
 	if !ok {
-		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, CodeRateLimited, psDenied, "too many open tunnels and proxied requests for this sandbox"))
+		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, refusal.RateLimited, psDenied, "too many open tunnels and proxied requests for this sandbox"))
 		return
 	}
 	defer release()
@@ -329,7 +330,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	u := *r.URL
 	u.Host, u.User = authority, nil
 	if err := path.setOn(&u); err != nil { // exactly the path policy decided on
-		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, CodeSchemaViolation, psBadRequest, err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, refusal.SchemaViolation, psBadRequest, err.Error()))
 		return
 	}
 	out.URL, out.RequestURI, out.Host, out.Header = &u, "", authority, hdr
@@ -387,9 +388,9 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	// so that it sees a cut answer rather than a complete-looking one.
 	if berr := resp.body.failed(); berr != nil {
 		c.upstreamErr = "broken_body"
-		ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psProtocol, "the upstream's response broke its framing")
-		ee.cause = berr
-		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.apiError, false)
+		ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psProtocol, "the upstream's response broke its framing")
+		ee.Wrap(berr)
+		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.Error, false)
 		e.logLine(c, ee)
 		panic(http.ErrAbortHandler)
 	}
@@ -422,18 +423,18 @@ func upstreamRefusal(c *egressCall, err error) *egressError {
 	switch ue.kind {
 	case upTimeout:
 		c.upstreamErr = "response_timeout"
-		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psTimeout, "the destination did not answer in time")
+		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psTimeout, "the destination did not answer in time")
 	case upProtocol, upBodyBroken:
 		c.upstreamErr = "malformed_response"
-		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psProtocol, "the destination's response was malformed or ambiguously framed; it was not relayed")
+		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psProtocol, "the destination's response was malformed or ambiguously framed; it was not relayed")
 	case upSend:
 		c.upstreamErr = "send_failed"
-		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the request could not be sent to the destination")
+		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, "the request could not be sent to the destination")
 	default:
 		c.upstreamErr = "closed_without_answer"
-		ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the destination closed the connection without an answer")
+		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, "the destination closed the connection without an answer")
 	}
-	ee.cause = err
+	ee.Wrap(err)
 	return ee
 }
 
@@ -444,19 +445,19 @@ func dialRefusal(c *egressCall, err error) *egressError {
 		if de.Addr.IsValid() {
 			c.destIP.Store(de.Addr.String())
 		}
-		ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psIPDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
-		ee.cause = err
+		ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psIPDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
+		ee.Wrap(err)
 		return ee
 	}
 	var dnsErr *net.DNSError
 	var rc *rcodeError
 	if errors.As(err, &dnsErr) || errors.As(err, &rc) || errors.Is(err, errNoUpstream) {
-		ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psDNS, "the destination's name could not be resolved")
-		ee.cause = err
+		ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psDNS, "the destination's name could not be resolved")
+		ee.Wrap(err)
 		return ee
 	}
-	ee := egressRefuse(http.StatusBadGateway, CodeUpstreamError, psConnect, "the destination could not be reached")
-	ee.cause = err
+	ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, "the destination could not be reached")
+	ee.Wrap(err)
 	return ee
 }
 
@@ -547,7 +548,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	// parse of it: userinfo, a path or a second authority are refused here.
 	host, port, err := parseTarget(r.RequestURI, "")
 	if err != nil {
-		e.refuse(w, c, egressRefuse(http.StatusBadRequest, CodeSchemaViolation, psBadRequest, "bad CONNECT target: "+err.Error()))
+		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "bad CONNECT target: "+err.Error()))
 		return
 	}
 	c.destHost, c.port = host, port
@@ -556,12 +557,12 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		return
 	}
 	if !e.ports[port] {
-		e.refuse(w, c, egressRefuse(http.StatusForbidden, CodeEgressDenied, psDenied, fmt.Sprintf("CONNECT to port %d is not allowed (443 and egress.connect_ports only)", port)))
+		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, fmt.Sprintf("CONNECT to port %d is not allowed (443 and egress.connect_ports only)", port)))
 		return
 	}
 	release, ok := e.acquire(id)
 	if !ok {
-		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, CodeRateLimited, psDenied, "too many open tunnels for this sandbox"))
+		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, refusal.RateLimited, psDenied, "too many open tunnels for this sandbox"))
 		return
 	}
 	defer release()
@@ -581,7 +582,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
-		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, CodeUpstreamError, psDenied, "bug(): connection cannot be taken over"))
+		e.refuse(w, c, egressRefuse(http.StatusInternalServerError, refusal.UpstreamError, psDenied, "bug(): connection cannot be taken over"))
 		return
 	}
 	conn, brw, err := hj.Hijack()
@@ -603,9 +604,9 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	}
 	if err != nil {
 		c.event = "sni_mismatch"
-		ee := egressRefuse(http.StatusForbidden, CodeEgressDenied, psTLS, "the TLS ClientHello does not name the CONNECT host")
-		ee.cause = err
-		_ = e.record(actx, c, "sni_mismatch", ee.apiError, false)
+		ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psTLS, "the TLS ClientHello does not name the CONNECT host")
+		ee.Wrap(err)
+		_ = e.record(actx, c, "sni_mismatch", ee.Error, false)
 		e.logLine(c, ee)
 		return
 	}
@@ -620,12 +621,12 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		ierr := e.intercept(ctx, c, conn, io.MultiReader(bytes.NewReader(hello), bytes.NewReader(buffered), conn), addr)
 		ee := e.endedDuring(actx, c)
 		if ierr != nil && ee == nil {
-			ee = egressRefuse(http.StatusBadGateway, CodeUpstreamError, psTLS, "the intercepted tunnel could not be set up")
-			ee.cause = ierr
+			ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psTLS, "the intercepted tunnel could not be set up")
+			ee.Wrap(ierr)
 		}
-		var ref *apiError
+		var ref *refusal.Error
 		if ee != nil {
-			ref = ee.apiError
+			ref = ee.Error
 		}
 		_ = e.record(actx, c, "result", ref, false)
 		e.logLine(c, ee)
@@ -636,7 +637,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	cancel()
 	if err != nil {
 		ee := dialRefusal(c, err)
-		_ = e.record(actx, c, "result", ee.apiError, false)
+		_ = e.record(actx, c, "result", ee.Error, false)
 		e.logLine(c, ee)
 		return
 	}
@@ -650,9 +651,9 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	c.bytesUp.Add(int64(len(hello)))
 	e.tunnel(conn, brw.Reader, up, c)
 	ee := e.endedDuring(actx, c)
-	var ref *apiError
+	var ref *refusal.Error
 	if ee != nil {
-		ref = ee.apiError
+		ref = ee.Error
 	}
 	_ = e.record(actx, c, "result", ref, false)
 	e.logLine(c, ee)
@@ -830,19 +831,19 @@ func closeWrite(c net.Conn) {
 // refuse answers a refusal before any tunnel exists, audited.
 func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError) {
 	c.status = ee.Status
-	if aerr := e.record(context.Background(), c, "decision", ee.apiError, false); aerr != nil {
+	if aerr := e.record(context.Background(), c, "decision", ee.Error, false); aerr != nil {
 		ee = aerr
 	}
 	e.logLine(c, ee)
 	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
 	w.Header().Set("Connection", "close")
-	writeError(w, ee.apiError, c.rid)
+	refusal.Write(w, ee.Error, c.rid)
 }
 
 // record appends c's audit record. presync only writes (the result's
 // fsync makes it durable); a record that cannot be written refuses.
-func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, refusal *apiError, presync bool) *egressError {
-	f := c.auditFields(event, refusal)
+func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref *refusal.Error, presync bool) *egressError {
+	f := c.auditFields(event, ref)
 	if _, err := e.s.appendAudit(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}, presync); err != nil {
 		e.s.tel.audits.Add(ctx, 1)
 		// Some callers log no refusal after a failed result record (the
@@ -851,8 +852,8 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 		if e.s.repeats.allow("audit: record not durable; refusing raw egress", err.Error()) {
 			e.s.log.Error("audit: record not durable; refusing raw egress", "request_id", c.rid, "err", err)
 		}
-		ee := egressRefuse(http.StatusServiceUnavailable, CodeAuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
-		ee.cause = err
+		ee := egressRefuse(http.StatusServiceUnavailable, refusal.AuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
+		ee.Wrap(err)
 		return ee
 	}
 	return nil
@@ -861,14 +862,14 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 // auditFields are the fields of c's audit record for event, in increasing
 // key order (audit.Record.Sorted): every proxied request writes two of
 // these records, and a map per record was its largest allocation.
-func (c *egressCall) auditFields(event string, refusal *apiError) []audit.Field {
+func (c *egressCall) auditFields(event string, ref *refusal.Error) []audit.Field {
 	f := make([]audit.Field, 0, 18)
 	f = append(f, audit.Field{Key: "agent", Value: c.caller.Agent})
 	if event == "result" {
 		f = append(f, audit.Field{Key: "bytes_down", Value: c.bytesDn.Load()}, audit.Field{Key: "bytes_up", Value: c.bytesUp.Load()})
 	}
-	if refusal != nil {
-		f = append(f, audit.Field{Key: "code", Value: string(refusal.Code)})
+	if ref != nil {
+		f = append(f, audit.Field{Key: "code", Value: string(ref.Code)})
 	}
 	if c.decided {
 		f = append(f, audit.Field{Key: "decision", Value: c.decision.Action.String()})
@@ -919,13 +920,13 @@ func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
 		if c.event != "" {
 			reason = c.event
 		}
-		if ee.cause != nil {
-			reason += ": " + ee.cause.Error()
+		if ee.Cause() != nil {
+			reason += ": " + ee.Cause().Error()
 		}
 		if ee.Status >= 500 {
 			level = slog.LevelWarn
 		}
-		if ee.Code == CodeAuditUnavailable && !e.s.repeats.allow("egress", reason) {
+		if ee.Code == refusal.AuditUnavailable && !e.s.repeats.allow("egress", reason) {
 			return // the same refusal was logged in this interval: counted (logcap.go)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -101,7 +102,7 @@ func startBenchEgressIdle(b testing.TB, auditDir string, edit func(*config.Confi
 	}})
 	be.eg = eg
 	be.sock = filepath.Join(g.dir, "bench.sock")
-	sl, err := listenSandboxIdle(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(Code) {}, listenIdle)
+	sl, err := listenSandboxIdle(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {}, listenIdle)
 	if err != nil {
 		b.Fatal(err)
 	}

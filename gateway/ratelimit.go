@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"math"
 	"sync"
 	"time"
 
@@ -79,9 +78,4 @@ func (cl *callLimits) sweepLocked(now time.Time) {
 		delete(cl.m, c)
 		drop--
 	}
-}
-
-// retryAfterSeconds is d as a Retry-After value: whole seconds, at least 1.
-func retryAfterSeconds(d time.Duration) int {
-	return max(1, int(math.Ceil(d.Seconds())))
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -103,8 +104,8 @@ func TestRetryAfterSeconds(t *testing.T) {
 		d    time.Duration
 		want int
 	}{{time.Millisecond, 1}, {time.Second, 1}, {1500 * time.Millisecond, 2}, {0, 1}} {
-		if got := retryAfterSeconds(tc.d); got != tc.want {
-			t.Errorf("retryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
+		if got := refusal.RetryAfterSeconds(tc.d); got != tc.want {
+			t.Errorf("refusal.RetryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // sandboxEventKinds are the events a sandbox host reports: a command of a
@@ -47,15 +48,15 @@ func (s *Server) adminSandboxEvents(mux *http.ServeMux) {
 // answered 200; a report the audit log cannot take is 503
 // audit_unavailable, so that sandboxd records it as not delivered.
 func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
+	rid := refusal.NewRequestID()
 	by, ok := s.machineCaller(r)
 	if !ok {
-		writeUnauthenticated(w, "a session token (gateway.session_tokens_sha256) is required", rid)
+		refusal.WriteUnauthenticated(w, "a session token (gateway.session_tokens_sha256) is required", rid)
 		return
 	}
 	ev, err := decodeSandboxEvent(http.MaxBytesReader(w, r.Body, maxSandboxEventBytes))
 	if err != nil {
-		writeError(w, refuse(http.StatusBadRequest, "bad_request", err.Error()), rid)
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, err.Error()), rid)
 		return
 	}
 	fields := map[string]any{"sandbox": ev.Sandbox, "agent": ev.Agent, "session": ev.Session, "user": ev.User,
@@ -65,12 +66,12 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, err := s.appendAudit(r.Context(), audit.Record{RequestID: rid, Event: "sandbox_" + ev.Event, Fields: fields}, false); err != nil {
 		s.log.Error("sandbox event not audited", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox, "err", err)
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; report again"), rid)
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; report again"), rid)
 		return
 	}
 	s.log.Warn("sandbox event", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox,
 		"agent", ev.Agent, "session", ev.Session, "host", ev.Host, "limit", ev.Limit)
-	writeJSON(w, http.StatusOK, map[string]any{"request_id": rid})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"request_id": rid})
 }
 
 // decodeSandboxEvent reads one report strictly: known keys only, one JSON

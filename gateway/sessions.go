@@ -12,17 +12,8 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
-)
-
-// The refusal codes of an ended session (README: "Error codes").
-const (
-	// CodeSessionEnded: the caller's session was ended (sluice sessions
-	// end, or sandboxd destroying its sandbox); nothing is sent for it.
-	CodeSessionEnded Code = "session_ended"
-	// CodeSessionUnavailable: whether the session has ended could not be
-	// read; the call is refused rather than sent.
-	CodeSessionUnavailable Code = "session_unavailable"
 )
 
 // maxSessionIDLen bounds a session id on the admin API.
@@ -46,18 +37,16 @@ type SessionEnder interface {
 // sessionRefusal refuses a call whose identity carries an ended session;
 // a store failure refuses too (fail closed). A call without a session is
 // never refused here.
-func (s *Server) sessionRefusal(ctx context.Context, session string) *apiError {
+func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Error {
 	if session == "" {
 		return nil
 	}
 	ended, err := s.store.SessionEnded(ctx, session)
 	if err != nil {
-		e := refuse(http.StatusServiceUnavailable, CodeSessionUnavailable, "whether this session has ended cannot be read; the call was not sent")
-		e.cause = err
-		return e
+		return refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "whether this session has ended cannot be read; the call was not sent").Wrap(err)
 	}
 	if ended {
-		return refuse(http.StatusForbidden, CodeSessionEnded, "this session has ended; nothing more is sent for it")
+		return refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session has ended; nothing more is sent for it")
 	}
 	return nil
 }
@@ -124,29 +113,29 @@ type sessionEndView struct {
 // credential source's SessionEnder, if any, revokes. Idempotent: a repeat
 // answers 200 with the first end's time and name.
 func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
+	rid := refusal.NewRequestID()
 	by, ok := s.sessionCaller(r)
 	if !ok {
-		writeUnauthenticated(w, "an approver token or a session token is required", rid)
+		refusal.WriteUnauthenticated(w, "an approver token or a session token is required", rid)
 		return
 	}
 	session := r.PathValue("session")
 	if !validSessionID(session) {
-		writeError(w, refuse(http.StatusBadRequest, "bad_request", fmt.Sprintf("a session id is 1..%d printable characters without spaces", maxSessionIDLen)), rid)
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("a session id is 1..%d printable characters without spaces", maxSessionIDLen)), rid)
 		return
 	}
 	// The canonical form, as the relayed identities carry it
 	// (canonicalIdentity): "S1" ends the session sandboxes call "s1".
 	session, err := ident.Canonical(session)
 	if err != nil {
-		writeError(w, refuse(http.StatusBadRequest, "bad_request", "the session id is ambiguous: "+err.Error()), rid)
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "the session id is ambiguous: "+err.Error()), rid)
 		return
 	}
 	// The end is finished even if the caller goes away.
 	ctx := context.WithoutCancel(r.Context())
 	storeErr := func(err error) {
 		s.log.Error("sessions: end", "session", session, "err", err)
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeSessionUnavailable, "the session could not be ended: the store is unavailable"), rid)
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "the session could not be ended: the store is unavailable"), rid)
 	}
 	now := time.Now().UTC()
 	// Ended first, so no new call of the session gets through while its
@@ -181,17 +170,17 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 		"connections_closed": closed,
 	}}, false); err != nil {
 		s.log.Error("sessions: end not audited", "session", session, "err", err)
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the session is ended but the audit log cannot be written; retry"), rid)
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the session is ended but the audit log cannot be written; retry"), rid)
 		return
 	}
 	if se, ok := s.creds.(SessionEnder); ok {
 		if err := se.EndSession(ctx, session); err != nil {
 			s.log.Error("sessions: revocation failed; the session stays ended", "session", session, "err", err)
-			writeError(w, refuse(http.StatusBadGateway, "revocation_failed", "the session is ended but its credentials could not be revoked; retry"), rid)
+			refusal.Write(w, refusal.New(http.StatusBadGateway, "revocation_failed", "the session is ended but its credentials could not be revoked; retry"), rid)
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"session": viewSessionEnd(end), "request_id": rid})
+	refusal.WriteJSON(w, http.StatusOK, map[string]any{"session": viewSessionEnd(end), "request_id": rid})
 }
 
 func viewSessionEnd(e store.SessionEnd) sessionEndView {
@@ -211,7 +200,7 @@ func (e *rawEgress) sessionGate(ctx context.Context, c *egressCall) *egressError
 		return nil
 	}
 	c.event = string(aerr.Code)
-	return &egressError{apiError: aerr, proxyStatus: psDenied}
+	return &egressError{Error: aerr, proxyStatus: psDenied}
 }
 
 // endedDuring is the refusal a tunnel's result record carries when the
@@ -224,6 +213,6 @@ func (e *rawEgress) endedDuring(ctx context.Context, c *egressCall) *egressError
 	if ended, err := e.s.store.SessionEnded(ctx, c.caller.Session); err != nil || !ended {
 		return nil
 	}
-	c.upstreamErr = string(CodeSessionEnded)
-	return &egressError{apiError: refuse(http.StatusForbidden, CodeSessionEnded, "this session was ended; its tunnel was closed"), proxyStatus: psDenied}
+	c.upstreamErr = string(refusal.SessionEnded)
+	return &egressError{Error: refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session was ended; its tunnel was closed"), proxyStatus: psDenied}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -81,7 +82,7 @@ func TestEndSession(t *testing.T) {
 	t.Run("the waiting agent gets 403 approval_expired", func(t *testing.T) {
 		select {
 		case pr := <-got:
-			if pr.status != http.StatusForbidden || pr.code() != string(CodeApprovalExpired) {
+			if pr.status != http.StatusForbidden || pr.code() != string(refusal.ApprovalExpired) {
 				t.Fatalf("poll: %d %s, want 403 approval_expired", pr.status, pr.raw)
 			}
 		case <-time.After(10 * time.Second):
@@ -101,14 +102,14 @@ func TestEndSession(t *testing.T) {
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
-				if r := doCall(t, c, tc.tool, tc.args); r.status != http.StatusForbidden || r.code() != string(CodeSessionEnded) {
+				if r := doCall(t, c, tc.tool, tc.args); r.status != http.StatusForbidden || r.code() != string(refusal.SessionEnded) {
 					t.Fatalf("%d %s, want 403 session_ended", r.status, r.raw)
 				}
 			})
 		}
 		t.Run("proxy request", func(t *testing.T) {
 			resp, body, _, _ := exchange(t, g, "GET http://evil.example/x HTTP/1.1\r\nHost: evil.example\r\n\r\n")
-			if resp.StatusCode != http.StatusForbidden || errCode(body) != string(CodeSessionEnded) {
+			if resp.StatusCode != http.StatusForbidden || errCode(body) != string(refusal.SessionEnded) {
 				t.Fatalf("%d %s, want 403 session_ended", resp.StatusCode, body)
 			}
 			if ps := resp.Header.Get("Proxy-Status"); !strings.Contains(ps, "error=") {
@@ -133,7 +134,7 @@ func TestEndSession(t *testing.T) {
 		}
 		r := g.admin(t, "tok-bob", "POST", "/api/v1/holds/"+h.ID+"/approve", `{"reason":"ok"}`)
 		res, _ := r.body["hold"].(map[string]any)["result"].(map[string]any)
-		if _, st := holdOf(t, r); r.status != 200 || st != "failed" || !strings.Contains(r.raw, string(CodeSessionEnded)) || res["http_status"] != float64(403) {
+		if _, st := holdOf(t, r); r.status != 200 || st != "failed" || !strings.Contains(r.raw, string(refusal.SessionEnded)) || res["http_status"] != float64(403) {
 			t.Fatalf("approve: %d %s, want failed with 403 session_ended", r.status, r.raw)
 		}
 		if n := up.requests.Load(); n != before {
@@ -167,7 +168,7 @@ func TestEndSession(t *testing.T) {
 				by = append(by, rec.Fields["by"].(string))
 			case rec.Event == "hold_expired" && rec.Fields["hold"] == id:
 				expired = true
-			case rec.Event == "decision" && rec.Fields["session"] == "s-1" && rec.Fields["code"] == string(CodeSessionEnded):
+			case rec.Event == "decision" && rec.Fields["session"] == "s-1" && rec.Fields["code"] == string(refusal.SessionEnded):
 				refusals++
 			}
 		}
@@ -200,11 +201,11 @@ func TestSessionStateUnreadable(t *testing.T) {
 	tests := []struct {
 		name, tool, args string
 		status           int
-		code             Code
+		code             refusal.Code
 	}{
-		{"allowed call", "tickets.list_tickets", `{}`, http.StatusServiceUnavailable, CodeSessionUnavailable},
+		{"allowed call", "tickets.list_tickets", `{}`, http.StatusServiceUnavailable, refusal.SessionUnavailable},
 		// An ask cannot be held without the store either.
-		{"ask call", "tickets.create_refund", refund, http.StatusServiceUnavailable, CodeApprovalUnavailable},
+		{"ask call", "tickets.create_refund", refund, http.StatusServiceUnavailable, refusal.ApprovalUnavailable},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -223,7 +224,7 @@ func TestSessionStateUnreadable(t *testing.T) {
 			t.Fatal(err)
 		}
 		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusServiceUnavailable || errCode(body) != string(CodeSessionUnavailable) {
+		if resp.StatusCode != http.StatusServiceUnavailable || errCode(body) != string(refusal.SessionUnavailable) {
 			t.Fatalf("%d %s, want 503 session_unavailable", resp.StatusCode, body)
 		}
 	})
@@ -233,12 +234,12 @@ func TestSessionStateUnreadable(t *testing.T) {
 		}
 	})
 	t.Run("ending is 503", func(t *testing.T) {
-		if r := g.admin(t, "tok-bob", "POST", "/api/v1/sessions/s-1/end", ""); r.status != http.StatusServiceUnavailable || r.code() != string(CodeSessionUnavailable) {
+		if r := g.admin(t, "tok-bob", "POST", "/api/v1/sessions/s-1/end", ""); r.status != http.StatusServiceUnavailable || r.code() != string(refusal.SessionUnavailable) {
 			t.Fatalf("%d %s, want 503 session_unavailable", r.status, r.raw)
 		}
 	})
 	t.Run("after a failed end the session is refused", func(t *testing.T) {
-		if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != http.StatusServiceUnavailable || r.code() != string(CodeSessionUnavailable) {
+		if r := doCall(t, c, "tickets.list_tickets", `{}`); r.status != http.StatusServiceUnavailable || r.code() != string(refusal.SessionUnavailable) {
 			t.Fatalf("%d %s, want 503 session_unavailable", r.status, r.raw)
 		}
 	})
@@ -371,7 +372,7 @@ func TestSessionGateOnOpenConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusForbidden || errCode(body) != string(CodeSessionEnded) {
+	if resp.StatusCode != http.StatusForbidden || errCode(body) != string(refusal.SessionEnded) {
 		t.Fatalf("proxied request on the open connection after the end: %d %s", resp.StatusCode, body)
 	}
 	var dns, proxy bool

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -259,7 +260,7 @@ func TestShutdownClosesIdleUpstreamConnections(t *testing.T) {
 		return (&net.Dialer{}).DialContext(ctx, network, upstream.Listener.Addr().String())
 	}})
 	sock := filepath.Join(g.dir, "proxy.sock")
-	sl, err := listenSandbox(sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(Code) {})
+	sl, err := listenSandbox(sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/h1"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -90,7 +92,7 @@ type headChecker struct {
 
 	// For the refusal's log line and count; nil in tests.
 	log     *slog.Logger
-	refused func(Code)
+	refused func(refusal.Code)
 	id      wire.Identity
 
 	// The body bound (bodyLimit; zero: none). gen is odd while a body is
@@ -193,7 +195,7 @@ var errStrict = errors.New("gateway: malformed request framing refused")
 // headError is a refusal with a status other than 400.
 type headError struct {
 	status int
-	code   Code
+	code   refusal.Code
 	msg    string
 }
 
@@ -217,7 +219,7 @@ func (h *headChecker) Read(p []byte) (int, error) {
 		if err != nil && h.cut.Load() && errors.As(err, &ne) && ne.Timeout() {
 			h.state = stFailed
 			h.endBody()
-			h.reject(&headError{http.StatusRequestTimeout, CodeRequestTimeout, fmt.Sprintf(
+			h.reject(&headError{http.StatusRequestTimeout, refusal.RequestTimeout, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
 				h.lim.timeout, h.lim.minRate)})
 			return 0, errStrict
@@ -248,12 +250,12 @@ func (h *headChecker) Read(p []byte) (int, error) {
 // first (a lingering close): a socket closed with unread input may reset
 // the peer, which would lose the answer.
 func (h *headChecker) reject(why error) {
-	status, code, msg := http.StatusBadRequest, CodeSchemaViolation, "malformed HTTP framing: "+why.Error()
+	status, code, msg := http.StatusBadRequest, refusal.SchemaViolation, "malformed HTTP framing: "+why.Error()
 	var he *headError
 	if errors.As(why, &he) {
 		status, code, msg = he.status, he.code, he.msg
 	}
-	rid := newRequestID()
+	rid := refusal.NewRequestID()
 	if h.log != nil {
 		h.log.Warn("sandbox socket: refused a malformed request", "decision", "block", "reason", why.Error(),
 			"status", status, "code", string(code), "sandbox", h.id.Sandbox, "agent", h.id.Agent, "session", h.id.Session, "request_id", rid)
@@ -288,7 +290,7 @@ func (h *headChecker) feed(b []byte) error {
 			}
 			if h.state == stHead {
 				if h.head.size += n; h.head.size > maxHeaderBytes {
-					return &headError{http.StatusRequestHeaderFieldsTooLarge, CodeHeaderTooLarge,
+					return &headError{http.StatusRequestHeaderFieldsTooLarge, refusal.HeaderTooLarge,
 						fmt.Sprintf("the request head is over %d bytes (RFC 6585 5)", maxHeaderBytes)}
 				}
 			}
@@ -367,7 +369,7 @@ func (h *headChecker) line() error {
 			h.endBody()
 			return nil
 		}
-		return checkFieldLine(l)
+		return h1.CheckFieldLine(l)
 	}
 	// stHead: the request line, then field lines, each checked as it
 	// ends (Go's server parses each line as soon as it has it, and must
@@ -410,7 +412,7 @@ func (hd *reqHead) requestLine(l string) error {
 	if !ok1 || !ok2 {
 		return errors.New("request line is not method, target and version (RFC 9112 3)")
 	}
-	if method == "" || strings.IndexFunc(method, func(r rune) bool { return r > 0x7f || !isTokenChar(byte(r)) }) >= 0 {
+	if method == "" || strings.IndexFunc(method, func(r rune) bool { return r > 0x7f || !h1.IsTokenChar(byte(r)) }) >= 0 {
 		return errors.New("method is not a token (RFC 9110 9.1)")
 	}
 	major, minor, ok := http.ParseHTTPVersion(proto)
@@ -426,7 +428,7 @@ func (hd *reqHead) requestLine(l string) error {
 	}
 	hd.preface = method == "PRI" && target == "*" && major == 2 && minor == 0
 	if major != 1 && !hd.preface {
-		return &headError{http.StatusHTTPVersionNotSupported, CodeSchemaViolation, "only HTTP/1.0 and HTTP/1.1 are served on the sandbox socket"}
+		return &headError{http.StatusHTTPVersionNotSupported, refusal.SchemaViolation, "only HTTP/1.0 and HTTP/1.1 are served on the sandbox socket"}
 	}
 	hd.method, hd.major, hd.minor = method, major, minor
 	return nil
@@ -434,32 +436,24 @@ func (hd *reqHead) requestLine(l string) error {
 
 // field checks a field line and keeps what framing, Host and Expect need.
 func (hd *reqHead) field(l []byte) error {
-	if err := checkFieldLine(l); err != nil {
+	if err := h1.CheckFieldLine(l); err != nil {
 		return err
 	}
 	hd.fields++
-	i := bytes.IndexByte(l, ':') // checkFieldLine found one after a name
-	name, value := l[:i], bytes.Trim(l[i+1:], " \t")
-	switch {
-	case bytes.EqualFold(name, fieldContentLength):
+	name, value := h1.SplitField(l)
+	switch f := h1.Name(name); {
+	case f == h1.ContentLength:
 		hd.cls = append(hd.cls, string(value))
-	case bytes.EqualFold(name, fieldTransferEncoding):
+	case f == h1.TransferEncoding:
 		hd.tes = append(hd.tes, string(value))
-	case bytes.EqualFold(name, fieldHost):
+	case f == h1.Host:
 		hd.hosts++
 		hd.host = string(value)
-	case bytes.EqualFold(name, fieldExpect) && !hd.expectSeen:
+	case f == h1.Expect && !hd.expectSeen:
 		hd.expectSeen, hd.expect = true, string(value) // Go's server reads the first
 	}
 	return nil
 }
-
-var (
-	fieldContentLength    = []byte("Content-Length")
-	fieldTransferEncoding = []byte("Transfer-Encoding")
-	fieldHost             = []byte("Host")
-	fieldExpect           = []byte("Expect")
-)
 
 // endHead checks a complete request head and sets the framing of its body.
 func (h *headChecker) endHead() error {
@@ -484,10 +478,10 @@ func (h *headChecker) endHead() error {
 		return errors.New("more than one Host (RFC 9112 3.2)")
 	case hd.hosts == 0 && http11 && hd.method != http.MethodConnect && !(hd.preface && hd.fields == 0):
 		return errors.New("no Host in an HTTP/1.1 request (RFC 9112 3.2)")
-	case hd.hosts == 1 && !validHost(hd.host):
+	case hd.hosts == 1 && !h1.ValidHost(hd.host):
 		return errors.New("malformed Host (RFC 9112 3.2)")
-	case hd.expect != "" && !hasToken(hd.expect, "100-continue"):
-		return &headError{http.StatusExpectationFailed, CodeSchemaViolation, "the only expectation served is 100-continue (RFC 9110 10.1.1)"}
+	case hd.expect != "" && !h1.HasToken(hd.expect, "100-continue"):
+		return &headError{http.StatusExpectationFailed, refusal.SchemaViolation, "the only expectation served is 100-continue (RFC 9110 10.1.1)"}
 	}
 	switch {
 	case hd.method == http.MethodConnect || hd.preface:
@@ -510,68 +504,6 @@ func (h *headChecker) endHead() error {
 		}
 	}
 	return nil
-}
-
-// validHost reports whether a Host value has only bytes a uri-host and port
-// may have, as Go's server checks it (httpguts.ValidHostHeader).
-func validHost(h string) bool {
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
-
-// hasToken reports whether token is in the comma- or space-separated list
-// v, case-insensitively, as Go's server reads Expect.
-func hasToken(v, token string) bool {
-	for sp := 0; sp+len(token) <= len(v); sp++ {
-		if sp > 0 && !isTokenBoundary(v[sp-1]) {
-			continue
-		}
-		if end := sp + len(token); end != len(v) && !isTokenBoundary(v[end]) {
-			continue
-		}
-		if strings.EqualFold(v[sp:sp+len(token)], token) {
-			return true
-		}
-	}
-	return false
-}
-
-func isTokenBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
-
-// checkFieldLine refuses obs-fold, a name that is not a token (bytes
-// 0x80-0xff, a space before the colon) and control bytes in a value.
-func checkFieldLine(l []byte) error {
-	if len(l) > 0 && (l[0] == ' ' || l[0] == '\t') {
-		return errors.New("obs-fold continuation line (RFC 9112 5.2)")
-	}
-	i := bytes.IndexByte(l, ':')
-	if i <= 0 {
-		return errors.New("header line without a name")
-	}
-	for _, c := range l[:i] {
-		if !isTokenChar(c) {
-			return errors.New("invalid byte in a header name (RFC 9110 5.1)")
-		}
-	}
-	for _, c := range l[i+1:] {
-		if c < 0x20 && c != '\t' || c == 0x7f {
-			return errors.New("control byte in a header value (RFC 9110 5.5)")
-		}
-	}
-	return nil
-}
-
-func isTokenChar(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // boundedBody puts bodyLimit on a request body that does not pass the

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // call is the head of a tool call that reaches the tickets upstream; the
@@ -34,50 +36,50 @@ func TestMalformedHeadsGetJSON(t *testing.T) {
 		name   string
 		req    string
 		status int
-		code   Code
+		code   refusal.Code
 	}{
 		{"well-formed control", callLine + "\r\n" + callHead + "\r\n{}", 200, ""},
 		// Request line (RFC 9112 3).
-		{"go: method not a token (RFC 9110 9.1)", "PO(ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: method with a tab", "POST\t/v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: method with a byte above 0x7f", "P\xc3\x96ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: empty method", " /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: method only", "POST\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: no version (HTTP/0.9 shape)", "POST /v1/tools/tickets.list_tickets\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: two spaces after the method", "POST  /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: space inside the target", "POST /v1/tools/tickets. list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: control byte in the target (RFC 3986 2)", "POST /v1/tools/tickets.\x01list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: DEL in the target", "POST /v1/tools/tickets.\x7flist_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: target in no request form (RFC 9112 3.2)", "POST v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: absolute form with a bad authority", "GET http://[::1/x HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, CodeSchemaViolation},
-		{"go: CONNECT with a bad authority", "CONNECT [::1:443 HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, CodeSchemaViolation},
-		{"go: lowercase version (RFC 9112 2.3)", "POST /v1/tools/tickets.list_tickets http/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: version with two digits", "POST /v1/tools/tickets.list_tickets HTTP/1.10\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: text after the version", "POST /v1/tools/tickets.list_tickets HTTP/1.1 x\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: HTTP/2.0 that is not the preface", "POST /v1/tools/tickets.list_tickets HTTP/2.0\r\n" + callHead + "\r\n{}", 505, CodeSchemaViolation},
-		{"go: HTTP/3.0", "POST /v1/tools/tickets.list_tickets HTTP/3.0\r\n" + callHead + "\r\n{}", 505, CodeSchemaViolation},
-		{"NUL in the request line", "POST /v1/tools/tickets.list_tickets\x00 HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"bare CR in the request line", "POST /v1/tools/tickets.list_tickets\r HTTP/1.1\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"bare LF after the request line (RFC 9112 2.2)", callLine + "\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: empty line before the first request (RFC 9112 2.2 allows only after a message)", "\r\n" + callLine + "\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
+		{"go: method not a token (RFC 9110 9.1)", "PO(ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: method with a tab", "POST\t/v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: method with a byte above 0x7f", "P\xc3\x96ST /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: empty method", " /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: method only", "POST\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: no version (HTTP/0.9 shape)", "POST /v1/tools/tickets.list_tickets\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: two spaces after the method", "POST  /v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: space inside the target", "POST /v1/tools/tickets. list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: control byte in the target (RFC 3986 2)", "POST /v1/tools/tickets.\x01list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: DEL in the target", "POST /v1/tools/tickets.\x7flist_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: target in no request form (RFC 9112 3.2)", "POST v1/tools/tickets.list_tickets HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: absolute form with a bad authority", "GET http://[::1/x HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, refusal.SchemaViolation},
+		{"go: CONNECT with a bad authority", "CONNECT [::1:443 HTTP/1.1\r\nHost: sluice\r\n\r\n", 400, refusal.SchemaViolation},
+		{"go: lowercase version (RFC 9112 2.3)", "POST /v1/tools/tickets.list_tickets http/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: version with two digits", "POST /v1/tools/tickets.list_tickets HTTP/1.10\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: text after the version", "POST /v1/tools/tickets.list_tickets HTTP/1.1 x\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: HTTP/2.0 that is not the preface", "POST /v1/tools/tickets.list_tickets HTTP/2.0\r\n" + callHead + "\r\n{}", 505, refusal.SchemaViolation},
+		{"go: HTTP/3.0", "POST /v1/tools/tickets.list_tickets HTTP/3.0\r\n" + callHead + "\r\n{}", 505, refusal.SchemaViolation},
+		{"NUL in the request line", "POST /v1/tools/tickets.list_tickets\x00 HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"bare CR in the request line", "POST /v1/tools/tickets.list_tickets\r HTTP/1.1\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"bare LF after the request line (RFC 9112 2.2)", callLine + "\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: empty line before the first request (RFC 9112 2.2 allows only after a message)", "\r\n" + callLine + "\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
 		// Header fields (RFC 9112 5, RFC 9110 5).
-		{"header line without a colon", callLine + "\r\n" + callHead + "X-A b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"space before the colon", callLine + "\r\n" + callHead + "X-A : b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"NUL in a header name", callLine + "\r\n" + callHead + "X-\x00A: b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"byte above 0x7f in a header name", callLine + "\r\n" + callHead + "X-\xffA: b\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"NUL in a header value", callLine + "\r\n" + callHead + "X-A: b\x00c\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"bare CR in a header value", callLine + "\r\n" + callHead + "X-A: b\rc\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"obs-fold (RFC 9112 5.2)", callLine + "\r\n" + callHead + "X-A: b\r\n c\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"obs-fold on the first header line", callLine + "\r\n X-A: b\r\n" + callHead + "\r\n{}", 400, CodeSchemaViolation},
-		{"go: no Host in HTTP/1.1 (RFC 9112 3.2)", callLine + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"two Host fields (RFC 9112 3.2)", callLine + "\r\n" + callHead + "Host: other\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"go: malformed Host (RFC 9112 3.2)", callLine + "\r\nHost: a<b\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, CodeSchemaViolation},
-		{"go: Expect other than 100-continue (RFC 9110 10.1.1)", callLine + "\r\n" + callHead + "Expect: teapot\r\n\r\n{}", 417, CodeSchemaViolation},
-		{"go: Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1)", "POST /v1/tools/tickets.list_tickets HTTP/1.0\r\nHost: sluice\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, CodeSchemaViolation},
+		{"header line without a colon", callLine + "\r\n" + callHead + "X-A b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"space before the colon", callLine + "\r\n" + callHead + "X-A : b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"NUL in a header name", callLine + "\r\n" + callHead + "X-\x00A: b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"byte above 0x7f in a header name", callLine + "\r\n" + callHead + "X-\xffA: b\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"NUL in a header value", callLine + "\r\n" + callHead + "X-A: b\x00c\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"bare CR in a header value", callLine + "\r\n" + callHead + "X-A: b\rc\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"obs-fold (RFC 9112 5.2)", callLine + "\r\n" + callHead + "X-A: b\r\n c\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"obs-fold on the first header line", callLine + "\r\n X-A: b\r\n" + callHead + "\r\n{}", 400, refusal.SchemaViolation},
+		{"go: no Host in HTTP/1.1 (RFC 9112 3.2)", callLine + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"two Host fields (RFC 9112 3.2)", callLine + "\r\n" + callHead + "Host: other\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"go: malformed Host (RFC 9112 3.2)", callLine + "\r\nHost: a<b\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 400, refusal.SchemaViolation},
+		{"go: Expect other than 100-continue (RFC 9110 10.1.1)", callLine + "\r\n" + callHead + "Expect: teapot\r\n\r\n{}", 417, refusal.SchemaViolation},
+		{"go: Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1)", "POST /v1/tools/tickets.list_tickets HTTP/1.0\r\nHost: sluice\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, refusal.SchemaViolation},
 		// Size (RFC 6585 5).
-		{"go: header section over 64 KiB", callLine + "\r\n" + callHead + "X-Big: " + big + "\r\n\r\n{}", 431, CodeHeaderTooLarge},
-		{"go: request line over 64 KiB", "POST /v1/tools/tickets.list_tickets?" + big + " HTTP/1.1\r\n" + callHead + "\r\n{}", 431, CodeHeaderTooLarge},
-		{"go: header section over 64 KiB, never ended", callLine + "\r\n" + callHead + "X-Big: " + big, 431, CodeHeaderTooLarge},
+		{"go: header section over 64 KiB", callLine + "\r\n" + callHead + "X-Big: " + big + "\r\n\r\n{}", 431, refusal.HeaderTooLarge},
+		{"go: request line over 64 KiB", "POST /v1/tools/tickets.list_tickets?" + big + " HTTP/1.1\r\n" + callHead + "\r\n{}", 431, refusal.HeaderTooLarge},
+		{"go: header section over 64 KiB, never ended", callLine + "\r\n" + callHead + "X-Big: " + big, 431, refusal.HeaderTooLarge},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +111,7 @@ func TestMalformedHeadsGetJSON(t *testing.T) {
 			}
 			// One log line for the refusal, under the request ID the
 			// caller got.
-			var eb errorBody
+			var eb refusal.Body
 			_ = json.Unmarshal(body, &eb)
 			if rid := eb.Error.RequestID; rid == "" {
 				t.Errorf("no request_id in %q", body)

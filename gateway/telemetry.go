@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -136,7 +137,7 @@ func (t *telemetry) zero(connectors []string) {
 	for _, a := range []string{"allow", "ask", "block"} {
 		t.decisions.Add(ctx, 0, metric.WithAttributes(attribute.String("action", a), attribute.String("rule", "default")))
 	}
-	for _, c := range []Code{CodeUntrustedPeer, CodeIdentityRequired, CodeHeaderTooLarge, CodeRequestTimeout, CodeTooManyConnections} {
+	for _, c := range []refusal.Code{refusal.UntrustedPeer, refusal.IdentityRequired, refusal.HeaderTooLarge, refusal.RequestTimeout, refusal.TooManyConnections} {
 		t.refusals.Add(ctx, 0, metric.WithAttributes(attribute.String("code", string(c))))
 	}
 	for _, d := range []string{"allow", "ask", "block"} {
@@ -176,7 +177,7 @@ func (t *telemetry) reload(ok bool) {
 	t.reloads.Add(context.Background(), 1, metric.WithAttributes(attribute.String("result", r)))
 }
 
-func (t *telemetry) refused(code Code) {
+func (t *telemetry) refused(code refusal.Code) {
 	t.refusals.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", string(code))))
 }
 

@@ -3,16 +3,13 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -24,9 +21,14 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // sandboxHandler serves the sandbox side. Nothing else is routed here: the
@@ -40,7 +42,7 @@ func (s *Server) sandboxHandler() http.Handler {
 	eg := s.newRawEgress()             // proxy.go, dnsanswer.go
 	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, refuse(http.StatusNotFound, CodeNotFound, "no such endpoint on the sandbox socket"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodConnect || r.URL.IsAbs() {
@@ -51,331 +53,440 @@ func (s *Server) sandboxHandler() http.Handler {
 	})
 }
 
-// toolView is a tool as an agent sees it in GET /v1/tools.
-type toolView struct {
-	Name        string          `json:"name"`
-	Alias       string          `json:"alias"` // function-safe: ^[a-zA-Z0-9_-]{1,64}$; a call may use it
-	Description string          `json:"description,omitempty"`
-	Method      string          `json:"method"`
-	Path        string          `json:"path"`
-	Risk        string          `json:"risk"`
-	Schema      json.RawMessage `json:"schema"`
+// toolCall is one call's state as it moves through the pipeline; its
+// record is what the audit records and the canonical line are made of.
+type toolCall struct {
+	req       call.Request
+	rec       call.Record
+	held      *holds.Hold     // an approved hold being executed (executeHold), else nil
+	decision  policy.Decision // the policy's (or a grant's) decision; rec.Decision is its recorded form
+	connector string
+	event     string // the event a refusal is audited under: decision; result for an approved hold's execution
+	audited   bool   // the outcome is already in the audit log
+	presync   bool   // the next record need only reach the file; a later one syncs
+	answered  bool   // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
 }
 
-// handleListTools lists what the caller is granted and not blocked from
-// (grantedTools, mcp_door.go).
-func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
-	rid := newRequestID()
-	id, ok := identityFrom(r.Context())
-	if !ok {
-		writeError(w, refuse(http.StatusForbidden, CodeIdentityRequired, "no identity"), rid)
-		return
-	}
-	tools, aerr := s.grantedTools(r.Context(), id)
-	if aerr != nil {
-		writeError(w, aerr, rid)
-		return
-	}
-	views := []toolView{}
-	for _, t := range tools {
-		desc := t.Summary
-		if desc == "" {
-			desc = t.Description
-		}
-		views = append(views, toolView{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"tools": views, "request_id": rid})
+// decide sets the call's decision and its recorded form.
+func (c *toolCall) decide(d policy.Decision) {
+	c.decision, c.rec.Decided = d, true
+	c.rec.Decision = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}
 }
 
-// call is one tool call's state as it moves through the pipeline; it is
-// also what the canonical decision line and the audit record are made of.
-type call struct {
-	rid      string
-	start    time.Time
-	caller   policy.Caller
-	tool     string
-	decision policy.Decision
-	decided  bool
-	destHost string
-	destIP   atomicString // written by dial callbacks that may outlive the request
-	status   int          // the gateway's answer to the agent
-	// upstreamStatus is the status the upstream answered (0: none); a
-	// relayed 401 is the gateway's 200 carrying the upstream's 401.
-	upstreamStatus int
-	connector      string
-	cred           string // where the credential went, never its value
-	reflect        bool
-	// upstreamErr says why the upstream's reply was not relayed
-	// (encoded_reply, opaque_reply …), as in raw egress's records.
-	upstreamErr string
-	audited     bool       // the outcome is already in the audit log
-	presync     bool       // the next record need only reach the file; a later one syncs
-	held        *heldReply // the call was held: this is the answer
-	answered    bool       // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
+// Call runs one tool call through the pipeline, whatever door it came
+// through: limit → resolve → validate → decide → grant/hold → credential →
+// send → scrub → audit. Every stage passes the call on or ends it with a
+// refusal; every outcome is audited before anything is sent and before the
+// answer leaves, and written as one canonical tool_call line. An approved
+// hold is executed by this same function (executeHold).
+func (s *Server) Call(ctx context.Context, r call.Request) call.Outcome {
+	o, _ := s.run(ctx, r, nil)
+	return o
 }
 
-// handleToolCall runs the pipeline. Each stage either passes the call on or
-// returns a refusal; every outcome is audited before the answer leaves.
-func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
-	c := &call{rid: newRequestID(), start: time.Now()}
-	ctx, span := s.tel.tracer.Start(r.Context(), "sluice.tool_call", trace.WithAttributes(attribute.String("request_id", c.rid)))
+// run is Call, and with held the execution of an approved hold: then the
+// identity, tool and request are the hold's, nothing is limited, held or
+// granted again, and a refusal is the call's result record.
+func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (call.Outcome, *toolCall) {
+	c := &toolCall{req: r, held: held, event: call.EventDecision}
+	c.rec.RequestID, c.rec.Start, c.rec.Kind, c.rec.Transport, c.rec.Tool = r.RequestID, time.Now(), call.KindToolCall, r.Transport, r.Tool
+	if c.rec.RequestID == "" {
+		c.rec.RequestID = refusal.NewRequestID()
+	}
+	if held != nil {
+		// Not from a door: from an approval. Its record names no transport.
+		c.event, c.rec.Transport, c.rec.Tool = call.EventResult, "", held.Tool
+		c.req.Identity = wire.Identity{Sandbox: held.Caller.Sandbox, Agent: held.Caller.Agent, Session: held.Caller.Session, User: held.Caller.User}
+	} else if c.rec.Transport == "" {
+		c.rec.Transport = call.HTTP
+	}
+	ctx, span := s.tel.tracer.Start(ctx, "sluice.tool_call", trace.WithAttributes(attribute.String("request_id", c.rec.RequestID)))
 	defer span.End()
-	res, aerr := s.runCall(ctx, c, r)
-	if aerr == nil && c.held != nil {
-		c.status = c.held.status
-		writeRaw(w, c.held.status, c.held.body)
-		s.logCall(c, nil)
-		return
-	}
-	if aerr != nil {
-		c.status = aerr.Status
-		if err := s.record(ctx, c, "decision", aerr); err != nil {
-			aerr = err
-			c.status = aerr.Status
+
+	o, e := s.pipeline(ctx, c)
+	if e != nil {
+		c.rec.Status = e.Status
+		if err := s.record(ctx, c, c.event, e); err != nil {
+			e = err
+			c.rec.Status = e.Status
 		}
-		s.logCall(c, aerr)
-		writeError(w, aerr, c.rid)
-		return
+		o = call.Outcome{Status: e.Status, Refusal: e}
+	} else {
+		c.rec.Status = o.Status
 	}
-	res.RequestID = c.rid
-	writeJSON(w, http.StatusOK, res)
-	s.logCall(c, nil)
+	s.logCall(c, e)
+	o.RequestID = c.rec.RequestID
+	if c.rec.Decided {
+		o.Decision, o.Rule = c.rec.Decision.Action, c.rec.Decision.Rule
+	}
+	return o, c
 }
 
-// result is the 200 answer: the upstream's reply, scrubbed.
-type result struct {
-	Status       int                 `json:"status"`
-	Headers      map[string][]string `json:"headers"`
-	Body         any                 `json:"body"`
-	BodyEncoding string              `json:"body_encoding,omitempty"` // "base64" when the body is not text
-	RequestID    string              `json:"request_id"`
-}
-
-func (s *Server) runCall(ctx context.Context, c *call, r *http.Request) (*result, *apiError) {
-	id, ok := identityFrom(ctx)
-	if !ok {
-		return nil, refuse(http.StatusForbidden, CodeIdentityRequired, "bug: connection has no identity")
+// pipeline is the call's stages, top to bottom. A refusal it returns is
+// the call's own (run audits and logs it); an outcome carries the answer.
+func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refusal.Error) {
+	// Identity: checked and canonical here, whatever the door did
+	// (THREATS E8): hold ownership, grants and ended sessions compare the
+	// canonical forms.
+	id, e := canonicalCaller(c.req.Identity)
+	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User = id.Sandbox, id.Agent, id.Session, id.User
+	if e != nil {
+		return call.Outcome{}, e
 	}
-	c.caller = policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
-	c.tool = r.PathValue("tool")
+
 	// An ended session is refused here; when its state cannot be read,
-	// nothing is sent (below) and an ask's hold re-checks at execution.
+	// nothing is sent (below) and an ask's hold re-checks at execution. A
+	// hold created while its session was being ended is never sent.
 	sessErr := s.sessionRefusal(ctx, id.Session)
-	if sessErr != nil && sessErr.Code == CodeSessionEnded {
-		return nil, sessErr
+	if sessErr != nil && (sessErr.Code == refusal.SessionEnded || c.held != nil) {
+		return call.Outcome{}, sessErr
 	}
 
-	// The agent's rate limit, per sandbox, before any work for the call.
+	// Limit: the agent's rate limit, per sandbox, before any work for the
+	// call. An approved hold was limited when it was made.
 	agent := s.cfg.Agent(id.Agent)
-	if agent != nil && agent.RateLimit != nil {
-		if ok, wait := s.limits.allow(c.caller, agent.RateLimit, time.Now()); !ok {
-			e := refuse(http.StatusTooManyRequests, CodeRateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
-			e.retryAfter = wait
-			return nil, e
+	if c.held == nil && agent != nil && agent.RateLimit != nil {
+		if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
+			e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
+			e.RetryAfter = wait
+			return call.Outcome{}, e
 		}
 	}
 
-	// Tool and grant.
-	tool, ok := s.catalog.Tool(c.tool)
+	// Resolve: the tool, and the agent's grant of its connector.
+	tool, ok := s.catalog.Tool(c.rec.Tool)
 	if !ok {
-		return nil, refuse(http.StatusNotFound, CodeUnknownTool, fmt.Sprintf("no tool is named %q", c.tool))
+		msg := fmt.Sprintf("no tool is named %q", c.rec.Tool)
+		if c.held != nil {
+			msg += " any more"
+		}
+		return call.Outcome{}, refusal.New(http.StatusNotFound, refusal.UnknownTool, msg)
 	}
-	c.tool = tool.Name // a call by alias is decided, held and audited under the tool's name
+	c.rec.Tool = tool.Name // a call by alias is decided, held and audited under the tool's name
 	c.connector = tool.Connector
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
-		return nil, refuse(http.StatusForbidden, CodeNotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
+		return call.Outcome{}, refusal.New(http.StatusForbidden, refusal.NotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
 	}
 	up := s.catalog.connectors[tool.Connector]
 
-	// Arguments, validated before any policy runs.
-	_, vspan := s.tel.tracer.Start(ctx, "sluice.validate")
-	body, err := io.ReadAll(io.LimitReader(r.Body, connectors.MaxArgsBytes+1))
-	if err != nil {
-		vspan.End()
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments could not be read")
+	// Validate: the arguments, before any policy runs, and the request
+	// they make (an approved hold's is the stored one, exactly).
+	args, req, e := s.validate(ctx, c, tool, up)
+	if e != nil {
+		return call.Outcome{}, e
 	}
-	if len(body) > connectors.MaxArgsBytes {
-		vspan.End()
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		body = []byte("{}")
-	}
-	args, err := connectors.DecodeArgs(body)
-	if err == nil {
-		stripHeaderArgs(&args)
-		err = tool.Validate(args)
-	}
-	var req *http.Request
-	if err == nil {
-		req, err = tool.NewRequest(ctx, up.conn.BaseURL, args)
-	}
-	vspan.End()
-	if err != nil {
-		var ae *connectors.ArgError
-		if errors.As(err, &ae) {
-			return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, ae.Error())
-		}
-		return nil, refuse(http.StatusBadRequest, CodeSchemaViolation, "arguments: "+err.Error())
-	}
-	c.destHost = req.URL.Hostname()
+	c.rec.DestHost = req.URL.Hostname()
 
-	// Decision.
+	// Decide.
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
-	in := s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, &args, req, time.Now().UTC())
-	c.decision, c.decided = s.Decide(dctx, in), true
-	dspan.SetAttributes(attribute.String("decision", c.decision.Action.String()), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
+	c.decide(s.Decide(dctx, s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())))
+	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
-	s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.decision.Action.String()), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule))))
-	s.count(id.Agent, tool.Name, c.decision.Action.String())
-	switch c.decision.Action {
-	case policy.Allow:
-		if sessErr != nil {
-			return nil, sessErr
-		}
-	case policy.Ask:
-		// An "always allow" grant for exactly this call turns ask into allow (gateway/grants.go).
-		granted, aerr := s.useGrant(ctx, c, r, tool, req)
-		if aerr != nil {
-			return nil, aerr
-		}
-		if !granted {
-			return nil, s.holdCall(ctx, c, r, tool, args, req)
-		}
-		if sessErr != nil {
-			return nil, sessErr
-		}
-	default:
+	if c.held == nil { // an approved hold's ask was counted when it was held
+		s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule))))
+		s.count(id.Agent, tool.Name, c.rec.Decision.Action)
+	}
+
+	// Grant or hold.
+	switch {
+	case c.decision.Action == policy.Block:
 		msg := "blocked by policy"
+		if c.held != nil {
+			msg += " (evaluated again at approval)"
+		}
 		if c.decision.Reason != "" {
 			msg += ": " + c.decision.Reason
 		}
-		return nil, refuse(http.StatusForbidden, CodePolicyBlock, msg)
+		return call.Outcome{}, refusal.New(http.StatusForbidden, refusal.PolicyBlock, msg)
+	case c.held != nil:
+		// Allow, or ask again: a person approved exactly this request.
+		// An idempotency-keyed operation is sent with the key: the
+		// agent's own value when the approved request has one, else the
+		// hold's ID. The ID is stable and stored, so a re-send after a
+		// crash carries the same key and the upstream answers it with its
+		// first reply instead of acting twice. It is added after the
+		// decision, which saw the request exactly as it was approved.
+		if hk := c.held.IdempotencyHeader; hk != "" && req.Header.Get(hk) == "" {
+			req.Header.Set(hk, c.held.ID)
+		}
+	case c.decision.Action == policy.Ask:
+		// An "always allow" grant for exactly this call turns ask into
+		// allow (grants.go); otherwise the call is held.
+		granted, e := s.useGrant(ctx, c, tool, req)
+		if e != nil {
+			return call.Outcome{}, e
+		}
+		if !granted {
+			return s.holdCall(ctx, c, tool, args, req)
+		}
+		fallthrough
+	default: // allow
+		if sessErr != nil {
+			return call.Outcome{}, sessErr
+		}
 	}
 
-	scr, aerr := s.credential(ctx, c, tool, up, req)
-	if aerr != nil {
-		return nil, aerr
+	// Credential, attached here where the caller never sees it.
+	var before http.Header
+	var query string
+	if c.req.Mode == call.Decide {
+		before, query = req.Header.Clone(), req.URL.RawQuery
 	}
-	return s.send(ctx, c, up, req, scr)
+	scr, e := s.credential(ctx, c, tool, up, req)
+	if e != nil {
+		return call.Outcome{}, e
+	}
+	if c.req.Mode == call.Decide {
+		return s.handOver(ctx, c, req, before, query)
+	}
+
+	// Send, scrub, audit.
+	reply, e := s.send(ctx, c, up, req, scr)
+	if e != nil {
+		return call.Outcome{}, e
+	}
+	return call.Outcome{Status: http.StatusOK, Reply: reply}, nil
 }
 
-// credential attaches the connector's credential to req, where the caller
-// never sees it, and returns the scrubber for the reply.
-func (s *Server) credential(ctx context.Context, c *call, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *apiError) {
-	var scr *scrub.Scrubber
-	if cc := up.cfg.Credential; cc != nil {
-		ref := CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Vault: cc.Vault, Caller: c.caller, Tool: tool.Name}
-		if cc.Vault != nil && cc.Vault.TransitKey != "" {
-			h, err := RequestHash(req)
-			if err != nil {
-				e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the request cannot be hashed for its per-call token")
-				e.cause = err
-				return nil, e
-			}
-			ref.RequestSHA256 = h
+// canonicalCaller checks a call's identity (wire's rules: a sandbox and
+// an agent, no control characters) and puts its user and session in
+// canonical form (package ident). An identity that fails either is
+// refused: it is a door's bug or an ambiguous name, never guessed at.
+func canonicalCaller(id wire.Identity) (wire.Identity, *refusal.Error) {
+	if err := id.Validate(); err != nil {
+		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "bug: the call carries no valid identity").Wrap(err)
+	}
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"user", &id.User}, {"session", &id.Session}} {
+		if *f.v == "" {
+			continue
 		}
-		cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
-		secret, err := s.creds.Credential(cctx, ref)
-		cspan.End()
+		c, err := ident.Canonical(*f.v)
 		if err != nil {
-			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is unavailable")
-			e.cause = err
-			return nil, e
+			return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, fmt.Sprintf("the identity's %s is ambiguous: %v", f.name, err))
 		}
-		att, err := attach(req, up.creds, tool, secret)
+		*f.v = c
+	}
+	return id, nil
+}
+
+// validate decodes and checks the call's arguments and builds the request
+// they make, with headers only the gateway may set removed. An approved
+// hold's request is rebuilt exactly as stored; a door's formed request
+// (Request.HTTP) must be the tool's operation on its connector.
+func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream) (*connectors.Args, *http.Request, *refusal.Error) {
+	if c.held != nil {
+		return storedRequest(ctx, c.held)
+	}
+	_, vspan := s.tel.tracer.Start(ctx, "sluice.validate")
+	defer vspan.End()
+	body := []byte(c.req.Args)
+	if c.req.Body != nil {
+		b, err := io.ReadAll(io.LimitReader(c.req.Body, connectors.MaxArgsBytes+1))
 		if err != nil {
-			e := refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential cannot be attached to this operation")
-			e.cause = err
-			return nil, e
+			return nil, nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "arguments could not be read")
 		}
-		c.cred = att.where
-		scr = up.scrubber(att.forms)
-		if scr.Ignored() > 0 {
-			// Too short to find in a reply without mangling it: refuse
-			// rather than risk reflecting it unscrubbed.
-			return nil, refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
+		body = b
+	}
+	if len(body) > connectors.MaxArgsBytes {
+		return nil, nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes))
+	}
+	formed := c.req.HTTP != nil
+	if formed && c.req.Mode != call.Decide {
+		return nil, nil, refusal.New(http.StatusInternalServerError, refusal.SchemaViolation, "bug: a formed request is decided only, never sent by the gateway")
+	}
+	var args *connectors.Args
+	var err error
+	if !formed || len(bytes.TrimSpace(body)) > 0 {
+		if len(bytes.TrimSpace(body)) == 0 {
+			body = []byte("{}")
 		}
-		// The reply must be readable to be scrubbed: ask for it
-		// uncoded (an absent Accept-Encoding means any coding, RFC 9110
-		// 12.5.3), and whole: a range could hold part of the secret.
-		req.Header.Set("Accept-Encoding", "identity")
-		req.Header.Del("Range")
-		req.Header.Del("If-Range")
+		var a connectors.Args
+		if a, err = connectors.DecodeArgs(body); err == nil {
+			stripHeaderArgs(&a)
+			idempotencyArg(&a, tool, c.req.IdempotencyKey)
+			err = tool.Validate(a)
+		}
+		args = &a
 	}
-	return scr, nil
-}
-
-// scrubCache is an upstream's scrubber for one credential. Preparing a
-// scrubber (every encoding of the secret) costs more per call than
-// scrubbing a small reply, and a connector's credential rarely changes.
-type scrubCache struct {
-	forms [][]byte // what the scrubber was made from
-	scr   *scrub.Scrubber
-}
-
-// scrubber returns the scrubber for forms, made once per credential: a
-// changed credential (rotated, per-call, per-session) makes a new one.
-func (u *upstream) scrubber(forms [][]byte) *scrub.Scrubber {
-	if c := u.scrub.Load(); c != nil && sameForms(c.forms, forms) {
-		return c.scr
+	var req *http.Request
+	switch {
+	case err != nil:
+	case formed:
+		req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+	default:
+		req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
 	}
-	scr := scrub.New(forms...)
-	kept := make([][]byte, len(forms))
-	for i, f := range forms {
-		kept[i] = bytes.Clone(f)
+	if err != nil {
+		var ae *connectors.ArgError
+		if errors.As(err, &ae) {
+			return nil, nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, ae.Error())
+		}
+		return nil, nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "arguments: "+err.Error())
 	}
-	u.scrub.Store(&scrubCache{forms: kept, scr: scr})
-	return scr
-}
-
-// sameForms compares in constant time for equal lengths: the forms are
-// secrets.
-func sameForms(a, b [][]byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	same := 1
-	for i := range a {
-		same &= subtle.ConstantTimeCompare(a[i], b[i])
-	}
-	return same == 1
+	return args, req, nil
 }
 
 // send audits the decision, sends req upstream and audits the result.
-func (s *Server) send(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *apiError) {
-
+func (s *Server) send(ctx context.Context, c *toolCall, up *upstream, req *http.Request, scr *scrub.Scrubber) (*call.Reply, *refusal.Error) {
 	// The decision is in the audit file before anything leaves the gateway
 	// (it survives our crash); the result's fsync makes both durable before
 	// the answer is released.
 	c.presync = true
-	if aerr := s.record(ctx, c, "decision", nil); aerr != nil {
-		return nil, aerr
+	if e := s.record(ctx, c, call.EventDecision, nil); e != nil {
+		return nil, e
 	}
 
 	// Upstream, through the guard.
 	uctx, uspan := s.tel.tracer.Start(ctx, "sluice.upstream")
 	defer uspan.End()
-	res, aerr := s.roundTrip(uctx, c, up, req, scr)
-	if aerr != nil {
-		c.status = aerr.Status
-		if err := s.record(ctx, c, "result", aerr); err != nil {
+	res, e := s.roundTrip(uctx, c, up, req, scr)
+	if e != nil {
+		c.rec.Status = e.Status
+		if err := s.record(ctx, c, call.EventResult, e); err != nil {
 			return nil, err
 		}
 		c.audited = true
-		return nil, aerr
+		return nil, e
 	}
-	c.status = http.StatusOK
-	if c.reflect {
+	c.rec.Status = http.StatusOK
+	if c.rec.Reflected {
 		s.tel.reflected.Add(ctx, 1)
-		if aerr := s.record(ctx, c, "secret_reflected", nil); aerr != nil {
-			return nil, aerr
+		if e := s.record(ctx, c, call.EventSecretReflected, nil); e != nil {
+			return nil, e
 		}
 	}
-	if aerr := s.record(ctx, c, "result", nil); aerr != nil {
-		return nil, aerr
+	if e := s.record(ctx, c, call.EventResult, nil); e != nil {
+		return nil, e
 	}
 	return res, nil
+}
+
+// handOver ends a call the gateway only decides (call.Decide): the
+// credential headers credential() put on req are handed to the sender,
+// and the decision is made durable first (audit before send). A
+// credential that goes anywhere but a header cannot be handed over as
+// headers: the call is refused rather than sent without it.
+func (s *Server) handOver(ctx context.Context, c *toolCall, req *http.Request, before http.Header, query string) (call.Outcome, *refusal.Error) {
+	if req.URL.RawQuery != query {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "this connector's credential goes in the query, and a decided-only call can be handed only headers")
+	}
+	attach, remove := http.Header{}, []string(nil)
+	for k, vs := range req.Header {
+		if !slices.Equal(before[k], vs) {
+			attach[k] = slices.Clone(vs)
+		}
+	}
+	for k := range before {
+		if _, ok := req.Header[k]; !ok {
+			remove = append(remove, k)
+		}
+	}
+	slices.Sort(remove)
+	c.rec.Status = http.StatusOK
+	if e := s.record(ctx, c, call.EventDecision, nil); e != nil {
+		return call.Outcome{}, e
+	}
+	c.audited = true
+	return call.Outcome{Status: http.StatusOK, Attach: attach, Remove: remove}, nil
+}
+
+func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *http.Request, scr *scrub.Scrubber) (*call.Reply, *refusal.Error) {
+	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req = req.WithContext(httptraceDial(ctx, &c.rec))
+	resp, err := up.transport.RoundTrip(req)
+	if err != nil {
+		var de *guard.DeniedError
+		if errors.As(err, &de) {
+			if de.Addr.IsValid() {
+				c.rec.SetResolvedIP(de.Addr.String())
+			}
+			return nil, refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class)).Wrap(err)
+		}
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the upstream could not be reached").Wrap(err)
+	}
+	defer resp.Body.Close()
+	c.answered = true
+	c.rec.UpstreamStatus = resp.StatusCode
+	s.tel.upstreamAnswered(c.connector, "tool_call", resp.StatusCode)
+	if resp.StatusCode < 100 || resp.StatusCode > 599 {
+		// Go's client takes any three digits; a status outside HTTP's
+		// range is a broken or hostile upstream (THREATS F6).
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream answered with an invalid status %d", resp.StatusCode))
+	}
+	limit := s.cfg.Gateway.MaxResponseBytes
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the upstream reply could not be read").Wrap(err)
+	}
+	if int64(len(raw)) > limit {
+		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
+	}
+	if scr != nil {
+		// The one check both tool calls and intercepted requests pass
+		// (THREATS D11): codings undone or refused, opaque bodies refused,
+		// headers and body scrubbed, Content-Length the scrubbed body's.
+		var err error
+		if raw, c.rec.Reflected, err = scr.Reply(resp.Header, raw, limit); err != nil {
+			c.rec.UpstreamErr = replyReason(err)
+			return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, err.Error()).Wrap(err)
+		}
+	}
+	res := &call.Reply{Status: resp.StatusCode, Headers: responseHeaders(resp.Header)}
+	switch {
+	case len(raw) == 0:
+		res.Body = nil
+	case isJSON(resp.Header.Get("Content-Type")) && json.Valid(raw):
+		res.Body = json.RawMessage(raw)
+	case utf8.Valid(raw):
+		res.Body = string(raw)
+	default:
+		res.Body, res.BodyEncoding = base64.StdEncoding.EncodeToString(raw), "base64"
+	}
+	return res, nil
+}
+
+// record appends the call's audit record for event. It returns the
+// refusal to answer with instead when the record cannot be made durable:
+// audit failure closes.
+func (s *Server) record(ctx context.Context, c *toolCall, event string, refused *refusal.Error) *refusal.Error {
+	if c.audited {
+		return nil // the refusal was recorded as the call's result
+	}
+	var code refusal.Code
+	if refused != nil {
+		code = refused.Code
+	}
+	fs := c.rec.Fields(event, code)
+	sorted := make([]audit.Field, len(fs))
+	for i, f := range fs {
+		sorted[i] = audit.Field{Key: f.Key, Value: f.Value}
+	}
+	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
+	defer span.End()
+	written := c.presync
+	c.presync = false
+	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rec.RequestID, Event: event, Sorted: sorted}, written); err != nil {
+		// The call's one tool_call line (logCall) names the cause.
+		s.tel.audits.Add(ctx, 1)
+		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
+	}
+	return nil
+}
+
+// logCall writes the one canonical decision line of a call.
+func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
+	reason := c.rec.Reason(refused)
+	s.tel.latency.WithLabelValues(c.rec.Decision.Action).Observe(time.Since(c.rec.Start).Seconds())
+	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.allow(call.LineToolCall, reason) {
+		return // the same refusal was logged in this interval: counted (logcap.go)
+	}
+	msg, level, attrs := c.rec.Line(refused, reason)
+	s.log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 // stripHeaderArgs removes headers that only the gateway may set: identity,
@@ -396,98 +507,129 @@ func stripHeaderArgs(a *connectors.Args) {
 	}
 }
 
-func (s *Server) roundTrip(ctx context.Context, c *call, up *upstream, req *http.Request, scr *scrub.Scrubber) (*result, *apiError) {
-	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req = req.WithContext(httptraceDial(ctx, c))
-	resp, err := up.transport.RoundTrip(req)
-	if err != nil {
-		var de *guard.DeniedError
-		if errors.As(err, &de) {
-			if de.Addr.IsValid() {
-				c.destIP.Store(de.Addr.String())
-			}
-			e := refuse(http.StatusForbidden, CodeEgressDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
-			e.cause = err
-			return nil, e
-		}
-		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream could not be reached")
-		e.cause = err
-		return nil, e
+// idempotencyArg sends key in tool's idempotency header when the
+// arguments set none (Request.IdempotencyKey): before validation, so the
+// key is checked, decided and held as part of the call.
+func idempotencyArg(a *connectors.Args, tool *connectors.Tool, key string) {
+	if key == "" || tool.IdempotencyHeader == "" {
+		return
 	}
-	defer resp.Body.Close()
-	c.answered = true
-	c.upstreamStatus = resp.StatusCode
-	s.tel.upstreamAnswered(c.connector, "tool_call", resp.StatusCode)
-	if resp.StatusCode < 100 || resp.StatusCode > 599 {
-		// Go's client takes any three digits; a status outside HTTP's
-		// range is a broken or hostile upstream (THREATS F6).
-		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream answered with an invalid status %d", resp.StatusCode))
-	}
-	limit := s.cfg.Gateway.MaxResponseBytes
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		e := refuse(http.StatusBadGateway, CodeUpstreamError, "the upstream reply could not be read")
-		e.cause = err
-		return nil, e
-	}
-	if int64(len(raw)) > limit {
-		return nil, refuse(http.StatusBadGateway, CodeUpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
-	}
-	if scr != nil {
-		// The one check both tool calls and intercepted requests pass
-		// (THREATS D11): codings undone or refused, opaque bodies refused,
-		// headers and body scrubbed, Content-Length the scrubbed body's.
-		var err error
-		if raw, c.reflect, err = scr.Reply(resp.Header, raw, limit); err != nil {
-			c.upstreamErr = replyReason(err)
-			e := refuse(http.StatusBadGateway, CodeUpstreamError, err.Error())
-			e.cause = err
-			return nil, e
+	for k := range a.Headers {
+		if strings.EqualFold(k, tool.IdempotencyHeader) {
+			return
 		}
 	}
-	hdr := responseHeaders(resp.Header)
-	res := &result{Status: resp.StatusCode, Headers: hdr}
-	switch {
-	case len(raw) == 0:
-		res.Body = nil
-	case isJSON(resp.Header.Get("Content-Type")) && json.Valid(raw):
-		res.Body = json.RawMessage(raw)
-	case utf8.Valid(raw):
-		res.Body = string(raw)
-	default:
-		res.Body, res.BodyEncoding = base64.StdEncoding.EncodeToString(raw), "base64"
+	if a.Headers == nil {
+		a.Headers = map[string]any{}
 	}
-	return res, nil
+	a.Headers[tool.IdempotencyHeader] = key
 }
 
-// responseHeaders copies the end-to-end headers of an upstream reply.
-func responseHeaders(h http.Header) map[string][]string {
-	out := make(map[string][]string, len(h))
-	for k, vs := range h {
-		switch k {
-		case "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+// formedRequest checks that a door's formed request (call.Request.HTTP) is
+// tool's operation on its connector's base URL: the same method, scheme
+// and host, and a path the tool's template matches under the base path.
+// It returns a copy for the pipeline to decide on and put the credential
+// on, with its body read (bounded) and replaced on both.
+func formedRequest(ctx context.Context, hr *http.Request, tool *connectors.Tool, base *url.URL) (*http.Request, error) {
+	if hr.URL == nil || base == nil {
+		return nil, errors.New("the request has no URL")
+	}
+	if hr.Method != tool.Method {
+		return nil, fmt.Errorf("the request's method %s is not %s's (%s)", hr.Method, tool.Name, tool.Method)
+	}
+	if !strings.EqualFold(hr.URL.Scheme, base.Scheme) || !strings.EqualFold(hr.URL.Host, base.Host) {
+		return nil, fmt.Errorf("the request is not for %s's connector (%s://%s)", tool.Name, base.Scheme, base.Host)
+	}
+	rest, ok := strings.CutPrefix(hr.URL.EscapedPath(), strings.TrimRight(base.EscapedPath(), "/"))
+	if !ok || !matchTemplate(tool.PathTemplate, rest) {
+		return nil, fmt.Errorf("the request's path is not %s's (%s)", tool.Name, tool.PathTemplate)
+	}
+	var body []byte
+	if hr.Body != nil && hr.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(hr.Body, connectors.MaxArgsBytes+1))
+		hr.Body.Close()
+		if err != nil {
+			return nil, errors.New("the request's body could not be read")
+		}
+		if len(b) > connectors.MaxArgsBytes {
+			return nil, fmt.Errorf("the request's body is larger than %d bytes", connectors.MaxArgsBytes)
+		}
+		body = b
+		hr.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	req := hr.Clone(ctx)
+	req.Body, req.ContentLength = http.NoBody, 0
+	if body != nil {
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
+	return req, nil
+}
+
+// matchTemplate says whether an escaped path is an OpenAPI path template's:
+// literal segments equal, each {param} segment one non-empty segment.
+func matchTemplate(tmpl, path string) bool {
+	ts, ps := strings.Split(tmpl, "/"), strings.Split(path, "/")
+	if len(ts) != len(ps) {
+		return false
+	}
+	for i, t := range ts {
+		if strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}") {
+			if ps[i] == "" {
+				return false
+			}
 			continue
 		}
-		out[k] = slices.Clone(vs)
+		if t != ps[i] {
+			return false
+		}
 	}
-	return out
+	return true
 }
 
-// replyReason is the stable reason of a reply scrub.Reply refused.
-func replyReason(err error) string {
-	var re *scrub.ReplyError
-	if errors.As(err, &re) {
-		return re.Reason
+// credential attaches the connector's credential to req, where the caller
+// never sees it, and returns the scrubber for the reply.
+func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *refusal.Error) {
+	cc := up.cfg.Credential
+	if cc == nil {
+		return nil, nil
 	}
-	return "unreadable_reply"
+	ref := CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Vault: cc.Vault, Caller: c.caller(), Tool: tool.Name}
+	if cc.Vault != nil && cc.Vault.TransitKey != "" {
+		h, err := RequestHash(req)
+		if err != nil {
+			return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the request cannot be hashed for its per-call token").Wrap(err)
+		}
+		ref.RequestSHA256 = h
+	}
+	cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
+	secret, err := s.creds.Credential(cctx, ref)
+	cspan.End()
+	if err != nil {
+		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
+	}
+	att, err := attach(req, up.creds, tool, secret)
+	if err != nil {
+		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
+	}
+	c.rec.Credential = att.where
+	scr := up.scrubber(att.forms)
+	if scr.Ignored() > 0 {
+		// Too short to find in a reply without mangling it: refuse
+		// rather than risk reflecting it unscrubbed.
+		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is too short to be protected; store a longer one")
+	}
+	// The reply must be readable to be scrubbed: ask for it uncoded (an
+	// absent Accept-Encoding means any coding, RFC 9110 12.5.3), and
+	// whole: a range could hold part of the secret.
+	req.Header.Set("Accept-Encoding", "identity")
+	req.Header.Del("Range")
+	req.Header.Del("If-Range")
+	return scr, nil
 }
 
-func isJSON(ct string) bool {
-	ct, _, _ = strings.Cut(ct, ";")
-	ct = strings.TrimSpace(strings.ToLower(ct))
-	return ct == "application/json" || strings.HasSuffix(ct, "+json")
+// caller is the call's canonical identity as policy sees it.
+func (c *toolCall) caller() policy.Caller {
+	return policy.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User}
 }
 
 // input builds the policy input document (rego/README.md). The request part
@@ -516,103 +658,4 @@ func orEmpty(m map[string]any) map[string]any {
 		return map[string]any{}
 	}
 	return m
-}
-
-// record appends the call's audit record. It returns the refusal to send
-// instead when the record cannot be made durable: audit failure closes.
-func (s *Server) record(ctx context.Context, c *call, event string, refusal *apiError) *apiError {
-	if c.audited {
-		return nil // the refusal was recorded as the call's result
-	}
-	f := map[string]any{
-		"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session, "user": c.caller.User,
-		"tool": c.tool,
-	}
-	if c.decided {
-		f["decision"], f["rule"], f["reason"] = c.decision.Action.String(), c.decision.Rule, c.decision.Reason
-	}
-	if c.destHost != "" {
-		f["dest_host"] = c.destHost
-	}
-	if ip := c.destIP.Load(); ip != "" {
-		f["resolved_ip"] = ip
-	}
-	if c.cred != "" {
-		f["credential"] = c.cred
-	}
-	if c.status != 0 {
-		f["status"] = c.status
-	}
-	if c.upstreamStatus != 0 {
-		f["upstream_status"] = c.upstreamStatus
-	}
-	if refusal != nil {
-		f["code"] = string(refusal.Code)
-	}
-	if c.upstreamErr != "" {
-		f["upstream_error"] = c.upstreamErr
-	}
-	if event == "result" || event == "secret_reflected" {
-		f["secret_reflected"] = c.reflect
-		f["duration_ms"] = time.Since(c.start).Milliseconds()
-	}
-	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
-	defer span.End()
-	written := c.presync
-	c.presync = false
-	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rid, Event: event, Fields: f}, written); err != nil {
-		// The call's one tool_call line (logCall) names the cause.
-		s.tel.audits.Add(ctx, 1)
-		e := refuse(http.StatusServiceUnavailable, CodeAuditUnavailable, "the audit log cannot be written; no call is served until it can")
-		e.cause = err
-		return e
-	}
-	return nil
-}
-
-// logCall writes the one canonical decision line of a call.
-func (s *Server) logCall(c *call, refusal *apiError) {
-	d := time.Since(c.start)
-	decision, rule, reason := "", c.decision.Rule, c.decision.Reason
-	if c.decided {
-		decision = c.decision.Action.String()
-	}
-	level := slog.LevelInfo
-	if refusal != nil {
-		reason = string(refusal.Code)
-		if refusal.cause != nil {
-			reason += ": " + refusal.cause.Error()
-		}
-		if refusal.Status >= 500 {
-			level = slog.LevelWarn
-		}
-	} else if c.reflect {
-		reason = "secret_reflected"
-	}
-	s.tel.latency.WithLabelValues(decision).Observe(d.Seconds())
-	if refusal != nil && refusal.Code == CodeAuditUnavailable && !s.repeats.allow("tool_call", reason) {
-		return // the same refusal was logged in this interval: counted (logcap.go)
-	}
-	s.log.LogAttrs(context.Background(), level, "tool_call",
-		slog.String("request_id", c.rid),
-		slog.String("decision", decision),
-		slog.String("reason", reason),
-		slog.String("rule", rule),
-		slog.String("agent", c.caller.Agent),
-		slog.String("session", c.caller.Session),
-		slog.String("user", c.caller.User),
-		slog.String("sandbox", c.caller.Sandbox),
-		slog.String("tool", c.tool),
-		slog.String("dest_host", c.destHost),
-		slog.String("resolved_ip", c.destIP.Load()),
-		slog.Int("status", c.status),
-		slog.Int("upstream_status", c.upstreamStatus),
-		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
-	)
-}
-
-func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -206,13 +207,13 @@ func (s *Server) handleJWKS(w http.ResponseWriter, r *http.Request) {
 		JWKS(context.Context) ([]byte, error)
 	})
 	if !ok {
-		writeJSON(w, http.StatusOK, map[string]any{"keys": []any{}})
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"keys": []any{}})
 		return
 	}
 	b, err := src.JWKS(r.Context())
 	if err != nil {
 		s.log.Error("jwks: keys unavailable", "err", err)
-		writeError(w, refuse(http.StatusServiceUnavailable, CodeCredentialUnavailable, "the signing keys are unavailable"), newRequestID())
+		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the signing keys are unavailable"), refusal.NewRequestID())
 		return
 	}
 	w.Header().Set("Content-Type", "application/jwk-set+json")

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -38,19 +41,29 @@ func (m *Door) routeCalls(c *caller) sdk.Middleware {
 	}
 }
 
-// callHandler runs a tools/call through Deps.Call. The arguments document
-// is passed as the client sent it: the pipeline validates it against the
-// same schema the list showed.
+// callHandler runs a tools/call through the pipeline (Deps.Call) with
+// transport mcp; the pipeline audits it and writes its one log line. The
+// arguments document is passed as the client sent it: the pipeline
+// validates it against the same schema the list showed. While an ask is
+// held, the client gets progress notifications (when it sent a progress
+// token) until gateway.hold_wait is up.
 func (m *Door) callHandler(id wire.Identity) sdk.ToolHandler {
 	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 		args := req.Params.Arguments
 		if len(args) == 0 {
 			args = json.RawMessage("{}")
 		}
-		stop := m.progress(ctx, req, "the call is in progress (held for approval, or the upstream has not answered yet)")
-		out := m.deps.Call(ctx, id, req.Params.Name, args)
-		stop()
-		return toolResult(out), nil
+		p := m.progress(ctx, req)
+		defer p.stop()
+		o := m.deps.Call(ctx, call.Request{
+			Identity:      id,
+			Tool:          req.Params.Name,
+			Args:          args,
+			Transport:     call.MCP,
+			Progress:      p.report,
+			ProgressEvery: m.deps.Progress,
+		})
+		return toolResult(o), nil
 	}
 }
 
@@ -92,7 +105,7 @@ func (m *Door) awaitHandler(id wire.Identity) sdk.ToolHandler {
 			if err != nil {
 				msg = "arguments: " + err.Error()
 			}
-			return toolResult(Outcome{Code: "schema_violation", Message: msg}), nil
+			return toolResult(call.Outcome{Status: http.StatusBadRequest, Refusal: refusal.New(http.StatusBadRequest, refusal.SchemaViolation, msg)}), nil
 		}
 		wait := m.deps.HoldWait
 		if a.WaitSeconds != nil {
@@ -100,74 +113,155 @@ func (m *Door) awaitHandler(id wire.Identity) sdk.ToolHandler {
 				wait = w
 			}
 		}
-		stop := m.progress(ctx, req, "waiting for a person to decide hold "+a.HoldID)
-		out := m.deps.AwaitHold(ctx, id, a.HoldID, wait)
-		stop()
-		return toolResult(out), nil
+		p := m.progress(ctx, req)
+		defer p.stop()
+		if p.token != nil {
+			go func() {
+				// Poll reports nothing while it waits: the door ticks.
+				t := time.NewTicker(m.deps.Progress)
+				defer t.Stop()
+				start := time.Now()
+				for {
+					select {
+					case <-p.done:
+						return
+					case <-t.C:
+						p.report(call.Progress{Hold: a.HoldID, Waited: time.Since(start), Bound: wait})
+					}
+				}
+			}()
+		}
+		return toolResult(m.deps.Poll(ctx, id, a.HoldID, wait)), nil
 	}
 }
 
-// progress sends notifications/progress every Deps.Progress while a call
-// waits, when the client sent a progress token; stop ends it.
-func (m *Door) progress(ctx context.Context, req *sdk.CallToolRequest, msg string) (stop func()) {
-	token := req.Params.GetProgressToken()
-	if token == nil || req.Session == nil {
-		return func() {}
+// progress relays a held call's progress reports to the client as
+// notifications/progress, when the client sent a progress token. The
+// pipeline reports on its waiting goroutine, which must not block on a
+// slow client: a report is dropped when the previous one is still being
+// sent.
+type progress struct {
+	token any
+	ch    chan call.Progress
+	done  chan struct{}
+	ended chan struct{}
+}
+
+func (m *Door) progress(ctx context.Context, req *sdk.CallToolRequest) *progress {
+	p := &progress{token: req.Params.GetProgressToken(), ch: make(chan call.Progress, 1), done: make(chan struct{}), ended: make(chan struct{})}
+	if p.token == nil || req.Session == nil {
+		close(p.ended)
+		return p
 	}
-	done := make(chan struct{})
-	ended := make(chan struct{})
 	go func() {
-		defer close(ended)
-		t := time.NewTicker(m.deps.Progress)
-		defer t.Stop()
+		defer close(p.ended)
 		for n := 1; ; n++ {
+			var r call.Progress
 			select {
-			case <-done:
+			case <-p.done:
 				return
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case r = <-p.ch:
 			}
-			if err := req.Session.NotifyProgress(ctx, &sdk.ProgressNotificationParams{ProgressToken: token, Progress: float64(n), Message: msg}); err != nil {
+			msg := fmt.Sprintf("held for a person's approval as hold %s; waited %s of at most %s", r.Hold, r.Waited.Round(time.Second), r.Bound.Round(time.Second))
+			params := &sdk.ProgressNotificationParams{ProgressToken: p.token, Progress: float64(n), Message: msg}
+			if r.Bound > 0 {
+				params.Progress, params.Total = r.Waited.Seconds(), r.Bound.Seconds()
+				if params.Progress <= 0 {
+					params.Progress = float64(n) / 1000 // strictly increasing (MCP: progress must increase)
+				}
+			}
+			if err := req.Session.NotifyProgress(ctx, params); err != nil {
 				return
 			}
 		}
 	}()
-	return func() { close(done); <-ended }
+	return p
 }
 
-// toolResult maps an outcome to the tool result: a refusal and a pending
-// hold are isError results whose text names the code and reason (the
-// spec's tool errors, which the model sees); a success carries the
-// result document, isError when the upstream answered with an error.
-func toolResult(out Outcome) *sdk.CallToolResult {
+// report is call.Request.Progress.
+func (p *progress) report(r call.Progress) {
+	if p.token == nil {
+		return
+	}
+	select {
+	case p.ch <- r:
+	default:
+	}
+}
+
+func (p *progress) stop() {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	<-p.ended
+}
+
+// toolResult maps a pipeline outcome to the tool result: a refusal and a
+// pending hold are isError results whose text names the code and reason
+// (the spec's tool errors, which the model sees; protocol errors are for
+// malformed messages only); a reply carries the result document, isError
+// when the upstream answered with an error status.
+func toolResult(o call.Outcome) *sdk.CallToolResult {
 	switch {
-	case out.HoldID != "":
+	case o.Refusal != nil:
+		rid := o.RequestID
+		if o.Hold != nil && o.Hold.RequestID != "" {
+			rid = o.Hold.RequestID
+		}
+		return refused(string(o.Refusal.Code), o.Refusal.Message, rid)
+	case o.Reply != nil:
+		doc := map[string]any{"status": o.Reply.Status, "headers": o.Reply.Headers, "body": o.Reply.Body, "request_id": o.RequestID}
+		if o.Reply.BodyEncoding != "" {
+			doc["body_encoding"] = o.Reply.BodyEncoding
+		}
+		return replied(doc, o.Reply.Status)
+	case o.Hold != nil && o.Status == http.StatusAccepted:
 		text := fmt.Sprintf("approval_pending: the call is held for a person's approval as hold %s and is still pending; call %s with {\"hold_id\":%q} to keep waiting for its result",
-			out.HoldID, AwaitHoldTool, out.HoldID)
+			o.Hold.ID, AwaitHoldTool, o.Hold.ID)
 		return &sdk.CallToolResult{
 			IsError:           true,
 			Content:           []sdk.Content{&sdk.TextContent{Text: text}},
-			StructuredContent: map[string]any{"hold": map[string]any{"id": out.HoldID, "status": "pending"}, "request_id": out.RequestID},
+			StructuredContent: map[string]any{"hold": map[string]any{"id": o.Hold.ID, "status": o.Hold.State, "expires": o.Hold.Expires}, "request_id": o.Hold.RequestID},
 		}
-	case out.Code != "":
-		text := out.Code + ": " + out.Message
-		if out.RequestID != "" {
-			text += " (request_id " + out.RequestID + ")"
-		}
-		return &sdk.CallToolResult{
-			IsError:           true,
-			Content:           []sdk.Content{&sdk.TextContent{Text: text}},
-			StructuredContent: map[string]any{"error": map[string]any{"code": out.Code, "message": out.Message, "request_id": out.RequestID}},
+	case o.Answer != nil:
+		// A held call that already ran: its stored answer, as the HTTP
+		// door would write it.
+		var doc map[string]any
+		if json.Unmarshal(o.Answer, &doc) == nil {
+			if e, ok := doc["error"].(map[string]any); ok {
+				code, _ := e["code"].(string)
+				msg, _ := e["message"].(string)
+				rid, _ := e["request_id"].(string)
+				return refused(code, msg, rid)
+			}
+			st, _ := doc["status"].(float64)
+			return replied(doc, int(st))
 		}
 	}
-	res := &sdk.CallToolResult{
-		IsError: out.UpstreamStatus >= 400,
-		Content: []sdk.Content{&sdk.TextContent{Text: string(out.Result)}},
+	return refused(string(refusal.UpstreamError), "bug: the call's outcome could not be read", o.RequestID)
+}
+
+func refused(code, msg, rid string) *sdk.CallToolResult {
+	text := code + ": " + msg
+	if rid != "" {
+		text += " (request_id " + rid + ")"
 	}
-	var doc map[string]any
-	if json.Unmarshal(out.Result, &doc) == nil {
-		res.StructuredContent = doc
+	return &sdk.CallToolResult{
+		IsError:           true,
+		Content:           []sdk.Content{&sdk.TextContent{Text: text}},
+		StructuredContent: map[string]any{"error": map[string]any{"code": code, "message": msg, "request_id": rid}},
 	}
-	return res
+}
+
+func replied(doc map[string]any, upstream int) *sdk.CallToolResult {
+	b, _ := json.Marshal(doc)
+	return &sdk.CallToolResult{
+		IsError:           upstream >= 400,
+		Content:           []sdk.Content{&sdk.TextContent{Text: string(b)}},
+		StructuredContent: doc,
+	}
 }

@@ -31,6 +31,8 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -40,51 +42,30 @@ const AwaitHoldTool = "sluice.await_hold"
 // DefaultMaxMessageBytes bounds one JSON-RPC message (a POST body).
 const DefaultMaxMessageBytes = 4 << 20
 
-// Tool is one gateway tool as the door lists it.
-type Tool struct {
-	Name        string // <slug>.<operation>
-	Alias       string // function-safe; a call may use it
-	Title       string
-	Description string
-	Method      string          // the HTTP method: GET → readOnlyHint, DELETE → destructiveHint
-	InputSchema json.RawMessage // a JSON Schema object (type: object)
-	// OutputSchema is the result's JSON Schema when the spec has one.
-	OutputSchema json.RawMessage
-}
-
-// Outcome is what the pipeline answered for one call, as the door needs it.
-type Outcome struct {
-	// Result is the success document ({"status","headers","body",…}),
-	// already scrubbed; nil on a refusal or a pending hold.
-	Result json.RawMessage
-	// UpstreamStatus is the upstream's HTTP status on success (0: none).
-	UpstreamStatus int
-	// Code and Message name a refusal (policy_block, schema_violation …).
-	Code, Message string
-	RequestID     string
-	// HoldID is set when the call is held and still pending.
-	HoldID string
-}
-
-// Deps is what the door takes from the gateway. Every func is required.
+// Deps is what the door takes from the gateway: the pipeline's own
+// entrances (Server.Tools, Server.Call, Server.Poll), which the root fills
+// in when it mounts /mcp. Identify, Tools, Call and Poll are required.
 type Deps struct {
 	// Identify returns the identity the connection carries (the relayed
 	// preamble); ok is false when it has none, and the request is refused.
 	Identify func(r *http.Request) (wire.Identity, bool)
-	// Tools lists what id is granted and not blocked from outright.
-	Tools func(ctx context.Context, id wire.Identity) ([]Tool, error)
-	// Call runs one call through the pipeline. args is the arguments
-	// document as the client sent it.
-	Call func(ctx context.Context, id wire.Identity, tool string, args json.RawMessage) Outcome
-	// AwaitHold waits up to wait for id's hold and returns its outcome.
-	AwaitHold func(ctx context.Context, id wire.Identity, hold string, wait time.Duration) Outcome
-	// HoldWait bounds one wait (gateway.hold_wait).
+	// Tools lists what id is granted and not blocked from outright
+	// (exactly GET /v1/tools).
+	Tools func(ctx context.Context, id wire.Identity) ([]call.Tool, *refusal.Error)
+	// Call runs one call through the pipeline, which audits and logs it.
+	Call func(ctx context.Context, r call.Request) call.Outcome
+	// Poll waits up to wait for one of id's holds.
+	Poll func(ctx context.Context, id wire.Identity, hold string, wait time.Duration) call.Outcome
+	// Title is a tool's short title from its spec (summary), "" for none.
+	Title func(tool string) string
+	// HoldWait bounds one wait of sluice.await_hold (gateway.hold_wait);
+	// a tools/call waits gateway.hold_wait too (the pipeline's default).
 	HoldWait time.Duration
 	// Aliases lists the function-safe aliases instead of the tool names.
 	Aliases bool
 	// MaxMessageBytes bounds a POST body (0: DefaultMaxMessageBytes).
 	MaxMessageBytes int64
-	// Progress is how often a waiting call reports progress (0: 2s).
+	// Progress is how often a held call reports progress (0: 2s).
 	Progress time.Duration
 	Logger   *slog.Logger
 }
@@ -216,10 +197,10 @@ func hasSessions(s *sdk.Server) bool {
 func (m *Door) refresh(ctx context.Context, c *caller) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	tools, err := m.deps.Tools(ctx, c.id)
-	if err != nil {
+	tools, rerr := m.deps.Tools(ctx, c.id)
+	if rerr != nil {
 		// Fail closed: list nothing rather than a stale list.
-		m.log.Warn("mcp: tools could not be listed; the list is empty until they can", "agent", c.id.Agent, "sandbox", c.id.Sandbox, "err", err)
+		m.log.Warn("mcp: tools could not be listed; the list is empty until they can", "agent", c.id.Agent, "sandbox", c.id.Sandbox, "code", string(rerr.Code))
 		tools = nil
 	}
 	want := map[string]*sdk.Tool{}
@@ -275,10 +256,11 @@ func (m *Door) refresh(ctx context.Context, c *caller) {
 	c.listed = prints
 }
 
-// sdkTool renders t as MCP lists it.
-func (m *Door) sdkTool(t Tool) (*sdk.Tool, error) {
+// sdkTool renders t as MCP lists it: its JSON Schema as inputSchema, its
+// spec's summary as title, and hints from its HTTP method.
+func (m *Door) sdkTool(t call.Tool) (*sdk.Tool, error) {
 	var schema map[string]any
-	if err := json.Unmarshal(t.InputSchema, &schema); err != nil {
+	if err := json.Unmarshal(t.Schema, &schema); err != nil {
 		return nil, fmt.Errorf("inputSchema is not a JSON object: %w", err)
 	}
 	if schema["type"] != "object" {
@@ -288,15 +270,12 @@ func (m *Door) sdkTool(t Tool) (*sdk.Tool, error) {
 	if m.deps.Aliases && t.Alias != "" {
 		name = t.Alias
 	}
-	st := &sdk.Tool{Name: name, Title: t.Title, Description: t.Description, InputSchema: schema}
-	if len(t.OutputSchema) > 0 {
-		var out map[string]any
-		if err := json.Unmarshal(t.OutputSchema, &out); err != nil {
-			return nil, fmt.Errorf("outputSchema is not a JSON object: %w", err)
-		}
-		st.OutputSchema = out
+	var title string
+	if m.deps.Title != nil {
+		title = m.deps.Title(t.Name)
 	}
-	a := &sdk.ToolAnnotations{Title: t.Title}
+	st := &sdk.Tool{Name: name, Title: title, Description: t.Description, InputSchema: schema}
+	a := &sdk.ToolAnnotations{Title: title}
 	switch t.Method {
 	case http.MethodGet, http.MethodHead:
 		a.ReadOnlyHint = true

@@ -111,8 +111,11 @@ func TestMCPGoClientListsAndCalls(t *testing.T) {
 	}
 	rid, _ := sc["request_id"].(string)
 	line := g.AwaitLog("the call's decision line", func(m map[string]any) bool { return m["msg"] == "tool_call" && m["request_id"] == rid })
-	if line["decision"] != "allow" || line["agent"] != "agent-a" {
-		t.Errorf("decision line for %s: %v; want allow for agent-a", rid, line)
+	if line["decision"] != "allow" || line["agent"] != "agent-a" || line["transport"] != "mcp" {
+		t.Errorf("decision line for %s: %v; want allow for agent-a, transport mcp", rid, line)
+	}
+	if f := auditFields(t, g, "result", rid); f["transport"] != "mcp" || f["agent"] != "agent-a" {
+		t.Errorf("audit result record of the MCP call: %v; want transport mcp", f)
 	}
 	if n := len(e.Up.Requests()); n != 1 {
 		t.Fatalf("upstream saw %d requests, want 1", n)
@@ -137,8 +140,8 @@ func TestMCPGoClientListsAndCalls(t *testing.T) {
 		t.Errorf("blocked call: isError %v %q; want isError naming policy_block and the reason", r.IsError, toolText(r))
 	}
 	brid, _ := structured(t, r)["error"].(map[string]any)["request_id"].(string)
-	if f := auditFields(t, g, "decision", brid); f["code"] != "policy_block" || f["agent"] != "agent-a" {
-		t.Errorf("audit record of the blocked MCP call: %v; want code policy_block for agent-a", f)
+	if f := auditFields(t, g, "decision", brid); f["code"] != "policy_block" || f["agent"] != "agent-a" || f["transport"] != "mcp" {
+		t.Errorf("audit record of the blocked MCP call: %v; want code policy_block for agent-a over mcp", f)
 	}
 	// Bad arguments: schema_violation, nothing upstream.
 	r, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{"nonsense": 1}})

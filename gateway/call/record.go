@@ -1,0 +1,263 @@
+package call
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/refusal"
+)
+
+// Kind is what a record is about: a tool call, or a piece of raw egress.
+type Kind string
+
+// The kinds of record.
+const (
+	KindToolCall Kind = "tool_call"
+	KindHTTP     Kind = "http"    // a forward-proxied or intercepted HTTP request
+	KindConnect  Kind = "connect" // a CONNECT tunnel
+	KindDNS      Kind = "dns"     // a DNS question
+)
+
+// String returns the kind as recorded.
+func (k Kind) String() string { return string(k) }
+
+// egress says whether records of k are raw egress's.
+func (k Kind) egress() bool { return k != KindToolCall }
+
+// The keys of audit record fields and of the canonical log line. Every
+// writer uses these constants; a key spelled twice is a key that drifts.
+const (
+	KeyRequestID       = "request_id"
+	KeyKind            = "kind"
+	KeyTransport       = "transport"
+	KeyDecision        = "decision"
+	KeyReason          = "reason"
+	KeyRule            = "rule"
+	KeyCode            = "code"
+	KeyAgent           = "agent"
+	KeySession         = "session"
+	KeyUser            = "user"
+	KeySandbox         = "sandbox"
+	KeyTool            = "tool"
+	KeyCredential      = "credential"
+	KeyDestHost        = "dest_host"
+	KeyPort            = "port"
+	KeyResolvedIP      = "resolved_ip"
+	KeyStatus          = "status"
+	KeyUpstreamStatus  = "upstream_status"
+	KeyUpstreamError   = "upstream_error"
+	KeySecretReflected = "secret_reflected"
+	KeyBytesUp         = "bytes_up"
+	KeyBytesDown       = "bytes_down"
+	KeyDurationMS      = "duration_ms"
+)
+
+// The audit events a record is written under.
+const (
+	EventDecision        = "decision"         // decided (or refused before a decision); written before anything is sent
+	EventResult          = "result"           // the upstream's answer, or why there was none
+	EventSecretReflected = "secret_reflected" // the upstream echoed a credential; it was scrubbed
+)
+
+// The messages of the canonical log lines.
+const (
+	LineToolCall = "tool_call"
+	LineEgress   = "egress"
+)
+
+// Decision is a policy decision as recorded.
+type Decision struct {
+	Action string // allow, ask or block
+	Rule   string
+	Reason string
+}
+
+// Field is one key and value of an audit record's fields.
+type Field struct {
+	Key   string
+	Value any
+}
+
+// Record is what one decision writes: every audit record of a tool call
+// or of raw egress and its one canonical log line are made from it, so
+// that the two cannot drift. Fields a kind does not have stay zero and
+// are left out.
+type Record struct {
+	RequestID string
+	Start     time.Time
+	Kind      Kind
+	Transport Transport // tool calls: the door
+	Sandbox   string
+	Agent     string
+	Session   string
+	User      string
+	Tool      string // tool calls: the tool's name (never its alias)
+
+	Decision Decision
+	Decided  bool // Decision holds the policy's decision
+
+	DestHost   string
+	Port       int // raw egress
+	resolvedIP atomic.Pointer[string]
+	Credential string // where the credential went ("header:X-Api-Key"), never its value
+
+	Status         int // the gateway's answer to the caller
+	UpstreamStatus int // the upstream's status (0: none)
+	// UpstreamErr says why an upstream's reply was not relayed, or was
+	// cut (encoded_reply, malformed_response …).
+	UpstreamErr string
+	// Event is raw egress's refusal before policy (doh_refused,
+	// sni_mismatch …): the record's reason when there is no decision.
+	Event     string
+	Reflected bool // the upstream echoed a credential (scrubbed)
+
+	BytesUp, BytesDown atomic.Int64 // raw egress
+}
+
+// SetResolvedIP records the address actually dialled. It may be called
+// from dial callbacks that outlive the request.
+func (r *Record) SetResolvedIP(ip string) { r.resolvedIP.Store(&ip) }
+
+// ResolvedIP returns the address recorded by SetResolvedIP, or "".
+func (r *Record) ResolvedIP() string {
+	if p := r.resolvedIP.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Fields are the record's audit fields for event, refused with code (""
+// when not refused), in increasing key order with no key twice (the
+// shape audit.Record.Sorted takes, so no map is built per record).
+func (r *Record) Fields(event string, code refusal.Code) []Field {
+	eg := r.Kind.egress()
+	end := event == EventResult || (!eg && event == EventSecretReflected)
+	f := make([]Field, 0, 20)
+	f = append(f, Field{KeyAgent, r.Agent})
+	if eg && event == EventResult {
+		f = append(f, Field{KeyBytesDown, r.BytesDown.Load()}, Field{KeyBytesUp, r.BytesUp.Load()})
+	}
+	if code != "" {
+		f = append(f, Field{KeyCode, string(code)})
+	}
+	if r.Credential != "" {
+		f = append(f, Field{KeyCredential, r.Credential})
+	}
+	if r.Decided {
+		f = append(f, Field{KeyDecision, r.Decision.Action})
+	}
+	if eg || r.DestHost != "" {
+		f = append(f, Field{KeyDestHost, r.DestHost})
+	}
+	if end {
+		f = append(f, Field{KeyDurationMS, time.Since(r.Start).Milliseconds()})
+	}
+	if eg {
+		f = append(f, Field{KeyKind, string(r.Kind)})
+	}
+	if r.Port != 0 {
+		f = append(f, Field{KeyPort, r.Port})
+	}
+	switch {
+	case r.Decided:
+		f = append(f, Field{KeyReason, r.Decision.Reason})
+	case eg && r.Event != "":
+		f = append(f, Field{KeyReason, r.Event})
+	}
+	if ip := r.ResolvedIP(); ip != "" {
+		f = append(f, Field{KeyResolvedIP, ip})
+	}
+	if r.Decided {
+		f = append(f, Field{KeyRule, r.Decision.Rule})
+	}
+	f = append(f, Field{KeySandbox, r.Sandbox})
+	if !eg && end {
+		f = append(f, Field{KeySecretReflected, r.Reflected})
+	}
+	f = append(f, Field{KeySession, r.Session})
+	if r.Status != 0 {
+		f = append(f, Field{KeyStatus, r.Status})
+	}
+	if !eg {
+		f = append(f, Field{KeyTool, r.Tool})
+		if r.Transport != "" {
+			f = append(f, Field{KeyTransport, string(r.Transport)})
+		}
+	}
+	if r.UpstreamErr != "" {
+		f = append(f, Field{KeyUpstreamError, r.UpstreamErr})
+	}
+	if r.UpstreamStatus != 0 {
+		f = append(f, Field{KeyUpstreamStatus, r.UpstreamStatus})
+	}
+	f = append(f, Field{KeyUser, r.User})
+	return f
+}
+
+// Line is the record's canonical log line: its message, its level and its
+// attributes, with reason (Reason's) in it. One line per tool call, per
+// proxied request, per tunnel and per DNS question.
+func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.Level, attrs []slog.Attr) {
+	level = slog.LevelInfo
+	if e != nil && e.Status >= 500 {
+		level = slog.LevelWarn
+	}
+	decision := ""
+	if r.Decided {
+		decision = r.Decision.Action
+	}
+	eg := r.Kind.egress()
+	msg = LineToolCall
+	attrs = make([]slog.Attr, 0, 17)
+	attrs = append(attrs, slog.String(KeyRequestID, r.RequestID))
+	if eg {
+		msg = LineEgress
+		attrs = append(attrs, slog.String(KeyKind, string(r.Kind)))
+	}
+	attrs = append(attrs,
+		slog.String(KeyDecision, decision),
+		slog.String(KeyReason, reason),
+		slog.String(KeyRule, r.Decision.Rule),
+		slog.String(KeyAgent, r.Agent),
+		slog.String(KeySession, r.Session),
+		slog.String(KeyUser, r.User),
+		slog.String(KeySandbox, r.Sandbox))
+	if !eg {
+		attrs = append(attrs, slog.String(KeyTool, r.Tool), slog.String(KeyTransport, string(r.Transport)))
+	}
+	attrs = append(attrs, slog.String(KeyDestHost, r.DestHost))
+	if eg {
+		attrs = append(attrs, slog.Int(KeyPort, r.Port))
+	}
+	attrs = append(attrs,
+		slog.String(KeyResolvedIP, r.ResolvedIP()),
+		slog.Int(KeyStatus, r.Status),
+		slog.Int(KeyUpstreamStatus, r.UpstreamStatus))
+	if eg {
+		attrs = append(attrs, slog.Int64(KeyBytesUp, r.BytesUp.Load()), slog.Int64(KeyBytesDown, r.BytesDown.Load()))
+	}
+	attrs = append(attrs, slog.Float64(KeyDurationMS, float64(time.Since(r.Start).Microseconds())/1000))
+	return msg, level, attrs
+}
+
+// Reason is the line's reason: for a refusal its code (raw egress's
+// Event instead, when set) and, for the log only, its cause; a reply that
+// echoed a credential is secret_reflected; otherwise the decision's
+// reason.
+func (r *Record) Reason(e *refusal.Error) string {
+	if e == nil {
+		if r.Reflected {
+			return EventSecretReflected
+		}
+		return r.Decision.Reason
+	}
+	reason := string(e.Code)
+	if r.Kind.egress() && r.Event != "" {
+		reason = r.Event
+	}
+	if c := e.Cause(); c != nil {
+		reason += ": " + c.Error()
+	}
+	return reason
+}

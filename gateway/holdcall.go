@@ -1,0 +1,271 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// maxPollWait bounds GET /v1/holds/{id}?wait=.
+const maxPollWait = 5 * time.Minute
+
+// holdCall holds an ask call: it persists the canonical request (taken
+// before any credential is attached), waits up to the hold wait for a
+// decision and answers with the outcome or the pending hold. Any failure
+// to hold is 503 approval_unavailable: an ask is never allowed by
+// accident.
+func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Tool, args *connectors.Args, req *http.Request) (call.Outcome, *refusal.Error) {
+	if !s.approvalsEnabled() {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
+	}
+	if len(c.decision.Approvers) == 0 {
+		// Nobody could approve it: holding it would only make it expire.
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")
+	}
+	hr, err := c.holdRequest(req)
+	if err != nil {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held; it was not sent").Wrap(err)
+	}
+	argDoc, err := json.Marshal(args)
+	if err != nil {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held; it was not sent").Wrap(err)
+	}
+	// A call that names its hold is a re-send of it: it must be the very
+	// request that was (or will be) approved (THREATS E4).
+	if id := c.req.HoldID; id != "" {
+		h, err := s.holds.Get(ctx, id)
+		if err != nil || !sameCaller(h.Caller, c.caller()) || h.Tool != tool.Name {
+			return call.Outcome{}, refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold")
+		}
+		if h.SHA256 != hr.Hash() {
+			return call.Outcome{}, refusal.New(http.StatusConflict, refusal.ArgsMismatch, "the arguments differ from the held call's; the approval covers only the request it was given for")
+		}
+		return s.awaitHold(ctx, c, h.ID)
+	}
+	// The hold_created record carries the decision; a failure to hold is
+	// audited as the call's decision with its refusal code.
+	cred := ""
+	if up := s.catalog.connectors[tool.Connector]; up != nil && up.cfg.Credential != nil {
+		cred = credentialLabel(up.cfg.Credential)
+	}
+	h, _, err := s.holds.Create(ctx, holds.Hold{
+		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
+		Caller:    holds.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User},
+		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
+		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rec.RequestID,
+		IdempotencyHeader: tool.IdempotencyHeader,
+	})
+	switch {
+	case errors.Is(err, holds.ErrTooManyForSandbox):
+		return call.Outcome{}, refusal.New(http.StatusTooManyRequests, refusal.TooManyHolds, fmt.Sprintf("this sandbox has %d calls waiting for approval, its share of its agent's %d (gateway.max_pending_holds_per_sandbox); wait for decisions", s.holds.MaxPendingPerSandbox(), s.cfg.Gateway.MaxPendingHolds))
+	case errors.Is(err, holds.ErrTooMany):
+		return call.Outcome{}, refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
+	case errors.Is(err, holds.ErrAudit):
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; the call was not held and not sent").Wrap(err)
+	case err != nil:
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held for approval; it was not sent").Wrap(err)
+	}
+	return s.awaitHold(ctx, c, h.ID)
+}
+
+// holdRequest is the request a hold (or a grant) is bound to: the
+// canonical request as it would be sent, before the credential. A call
+// the gateway only decides is bound to its method, URL and body: the
+// proxy that sends it adds headers of its own.
+func (c *toolCall) holdRequest(req *http.Request) (holds.Request, error) {
+	hr, err := canonicalRequest(req)
+	if c.req.Mode == call.Decide {
+		hr.Headers = nil
+	}
+	return hr, err
+}
+
+// awaitHold waits up to the call's hold wait for the hold to be decided,
+// reporting progress if the door asked for it, and answers with the
+// hold's state then.
+func (s *Server) awaitHold(ctx context.Context, c *toolCall, id string) (call.Outcome, *refusal.Error) {
+	bound := c.req.HoldWait
+	if bound == 0 {
+		bound = s.cfg.Gateway.HoldWait.Std()
+	}
+	bound = max(bound, 0)
+	h, err := s.waitHold(ctx, id, bound, c.req.Progress, c.req.ProgressEvery)
+	if err != nil {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read").Wrap(err)
+	}
+	return holdOutcome(h), nil
+}
+
+// waitHold waits up to bound for the hold to be terminal and returns it as
+// it is then. With progress, it reports at once and every every.
+func (s *Server) waitHold(ctx context.Context, id string, bound time.Duration, progress func(call.Progress), every time.Duration) (holds.Hold, error) {
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	if progress == nil {
+		return s.holds.Wait(wctx, id)
+	}
+	if every <= 0 {
+		every = time.Second
+	}
+	start := time.Now()
+	progress(call.Progress{Hold: id, Bound: bound})
+	for {
+		sctx, scancel := context.WithTimeout(wctx, every)
+		h, err := s.holds.Wait(sctx, id)
+		scancel()
+		if err != nil || h.Status.Terminal() || wctx.Err() != nil {
+			return h, err
+		}
+		progress(call.Progress{Hold: id, Waited: time.Since(start), Bound: bound})
+	}
+}
+
+// holdOutcome is what a call gets for a hold in its state: the pending
+// hold, the stored answer once it ran, or the refusal it ended in.
+func holdOutcome(h holds.Hold) call.Outcome {
+	o := call.Outcome{Hold: &call.Hold{ID: h.ID, State: string(h.Status), Expires: h.Expires, Poll: "/v1/holds/" + h.ID, RequestID: h.RequestID}}
+	refused := func(status int, code refusal.Code, msg string) call.Outcome {
+		o.Status, o.Refusal = status, refusal.New(status, code, msg)
+		return o
+	}
+	switch h.Status {
+	case holds.Done, holds.Failed:
+		if h.Result != nil {
+			o.Status, o.Answer = h.Result.HTTPStatus, h.Result.Body
+			return o
+		}
+		return refused(http.StatusBadGateway, refusal.UpstreamError, "the approved call failed and left no result")
+	case holds.Denied:
+		msg := "denied by " + h.DecidedBy
+		if h.DecisionReason != "" {
+			msg += ": " + h.DecisionReason
+		}
+		return refused(http.StatusForbidden, refusal.ApprovalDenied, msg)
+	case holds.Expired:
+		return refused(http.StatusForbidden, refusal.ApprovalExpired, "no one decided this call before it expired; it was not sent")
+	case holds.Unknown:
+		return refused(http.StatusBadGateway, refusal.UpstreamError, "the gateway stopped while sending this approved call; its outcome is unknown and it is not re-sent")
+	}
+	o.Status = http.StatusAccepted
+	return o
+}
+
+// Poll answers a caller about one of its holds, waiting up to wait (at
+// most maxPollWait) for it to be decided: the same outcomes a held call
+// gets. Only the caller the hold is for sees it; for anyone else it does
+// not exist.
+func (s *Server) Poll(ctx context.Context, id wire.Identity, hold string, wait time.Duration) call.Outcome {
+	rid := refusal.NewRequestID()
+	refused := func(e *refusal.Error) call.Outcome { return call.Outcome{RequestID: rid, Status: e.Status, Refusal: e} }
+	if s.holds == nil {
+		return refused(refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"))
+	}
+	id, e := canonicalCaller(id)
+	if e != nil {
+		return refused(e)
+	}
+	h, err := s.holds.Get(ctx, hold)
+	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User})) {
+		return refused(refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"))
+	}
+	if err != nil {
+		return refused(refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read"))
+	}
+	if wait = min(wait, maxPollWait); wait > 0 && !h.Status.Terminal() {
+		if h, err = s.waitHold(ctx, h.ID, wait, nil, 0); err != nil {
+			return refused(refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read"))
+		}
+	}
+	o := holdOutcome(h)
+	o.RequestID = rid
+	return o
+}
+
+// executeHold runs an approved hold through the pipeline (run, with the
+// hold): the policy is evaluated again with the stored input, the
+// credential is attached now, and exactly the stored request is sent,
+// once. The result is the answer the agent's call gets. The holds
+// manager also re-sends an idempotency-keyed hold through here after a
+// crash left its outcome unknown (THREATS G2).
+func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, bool) {
+	o, c := s.run(ctx, call.Request{RequestID: h.RequestID}, &h)
+	if o.Refusal != nil {
+		var b refusal.Body
+		b.Error.Code, b.Error.Message, b.Error.RequestID = o.Refusal.Code, o.Refusal.Message, o.RequestID
+		data, _ := json.Marshal(b)
+		return holds.Result{HTTPStatus: o.Refusal.Status, Body: data, Answered: c.answered}, false
+	}
+	data, err := json.Marshal(replyBody(o))
+	if err != nil {
+		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`), Answered: true}, false
+	}
+	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true}, true
+}
+
+// storedRequest rebuilds an approved hold's request exactly as stored.
+func storedRequest(ctx context.Context, h *holds.Hold) (*connectors.Args, *http.Request, *refusal.Error) {
+	args, err := connectors.DecodeArgs(h.Args)
+	if err != nil {
+		return nil, nil, refusal.New(http.StatusBadRequest, refusal.SchemaViolation, "stored arguments: "+err.Error())
+	}
+	req, err := http.NewRequestWithContext(ctx, h.Request.Method, h.Request.URL, bytes.NewReader(h.Request.Body))
+	if err != nil {
+		return nil, nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the stored request cannot be rebuilt").Wrap(err)
+	}
+	if len(h.Request.Body) == 0 {
+		req.Body, req.ContentLength = http.NoBody, 0
+	}
+	req.Header = http.Header(h.Request.Headers).Clone()
+	if req.Header == nil {
+		req.Header = http.Header{}
+	}
+	return &args, req, nil
+}
+
+// sameCaller says whether a hold is the caller's.
+func sameCaller(h holds.Caller, c policy.Caller) bool {
+	return h.Sandbox == c.Sandbox && h.Agent == c.Agent && h.Session == c.Session && h.User == c.User
+}
+
+// holdTTL is the rule's hold_ttl, else gateway.hold_ttl.
+func (s *Server) holdTTL(rule string) time.Duration {
+	if rest, ok := strings.CutPrefix(rule, "policies["); ok {
+		if i, err := strconv.Atoi(strings.TrimSuffix(rest, "]")); err == nil && i >= 0 && i < len(s.cfg.Policies) {
+			if t := s.cfg.Policies[i].HoldTTL.Std(); t > 0 {
+				return t
+			}
+		}
+	}
+	return s.cfg.Gateway.HoldTTL.Std()
+}
+
+// canonicalRequest takes the request as it would be sent, before the
+// credential is attached, and leaves req's body readable again.
+func canonicalRequest(req *http.Request) (holds.Request, error) {
+	var body []byte
+	if req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		if err != nil {
+			return holds.Request{}, fmt.Errorf("hold: read request body: %w", err)
+		}
+		req.Body.Close()
+		body = b
+		req.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	return holds.Request{Method: req.Method, URL: req.URL.String(), Headers: req.Header.Clone(), Body: body}, nil
+}
