@@ -6,8 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -424,5 +427,71 @@ func TestMCPBadInput(t *testing.T) {
 	defer cancel()
 	if r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}}); err != nil || r.IsError {
 		t.Errorf("the owner's call on its session: %v", err)
+	}
+}
+
+// TestMCPListChangedOnReload: a policy reload that blocks a tool outright
+// sends notifications/tools/list_changed to the open session, whose next
+// tools/list leaves the tool out; a call of it is still the pipeline's to
+// refuse (isError policy_block), not a protocol error.
+func TestMCPListChangedOnReload(t *testing.T) {
+	e := newEnv(t)
+	dir := filepath.Join(e.Dir, "policies")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mod := filepath.Join(dir, "team.rego")
+	write := func(src string) {
+		if err := os.WriteFile(mod, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("package sluice.policies.team\n\ndecisions contains d if {\n\tinput.tool == \"tickets.nothing\"\n\td := {\"action\": \"block\", \"rule\": \"team.none\"}\n}\n")
+	d := mainConfig(e, "sluice")
+	d["rego"] = []string{"policies/"}
+	g := e.Start(d, e.Write(d))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	changed := make(chan struct{}, 8)
+	cs := mcpConnect(t, g, agentA, &sdk.ClientOptions{ToolListChangedHandler: func(context.Context, *sdk.ToolListChangedRequest) {
+		changed <- struct{}{}
+	}})
+	has := func(name string) bool {
+		lt, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatalf("tools/list: %v", err)
+		}
+		for _, tl := range lt.Tools {
+			if tl.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	if !has("tickets.list_tickets") {
+		t.Fatal("list_tickets not listed before the reload")
+	}
+	write(`package sluice.policies.team
+
+decisions contains {"action": "block", "rule": "team.no_listing", "reason": "listing is paused"} if {
+	input.tool == "tickets.list_tickets"
+}
+`)
+	g.Signal(syscall.SIGHUP)
+	select {
+	case <-changed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no notifications/tools/list_changed after a reload that changed the list")
+	}
+	if has("tickets.list_tickets") {
+		t.Error("list_tickets still listed after the reload blocked it")
+	}
+	r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}})
+	if err != nil || !r.IsError || !strings.HasPrefix(toolText(r), "policy_block: ") || !strings.Contains(toolText(r), "listing is paused") {
+		t.Errorf("call of the delisted tool: %v %q; want isError policy_block with the reason", err, toolText(r))
+	}
+	if n := len(e.Up.Requests()); n != 0 {
+		t.Errorf("the upstream saw %d requests, want 0", n)
 	}
 }
