@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
@@ -404,12 +406,17 @@ func TestMCPBadInput(t *testing.T) {
 	if sid == "" {
 		t.Fatal("the gateway assigned no session id")
 	}
+	e9 := casebook.Expect(t, "E9", "agent-a's Mcp-Session-Id presented by agent-b, by another sandbox of agent-a, and an unknown id, each with a tools/call of tickets.list_tickets",
+		"404 JSON-RPC -32001 (one answer for foreign and unknown), no tool_call line, no upstream request; the owner's session still works")
+	var seen []string
+	defer func() { e9.Observe(strings.Join(seen, "; ")) }()
 	for _, tc := range []struct {
 		name string
 		id   wire.Identity
 		sid  string
 	}{{"another sandbox's session", agentB, sid}, {"same agent, another session", wire.Identity{Sandbox: "sb-other", Agent: agentA.Agent, Session: "s-other", User: agentA.User, Host: agentA.Host}, sid}, {"unknown session", agentA, "00ff"}} {
 		st, code, msg := mcpPost(t, g, tc.id, call, http.Header{"Mcp-Session-Id": {tc.sid}})
+		seen = append(seen, fmt.Sprintf("%s: %d %v", tc.name, st, code))
 		if st != http.StatusNotFound || code != -32001 || !strings.Contains(msg, "was opened by this sandbox") {
 			t.Errorf("%s: %d %v %q; want 404 -32001", tc.name, st, code, msg)
 		}
@@ -417,16 +424,29 @@ func TestMCPBadInput(t *testing.T) {
 	if n := len(e.Up.Requests()); n != 0 {
 		t.Errorf("refused MCP messages reached the upstream: %d requests", n)
 	}
+	calls := 0
 	for _, m := range g.LogLines() {
 		if m["msg"] == "tool_call" {
+			calls++
 			t.Errorf("a refused MCP message ran a call: %v", m)
 		}
 	}
+	seen = append(seen, fmt.Sprintf("upstream requests %d, tool_call lines %d", len(e.Up.Requests()), calls))
 	// Control: the owner's own session still works.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}}); err != nil || r.IsError {
-		t.Errorf("the owner's call on its session: %v", err)
+	// An identity claimed in the call's _meta is ignored: the call is the
+	// connection's (agent-a's), never agent-b's.
+	r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{},
+		Meta: sdk.Meta{"sluice/identity": map[string]any{"agent": "agent-b", "sandbox": "sb-2", "user": "bob"}}})
+	if err != nil || r.IsError {
+		t.Fatalf("the owner's call on its session: %v", err)
+	}
+	rid, _ := structured(t, r)["request_id"].(string)
+	line := g.AwaitLog("the owner's call", func(m map[string]any) bool { return m["msg"] == "tool_call" && m["request_id"] == rid })
+	seen = append(seen, fmt.Sprintf("owner's call with _meta claiming agent-b: isError %v, decided for %v", r.IsError, line["agent"]))
+	if line["agent"] != "agent-a" || line["user"] != "alice" {
+		t.Errorf("the call was decided for %v/%v; the identity must be the connection's", line["agent"], line["user"])
 	}
 }
 
