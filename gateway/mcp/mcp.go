@@ -83,10 +83,11 @@ type Door struct {
 
 // caller is one identity's SDK server and the tools it lists.
 type caller struct {
-	id     wire.Identity
-	srv    *sdk.Server
-	mu     sync.Mutex        // serialises refreshes
-	listed map[string]string // MCP name → fingerprint of what is listed
+	id      wire.Identity
+	srv     *sdk.Server
+	mu      sync.Mutex        // serialises refreshes
+	listed  map[string]string // MCP name → fingerprint of what is listed
+	created time.Time
 	// names maps the name not listed (the alias, or the tool name when
 	// aliases are listed) to the listed one: a call accepts either.
 	names atomic.Pointer[map[string]string]
@@ -129,7 +130,7 @@ func (m *Door) serverFor(r *http.Request) *sdk.Server {
 	m.mu.Lock()
 	c := m.servers[id]
 	if c == nil {
-		c = &caller{id: id, listed: map[string]string{}}
+		c = &caller{id: id, listed: map[string]string{}, created: time.Now()}
 		empty := map[string]string{}
 		c.names.Store(&empty)
 		c.srv = sdk.NewServer(&sdk.Implementation{Name: "sluice", Title: "sluice gateway"}, &sdk.ServerOptions{
@@ -149,8 +150,12 @@ func (m *Door) serverFor(r *http.Request) *sdk.Server {
 		m.servers[id] = c
 	}
 	m.mu.Unlock()
-	// Built outside m.mu: Tools runs the policy.
-	m.refresh(r.Context(), c)
+	// The SDK asks for the server on every request; the list is made when
+	// a session opens (a POST without a session id) and re-made on
+	// Changed, not per call. Outside m.mu: Tools runs the policy.
+	if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" {
+		m.refresh(r.Context(), c)
+	}
 	return c.srv
 }
 
@@ -161,7 +166,7 @@ func (m *Door) Changed(ctx context.Context) {
 	m.mu.Lock()
 	cs := make([]*caller, 0, len(m.servers))
 	for id, c := range m.servers {
-		if !hasSessions(c.srv) {
+		if !hasSessions(c.srv) && time.Since(c.created) > time.Minute {
 			delete(m.servers, id)
 			continue
 		}
