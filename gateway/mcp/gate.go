@@ -106,6 +106,13 @@ func check(body []byte) (status int, id json.RawMessage, code int, msg string) {
 	default:
 		return http.StatusBadRequest, nil, codeInvalidRequest, "the message must be a JSON-RPC 2.0 object"
 	}
+	// The members are checked as written, before any decoder's leniency:
+	// Go's (and the SDK's) decoders match names case-insensitively and keep
+	// the last of duplicates, so "Method" or a second "method" could make
+	// the gate and the SDK read different methods.
+	if msg := members(body); msg != "" {
+		return http.StatusBadRequest, nil, codeInvalidRequest, msg
+	}
 	var e envelope
 	if err := json.Unmarshal(body, &e); err != nil {
 		return http.StatusBadRequest, nil, codeInvalidRequest, "the message is not a JSON-RPC 2.0 message: " + err.Error()
@@ -127,6 +134,38 @@ func check(body []byte) (status int, id json.RawMessage, code int, msg string) {
 		return http.StatusNotFound, e.ID, codeMethodNotFound, fmt.Sprintf("method %q is not offered: this server speaks initialize, ping, tools/list and tools/call", *e.Method)
 	}
 	return 0, nil, 0, ""
+}
+
+// member names a JSON-RPC 2.0 message may have, exactly as spelt.
+var memberNames = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
+
+// members checks the top-level member names of one JSON object: each one
+// of memberNames, none twice. It returns what is wrong, or "".
+func members(body []byte) string {
+	d := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return "the message must be a JSON-RPC 2.0 object"
+	}
+	seen := map[string]bool{}
+	for d.More() {
+		tok, err := d.Token()
+		if err != nil {
+			return "the message is not a JSON-RPC 2.0 object"
+		}
+		name, _ := tok.(string)
+		switch {
+		case !memberNames[name]:
+			return fmt.Sprintf("member %q: not a JSON-RPC 2.0 member (jsonrpc, id, method, params, result, error; names are case-sensitive)", name)
+		case seen[name]:
+			return fmt.Sprintf("member %q: given twice", name)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := d.Decode(&skip); err != nil {
+			return "the message is not a JSON-RPC 2.0 object"
+		}
+	}
+	return ""
 }
 
 func validID(id json.RawMessage) bool {
