@@ -159,7 +159,13 @@ func (m *Door) progress(ctx context.Context, req *sdk.CallToolRequest) *progress
 			var r call.Progress
 			select {
 			case <-p.done:
-				return
+				// A report made just before the call ended is still sent:
+				// the result goes out only after this returns.
+				select {
+				case r = <-p.ch:
+				default:
+					return
+				}
 			case <-ctx.Done():
 				return
 			case r = <-p.ch:
