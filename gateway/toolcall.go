@@ -254,7 +254,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 // refused: it is a door's bug or an ambiguous name, never guessed at.
 func canonicalCaller(id wire.Identity) (wire.Identity, *refusal.Error) {
 	if err := id.Validate(); err != nil {
-		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "bug: the call carries no valid identity").Wrap(err)
+		// A door's bug, or a name no relay would have passed: wire's
+		// message names the field, never more than the caller sent.
+		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "the call carries no valid identity: "+strings.TrimPrefix(err.Error(), "wire: "))
 	}
 	for _, f := range []struct {
 		name string
