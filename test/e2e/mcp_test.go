@@ -515,3 +515,58 @@ decisions contains {"action": "block", "rule": "team.no_listing", "reason": "lis
 		t.Errorf("the upstream saw %d requests, want 0", n)
 	}
 }
+
+// TestMCPCancelLeavesHoldPending: an MCP client that cancels its held
+// call (notifications/cancelled) leaves the hold pending for a person, as
+// an HTTP client's disconnect does; approved, it runs once, and
+// sluice.await_hold returns its result.
+func TestMCPCancelLeavesHoldPending(t *testing.T) {
+	e := newEnv(t)
+	d := mainConfig(e, "sluice")
+	withApprovers(d, gwenv.CarolToken)
+	d.Gateway()["hold_wait"] = "20s"
+	g := e.Start(d, e.Write(d))
+	cs := mcpConnect(t, g, agentA, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(cctx, &sdk.CallToolParams{Name: "tickets.create_refund", Arguments: map[string]any{"body": map[string]any{"amount": 9, "reason": "cancel"}}})
+		done <- err
+	}()
+	var hid string
+	for deadline := time.Now().Add(10 * time.Second); hid == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		_, _, m := g.AdminDo(http.MethodGet, "/api/v1/holds?status=pending", gwenv.CarolToken, "")
+		if hs, _ := m["holds"].([]any); len(hs) > 0 {
+			hid, _ = hs[0].(map[string]any)["id"].(string)
+		}
+	}
+	if hid == "" {
+		t.Fatal("no pending hold")
+	}
+	stop() // the SDK sends notifications/cancelled
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled call returned a result")
+	}
+	time.Sleep(500 * time.Millisecond)
+	_, _, m := g.AdminDo(http.MethodGet, "/api/v1/holds/"+hid, gwenv.CarolToken, "")
+	if h, _ := m["hold"].(map[string]any); h["status"] != "pending" {
+		t.Fatalf("after the client cancelled, the hold is %v; want pending", h["status"])
+	}
+	if n := len(e.Up.Requests()); n != 0 {
+		t.Fatalf("%d upstream requests before any approval", n)
+	}
+	if st, body, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+hid+"/approve", gwenv.CarolToken, `{"reason":"ok"}`); st != http.StatusOK {
+		t.Fatalf("approve: %d %s", st, body)
+	}
+	r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "sluice.await_hold", Arguments: map[string]any{"hold_id": hid}})
+	if err != nil || r.IsError {
+		t.Fatalf("await_hold after approval: %v %q", err, toolText(r))
+	}
+	e.Keep([]byte(toolText(r)))
+	if n := len(e.Up.Requests()); n != 1 {
+		t.Errorf("the approved call reached the upstream %d times, want once", n)
+	}
+}
