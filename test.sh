@@ -18,7 +18,7 @@ command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip) # test/e2e runs pip inside a sandbox
 command -v node >/dev/null 2>&1 || need+=(nodejs) # test/e2e runs the TypeScript MCP SDK's client in a sandbox
 command -v npm >/dev/null 2>&1 || need+=(npm)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # Vault's database engine in the Vault tests
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # the PostgreSQL store (gateway/store/pgtest) and Vault's database engine
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -35,6 +35,8 @@ go vet ./...
 echo "== Vault server for the Vault tests (built once, cached)"
 SLUICE_VAULT_BIN=$(test/tools/vault.sh)
 export SLUICE_VAULT_BIN SLUICE_REQUIRE_VAULT=1
+# PostgreSQL store tests fail, not skip, without a server: test.sh installs it.
+export SLUICE_REQUIRE_POSTGRES=1
 
 echo "== TypeScript MCP SDK for the MCP tests (npm, installed once under /opt)"
 SLUICE_MCP_TS_DIR=$(test/tools/mcp-ts.sh)

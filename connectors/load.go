@@ -37,15 +37,15 @@ type param struct {
 // possible, the operation.
 func Load(ctx context.Context, opts Options) (*Connector, error) {
 	if err := checkSlug(opts.Slug); err != nil {
-		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
+		return nil, fmt.Errorf("connectors: load %s: %w", shownSpec(opts.Spec), err)
 	}
 	doc, specURL, err := readSpec(ctx, opts)
 	if err != nil {
-		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
+		return nil, fmt.Errorf("connectors: load %s: %w", shownSpec(opts.Spec), err)
 	}
 	c, err := build(ctx, opts.Slug, doc, specURL, opts.BaseURL, opts.Strict, opts.Defects)
 	if err != nil {
-		return nil, fmt.Errorf("connectors: load %s: %w", opts.Spec, err)
+		return nil, fmt.Errorf("connectors: load %s: %w", shownSpec(opts.Spec), err)
 	}
 	return c, nil
 }

@@ -1077,19 +1077,46 @@ func fetch(ctx context.Context, client *http.Client, u *url.URL, b *budget) ([]b
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("fetch %s: %w", shownURL(u), err)
 	}
 	req.Header.Set("Accept", "application/yaml, application/json;q=0.9, */*;q=0.1")
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", u.Redacted(), err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its text repeats the URL, query and all
+		}
+		return nil, fmt.Errorf("fetch %s: %w", shownURL(u), err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetch %s: status %d", u.Redacted(), resp.StatusCode)
+		return nil, fmt.Errorf("fetch %s: status %d", shownURL(u), resp.StatusCode)
 	}
 	if resp.ContentLength > b.left {
-		return nil, fmt.Errorf("fetch %s: specs are capped at %d bytes in total", u.Redacted(), maxSpecBytes)
+		return nil, fmt.Errorf("fetch %s: specs are capped at %d bytes in total", shownURL(u), maxSpecBytes)
 	}
-	return b.read(resp.Body, u.Redacted())
+	return b.read(resp.Body, shownURL(u))
+}
+
+// shownURL is u as errors show it: a URL may carry a credential in its
+// user info or its query, so neither is shown.
+func shownURL(u *url.URL) string {
+	c := *u
+	hidden := c.User != nil || c.RawQuery != ""
+	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
+	if hidden {
+		return c.String() + " (user info and query not shown)"
+	}
+	return c.String()
+}
+
+// shownSpec is Options.Spec as errors show it: a file path as it is, an
+// URL through shownURL.
+func shownSpec(spec string) string {
+	if u, err := url.Parse(spec); err == nil && len(u.Scheme) > 1 {
+		return shownURL(u)
+	} else if err != nil && strings.Contains(spec, "://") {
+		return "(spec URL not shown: it does not parse)"
+	}
+	return spec
 }

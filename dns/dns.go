@@ -21,6 +21,12 @@
 // connections as one streaming POST /v1/dns each (StreamContentType),
 // rather than one HTTP request per question; the gateway decides and
 // audits each question exactly as a single POST.
+//
+// Resolver is the gateway's side: the one resolver raw egress asks, for
+// the policy answerer and for the guarded dialer alike, so that the
+// address dialled is one the answerer would also have classified. It
+// resolves and caches and decides nothing; policy and the dial-time
+// address check stay with the gateway.
 package dns
 
 import (

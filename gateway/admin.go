@@ -34,7 +34,7 @@ func (s *Server) adminHandler() http.Handler {
 	s.adminHolds(mux)
 	s.adminSessions(mux)      // sessions.go
 	s.adminSandboxEvents(mux) // sandbox_events.go
-	s.adminIntercept(mux)     // intercept.go
+	s.adminIntercept(mux)     // below
 	if s.reviewUI != nil {
 		mux.Handle("/", s.reviewUI)
 	} else {
@@ -43,8 +43,8 @@ func (s *Server) adminHandler() http.Handler {
 	return mux
 }
 
-// handleReady is 200 only when a policy is loaded and the audit log takes
-// writes; otherwise 503 with the reasons, so a load balancer stops sending
+// handleReady is 200 only when a policy is loaded, the audit log takes
+// writes and the store answers; otherwise 503 with the reasons, so a load balancer stops sending
 // traffic that would be refused anyway.
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	problems := []string{}
@@ -57,8 +57,12 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if err := s.audit.Err(); err != nil {
 		problems = append(problems, "audit: "+err.Error())
 	}
+	storeDown := s.storeProblem(r.Context())
+	if storeDown != "" {
+		problems = append(problems, storeDown)
+	}
 	status := http.StatusOK
-	if len(problems) > 0 && (s.engine.Load() == nil || s.audit.Err() != nil) {
+	if len(problems) > 0 && (s.engine.Load() == nil || s.audit.Err() != nil || storeDown != "") {
 		status = http.StatusServiceUnavailable
 	}
 	v := int64(0)
@@ -135,4 +139,29 @@ func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
 	}{len(s.catalog.list), v}); err != nil {
 		s.log.Warn("admin: index page", "err", fmt.Sprint(err))
 	}
+}
+
+// adminIntercept routes GET /ca.pem (the interception CA's certificate,
+// for sandbox trust stores; public: it is a certificate) and GET
+// /api/v1/placeholders (what sandboxd puts in a sandbox's environment) on
+// the admin listener. The placeholders are not secret values, but they are
+// what the gateway swaps for one toward a bound host, so only sandboxd (a
+// token of gateway.session_tokens_sha256) or an approver may read them:
+// anyone else is 401 unauthenticated.
+func (s *Server) adminIntercept(mux *http.ServeMux) {
+	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
+		if s.icpt == nil {
+			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "TLS interception is not configured"), refusal.NewRequestID())
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-pem-file")
+		_, _ = w.Write(s.icpt.caCertPEM())
+	})
+	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := s.sessionCaller(r); !ok {
+			refusal.WriteUnauthenticated(w, "an approver token or a session token is required", refusal.NewRequestID())
+			return
+		}
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": s.icpt.placeholders()})
+	})
 }

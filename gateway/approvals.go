@@ -77,7 +77,7 @@ func (s *Server) newReviewUI() error {
 			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
-		AuditTail:     s.auditTail,
+		AuditFile:     s.cfg.Audit.Path,
 		SecureCookies: strings.HasPrefix(s.cfg.Approvals.PublicURL, "https://"),
 	}
 	if oc != nil {
@@ -96,31 +96,14 @@ func (s *Server) newReviewUI() error {
 	return nil
 }
 
-// auditTail returns the newest n audit records (the review UI's audit view).
-func (s *Server) auditTail(n int) ([]json.RawMessage, error) {
-	f, err := os.Open(s.cfg.Audit.Path)
-	if err != nil {
-		return nil, fmt.Errorf("audit tail: %w", err)
-	}
-	defer f.Close()
-	lines, err := tailLines(f, n)
-	if err != nil {
-		return nil, fmt.Errorf("audit tail: %w", err)
-	}
-	out := make([]json.RawMessage, 0, len(lines))
-	for _, l := range lines {
-		if json.Valid(l) {
-			out = append(out, json.RawMessage(l))
-		}
-	}
-	return out, nil
-}
-
 // auditHold appends a hold's audit record.
 func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extra map[string]any) error {
 	f := map[string]any{
 		"hold": h.ID, "tool": h.Tool, "sha256": h.SHA256, "rule": h.Rule,
 		"sandbox": h.Caller.Sandbox, "agent": h.Caller.Agent, "session": h.Caller.Session, "user": h.Caller.User,
+	}
+	if h.Caller.Egress != "" {
+		f["egress"] = h.Caller.Egress
 	}
 	if event == "hold_created" {
 		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason

@@ -1,15 +1,132 @@
 package gateway
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/policy"
 )
+
+// Findings are the problems Check found in a configuration: Errors make
+// `sluice validate` fail (serve refuses most of them too); Warnings are
+// printed and do not. Connectors are the specs Check loaded (in config
+// order; one whose spec did not load is missing and has an error), and
+// Modules the number of the security team's Rego modules, so that
+// validate reports on what it checked without loading anything twice.
+type Findings struct {
+	Errors     []error
+	Warnings   []error
+	Connectors []*connectors.Connector
+	Modules    int
+}
+
+// CheckOptions say how Check loads: Strict makes every connector's spec
+// load all-or-nothing (validate --strict), Defects also reports defects
+// outside the operations (what validate shows; serve does not pay for it).
+type CheckOptions struct {
+	Logger  *slog.Logger
+	Strict  bool
+	Defects bool
+}
+
+// specLoad is what CheckOptions add to each connector's load.
+type specLoad struct{ strict, defects bool }
+
+// loadCatalog loads the catalog as serve does.
+func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*catalog, []error, error) {
+	return loadCatalogWith(ctx, cfg, d, specLoad{})
+}
+
+// Validate is the dry run of New for `sluice validate`: Check's errors,
+// joined.
+func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
+	return errors.Join(Check(ctx, cfg, CheckOptions{Logger: opts.Logger}).Errors...)
+}
+
+// PolicyConfig is the policy configuration serve compiles from cfg: the
+// simple rules (policies[i] keeps its index as its rule name), the Rego
+// paths, the agents' egress allowlists and the CONNECT ports. Check,
+// `sluice policy eval` and `sluice policy test --with-config` use it, so
+// that they decide and test what serve decides.
+func PolicyConfig(cfg *config.Config, log *slog.Logger) policy.Config {
+	rules := make([]policy.Rule, len(cfg.Policies))
+	for i, p := range cfg.Policies {
+		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
+	}
+	return policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: log}
+}
+
+// Check loads every spec (once), decides how each credential is attached,
+// compiles the Rego and checks the modules (policy.Check), checks every
+// secret reference, and checks what would fail at runtime
+// (upstreamProblems, askProblems); it returns every problem found, each
+// naming its config key or file:line. It writes nothing and listens on
+// nothing.
+func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings {
+	var f Findings
+	cat, warns, err := loadCatalogWith(ctx, cfg, guard.New(guard.Options{}), specLoad{strict: opts.Strict, defects: opts.Defects})
+	if err != nil {
+		f.Errors = append(f.Errors, err)
+	}
+	f.Warnings = append(f.Warnings, warns...)
+	for _, cc := range cfg.Connectors {
+		if up := cat.connectors[cc.Slug]; up != nil {
+			f.Connectors = append(f.Connectors, up.conn)
+		}
+	}
+	for i, p := range cfg.Policies {
+		if !strings.ContainsAny(p.Match, "*?") {
+			if _, ok := cat.tools[p.Match]; !ok && err == nil {
+				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
+			}
+		}
+	}
+	if _, perr := policy.New(ctx, PolicyConfig(cfg, opts.Logger)); perr != nil {
+		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", perr))
+	} else if lint, lerr := policy.Check(ctx, cfg.Rego); lerr != nil {
+		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", lerr))
+	} else {
+		f.Modules = lint.Modules
+		for _, p := range lint.Errors {
+			f.Errors = append(f.Errors, fmt.Errorf("rego: %s", p))
+		}
+		for _, p := range lint.Warnings {
+			f.Warnings = append(f.Warnings, fmt.Errorf("rego: %s", p))
+		}
+	}
+	if cfg.Gateway.RelayTLS.Listen != "" {
+		if _, err := ingress.RelayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
+			f.Errors = append(f.Errors, err)
+		}
+	}
+	f.Errors = append(f.Errors, checkSecretRefs(ctx, cfg)...)
+	f.Errors = append(f.Errors, dohAllowlistProblems(cfg)...)
+	f.add(upstreamProblems(cfg, cat))
+	f.add(askProblems(cfg))
+	return f
+}
+
+// add files each problem as an error, or as a warning when it is a *warning.
+func (f *Findings) add(ps []error) {
+	for _, p := range ps {
+		var w *warning
+		if errors.As(p, &w) {
+			f.Warnings = append(f.Warnings, p)
+		} else {
+			f.Errors = append(f.Errors, p)
+		}
+	}
+}
 
 // warning is a problem `sluice validate` prints without failing: the
 // configuration works, but not as intended or not as narrowly as it could.

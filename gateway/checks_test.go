@@ -31,6 +31,10 @@ func TestUpstreamProblems(t *testing.T) {
 		{"wider than needed", "https://10.1.2.3", false, []string{"10.0.0.0/8"}, nil,
 			[]string{"connectors[0].allow_private[0]: 10.0.0.0/8 admits 16777216 addresses where the base URL needs only 10.1.2.3: narrow it to 10.1.2.3/32"}},
 		{"exactly the host", "https://10.1.2.3", false, []string{"10.1.2.3/32"}, nil, nil},
+		{"a bare address is the host alone (/32)", "https://10.1.2.3", false, []string{"10.1.2.3"}, nil, nil},
+		{"a bare address elsewhere admits nothing", "https://10.1.2.3", false, []string{"10.1.2.4"},
+			[]string{"10.1.2.3 is a private address and no connectors[0].allow_private entry covers it"},
+			[]string{"connectors[0].allow_private[0]: 10.1.2.4 does not cover the base URL's address 10.1.2.3"}},
 		{"ULA wider than needed", "https://[fd12:3456::1]", false, []string{"fd12:3456::/64"}, nil,
 			[]string{"fd12:3456::/64 admits 18446744073709551616 addresses where the base URL needs only fd12:3456::1: narrow it to fd12:3456::1/128"}},
 		{"public: allow_private not needed", "https://93.184.215.14", false, []string{"10.0.0.0/8"}, nil,
@@ -50,10 +54,7 @@ func TestUpstreamProblems(t *testing.T) {
 			if !tc.fromSpec {
 				cc.BaseURL = tc.baseURL
 			}
-			up := &upstream{cfg: cc, conn: &connectors.Connector{Slug: "api", BaseURL: u}}
-			for _, p := range tc.allow {
-				up.allow = append(up.allow, netip.MustParsePrefix(p).Masked())
-			}
+			up := &upstream{cfg: cc, conn: &connectors.Connector{Slug: "api", BaseURL: u}, allow: allowPrivate(cc)}
 			cfg := &config.Config{Connectors: []config.Connector{cc}}
 			var f Findings
 			f.add(upstreamProblems(cfg, &catalog{connectors: map[string]*upstream{"api": up}}))

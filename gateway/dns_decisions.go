@@ -28,7 +28,11 @@ type dnsDecisionKey struct {
 // the name) goes to policy. c carries the decision for the audit record
 // of a refusal either way.
 func (e *rawEgress) allowDNS(ctx context.Context, c *egressCall, host string) bool {
-	eng := e.s.engine.Load()
+	if narrowedOut(c.caller, host) { // narrow.go: before policy and its cache
+		c.decision, c.decided = narrowDecision, true
+		return false
+	}
+	eng := e.d.Engine()
 	v := eng.Version()
 	k := dnsDecisionKey{caller: c.caller, host: host}
 	now := c.start
@@ -40,7 +44,7 @@ func (e *rawEgress) allowDNS(ctx context.Context, c *egressCall, host string) bo
 		st.decisions.put(eng, v, k, d, now)
 	}
 	c.decision, c.decided = d, true
-	e.s.tel.decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), e.s.tel.ruleLabel(d.Rule))) // no span: see reply in answer
+	e.d.Decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), e.d.RuleLabel(d.Rule))) // no span: see reply in answer
 	return d.Action == policy.Allow
 }
 

@@ -44,16 +44,16 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 	}
 	var nb [256]byte
 	name := string(dns.AppendName(nb[:0], q.Name))
-	caller := policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}
+	caller := callerOf(id)
 	now := time.Now()
-	eng := e.s.engine.Load()
+	eng := e.d.Engine()
 	st := e.subs.state
 	d, ok := st.decisions.get(eng, eng.Version(), dnsDecisionKey{caller: caller, host: name}, now)
-	if !ok || d.Action != policy.Allow || guard.NameClass(name) != guard.Public {
+	if !ok || d.Action != policy.Allow || guard.NameClass(name) != guard.Public || narrowedOut(caller, name) {
 		return dst, false
 	}
 	if caller.Session != "" {
-		if ended, err := e.s.store.SessionEnded(ctx, caller.Session); err != nil || ended {
+		if e.d.Session(ctx, caller.Session) != nil {
 			return dst, false // answer refuses it, audited (sessionGate)
 		}
 	}
@@ -65,7 +65,7 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 		if e.res == nil {
 			return dst, false
 		}
-		if addrs, ttl, ok = e.res.cached(name, q.Type); !ok || len(addrs) == 0 {
+		if addrs, ttl, ok = e.res.Cached(name, q.Type); !ok || len(addrs) == 0 {
 			return dst, false
 		}
 		for _, a := range addrs {
@@ -116,7 +116,7 @@ func (t *dnsTally) flush(e *rawEgress) {
 
 func (t *dnsTally) flushDecisions(e *rawEgress) {
 	if t.decisions > 0 {
-		e.s.tel.decisions.Add(context.Background(), t.decisions, e.subs.state.decOpts.get(t.action, e.s.tel.ruleLabel(t.rule)))
+		e.d.Decisions.Add(context.Background(), t.decisions, e.subs.state.decOpts.get(t.action, e.d.RuleLabel(t.rule)))
 		t.decisions = 0
 	}
 }

@@ -96,7 +96,7 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 	// (REFUSED) and dials a new stream. Without this, Shutdown would wait
 	// for the stream's idle time, far past its grace period.
 	var stopping atomic.Bool
-	defer e.s.stop.onStop(func() {
+	defer e.d.OnStop(func() {
 		stopping.Store(true)
 		_ = rc.SetReadDeadline(time.Now())
 	})()
@@ -131,7 +131,7 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 		}
 		n := int(binary.BigEndian.Uint16(head))
 		if n == 0 || n > maxDNSMessage {
-			e.s.log.Warn("dns stream: bad frame; stream closed", "sandbox", id.Sandbox, "agent", id.Agent, "frame_len", n)
+			e.d.Log.Warn("dns stream: bad frame; stream closed", "sandbox", id.Sandbox, "agent", id.Agent, "frame_len", n)
 			return
 		}
 		frame, err := br.Peek(2 + n)

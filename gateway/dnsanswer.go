@@ -14,10 +14,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
-	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -33,7 +33,7 @@ const answerTTL = 300
 // is a stream of questions answered as they come (dns_stream.go).
 func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	id, ok := identityFrom(r.Context())
+	id, ok := e.d.Identity(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
@@ -71,7 +71,7 @@ func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 //   - other types of an allowed name → NOERROR with no records.
 func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
 	c := &egressCall{rid: rid, start: time.Now(), kind: "dns",
-		caller: policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User}}
+		caller: callerOf(id)}
 	q := new(mdns.Msg)
 	reply := func(rcode int, rrs []mdns.RR) []byte {
 		m := new(mdns.Msg)
@@ -138,13 +138,13 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 	if e.res == nil {
 		return reply(mdns.RcodeServerFailure, nil)
 	}
-	addrs, ttl, err := e.res.lookup(ctx, name, qn.Qtype)
+	addrs, ttl, err := e.res.Lookup(ctx, name, qn.Qtype)
 	if err != nil {
-		var rc *rcodeError
-		if errors.As(err, &rc) && rc.rcode == mdns.RcodeNameError {
+		var rc *dns.RcodeError
+		if errors.As(err, &rc) && rc.Rcode == mdns.RcodeNameError {
 			return reply(mdns.RcodeNameError, nil)
 		}
-		e.s.log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
+		e.d.Log.Warn("dns: upstream failed", "request_id", rid, "dest_host", name, "err", err)
 		return reply(mdns.RcodeServerFailure, nil)
 	}
 	rrs := make([]mdns.RR, 0, len(addrs))
@@ -220,8 +220,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_exfiltration_signal", f), false)
-		e.s.log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+		_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
+		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
 	label, _, _ := strings.Cut(name, ".")
@@ -232,8 +232,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.s.appendAudit(ctx, auditRecord(c.rid, "dns_high_entropy", f), false)
-			e.s.log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+			_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_high_entropy", withEgress(f, c.caller)), false)
+			e.d.Log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}
 	}

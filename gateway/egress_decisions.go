@@ -65,7 +65,7 @@ func requestKey(req *policy.Request) [sha256.Size]byte {
 // cache. On a miss the input document goes to the current engine exactly
 // as without the cache.
 func (e *rawEgress) decideCached(ctx context.Context, c *egressCall, req *policy.Request) policy.Decision {
-	eng := e.s.engine.Load()
+	eng := e.d.Engine()
 	v := eng.Version()
 	now := time.Now()
 	k := egressDecisionKey{caller: c.caller, kind: c.kind, req: requestKey(req)}

@@ -203,8 +203,8 @@ func TestEgressSplicedTunnel(t *testing.T) {
 
 // TestEgressSplicedTunnelIdle: a tunnel relayed by relayTCP still ends when nothing
 // moves for egress.idle_timeout, with its result record; and the sandbox
-// listener's own idle watchdog (handoffIdle, shortened here) does not cut
-// a tunnel that is moving bytes below identConn's Read and Write.
+// listener's own idle watchdog (ingress.DefaultHandoffIdle, shortened here) does not cut
+// a tunnel that is moving bytes below ingress.Conn's Read and Write.
 func TestEgressSplicedTunnelIdle(t *testing.T) {
 	t.Run("idles out per egress.idle_timeout", func(t *testing.T) {
 		const idle = 300 * time.Millisecond
@@ -251,7 +251,7 @@ func TestEgressSplicedTunnelIdle(t *testing.T) {
 		be := startBenchEgressIdle(t, "", func(c *config.Config) { c.Egress.IdleTimeout = config.Duration(10 * time.Second) }, listenIdle)
 		st := openSpliceTunnel(t, be)
 		// 1.2s of requests, one every 50ms: twelve listener periods in
-		// which no Read or Write passes through identConn.
+		// which no Read or Write passes through ingress.Conn.
 		for i := range 24 {
 			time.Sleep(listenIdle / 2)
 			if _, err := st.get("/x"); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -155,12 +156,12 @@ func rawEgressFor(t *testing.T, u *rawUpstream, headerTimeout time.Duration) *be
 		return (&net.Dialer{}).DialContext(ctx, network, u.ln.Addr().String())
 	}})
 	be := &benchEgress{g: g, eg: eg, sock: filepath.Join(g.dir, "raw.sock"), conns: map[string]map[string]bool{}}
-	sl, err := listenSandbox(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {})
+	sl, err := ingress.Listen(ingress.Options{Socket: be.sock, TrustedUIDs: g.cfg.Gateway.TrustedRelayUIDs, Log: g.log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(eg.serveProxy), ConnContext: connContext, MaxHeaderBytes: 64 << 10}
-	go func() { _ = srv.Serve(strictHeads{sl}) }()
+	srv := &http.Server{Handler: http.HandlerFunc(eg.serveProxy), ConnContext: ingress.ConnContext, MaxHeaderBytes: 64 << 10}
+	go func() { _ = srv.Serve(ingress.StrictHeads(sl)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return be
 }

@@ -31,7 +31,9 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
@@ -109,6 +111,10 @@ type Server struct {
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
+
+	// sharedLimits: agents[].rate_limit across the replicas of a shared
+	// store (ratelimit_shared.go).
+	sharedLimits sharedLimits
 
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
 
@@ -209,7 +215,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		log.Warn("audit: removed an unfinished last line", "path", cfg.Audit.Path, "bytes", n,
 			"reason", "a write that did not complete before the last stop (full disk or crash); never acknowledged")
 	}
-	if s.store, err = store.Open(ctx, cfg.Store); err != nil {
+	if s.store, err = store.OpenWith(ctx, cfg.Store, store.Options{AuditLog: cfg.Audit.Path}); err != nil {
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -247,9 +253,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	return s, nil
 }
 
-// loadCatalog loads every connector's spec and decides how its credential
-// is attached (newCredPlan). errs refuse serve; warns are printed.
-func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (c *catalog, warns []error, err error) {
+// loadCatalogWith loads every connector's spec and decides how its credential
+// is attached (newCredPlan); sl adds validate's strictness and defect
+// report to each load. errs refuse serve; warns are printed.
+func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, sl specLoad) (c *catalog, warns []error, err error) {
 	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
 	var errs []error
 	local := existingLocal(cfg)
@@ -257,7 +264,7 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (c *c
 		key := fmt.Sprintf("connectors[%d]", i)
 		allow := allowPrivate(cc)
 		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
-		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict})
+		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
 			continue
@@ -330,35 +337,22 @@ func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration) 
 	}
 }
 
-func (s *Server) rules() []policy.Rule {
-	rules := make([]policy.Rule, len(s.cfg.Policies))
-	for i, p := range s.cfg.Policies {
-		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
-	}
-	return rules
-}
-
 func (s *Server) loadPolicy(ctx context.Context) error {
 	s.policyMu.Lock()
 	defer s.policyMu.Unlock()
 	if e := s.engine.Load(); e != nil {
 		return e.Reload(ctx) // OnReload records the outcome
 	}
-	e, err := policy.New(ctx, policy.Config{
-		Rules:        s.rules(),
-		Paths:        s.cfg.Rego,
-		Egress:       egressAllowlists(s.cfg),
-		ConnectPorts: s.cfg.Egress.ConnectPorts,
-		Logger:       s.log,
-		// Called for every reload, by SIGHUP or by Watch on a file change.
-		OnReload: func(ok bool, err error) {
-			s.tel.reload(ok)
-			s.setPolicyErr(err)
-			if ok {
-				s.mcpChanged() // what a caller may list may have changed
-			}
-		},
-	})
+	pc := PolicyConfig(s.cfg, s.log)
+	// Called for every reload, by SIGHUP or by Watch on a file change.
+	pc.OnReload = func(ok bool, err error) {
+		s.tel.reload(ok)
+		s.setPolicyErr(err)
+		if ok {
+			s.mcpChanged() // what a caller may list may have changed
+		}
+	}
+	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
 	if err != nil {
@@ -383,84 +377,23 @@ func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 	return s.engine.Load().Decide(ctx, in) // a nil *Engine blocks
 }
 
-// Findings are the problems Check found in a configuration: Errors make
-// `sluice validate` fail (serve refuses most of them too); Warnings are
-// printed and do not.
-type Findings struct {
-	Errors   []error
-	Warnings []error
-}
-
-// Validate is the dry run of New for `sluice validate`: Check's errors,
-// joined.
-func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
-	return errors.Join(Check(ctx, cfg, opts).Errors...)
-}
-
-// Check loads every spec, decides how each credential is attached,
-// compiles the Rego, checks every secret reference, and checks what would
-// fail at runtime (upstreamProblems, askProblems); it returns every problem
-// found, each naming its config key. It writes nothing and listens on
-// nothing.
-func Check(ctx context.Context, cfg *config.Config, opts Options) Findings {
-	var f Findings
-	cat, warns, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
-	if err != nil {
-		f.Errors = append(f.Errors, err)
-	}
-	f.Warnings = append(f.Warnings, warns...)
-	rules := make([]policy.Rule, len(cfg.Policies))
-	for i, p := range cfg.Policies {
-		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
-		if !strings.ContainsAny(p.Match, "*?") && cat != nil {
-			if _, ok := cat.tools[p.Match]; !ok && err == nil {
-				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
-			}
-		}
-	}
-	if _, perr := policy.New(ctx, policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: opts.Logger}); perr != nil {
-		f.Errors = append(f.Errors, fmt.Errorf("rego: %w", perr))
-	}
-	if cfg.Gateway.RelayTLS.Listen != "" {
-		if _, err := relayTLSConfig(cfg.Gateway.RelayTLS); err != nil {
-			f.Errors = append(f.Errors, err)
-		}
-	}
-	f.Errors = append(f.Errors, checkSecretRefs(ctx, cfg)...)
-	f.Errors = append(f.Errors, dohAllowlistProblems(cfg)...)
-	f.add(upstreamProblems(cfg, cat))
-	f.add(askProblems(cfg))
-	return f
-}
-
-// add files each problem as an error, or as a warning when it is a *warning.
-func (f *Findings) add(ps []error) {
-	for _, p := range ps {
-		var w *warning
-		if errors.As(p, &w) {
-			f.Warnings = append(f.Warnings, p)
-		} else {
-			f.Errors = append(f.Errors, p)
-		}
-	}
-}
-
 // Serve listens on the sandbox socket and the admin address and serves
 // until ctx ends. It returns when both listeners are closed.
 func (s *Server) Serve(ctx context.Context) error {
 	gc := s.cfg.Gateway
-	sl, err := listenSandboxWith(gc.SandboxSocket, gc.TrustedRelayUIDs, s.log, s.tel.refused, handoffIdle, listenLimits{
-		maxConns: gc.MaxConnections, maxPerSandbox: gc.MaxConnectionsPerSandbox,
-		body: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate},
+	sl, err := ingress.Listen(ingress.Options{
+		Socket: gc.SandboxSocket, TrustedUIDs: gc.TrustedRelayUIDs, Log: s.log, Refused: s.tel.refused,
+		MaxConns: gc.MaxConnections, MaxPerSandbox: gc.MaxConnectionsPerSandbox,
+		Body: h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate},
 	})
 	if err != nil {
 		return err
 	}
 	if rt := s.cfg.Gateway.RelayTLS; rt.Listen != "" {
-		tcfg, err := relayTLSConfig(rt)
+		tcfg, err := ingress.RelayTLSConfig(rt)
 		if err == nil {
 			var a net.Addr
-			if a, err = sl.listenRelayTLS(rt.Listen, tcfg); err == nil {
+			if a, err = sl.ListenRelayTLS(rt.Listen, tcfg); err == nil {
 				addr := a.String()
 				s.relayAddr.Store(&addr)
 			}
@@ -475,10 +408,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		ConnContext:       s.connContext, // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    maxHeaderBytes, // strict.go refuses longer heads first, with JSON
+		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}}
-	listeners := []net.Listener{strictHeads{sl}} // strict.go: framing checked before parsing
+	listeners := []net.Listener{ingress.StrictHeads(sl)} // framing checked before parsing
 	if s.cfg.Gateway.AdminListen != "" {
 		al, err := net.Listen("tcp", s.cfg.Gateway.AdminListen)
 		if err != nil {
@@ -657,89 +590,11 @@ func (s *Server) flushUsage(ctx context.Context) {
 
 func (s *Server) count(agent, tool, action string) { s.usage.add(usageKey{agent, tool, action}) }
 
-// shutdownGrace bounds a graceful shutdown: requests still running after
-// it have their connections closed.
-const shutdownGrace = 10 * time.Second
-
-// shutdown stops servers gracefully. Long-lived requests are told first
-// (stopHooks.begin: a DNS stream stops reading questions, answers those in
-// flight and ends its body), so that Shutdown waits for them only as long
-// as their answers take; whatever still runs after shutdownGrace has its
-// connection closed rather than outliving Serve. Then the idle upstream
-// connections of raw egress are closed.
-func (s *Server) shutdown(servers []*http.Server) {
-	s.stop.begin()
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	for _, srv := range servers {
-		if err := srv.Shutdown(ctx); err != nil {
-			s.log.Warn("gateway: shutdown: grace period over; closing the connections still busy", "grace", shutdownGrace.String(), "err", err)
-			_ = srv.Close()
-		}
+// egressAllowlists maps each agent to its agents[].egress list for policy.
+func egressAllowlists(cfg *config.Config) map[string][]string {
+	m := make(map[string][]string, len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		m[a.Name] = a.Egress
 	}
-	s.stop.closeAll()
-}
-
-// stopHooks is what a shutdown must reach that http.Server.Shutdown does
-// not: requests that would otherwise run on (DNS streams wait for
-// questions for minutes), and the upstream transports of raw egress,
-// which keep idle connections open.
-type stopHooks struct {
-	mu       sync.Mutex
-	stopping bool
-	next     uint64
-	running  map[uint64]func() // told when the shutdown begins
-	closers  []func()          // run when the servers have stopped, and by Close
-}
-
-// onStop arranges for f to run once when the shutdown begins, or at once if
-// it has begun. The returned func unregisters f; once it returns, f is not
-// running and will not run. f runs with the hooks locked: it must be quick
-// and must not call back.
-func (h *stopHooks) onStop(f func()) (unregister func()) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.stopping {
-		f()
-		return func() {}
-	}
-	if h.running == nil {
-		h.running = map[uint64]func(){}
-	}
-	h.next++
-	k := h.next
-	h.running[k] = f
-	return func() {
-		h.mu.Lock()
-		delete(h.running, k)
-		h.mu.Unlock()
-	}
-}
-
-// begin tells every registered request that the shutdown began.
-func (h *stopHooks) begin() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.stopping = true
-	for k, f := range h.running {
-		f()
-		delete(h.running, k)
-	}
-}
-
-// atClose adds f to what runs when the servers have stopped.
-func (h *stopHooks) atClose(f func()) {
-	h.mu.Lock()
-	h.closers = append(h.closers, f)
-	h.mu.Unlock()
-}
-
-// closeAll runs the closers; it may run more than once.
-func (h *stopHooks) closeAll() {
-	h.mu.Lock()
-	fs := slices.Clone(h.closers)
-	h.mu.Unlock()
-	for _, f := range fs {
-		f()
-	}
+	return m
 }

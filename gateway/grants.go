@@ -36,6 +36,9 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 	}
 	key := holds.GrantKey{Agent: c.rec.Agent, User: c.rec.User, Tool: tool.Name, SHA256: hr.Hash()}
 	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
+	if e := storeRefusal(err); e != nil {
+		return false, e
+	}
 	if err != nil {
 		// Fail closed: an unreadable store allows nothing.
 		e := refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "standing approvals cannot be read; the call was not sent").Wrap(err)
@@ -48,6 +51,9 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 		"grant": g.ID, "hold": g.Hold, "granted_by": g.By, "grant_expires": g.Expires.Format(time.RFC3339),
 		"tool": tool.Name, "sha256": key.SHA256, "rule": c.decision.Rule,
 		"sandbox": c.rec.Sandbox, "agent": c.rec.Agent, "session": c.rec.Session, "user": c.rec.User,
+	}
+	if c.rec.Egress != "" {
+		f["egress"] = c.rec.Egress
 	}
 	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)

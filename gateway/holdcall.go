@@ -64,8 +64,8 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		cred = credentialLabel(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
-		Tool: tool.Name, Args: argDoc, Request: hr, Credential: cred,
-		Caller:    holds.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User},
+		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,
+		Caller:    holds.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User, Egress: c.rec.Egress},
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rec.RequestID,
 		IdempotencyHeader: tool.IdempotencyHeader,
@@ -77,6 +77,8 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		return call.Outcome{}, refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrAudit):
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; the call was not held and not sent").Wrap(err)
+	case storeRefusal(err) != nil:
+		return call.Outcome{}, storeRefusal(err)
 	case err != nil:
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held for approval; it was not sent").Wrap(err)
 	}
@@ -105,6 +107,9 @@ func (s *Server) awaitHold(ctx context.Context, c *toolCall, id string) (call.Ou
 	}
 	bound = max(bound, 0)
 	h, err := s.waitHold(ctx, id, bound, c.req.Progress, c.req.ProgressEvery)
+	if e := storeRefusal(err); e != nil {
+		return call.Outcome{}, e
+	}
 	if err != nil {
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read").Wrap(err)
 	}
@@ -182,6 +187,9 @@ func (s *Server) Poll(ctx context.Context, id wire.Identity, hold string, wait t
 	h, err := s.holds.Get(ctx, hold)
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User})) {
 		return refused(refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"))
+	}
+	if e := storeRefusal(err); e != nil {
+		return refused(e)
 	}
 	if err != nil {
 		return refused(refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the hold could not be read"))

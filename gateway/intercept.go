@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/mitm"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
@@ -290,7 +291,7 @@ func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
 // connections go to exactly the classified address, over TLS verified
 // against the system roots (or egress.intercept.upstream_ca_file).
 func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn, r io.Reader, addr netip.Addr) error {
-	in := e.s.icpt
+	in := e.d.Interceptor
 	leaf, err := in.ca.Leaf(tunnel.destHost)
 	if err != nil {
 		return err
@@ -319,7 +320,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 		ForceAttemptHTTP2:      true, // HTTP/2 when the upstream offers it (gRPC needs it end to end)
 		MaxIdleConnsPerHost:    2,
 		IdleConnTimeout:        e.idle,
-		ResponseHeaderTimeout:  e.s.cfg.Gateway.UpstreamTimeout.Std(),
+		ResponseHeaderTimeout:  e.d.Config.Gateway.UpstreamTimeout.Std(),
 		MaxResponseHeaderBytes: 64 << 10,
 	}
 	defer tr.CloseIdleConnections()
@@ -350,7 +351,7 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 // interceptRequest decides and sends one request of an intercepted tunnel.
 func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
 	ctx := r.Context()
-	in := e.s.icpt
+	in := e.d.Interceptor
 	c := &egressCall{rid: refusal.NewRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
 	c.destIP.Store(tunnel.destIP.Load())
 	if err := checkProxyRequest(r); err != nil {
@@ -397,7 +398,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	var scr *scrub.Scrubber
 	if b := pl.subst; b != nil {
-		sec, err := e.s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: b.cfg.Secret, Caller: c.caller})
+		sec, err := e.d.Credential(ctx, b.cfg.Secret, c.caller)
 		if err != nil {
 			ee := egressRefuse(http.StatusServiceUnavailable, refusal.CredentialUnavailable, psDenied, "the secret bound to this placeholder is unavailable")
 			ee.Wrap(err)
@@ -462,21 +463,21 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		})
 		out.Body = det
 	}
-	var bb *boundedBody // the inner request's body bound (B10)
+	var bb *h1.BoundedBody // the inner request's body bound (B10)
 	if out.Body != nil && out.Body != http.NoBody {
-		gc := e.s.cfg.Gateway
-		bb = &boundedBody{rc: out.Body, ctl: http.NewResponseController(w),
-			lim: bodyLimit{timeout: gc.RequestBodyTimeout.Std(), minRate: gc.RequestBodyMinRate}}
+		gc := e.d.Config.Gateway
+		bb = h1.Bound(out.Body, http.NewResponseController(w),
+			h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate})
 		out.Body = bb
 	}
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
 		ee := dialRefusal(c, err)
-		if bb != nil && bb.timedOut.Load() {
+		if bb != nil && bb.TimedOut() {
 			c.event = "request_timeout"
 			ee = egressRefuse(http.StatusRequestTimeout, refusal.RequestTimeout, psBadRequest, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
-				bb.lim.timeout, bb.lim.minRate))
+				bb.Limit().Timeout, bb.Limit().MinRate))
 			w.Header().Set("Connection", "close")
 		}
 		c.status = ee.Status
@@ -487,7 +488,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		return
 	}
 	c.upstreamStatus = resp.StatusCode
-	e.s.tel.upstreamAnswered("", "intercept", resp.StatusCode)
+	e.d.UpstreamAnswered("", "intercept", resp.StatusCode)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		e.relayWebSocket(w, c, key, resp, scr, switched)
 		return
@@ -497,7 +498,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	reflected := false
 	var body []byte
 	if scr != nil {
-		limit := e.s.cfg.Gateway.MaxResponseBytes
+		limit := e.d.Config.Gateway.MaxResponseBytes
 		body, err = io.ReadAll(io.LimitReader(resp.Body, limit+1))
 		if err != nil || int64(len(body)) > limit {
 			e.upstreamFailed(w, c, fmt.Sprintf("the upstream reply could not be read whole (limit %d bytes) to be checked for the secret", limit))
@@ -506,7 +507,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		// The one check tool calls pass too (THREATS D11).
 		var bf bool
 		if body, bf, err = scr.Reply(resp.Header, body, limit); err != nil {
-			c.upstreamErr = replyReason(err)
+			c.upstreamErr = scrub.ReplyReason(err)
 			e.upstreamFailed(w, c, err.Error())
 			return
 		}
@@ -518,7 +519,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	c.status = resp.StatusCode
 	if reflected {
-		e.s.tel.reflected.Add(ctx, 1)
+		e.d.Reflected.Add(ctx, 1)
 		if ee := e.record(ctx, c, "secret_reflected", nil, false); ee != nil {
 			e.refuse(w, c, ee)
 			return
@@ -554,6 +555,15 @@ func (e *rawEgress) upstreamFailed(w http.ResponseWriter, c *egressCall, msg str
 	refusal.Write(w, ee.Error, c.rid)
 }
 
+// caCertPEM is the interception CA's certificate in PEM, for sandbox
+// trust stores; nil when interception is off.
+func (in *interceptor) caCertPEM() []byte {
+	if in == nil {
+		return nil
+	}
+	return in.ca.CertPEM()
+}
+
 // placeholderView is one entry of GET /api/v1/placeholders.
 type placeholderView struct {
 	Secret      string   `json:"secret"`
@@ -563,33 +573,14 @@ type placeholderView struct {
 	Prefix      string   `json:"prefix,omitempty"`
 }
 
-// adminIntercept routes GET /ca.pem (the interception CA's certificate,
-// for sandbox trust stores; public: it is a certificate) and GET
-// /api/v1/placeholders (what sandboxd puts in a sandbox's environment) on
-// the admin listener. The placeholders are not secret values, but they are
-// what the gateway swaps for one toward a bound host, so only sandboxd (a
-// token of gateway.session_tokens_sha256) or an approver may read them:
-// anyone else is 401 unauthenticated.
-func (s *Server) adminIntercept(mux *http.ServeMux) {
-	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
-		if s.icpt == nil {
-			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "TLS interception is not configured"), refusal.NewRequestID())
-			return
+// placeholders lists the egress.placeholders entries with the placeholder
+// each stands as; empty when none are configured.
+func (in *interceptor) placeholders() []placeholderView {
+	views := []placeholderView{}
+	if in != nil {
+		for _, b := range in.phs {
+			views = append(views, placeholderView{Secret: b.cfg.Secret, Placeholder: b.token, Hosts: b.cfg.Hosts, Header: b.cfg.Header, Prefix: b.cfg.Prefix})
 		}
-		w.Header().Set("Content-Type", "application/x-pem-file")
-		_, _ = w.Write(s.icpt.ca.CertPEM())
-	})
-	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := s.sessionCaller(r); !ok {
-			refusal.WriteUnauthenticated(w, "an approver token or a session token is required", refusal.NewRequestID())
-			return
-		}
-		views := []placeholderView{}
-		if s.icpt != nil {
-			for _, b := range s.icpt.phs {
-				views = append(views, placeholderView{Secret: b.cfg.Secret, Placeholder: b.token, Hosts: b.cfg.Hosts, Header: b.cfg.Header, Prefix: b.cfg.Prefix})
-			}
-		}
-		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": views})
-	})
+	}
+	return views
 }

@@ -118,7 +118,7 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	resp.Header.Set("Upgrade", "websocket")
 	c.status = http.StatusSwitchingProtocols
 	if reflected {
-		e.s.tel.reflected.Add(context.Background(), 1)
+		e.d.Reflected.Add(context.Background(), 1)
 		if ee := e.record(context.Background(), c, "secret_reflected", nil, false); ee != nil {
 			e.refuse(w, c, ee)
 			return
@@ -155,8 +155,8 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 			_, err = copyCounted(conn, up, &c.bytesDn, touch)
 			return
 		}
-		err = copyWSScrubbed(conn, up, scr, e.s.cfg.Gateway.MaxResponseBytes, &c.bytesDn, touch, func() {
-			e.s.tel.reflected.Add(context.Background(), 1)
+		err = copyWSScrubbed(conn, up, scr, e.d.Config.Gateway.MaxResponseBytes, &c.bytesDn, touch, func() {
+			e.d.Reflected.Add(context.Background(), 1)
 			_ = e.record(context.Background(), c, "secret_reflected", nil, false)
 		})
 		if errors.Is(err, errWSProtocol) {

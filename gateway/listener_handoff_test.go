@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -486,12 +487,12 @@ func TestHandoffIdle(t *testing.T) {
 	g := startGateway(t, up.URL, "", nil)
 	const idle = 300 * time.Millisecond
 	sock := g.dir + "/idle.sock"
-	sl, err := listenSandboxIdle(sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {}, idle)
+	sl, err := ingress.Listen(ingress.Options{Socket: sock, TrustedUIDs: g.cfg.Gateway.TrustedRelayUIDs, Log: g.log, HandoffIdle: idle})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: g.Server.sandboxHandler(), ConnContext: connContext, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-	go func() { _ = srv.Serve(strictHeads{sl}) }()
+	srv := &http.Server{Handler: g.Server.sandboxHandler(), ConnContext: ingress.ConnContext, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	go func() { _ = srv.Serve(ingress.StrictHeads(sl)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	dial := func(t *testing.T) net.Conn {
 		c, err := newHandoffDialer(t, sock, agentA, "tcp").DialContext(context.Background(), "", "")

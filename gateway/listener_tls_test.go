@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -259,7 +260,7 @@ func TestRelayTLSConfigErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := relayTLSConfig(tc.rt)
+			_, err := ingress.RelayTLSConfig(tc.rt)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}

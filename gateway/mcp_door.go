@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -16,7 +17,7 @@ import (
 func (s *Server) newMCPDoor() *mcp.Door {
 	g := s.cfg.Gateway
 	d := mcp.New(mcp.Deps{
-		Identify: func(r *http.Request) (wire.Identity, bool) { return identityFrom(r.Context()) },
+		Identify: func(r *http.Request) (wire.Identity, bool) { return ingress.IdentityFrom(r.Context()) },
 		Tools:    s.Tools,
 		Call:     s.Call,
 		Poll:     s.Poll,

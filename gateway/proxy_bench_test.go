@@ -23,12 +23,12 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/guard"
-	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // benchEgress is raw egress served on its own sandbox socket, exactly as
-// Serve wires it (sandbox listener, strictHeads, the proxy handler), whose
+// Serve wires it (sandbox listener, ingress.StrictHeads, the proxy handler), whose
 // guarded dialer connects every admitted public address to a loopback
 // upstream: pkg.example resolves to a public address, is classified and
 // admitted as usual, and only the final connect goes to 127.0.0.1.
@@ -50,7 +50,7 @@ type benchEgress struct {
 // configuration further.
 func startBenchEgress(b testing.TB, auditDir string, edit func(*config.Config)) *benchEgress {
 	b.Helper()
-	return startBenchEgressIdle(b, auditDir, edit, handoffIdle)
+	return startBenchEgressIdle(b, auditDir, edit, ingress.DefaultHandoffIdle)
 }
 
 // startBenchEgressIdle is startBenchEgress with the sandbox listener's
@@ -102,18 +102,18 @@ func startBenchEgressIdle(b testing.TB, auditDir string, edit func(*config.Confi
 	}})
 	be.eg = eg
 	be.sock = filepath.Join(g.dir, "bench.sock")
-	sl, err := listenSandboxIdle(be.sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {}, listenIdle)
+	sl, err := ingress.Listen(ingress.Options{Socket: be.sock, TrustedUIDs: g.cfg.Gateway.TrustedRelayUIDs, Log: g.log, HandoffIdle: listenIdle})
 	if err != nil {
 		b.Fatal(err)
 	}
 	srv := &http.Server{
 		Handler:           http.HandlerFunc(eg.serveProxy),
-		ConnContext:       connContext,
+		ConnContext:       ingress.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 	}
-	go func() { _ = srv.Serve(strictHeads{sl}) }()
+	go func() { _ = srv.Serve(ingress.StrictHeads(sl)) }()
 	b.Cleanup(func() { _ = srv.Close() })
 	return be
 }
@@ -222,7 +222,7 @@ func (be *benchEgress) direct() *http.Client {
 // (egress_decisions.go) and is evaluated by Rego: the worst case.
 // "connect/tunnel-handoff" hands the client's TCP socket over as sandboxd's
 // relay does, so the tunnel is relayed socket to socket (relayTCP);
-// "-copyloop" is the same through identConn's readers (splice), as before
+// "-copyloop" is the same through ingress.Conn's readers (splice), as before
 // relayTCP; the "connect-1MiB" rows download 1 MiB per request. cpu-µs/op
 // is the whole process's CPU time per request (client and upstreams
 // included), which the machine's other load disturbs less than ns/op.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // sandboxEventKinds are the events a sandbox host reports: a command of a
@@ -31,8 +32,9 @@ type sandboxEvent struct {
 	Agent   string `json:"agent"`
 	Session string `json:"session"`
 	User    string `json:"user"`
-	Host    string `json:"host"`            // the sandbox host (sandboxd's host)
-	Limit   int64  `json:"limit,omitempty"` // the limit reached: memory bytes (oom), processes (pids_limit), milliseconds (timeout)
+	Host    string `json:"host"`             // the sandbox host (sandboxd's host)
+	Limit   int64  `json:"limit,omitempty"`  // the limit reached: memory bytes (oom), processes (pids_limit), milliseconds (timeout)
+	Egress  string `json:"egress,omitempty"` // the sandbox's egress narrowing, as in its preamble
 }
 
 // adminSandboxEvents routes the sandbox-events API of the admin listener.
@@ -63,6 +65,9 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 		"host": ev.Host, "reported_by": by}
 	if ev.Limit != 0 {
 		fields["limit"] = ev.Limit
+	}
+	if ev.Egress != "" {
+		fields["egress"] = ev.Egress
 	}
 	if _, err := s.appendAudit(r.Context(), audit.Record{RequestID: rid, Event: "sandbox_" + ev.Event, Fields: fields}, false); err != nil {
 		s.log.Error("sandbox event not audited", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox, "err", err)
@@ -108,6 +113,9 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 	}
 	if ev.Limit < 0 {
 		return ev, errors.New("sandbox event: limit must not be negative")
+	}
+	if _, err := wire.ParseEgress(ev.Egress); err != nil {
+		return ev, fmt.Errorf("sandbox event: %v", err)
 	}
 	return ev, nil
 }

@@ -34,6 +34,7 @@ func TestSandboxEvents(t *testing.T) {
 			{"unknown key", "tok-sandboxd", `{"event":"oom","sandbox":"sb-1","argv":["sh"]}`, 400, "bad_request", `unknown field "argv"`},
 			{"two objects", "tok-sandboxd", good + good, 400, "bad_request", "one JSON object"},
 			{"negative limit", "tok-sandboxd", `{"event":"timeout","sandbox":"sb-1","limit":-1}`, 400, "bad_request", "limit must not be negative"},
+			{"egress not canonical", "tok-sandboxd", `{"event":"oom","sandbox":"sb-1","egress":"b.org,a.org"}`, 400, "bad_request", "egress"},
 			{"too big", "tok-sandboxd", `{"event":"oom","sandbox":"` + strings.Repeat("x", maxSandboxEventBytes) + `"}`, 400, "bad_request", "at most 4096 bytes"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
@@ -56,7 +57,7 @@ func TestSandboxEvents(t *testing.T) {
 		if r.status != 200 || rid == "" {
 			t.Fatalf("%d %s, want 200 with a request_id", r.status, r.raw)
 		}
-		r = g.admin(t, "tok-sandboxd", "POST", "/api/v1/sandbox-events", `{"event":"pids_limit","sandbox":"sb-2","limit":64}`)
+		r = g.admin(t, "tok-sandboxd", "POST", "/api/v1/sandbox-events", `{"event":"pids_limit","sandbox":"sb-2","limit":64,"egress":"pypi.org"}`)
 		if r.status != 200 {
 			t.Fatalf("pids_limit: %d %s", r.status, r.raw)
 		}
@@ -82,7 +83,7 @@ func TestSandboxEvents(t *testing.T) {
 				}
 			case "sandbox_pids_limit":
 				pids++
-				if rec.Fields["sandbox"] != "sb-2" || rec.Fields["limit"] != float64(64) {
+				if rec.Fields["sandbox"] != "sb-2" || rec.Fields["limit"] != float64(64) || rec.Fields["egress"] != "pypi.org" {
 					t.Errorf("sandbox_pids_limit record %+v", rec)
 				}
 			}

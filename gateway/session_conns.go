@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"sync"
+
+	"github.com/sluice-gw/sluice/gateway/ingress"
 )
 
 // sessionConns are the open connections of every session: each admitted
@@ -58,7 +60,7 @@ func (sc *sessionConns) add(session string, c io.Closer) (remove func()) {
 
 // closeSession closes every connection registered under session and
 // returns how many it closed. Closing runs outside the lock: an
-// identConn's Close removes itself.
+// ingress.Conn's Close removes itself.
 func (sc *sessionConns) closeSession(session string) int {
 	sc.mu.Lock()
 	set := sc.m[session]
@@ -77,13 +79,12 @@ func (sc *sessionConns) count(session string) int {
 	return len(sc.m[session])
 }
 
-// connContext attaches the admitted connection's identity to its requests
+// ingress.ConnContext attaches the admitted connection's identity to its requests
 // and registers the connection under its session, so that ending the
 // session closes it (sessionConns).
 func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
-	if ic, ok := c.(*identConn); ok {
-		remove := s.sessConns.add(ic.id.Session, ic)
-		ic.untrack.Store(&remove)
+	if ic, ok := c.(*ingress.Conn); ok {
+		ic.OnClose(s.sessConns.add(ic.Identity().Session, ic))
 	}
-	return connContext(ctx, c)
+	return ingress.ConnContext(ctx, c)
 }

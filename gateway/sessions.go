@@ -42,6 +42,9 @@ func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Er
 		return nil
 	}
 	ended, err := s.store.SessionEnded(ctx, session)
+	if e := storeRefusal(err); e != nil {
+		return e
+	}
 	if err != nil {
 		return refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "whether this session has ended cannot be read; the call was not sent").Wrap(err)
 	}
@@ -185,34 +188,4 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 
 func viewSessionEnd(e store.SessionEnd) sessionEndView {
 	return sessionEndView{Session: e.Session, Ended: e.Ended, EndedBy: e.EndedBy, Holds: e.Holds}
-}
-
-// sessionGate refuses egress of c's caller when its session has ended, or
-// when whether it has cannot be read (fail closed). decide (every proxied
-// request, CONNECT, intercepted request and WebSocket upgrade) and the DNS
-// answerer call it before policy; the DNS fast path leaves an ended
-// session's questions to the full path, which answers REFUSED. The
-// refusal's code is session_ended (or session_unavailable), and it is the
-// reason in the audit record.
-func (e *rawEgress) sessionGate(ctx context.Context, c *egressCall) *egressError {
-	aerr := e.s.sessionRefusal(ctx, c.caller.Session)
-	if aerr == nil {
-		return nil
-	}
-	c.event = string(aerr.Code)
-	return &egressError{Error: aerr, proxyStatus: psDenied}
-}
-
-// endedDuring is the refusal a tunnel's result record carries when the
-// tunnel ended because its session was ended while it was open (the end
-// closed it, sessionConns), nil otherwise.
-func (e *rawEgress) endedDuring(ctx context.Context, c *egressCall) *egressError {
-	if c.caller.Session == "" {
-		return nil
-	}
-	if ended, err := e.s.store.SessionEnded(ctx, c.caller.Session); err != nil || !ended {
-		return nil
-	}
-	c.upstreamErr = string(refusal.SessionEnded)
-	return &egressError{Error: refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session was ended; its tunnel was closed"), proxyStatus: psDenied}
 }

@@ -21,7 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/guard"
-	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -260,12 +260,12 @@ func TestShutdownClosesIdleUpstreamConnections(t *testing.T) {
 		return (&net.Dialer{}).DialContext(ctx, network, upstream.Listener.Addr().String())
 	}})
 	sock := filepath.Join(g.dir, "proxy.sock")
-	sl, err := listenSandbox(sock, g.cfg.Gateway.TrustedRelayUIDs, g.log, func(refusal.Code) {})
+	sl, err := ingress.Listen(ingress.Options{Socket: sock, TrustedUIDs: g.cfg.Gateway.TrustedRelayUIDs, Log: g.log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(eg.serveProxy), ConnContext: connContext}
-	go func() { _ = srv.Serve(strictHeads{sl}) }()
+	srv := &http.Server{Handler: http.HandlerFunc(eg.serveProxy), ConnContext: ingress.ConnContext}
+	go func() { _ = srv.Serve(ingress.StrictHeads(sl)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	callers := []wire.Identity{agentA, {Sandbox: "sb-2", Agent: "agent-a", Session: "s-2", User: "alice"}}
 	for _, id := range callers {

@@ -30,8 +30,8 @@ func SpecClient(cc config.Connector) *http.Client {
 func allowPrivate(cc config.Connector) []netip.Prefix {
 	var allow []netip.Prefix
 	for _, p := range cc.AllowPrivate {
-		if pfx, err := netip.ParsePrefix(p); err == nil {
-			allow = append(allow, pfx.Masked())
+		if pfx, err := config.ParseAllowPrivate(p); err == nil {
+			allow = append(allow, pfx)
 		}
 	}
 	return allow

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -22,12 +23,12 @@ import (
 // handleListTools is GET /v1/tools.
 func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), rid)
 		return
 	}
-	tools, e := s.Tools(r.Context(), id)
+	tools, e := s.tools(r.Context(), rid, id)
 	if e != nil {
 		refusal.Write(w, e, rid)
 		return
@@ -38,7 +39,7 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 // handleToolCall is POST /v1/tools/{tool}: the body is the arguments
 // document; Sluice-Hold names the hold a re-send is for.
 func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		// The pipeline refuses, audits and logs a call without identity.
 		id = wire.Identity{}
@@ -51,7 +52,7 @@ func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
 
 // handlePollHold is GET /v1/holds/{id}?wait=30s.
 func (s *Server) handlePollHold(w http.ResponseWriter, r *http.Request) {
-	id, ok := identityFrom(r.Context())
+	id, ok := ingress.IdentityFrom(r.Context())
 	if !ok {
 		refusal.Write(w, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "no identity"), refusal.NewRequestID())
 		return
@@ -108,6 +109,11 @@ func replyBody(o call.Outcome) result {
 // tools are listed. An agent that is not configured is refused, not
 // answered with an empty list, so a misnamed agent shows at once.
 func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *refusal.Error) {
+	return s.tools(ctx, refusal.NewRequestID(), id)
+}
+
+// tools is Tools with the request ID an audited refusal is recorded under.
+func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]call.Tool, *refusal.Error) {
 	id, e := canonicalCaller(id)
 	if e != nil {
 		return nil, e
@@ -115,6 +121,11 @@ func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *ref
 	agent := s.cfg.Agent(id.Agent)
 	if agent == nil {
 		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
+	}
+	if id.Egress != "" {
+		if e := s.checkNarrowing(ctx, rid, id, agent.Egress); e != nil { // narrow.go
+			return nil, e
+		}
 	}
 	views := []call.Tool{}
 	now := time.Now().UTC()
@@ -124,7 +135,7 @@ func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *ref
 		}
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
-		in := s.input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
 		}

@@ -96,7 +96,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	if held != nil {
 		// Not from a door: from an approval. Its record names no transport.
 		c.event, c.rec.Transport, c.rec.Tool = call.EventResult, "", held.Tool
-		c.req.Identity = wire.Identity{Sandbox: held.Caller.Sandbox, Agent: held.Caller.Agent, Session: held.Caller.Session, User: held.Caller.User}
+		c.req.Identity = wire.Identity{Sandbox: held.Caller.Sandbox, Agent: held.Caller.Agent, Session: held.Caller.Session, User: held.Caller.User, Egress: held.Caller.Egress}
 	} else if c.rec.Transport == "" {
 		c.rec.Transport = call.HTTP
 	}
@@ -129,7 +129,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// (THREATS E8): hold ownership, grants and ended sessions compare the
 	// canonical forms.
 	id, e := canonicalCaller(c.req.Identity)
-	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User = id.Sandbox, id.Agent, id.Session, id.User
+	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User, c.rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
 	if e != nil {
 		return call.Outcome{}, e
 	}
@@ -143,12 +143,18 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// Limit: the agent's rate limit, per sandbox, before any work for the
-	// call. An approved hold was limited when it was made.
+	// call (one bucket across replicas on a shared store). An approved
+	// hold was limited when it was made.
 	agent := s.cfg.Agent(id.Agent)
-	if c.held == nil && agent != nil && agent.RateLimit != nil {
-		if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
-			e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
-			e.RetryAfter = wait
+	if c.held == nil {
+		if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
+			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
+				e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
+				e.RetryAfter = wait
+				return call.Outcome{}, e
+			}
+		}
+		if e := s.sharedLimit(ctx, c.caller(), agent); e != nil {
 			return call.Outcome{}, e
 		}
 	}
@@ -179,7 +185,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Decide.
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
-	c.decide(s.Decide(dctx, s.input(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())))
+	c.decide(s.Decide(dctx, toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())))
 	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
 	if c.held == nil { // an approved hold's ask was counted when it was held
@@ -301,7 +307,14 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 	}
 	var args *connectors.Args
 	var err error
-	if !formed || len(bytes.TrimSpace(body)) > 0 {
+	var req *http.Request
+	switch {
+	case !formed && c.req.IdempotencyKey == "":
+		// Exactly what `sluice policy eval --tool` prepares (toolinput.go).
+		var a connectors.Args
+		a, req, err = prepareCall(ctx, tool, up.conn.BaseURL, body)
+		args = &a
+	case !formed || len(bytes.TrimSpace(body)) > 0:
 		if len(bytes.TrimSpace(body)) == 0 {
 			body = []byte("{}")
 		}
@@ -312,14 +325,15 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 			err = tool.Validate(a)
 		}
 		args = &a
-	}
-	var req *http.Request
-	switch {
-	case err != nil:
-	case formed:
+		switch {
+		case err != nil:
+		case formed:
+			req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+		default:
+			req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
+		}
+	default: // a formed request without arguments
 		req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
-	default:
-		req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
 	}
 	if err != nil {
 		var ae *connectors.ArgError
@@ -631,33 +645,5 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 
 // caller is the call's canonical identity as policy sees it.
 func (c *toolCall) caller() policy.Caller {
-	return policy.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User}
-}
-
-// input builds the policy input document (rego/README.md). The request part
-// is taken before any credential is attached.
-func (s *Server) input(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
-	in := &policy.Input{
-		Version:   policy.InputVersion,
-		Kind:      "tool_call",
-		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
-		Connector: t.Connector,
-		Tool:      t.Name,
-		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
-		Time:      now,
-	}
-	if args != nil {
-		in.Args = map[string]any{"path": orEmpty(args.Path), "query": orEmpty(args.Query), "headers": orEmpty(args.Headers), "body": args.Body}
-	}
-	if req != nil {
-		in.Request = policy.Request{Method: req.Method, Host: req.URL.Host, Path: req.URL.Path, Query: req.URL.Query(), Headers: req.Header.Clone()}
-	}
-	return in
-}
-
-func orEmpty(m map[string]any) map[string]any {
-	if m == nil {
-		return map[string]any{}
-	}
-	return m
+	return policy.Caller{Sandbox: c.rec.Sandbox, Agent: c.rec.Agent, Session: c.rec.Session, User: c.rec.User, Egress: c.rec.Egress}
 }

@@ -107,6 +107,11 @@ type Caller struct {
 	Agent   string `json:"agent"`
 	Session string `json:"session"`
 	User    string `json:"user"`
+	// Egress is the sandbox's narrowing of its agent's raw egress
+	// allowlist (wire.Identity.Egress; "" = none). The gateway enforces
+	// it before asking policy, so it is not part of the input document;
+	// it is here so that it travels wherever the caller does.
+	Egress string `json:"-"`
 }
 
 // Operation describes the OpenAPI operation behind a tool.

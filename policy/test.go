@@ -46,11 +46,20 @@ func (r *TestReport) OK() bool {
 // own data with `with`). A failing test is a result; the error is for files
 // that do not load or compile.
 func Test(ctx context.Context, paths []string, rules []Rule) (*TestReport, error) {
+	return TestWith(ctx, paths, Config{Rules: rules})
+}
+
+// TestWith is Test with the data of cfg — its rules and its egress
+// allowlists and ports, compiled as New compiles them — at
+// data.sluice.config, for `sluice policy test --with-config`: a test can
+// then decide through the configuration's own simple rules. cfg.Paths is
+// not used (paths says which modules and tests run).
+func TestWith(ctx context.Context, paths []string, cfg Config) (*TestReport, error) {
 	mods, err := loadModules(paths, true)
 	if err != nil {
 		return nil, err
 	}
-	store, err := rulesStore(Config{Rules: rules})
+	store, err := rulesStore(cfg)
 	if err != nil {
 		return nil, err
 	}

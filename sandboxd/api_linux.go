@@ -19,8 +19,8 @@ func (e *CeilingError) Is(target error) bool { return target == ErrInvalid }
 // maxBody bounds an API request body (files are bounded by file_bytes).
 const maxBody = 1 << 20
 
-// execBody is POST /v1/sandboxes/{id}/exec.
-type execBody struct {
+// ExecBody is POST /v1/sandboxes/{id}/exec (durations in milliseconds).
+type ExecBody struct {
 	Argv        []string          `json:"argv"`
 	Stdin       string            `json:"stdin,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
@@ -28,21 +28,22 @@ type execBody struct {
 	OutputBytes int               `json:"output_bytes,omitempty"`
 }
 
-// createBody is POST /v1/sandboxes (durations in milliseconds).
-type createBody struct {
+// CreateBody is POST /v1/sandboxes (durations in milliseconds).
+type CreateBody struct {
 	Agent      string            `json:"agent"`
 	Session    string            `json:"session,omitempty"`
 	User       string            `json:"user,omitempty"`
 	Limits     Limits            `json:"limits,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	LifetimeMS int64             `json:"lifetime_ms,omitempty"`
+	Egress     []string          `json:"egress,omitempty"`
 }
 
 // Handler serves the API; mount it on a Unix socket only root can reach.
 func (m *Manager) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
-		var b createBody
+		var b CreateBody
 		if !decode(w, r, &b) {
 			return
 		}
@@ -52,7 +53,7 @@ func (m *Manager) Handler() http.Handler {
 			return
 		}
 		in, err := m.Create(r.Context(), CreateRequest{Agent: b.Agent, Session: b.Session, User: b.User,
-			Limits: b.Limits, Env: b.Env, Lifetime: life})
+			Limits: b.Limits, Env: b.Env, Lifetime: life, Egress: b.Egress})
 		if err != nil {
 			fail(w, err)
 			return
@@ -78,7 +79,7 @@ func (m *Manager) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", func(w http.ResponseWriter, r *http.Request) {
-		var b execBody
+		var b ExecBody
 		if !decode(w, r, &b) {
 			return
 		}
@@ -194,6 +195,8 @@ func fail(w http.ResponseWriter, err error) {
 		code, status = "too_large", http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrDenied):
 		code, status = "forbidden", http.StatusForbidden
+	case errors.Is(err, ErrEgress):
+		code, status = "egress_not_granted", http.StatusForbidden
 	case errors.Is(err, ErrConflict):
 		code, status = "conflict", http.StatusConflict
 	case errors.Is(err, ErrFailed):

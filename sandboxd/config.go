@@ -15,10 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -155,63 +158,199 @@ func LoadConfig(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	return ParseConfig(b)
-}
-
-// ParseConfig decodes b strictly over Default and validates it.
-func ParseConfig(b []byte) (Config, error) {
-	c := Default()
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("config: %w", err)
-	}
-	c.Limits = c.Limits.Or(DefaultLimits)
-	if err := c.Validate(); err != nil {
-		return Config{}, err
+	c, err := ParseConfig(b)
+	if err != nil {
+		// Named as sluice names its config: "config FILE: KEY: … (line N)",
+		// one problem a line.
+		lines := strings.Split(err.Error(), "\n")
+		for i, l := range lines {
+			lines[i] = "config " + path + ": " + strings.TrimPrefix(l, "config: ")
+		}
+		return Config{}, errors.New(strings.Join(lines, "\n"))
 	}
 	return c, nil
 }
 
-// Validate checks every key, naming it in the error.
+// ParseConfig decodes b strictly over Default and validates it. Errors
+// name the key by its path and, where the file has it, its line, as
+// sluice's config errors do: "config: limits.pids: … (line 4)". Byte
+// counts under limits may be sizes ("512MiB", "1GiB").
+func ParseConfig(b []byte) (Config, error) {
+	c := Default()
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	var doc *yaml.Node
+	if len(root.Content) > 0 {
+		doc = root.Content[0]
+		if err := checkKeys(doc, reflect.TypeOf(c), ""); err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+		if err := sizeKeys(doc); err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+		if err := doc.Decode(&c); err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+	}
+	c.Limits = c.Limits.Or(DefaultLimits)
+	if err := c.Validate(); err != nil {
+		return Config{}, withLine(doc, err)
+	}
+	return c, nil
+}
+
+// UnknownKeyError names a key sandboxd.yaml does not have, and its line.
+type UnknownKeyError struct {
+	Path string
+	Line int
+}
+
+func (e *UnknownKeyError) Error() string {
+	return fmt.Sprintf("%s: unknown key (line %d)", e.Path, e.Line)
+}
+
+// checkKeys walks n against t and reports the first key t has no field
+// for, by its full path and line.
+func checkKeys(n *yaml.Node, t reflect.Type, path string) error {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if t.Kind() != reflect.Struct || n.Kind != yaml.MappingNode {
+		return nil // the decoder reports a type error
+	}
+	fields := map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name != "" && name != "-" {
+			fields[name] = t.Field(i).Type
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		p := k.Value
+		if path != "" {
+			p = path + "." + k.Value
+		}
+		ft, ok := fields[k.Value]
+		if !ok {
+			return &UnknownKeyError{Path: p, Line: k.Line}
+		}
+		if err := checkKeys(n.Content[i+1], ft, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// byteKeys are the limits given in bytes, which may be written as sizes.
+var byteKeys = []string{"memory_bytes", "workspace_bytes", "tmp_bytes", "output_bytes", "file_bytes"}
+
+// sizeKeys rewrites every size under limits ("1GiB") to its byte count,
+// in place, so that the decoder sees a number.
+func sizeKeys(doc *yaml.Node) error {
+	lim := child(doc, "limits")
+	if lim == nil {
+		return nil
+	}
+	for _, k := range byteKeys {
+		v := child(lim, k)
+		if v == nil || v.Kind != yaml.ScalarNode || v.Tag == "!!int" {
+			continue
+		}
+		n, err := ParseSize(v.Value)
+		if err != nil {
+			return fmt.Errorf("limits.%s: %w (line %d)", k, err, v.Line)
+		}
+		v.Value, v.Tag, v.Style = strconv.FormatInt(n, 10), "!!int", 0
+	}
+	return nil
+}
+
+// child is the value of key in mapping n, or nil.
+func child(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// withLine adds to each error of a Validate error ("config: KEY: …")
+// the line of KEY, when the file has that key.
+func withLine(doc *yaml.Node, err error) error {
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{err}
+	}
+	for i, e := range errs {
+		if n := keyNode(doc, e.Error()); n != nil {
+			errs[i] = fmt.Errorf("%w (line %d)", e, n.Line)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// keyNode is the node of the key msg ("config: KEY: …") names, or nil.
+func keyNode(doc *yaml.Node, msg string) *yaml.Node {
+	rest, ok := strings.CutPrefix(msg, "config: ")
+	key, _, ok2 := strings.Cut(rest, ": ")
+	if doc == nil || !ok || !ok2 {
+		return nil
+	}
+	n := doc
+	for _, k := range strings.Split(key, ".") {
+		if n = child(n, k); n == nil {
+			return nil
+		}
+	}
+	return n
+}
+
+// Validate checks every key and reports every bad one (errors.Join),
+// each naming its key.
 func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	for _, p := range []struct{ key, v string }{
 		{"api", c.API}, {"gateway", c.Gateway}, {"state_dir", c.StateDir}, {"rootfs", c.Rootfs},
 	} {
 		if p.v == "" || !filepath.IsAbs(p.v) {
-			return fmt.Errorf("config: %s: must be an absolute path, got %q", p.key, p.v)
+			bad("config: %s: must be an absolute path, got %q", p.key, p.v)
 		}
 	}
 	if c.CgroupParent == "" || filepath.Base(c.CgroupParent) != c.CgroupParent || c.CgroupParent == ".." {
-		return fmt.Errorf("config: cgroup_parent: must be one path element, got %q", c.CgroupParent)
+		bad("config: cgroup_parent: must be one path element, got %q", c.CgroupParent)
 	}
 	if c.UIDs.Base < 65536 {
-		return fmt.Errorf("config: uids.base: must be >= 65536 so no sandbox maps onto host system users, got %d", c.UIDs.Base)
+		bad("config: uids.base: must be >= 65536 so no sandbox maps onto host system users, got %d", c.UIDs.Base)
 	}
 	if c.UIDs.Count < 1 || int64(c.UIDs.Base)+int64(c.UIDs.Count)*65536 > 1<<32-2 {
-		return fmt.Errorf("config: uids.count: %d slots do not fit above base %d", c.UIDs.Count, c.UIDs.Base)
+		bad("config: uids.count: %d slots do not fit above base %d", c.UIDs.Count, c.UIDs.Base)
 	}
 	if c.DNSCache < 0 || c.DNSCache > time.Hour {
-		return fmt.Errorf("config: dns_cache: must be in 0s..1h, got %s", c.DNSCache)
+		bad("config: dns_cache: must be in 0s..1h, got %s", c.DNSCache)
 	}
 	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
-		return fmt.Errorf("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
-	}
-	if err := checkGatewayAdmin(c.GatewayAdmin); err != nil {
-		return err
-	}
-	if err := c.GatewayTLS.validate(c.Host); err != nil {
-		return err
+		bad("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
 	}
 	if f := c.GatewaySessionTokenFile; f != "" {
 		if !filepath.IsAbs(f) {
-			return fmt.Errorf("config: gateway_session_token_file: must be an absolute path, got %q", f)
-		}
-		if c.GatewayAdmin == "" {
-			return errors.New("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
+			bad("config: gateway_session_token_file: must be an absolute path, got %q", f)
+		} else if c.GatewayAdmin == "" {
+			bad("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
 		}
 	}
-	return c.Limits.Validate("limits")
+	errs = append(errs, checkGatewayAdmin(c.GatewayAdmin), c.GatewayTLS.validate(c.Host), c.Limits.Validate("limits"))
+	return errors.Join(errs...)
 }
 
 // Validate checks that every limit is positive and bounded; key prefixes
@@ -221,11 +360,13 @@ func (l Limits) Validate(key string) error {
 	case l.Pids < 8 || l.Pids > 1<<20:
 		return fmt.Errorf("config: %s.pids: must be in 8..1048576, got %d", key, l.Pids)
 	case l.MemoryBytes < 16<<20:
-		return fmt.Errorf("config: %s.memory_bytes: must be >= 16 MiB, got %d", key, l.MemoryBytes)
+		return fmt.Errorf("config: %s.memory_bytes: must be >= 16MiB, got %s", key, sizeString(l.MemoryBytes))
 	case l.CPUMillis < 10:
 		return fmt.Errorf("config: %s.cpu_millis: must be >= 10, got %d", key, l.CPUMillis)
-	case l.WorkspaceBytes < 1<<20 || l.TmpBytes < 1<<20:
-		return fmt.Errorf("config: %s.workspace_bytes/tmp_bytes: must be >= 1 MiB", key)
+	case l.WorkspaceBytes < 1<<20:
+		return fmt.Errorf("config: %s.workspace_bytes: must be >= 1MiB, got %s", key, sizeString(l.WorkspaceBytes))
+	case l.TmpBytes < 1<<20:
+		return fmt.Errorf("config: %s.tmp_bytes: must be >= 1MiB, got %s", key, sizeString(l.TmpBytes))
 	case l.OutputBytes < 1:
 		return fmt.Errorf("config: %s.output_bytes: must be positive, got %d", key, l.OutputBytes)
 	case l.FileBytes < 1:
@@ -259,24 +400,28 @@ func (e *CeilingError) Error() string {
 // from (e.g. "sandboxd.yaml limits") as where the ceilings are set. A
 // Lifetime ceiling of 0 means none.
 func (l Limits) Within(ceil Limits, from string) error {
+	const num, size, dur = 0, 1, 2
 	for _, f := range []struct {
 		name      string
 		req, ceil int64
-		dur       bool
+		kind      int
 	}{
-		{"pids", int64(l.Pids), int64(ceil.Pids), false},
-		{"memory_bytes", l.MemoryBytes, ceil.MemoryBytes, false},
-		{"cpu_millis", int64(l.CPUMillis), int64(ceil.CPUMillis), false},
-		{"workspace_bytes", l.WorkspaceBytes, ceil.WorkspaceBytes, false},
-		{"tmp_bytes", l.TmpBytes, ceil.TmpBytes, false},
-		{"output_bytes", int64(l.OutputBytes), int64(ceil.OutputBytes), false},
-		{"file_bytes", l.FileBytes, ceil.FileBytes, false},
-		{"exec_timeout", int64(l.ExecTimeout), int64(ceil.ExecTimeout), true},
-		{"lifetime", int64(l.Lifetime), int64(ceil.Lifetime), true},
+		{"pids", int64(l.Pids), int64(ceil.Pids), num},
+		{"memory_bytes", l.MemoryBytes, ceil.MemoryBytes, size},
+		{"cpu_millis", int64(l.CPUMillis), int64(ceil.CPUMillis), num},
+		{"workspace_bytes", l.WorkspaceBytes, ceil.WorkspaceBytes, size},
+		{"tmp_bytes", l.TmpBytes, ceil.TmpBytes, size},
+		{"output_bytes", int64(l.OutputBytes), int64(ceil.OutputBytes), size},
+		{"file_bytes", l.FileBytes, ceil.FileBytes, size},
+		{"exec_timeout", int64(l.ExecTimeout), int64(ceil.ExecTimeout), dur},
+		{"lifetime", int64(l.Lifetime), int64(ceil.Lifetime), dur},
 	} {
 		str := func(v int64) string { return strconv.FormatInt(v, 10) }
-		if f.dur {
+		switch f.kind {
+		case dur:
 			str = func(v int64) string { return time.Duration(v).String() }
+		case size:
+			str = sizeString
 		}
 		switch {
 		case f.req < 0:
@@ -314,4 +459,52 @@ func checkGatewayAdmin(s string) error {
 		return fmt.Errorf("config: gateway_admin: want the http(s) URL of the gateway's admin listener, got %q", s)
 	}
 	return nil
+}
+
+// sizeUnits are the suffixes ParseSize accepts, largest first.
+var sizeUnits = []struct {
+	suffix string
+	n      int64
+}{
+	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"kB", 1e3}, {"KB", 1e3}, {"B", 1},
+}
+
+// ParseSize reads a byte count: a plain number ("1048576") or a number
+// with a unit, IEC ("512MiB", "1GiB") or SI ("500MB"). A size that does
+// not fit in int64 or is negative is refused.
+func ParseSize(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range sizeUnits {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = strings.TrimSpace(n), u.n
+			break
+		}
+	}
+	v, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || v < 0 || v > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is not a size (bytes, or like 512MiB or 1GiB)", s)
+	}
+	return v * mult, nil
+}
+
+// FormatSize writes n with the largest IEC unit that divides it exactly
+// ("1GiB", "1536KiB"), or as plain bytes.
+func FormatSize(n int64) string {
+	for _, u := range sizeUnits[:4] {
+		if n != 0 && n%u.n == 0 {
+			return strconv.FormatInt(n/u.n, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// sizeString is n in bytes, followed by its size when a unit divides it
+// ("67108864 (64MiB)"), so an error shows both what was written and what
+// it means.
+func sizeString(n int64) string {
+	if f := FormatSize(n); f != strconv.FormatInt(n, 10) {
+		return strconv.FormatInt(n, 10) + " (" + f + ")"
+	}
+	return strconv.FormatInt(n, 10)
 }

@@ -62,6 +62,7 @@ type limitReport struct {
 	User    string `json:"user,omitempty"`
 	Host    string `json:"host,omitempty"`
 	Limit   int64  `json:"limit,omitempty"`
+	Egress  string `json:"egress,omitempty"` // the sandbox's narrowing, as in its preamble
 }
 
 // reportEvent tells the gateway, in the background, that a command of sb
@@ -87,7 +88,7 @@ func (m *Manager) reportEvent(sb *sandbox, kind string, limit int64) {
 		return
 	}
 	body, err := json.Marshal(limitReport{Event: kind, Sandbox: info.ID, Agent: info.Agent, Session: info.Session,
-		User: info.User, Host: m.cfg.Host, Limit: limit})
+		User: info.User, Host: m.cfg.Host, Limit: limit, Egress: strings.Join(info.Egress, ",")})
 	if err != nil {
 		<-m.reports
 		ev.Error = err.Error()

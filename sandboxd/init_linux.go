@@ -426,13 +426,15 @@ func buildRoot(s setupMsg) error {
 			return err
 		}
 	}
-	// /etc/hosts and /etc/hostname name this sandbox (sandboxd wrote them
-	// into s.EtcDir); /etc/resolv.conf is the template's unless the
+	// /etc/hosts and /etc/hostname name this sandbox, /etc/passwd and
+	// /etc/group its users (sandboxd wrote them into s.EtcDir); /etc/resolv.conf is the template's unless the
 	// rootfs links it into /run, which is this sandbox's own.
 	for _, f := range []struct{ name, file string }{
 		{"resolv.conf", in(".sluice/resolv.conf")},
 		{"hosts", filepath.Join(s.EtcDir, "hosts")},
 		{"hostname", filepath.Join(s.EtcDir, "hostname")},
+		{"passwd", filepath.Join(s.EtcDir, "passwd")},
+		{"group", filepath.Join(s.EtcDir, "group")},
 	} {
 		if err := overlayEtc(root, f.name, f.file); err != nil {
 			return err

@@ -37,6 +37,9 @@ const (
 // SandboxUID is the uid (and gid) code runs as inside a sandbox.
 const SandboxUID = 1000
 
+// SandboxUser is SandboxUID's name inside (its /etc/passwd, $USER).
+const SandboxUser = "sandbox"
+
 // InitUID is the uid a sandbox's init runs as once confined: not
 // SandboxUID, so that no code of the sandbox can signal, prlimit, renice or
 // trace its init (THREATS A13). Its gid stays SandboxUID.
@@ -91,6 +94,12 @@ type CreateRequest struct {
 	// Lifetime destroys the sandbox after this long (0 = the configured
 	// default; none = until DELETE).
 	Lifetime time.Duration `json:"lifetime,omitempty"`
+	// Egress narrows the agent's raw egress allowlist for this sandbox
+	// (names or *.names); nil: the agent's list. It can only narrow: the
+	// gateway refuses at create a host outside the agent's list
+	// (checkEgress) and enforces the intersection at every request. It
+	// travels in the sandbox's identity (wire.Identity.Egress).
+	Egress []string `json:"egress,omitempty"`
 }
 
 // Info describes a live sandbox.
@@ -101,7 +110,10 @@ type Info struct {
 	User    string    `json:"user,omitempty"`
 	Created time.Time `json:"created"`
 	Limits  Limits    `json:"limits"`
-	Pid     int       `json:"pid"` // host pid of the sandbox's init
+	// Egress is the sandbox's narrowing (canonical, as in its identity);
+	// empty: its agent's allowlist.
+	Egress []string `json:"egress,omitempty"`
+	Pid    int      `json:"pid"` // host pid of the sandbox's init
 	// Failed says why the sandbox can run nothing more (its init died);
 	// empty while it can.
 	Failed string `json:"failed,omitempty"`
@@ -328,7 +340,7 @@ func (m *Manager) baseEnv(id string, extra map[string]string) []string {
 	proxy := "http://127.0.0.1:" + strconv.Itoa(ProxyPort)
 	env := []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
-		"HOME=/workspace", "TMPDIR=/tmp", "USER=sandbox", "LANG=C.UTF-8",
+		"HOME=/workspace", "TMPDIR=/tmp", "USER=" + SandboxUser, "LANG=C.UTF-8",
 		"HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy, "http_proxy=" + proxy, "https_proxy=" + proxy,
 		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1",
 		"SLUICE_URL=" + proxy, "SLUICE_SANDBOX=" + id,
@@ -379,8 +391,22 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	// The identity is checked before any resource is spent (the real
 	// sandbox ID has the same shape as this placeholder).
 	probe := wire.Identity{Sandbox: "0000000000000000", Agent: req.Agent, Session: req.Session, User: req.User, Host: m.cfg.Host}
+	var egress []string
+	if req.Egress != nil {
+		if probe.Egress, err = wire.FormatEgress(req.Egress); err != nil {
+			return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		egress, _ = wire.ParseEgress(probe.Egress)
+	}
 	if err := probe.Validate(); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	// A narrowing the gateway does not confirm builds nothing.
+	if probe.Egress != "" {
+		if err := m.checkEgress(ctx, probe); err != nil {
+			m.events.write(event{Event: "egress_refused", Agent: req.Agent, Session: req.Session, User: req.User, Egress: probe.Egress, Error: err.Error()})
+			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
+		}
 	}
 	m.mu.Lock()
 	closed := m.closed
@@ -424,7 +450,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	ident := probe
 	ident.Sandbox = id
 	m.mu.Lock() // the init's watcher reads it
-	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Pid: sb.info.Pid}
+	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Egress: egress, Pid: sb.info.Pid}
 	m.mu.Unlock()
 	env := req.Env
 	if trust != nil {
@@ -519,13 +545,17 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
 		}
 	}
-	// The sandbox's /etc/hosts and /etc/hostname, bound in by its init.
-	// Owned by the host's root (nobody inside), mode 0644: read-only to
-	// the sandbox.
+	// The sandbox's /etc/hosts, /etc/hostname, /etc/passwd and
+	// /etc/group, bound in by its init. Owned by the host's root (nobody
+	// inside), mode 0644: read-only to the sandbox. passwd and group name
+	// the sandbox's own users, so `id` and $HOME lookups say "sandbox",
+	// and no host account name shows inside.
 	host := hostname(id)
 	for name, body := range map[string]string{
 		"hosts":    "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + host + "\n",
 		"hostname": host + "\n",
+		"passwd":   etcPasswd,
+		"group":    etcGroup,
 	} {
 		if err := os.WriteFile(filepath.Join(sb.dir, "etc", name), []byte(body), 0o644); err != nil {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
@@ -533,6 +563,17 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 	}
 	return sb, nil
 }
+
+// etcPasswd and etcGroup are /etc/passwd and /etc/group in every
+// sandbox: root (uid 0 is the unmapped overflow inside, but tools expect
+// the name), the sandbox user code runs as, the init's own uid and nobody.
+var (
+	etcPasswd = fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\n"+
+		"%[1]s:x:%[2]d:%[2]d:sandbox user:/workspace:/bin/sh\n"+
+		"sandbox-init:x:%[3]d:%[2]d:sandbox init:/nonexistent:/usr/sbin/nologin\n"+
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", SandboxUser, SandboxUID, InitUID)
+	etcGroup = fmt.Sprintf("root:x:0:\n%[1]s:x:%[2]d:\nnogroup:x:65534:\n", SandboxUser, SandboxUID)
+)
 
 // hostname is the host name of sandbox id.
 func hostname(id string) string { return "sandbox-" + id[:8] }
@@ -1049,6 +1090,7 @@ type event struct {
 	KilledBy KilledBy  `json:"killed_by,omitempty"`
 	Millis   int64     `json:"duration_ms,omitempty"`
 	Error    string    `json:"error,omitempty"`
+	Egress   string    `json:"egress,omitempty"`
 }
 
 // eventLog appends JSON lines outside every sandbox.

@@ -28,6 +28,9 @@ type PinRequest struct {
 	Agent   string `json:"agent"`
 	Session string `json:"session,omitempty"`
 	User    string `json:"user,omitempty"`
+	// Egress narrows the agent's egress allowlist for the pinned
+	// namespace, as CreateRequest.Egress does for a sandbox.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // PinInfo describes a pinned namespace. ID is also the identity's sandbox
@@ -38,6 +41,7 @@ type PinInfo struct {
 	Agent   string    `json:"agent"`
 	Session string    `json:"session,omitempty"`
 	User    string    `json:"user,omitempty"`
+	Egress  []string  `json:"egress,omitempty"`
 	Created time.Time `json:"created"`
 }
 
@@ -71,8 +75,21 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 		return PinInfo{}, fmt.Errorf("%w: agent is required", ErrInvalid)
 	}
 	ident := wire.Identity{Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Host: m.cfg.Host}
+	var egress []string
+	if req.Egress != nil {
+		if ident.Egress, err = wire.FormatEgress(req.Egress); err != nil {
+			return PinInfo{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		egress, _ = wire.ParseEgress(ident.Egress)
+	}
 	if err := ident.Validate(); err != nil {
 		return PinInfo{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if ident.Egress != "" {
+		if err := m.checkEgress(ctx, ident); err != nil {
+			m.events.write(event{Event: "egress_refused", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Egress: ident.Egress, Error: err.Error()})
+			return PinInfo{}, fmt.Errorf("sandboxd: pin: %w", err)
+		}
 	}
 	ns, err := os.Open(path)
 	if err != nil {
@@ -114,7 +131,7 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 	if err != nil {
 		return PinInfo{}, fmt.Errorf("sandboxd: pin %s: %w", path, err)
 	}
-	info := PinInfo{ID: id, NetNS: path, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC()}
+	info := PinInfo{ID: id, NetNS: path, Agent: req.Agent, Session: req.Session, User: req.User, Egress: egress, Created: time.Now().UTC()}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()

@@ -17,8 +17,15 @@ func TestParseConfig(t *testing.T) {
 	}{
 		{"empty uses defaults", "", ""},
 		{"full", "api: /run/x.sock\ngateway: /run/g.sock\nstate_dir: /var/lib/x\nuids: {base: 200000, count: 4}\nlimits: {pids: 64, exec_timeout: 5s}\n", ""},
-		{"unknown key", "apii: /x\n", "field apii not found"},
-		{"unknown nested key", "limits: {pid: 3}\n", "field pid not found"},
+		{"unknown key", "apii: /x\n", "config: apii: unknown key (line 1)"},
+		{"unknown nested key", "limits: {pid: 3}\n", "config: limits.pid: unknown key (line 1)"},
+		{"unknown key, its line", "host: a\nlimits:\n  pids: 64\n  memroy_bytes: 1GiB\n", "config: limits.memroy_bytes: unknown key (line 4)"},
+		{"sizes", "limits:\n  memory_bytes: 1GiB\n  workspace_bytes: 128MiB\n  tmp_bytes: 32MiB\n  file_bytes: 1048576\n  output_bytes: 64KiB\n", ""},
+		{"not a size", "limits:\n  memory_bytes: 1 GB x\n", `config: limits.memory_bytes: "1 GB x" is not a size (bytes, or like 512MiB or 1GiB) (line 2)`},
+		{"negative size", "limits:\n  memory_bytes: -1GiB\n", `limits.memory_bytes: "-1GiB" is not a size`},
+		{"size that overflows", "limits:\n  memory_bytes: 9999999999TiB\n", `limits.memory_bytes: "9999999999TiB" is not a size`},
+		{"size too small, shown as a size, with its line", "host: a\nlimits:\n  workspace_bytes: 512KiB\n", "config: limits.workspace_bytes: must be >= 1MiB, got 524288 (512KiB) (line 3)"},
+		{"validation error names the line", "host: a\nstate_dir: var/lib\n", `config: state_dir: must be an absolute path, got "var/lib" (line 2)`},
 		{"relative path", "state_dir: var/lib\n", "state_dir: must be an absolute path"},
 		{"uid base onto system users", "uids: {base: 1000, count: 1}\n", "uids.base"},
 		{"uid range overflow", "uids: {base: 100000, count: 100000}\n", "uids.count"},
@@ -204,7 +211,7 @@ func TestLimitsWithinCeilings(t *testing.T) {
 		{"nothing set", Limits{}, ""},
 		{"all at the ceiling", ceil, ""},
 		{"pids above", Limits{Pids: 129}, "pids: requested 129 is above the ceiling 128 (sandboxd.yaml limits.pids)"},
-		{"memory above", Limits{MemoryBytes: 1 << 30}, "memory_bytes: requested 1073741824 is above the ceiling 268435456"},
+		{"memory above", Limits{MemoryBytes: 1 << 30}, "memory_bytes: requested 1073741824 (1GiB) is above the ceiling 268435456 (256MiB)"},
 		{"cpu above", Limits{CPUMillis: 1001}, "cpu_millis: requested 1001 is above the ceiling 1000"},
 		{"workspace above", Limits{WorkspaceBytes: 64<<20 + 1}, "workspace_bytes: requested 67108865"},
 		{"tmp above", Limits{TmpBytes: 17 << 20}, "tmp_bytes: requested 17825792"},
@@ -232,5 +239,37 @@ func TestLimitsWithinCeilings(t *testing.T) {
 	// A lifetime ceiling of 0 is none.
 	if err := (Limits{Lifetime: 1000 * time.Hour}).Within(DefaultLimits, "x"); err != nil {
 		t.Fatalf("lifetime under no ceiling: %v", err)
+	}
+}
+
+// TestSizes: byte counts under limits may be written as sizes; each parses
+// to its bytes, and FormatSize writes them back.
+func TestSizes(t *testing.T) {
+	c, err := ParseConfig([]byte("limits:\n  memory_bytes: 1GiB\n  workspace_bytes: 128MiB\n  tmp_bytes: '32MiB'\n  output_bytes: 64KiB\n  file_bytes: 2000000\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := c.Limits; l.MemoryBytes != 1<<30 || l.WorkspaceBytes != 128<<20 || l.TmpBytes != 32<<20 || l.OutputBytes != 64<<10 || l.FileBytes != 2000000 {
+		t.Errorf("limits = %+v", l)
+	}
+	for _, tc := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true}, {"1048576", 1 << 20, true}, {"1KiB", 1024, true}, {"3GiB", 3 << 30, true}, {"2TiB", 2 << 40, true},
+		{"500MB", 500e6, true}, {"1kB", 1000, true}, {"7B", 7, true},
+		{"", 0, false}, {"GiB", 0, false}, {"1.5GiB", 0, false}, {"-1", 0, false}, {"1gib", 0, false}, {"0x10", 0, false},
+		{"8388608TiB", 0, false}, // 2^63: one past int64
+	} {
+		got, err := ParseSize(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+	for n, want := range map[int64]string{1 << 30: "1GiB", 1536 << 10: "1536KiB", 1000: "1000", 0: "0", 64 << 20: "64MiB"} {
+		if got := FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
 	}
 }

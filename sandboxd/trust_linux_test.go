@@ -46,7 +46,7 @@ func TestGatewayAdminConfig(t *testing.T) {
 		{"ftp", "gateway_admin: ftp://x\n", "gateway_admin"},
 		{"userinfo", "gateway_admin: http://u:p@x\n", "gateway_admin"},
 		{"query", "gateway_admin: http://x/?a=b\n", "gateway_admin"},
-		{"misspelt key", "gateway_adminn: http://x\n", "field gateway_adminn not found"},
+		{"misspelt key", "gateway_adminn: http://x\n", "gateway_adminn: unknown key (line 1)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -104,6 +105,9 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 		outputBytes  int
 		copies, envs []string
 		noGateway    bool
+		runAPI       string
+		runMem       sizeFlag
+		runWS        sizeFlag
 	)
 	runCmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARG...]",
@@ -113,6 +117,30 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 			cfg, err := loadConfig(cfgPath)
 			if err != nil {
 				return err
+			}
+			rc.Limits.MemoryBytes, rc.Limits.WorkspaceBytes = int64(runMem), int64(runWS)
+			if stateDir == "" {
+				// A daemon on the API socket owns the state directory
+				// (and its lock): the run goes through it instead.
+				sock := cmp.Or(runAPI, cfg.API)
+				if daemonAnswers(ctx, sock) {
+					if gw != "" || noGateway {
+						// The daemon's sandboxes use its gateway; a run
+						// must not silently use another than asked.
+						return fmt.Errorf("run: a daemon serves %s and owns state_dir %s; its sandboxes use its gateway, so --gateway/--no-gateway need a one-shot run of your own: add --state-dir DIR", sock, cfg.StateDir)
+					}
+					c := &apiClient{sock: sock, hc: unixClient(sock)}
+					var check func(id wire.Identity) error
+					if !noGateway && cfg.GatewayTLS.Address == "" && checkGatewaySocket(cfg.Gateway) == nil {
+						check = func(id wire.Identity) error {
+							id.Host = cfg.Host
+							return checkAgent(ctx, cfg.Gateway, id, stderr)
+						}
+					}
+					rcode, err := runViaDaemon(ctx, c, rc, envs, copies, argv, timeout, outputBytes, stdin, stdout, stderr, check)
+					code = rcode
+					return err
+				}
 			}
 			if stateDir != "" {
 				cfg.StateDir = stateDir
@@ -178,9 +206,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	f.StringVar(&rc.Session, "session", "", "session (identity)")
 	f.StringVar(&rc.User, "user", "", "user the agent acts for (identity)")
 	f.IntVar(&rc.Limits.Pids, "pids", 0, "pids limit (0 = config)")
-	f.Int64Var(&rc.Limits.MemoryBytes, "memory", 0, "memory limit in bytes (0 = config)")
 	f.IntVar(&rc.Limits.CPUMillis, "cpu-millis", 0, "CPU limit, 1000 = one core (0 = config)")
-	f.Int64Var(&rc.Limits.WorkspaceBytes, "workspace", 0, "/workspace size in bytes (0 = config)")
 	f.DurationVar(&timeout, "timeout", 0, "wall-clock limit (0 = config exec_timeout)")
 	f.IntVar(&outputBytes, "output-bytes", 0, "cap on each of stdout and stderr (0 = config)")
 	f.StringArrayVar(&copies, "copy", nil, "HOSTPATH:/workspace/PATH to copy in first (repeatable; keeps the exec bit)")
@@ -188,6 +214,10 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	f.StringVar(&stateDir, "state-dir", "", "override state_dir")
 	f.StringVar(&gw, "gateway", "", "override gateway socket")
 	f.BoolVar(&noGateway, "no-gateway", false, "run without a gateway (no socket check; every exit answers 503 gateway_unavailable)")
+	f.StringSliceVar(&rc.Egress, "egress", nil, "narrow the agent's egress allowlist for this sandbox to these hosts (repeatable or comma-separated; never widens)")
+	f.StringVar(&runAPI, "api", "", "the daemon's API socket (default: config api); run uses a daemon that answers there unless --state-dir is given")
+	f.Var(&runMem, "memory", "memory limit, bytes or a size like 512MiB (0 = config)")
+	f.Var(&runWS, "workspace", "/workspace size, bytes or a size like 64MiB (0 = config)")
 
 	var (
 		pr      sandboxd.PinRequest
@@ -220,6 +250,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	f.StringVar(&pr.Agent, "agent", "", "agent name (identity, required)")
 	f.StringVar(&pr.Session, "session", "", "session (identity)")
 	f.StringVar(&pr.User, "user", "", "user the agent acts for (identity)")
+	f.StringSliceVar(&pr.Egress, "egress", nil, "narrow the agent's egress allowlist to these hosts (repeatable or comma-separated; never widens)")
 	f.StringVar(&apiSock, "api", "", "override the daemon's API socket (config api)")
 	pinCmd.MarkFlagsMutuallyExclusive("netns", "pid")
 	pinCmd.MarkFlagsOneRequired("netns", "pid")
@@ -241,11 +272,17 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 		},
 	}
 	unpinCmd.Flags().StringVar(&apiSock, "api", "", "override the daemon's API socket (config api)")
-	root.AddCommand(serve, runCmd, pinCmd, unpinCmd)
+	root.AddCommand(serve, runCmd, pinCmd, unpinCmd, validateCmd(&cfgPath))
+	root.AddCommand(clientCmds(ctx, &cfgPath, &code, stdin, stdout, stderr)...)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
+	var se silentError
+	if errors.As(err, &se) {
+		// The problems are printed already; exit 1 without repeating.
+		return 1, nil
+	}
 	return code, err
 }
 
@@ -263,12 +300,15 @@ func newAPIClient(cfgPath, sock string) (*apiClient, error) {
 		}
 		sock = cfg.API
 	}
-	return &apiClient{sock: sock, hc: &http.Client{
-		Timeout: 2 * time.Minute,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}},
-	}}, nil
+	return &apiClient{sock: sock, hc: unixClient(sock)}, nil
+}
+
+// unixClient is an HTTP client whose every connection goes to sock. It has
+// no overall timeout: an exec lasts as long as its own limit says.
+func unixClient(sock string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
 }
 
 // do sends one request and decodes the answer into out; any other status
@@ -278,37 +318,46 @@ func (c *apiClient) do(ctx context.Context, method, path string, body []byte, wa
 	if body != nil {
 		r = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://sandboxd"+path, r)
-	if err != nil {
+	b, err := c.send(ctx, method, path, r, "application/json", want)
+	if err != nil || out == nil {
 		return err
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("api answer: %w", err)
+	}
+	return nil
+}
+
+// send sends one request with body r (nil: none) and returns the answer's
+// body (at most 1 GiB: files are bounded by file_bytes); any other status
+// than want is an error carrying the daemon's code and message.
+func (c *apiClient) send(ctx context.Context, method, path string, r io.Reader, ctype string, want int) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://sandboxd"+path, r)
+	if err != nil {
+		return nil, err
+	}
+	if r != nil {
+		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("api %s: %w", c.sock, err)
+		return nil, fmt.Errorf("api %s: %w", c.sock, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
 	if err != nil {
-		return fmt.Errorf("api %s: %w", c.sock, err)
+		return nil, fmt.Errorf("api %s: %w", c.sock, err)
 	}
 	if resp.StatusCode != want {
 		var e struct {
 			Error struct{ Code, Message string } `json:"error"`
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
-			return fmt.Errorf("%s (%d %s)", e.Error.Message, resp.StatusCode, e.Error.Code)
+			return nil, fmt.Errorf("%s (%d %s)", e.Error.Message, resp.StatusCode, e.Error.Code)
 		}
-		return fmt.Errorf("api answered %s", resp.Status)
+		return nil, fmt.Errorf("api answered %s", resp.Status)
 	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("api answer: %w", err)
-		}
-	}
-	return nil
+	return b, nil
 }
 
 // checkGatewaySocket fails when path, the gateway's sandbox socket, does
@@ -356,20 +405,31 @@ func checkAgent(ctx context.Context, path string, id wire.Identity, stderr io.Wr
 
 // copyIn puts a host file into the sandbox, keeping its exec bit.
 func copyIn(m *sandboxd.Manager, id, src, dst string) error {
-	f, err := os.Open(src)
+	f, mode, err := openCopy(src)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	return m.PutFile(id, dst, f, mode)
+}
+
+// openCopy opens host file src for copying into a sandbox and returns the
+// mode it gets there: 0755 when src is executable by anyone, else 0644.
+func openCopy(src string) (*os.File, os.FileMode, error) {
+	f, err := os.Open(src)
+	if err != nil {
+		return nil, 0, err
+	}
 	st, err := f.Stat()
 	if err != nil {
-		return err
+		f.Close()
+		return nil, 0, err
 	}
 	mode := os.FileMode(0o644)
 	if st.Mode()&0o111 != 0 {
 		mode = 0o755
 	}
-	return m.PutFile(id, dst, f, mode)
+	return f, mode, nil
 }
 
 // serveAPI runs the daemon until ctx ends, then destroys every sandbox.

@@ -138,7 +138,7 @@ before it are not in that file.`,
 	verify.Flags().StringVar(&expect, "expect-head", "", "SEQ:HASH the log must hold (a head printed or recorded earlier): fails when the log ends before SEQ or its record SEQ has another hash")
 	verify.Flags().StringVar(&checkpoints, "checkpoints", "", "a checkpoint file (audit.checkpoint.path): every signature must verify and the log must hold the newest checkpoint's head")
 	verify.Flags().StringVar(&pubkey, "public-key", "", "hex Ed25519 public key the checkpoints must be signed with (default: from audit.checkpoint.key_file)")
-	cmd.AddCommand(verify, acceptHeadCmd(g))
+	cmd.AddCommand(verify, acceptHeadCmd(g), auditSessionCmd(g))
 	return cmd
 }
 
@@ -247,7 +247,7 @@ the log changed: that is the refusal's whole point.`,
 			ctx := cmd.Context()
 			// The store is one gateway's (flock): a running gateway makes
 			// this fail here, before anything is written.
-			st, err := store.Open(ctx, lc.Store)
+			st, err := store.OpenWith(ctx, lc.Store, store.Options{AuditLog: path})
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %w", err)
 			}

@@ -18,8 +18,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -58,8 +60,13 @@ the gateway in front of it. A scripted agent then makes an allowed, a blocked an
 an ask call over the gateway's socket, and the demo checks every answer.
 
 Without --keep everything stops afterwards (the files stay in the directory);
-with --keep the gateway and the upstream keep running until Ctrl-C. The exit
-status is non-zero if any answer is not the expected one.`,
+with --keep the gateway and the upstream keep running until Ctrl-C, the
+approver's API token is written to approver-token (0600) and the admin port
+the gateway got is recorded in the demo's sluice.yaml, so that
+"sluice approvals list --config DIR/sluice.yaml --token-file DIR/approver-token"
+works while it runs. A directory a running demo is using (its demo.lock is
+held) is refused before anything is written. The exit status is non-zero if
+any answer is not the expected one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runDemo(cmd.Context(), cmd.OutOrStdout(), dir, keep)
@@ -357,7 +364,7 @@ func (d *demoRun) check(ok bool, step, got, want string) {
 // demoApprover is the person the demo configures to decide held calls.
 type demoApprover struct {
 	Name, PasswordHash, TokenSHA256 string
-	token, passwordFile             string // the script's API token; where the UI password is
+	token, passwordFile, tokenFile  string // the script's API token; where the UI password is; where --keep writes the token
 }
 
 // newDemoApprover makes the approver's random password (written 0600 into
@@ -376,13 +383,71 @@ func newDemoApprover(dir string) (demoApprover, error) {
 		return demoApprover{}, err
 	}
 	a := demoApprover{Name: "fran", PasswordHash: string(hash), token: hex.EncodeToString(tok[:]),
-		passwordFile: filepath.Join(dir, "approver-password")}
+		passwordFile: filepath.Join(dir, "approver-password"), tokenFile: filepath.Join(dir, "approver-token")}
 	sum := sha256.Sum256([]byte(a.token))
 	a.TokenSHA256 = hex.EncodeToString(sum[:])
 	if err := os.WriteFile(a.passwordFile, []byte(password+"\n"), 0o600); err != nil {
 		return demoApprover{}, err
 	}
 	return a, nil
+}
+
+// demoLock is the file in a demo directory that a running demo holds an
+// exclusive flock on, with its pid inside for the message. The kernel
+// drops the lock when the process ends, however it ends, so a stale file
+// never blocks a new demo.
+const demoLock = "demo.lock"
+
+// lockDemoDir takes dir's demo lock, or says which live demo holds it.
+// Opening the lock file creates it when it is missing; when it exists,
+// nothing in dir is modified unless the lock is free.
+func lockDemoDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, demoLock)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := io.ReadAll(io.LimitReader(f, 32))
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			who := "another process"
+			if p := strings.TrimSpace(string(pid)); p != "" {
+				who = "pid " + p
+			}
+			return nil, fmt.Errorf("%s is in use by a running demo (%s holds %s): stop it (Ctrl-C), or use another --dir; nothing was written", dir, who, path)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	err = f.Truncate(0)
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// recordAdminAddr rewrites the admin_listen line of the demo's config to
+// the address the gateway listens on (the config asked for port 0),
+// replacing the file in one rename.
+func recordAdminAddr(cfgPath, addr string) error {
+	data, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return err
+	}
+	const line = "  admin_listen: 127.0.0.1:0   # a free port, printed by the demo\n"
+	if !bytes.Contains(data, []byte(line)) {
+		return fmt.Errorf("bug(): %s has no admin_listen line to record the port in", cfgPath)
+	}
+	data = bytes.Replace(data, []byte(line), []byte("  admin_listen: "+addr+"   # the port this demo's gateway got (it asked for 0)\n"), 1)
+	tmp := cfgPath + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, cfgPath)
 }
 
 func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
@@ -397,6 +462,14 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
+	// Before anything is written: a directory a live demo is using is
+	// refused, or this run would rewrite its config, key and password
+	// under it.
+	lock, err := lockDemoDir(dir)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	defer lock.Close()
 
 	// The key exists only here, in the upstream and in the sealed store: it is
 	// never printed, and the agent never holds it.
@@ -475,6 +548,17 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 		return ctx.Err()
 	}
 	admin := "http://" + srv.AdminAddr()
+	if keep {
+		// The config now names the port the gateway really got, so that
+		// `sluice approvals list --config DIR/sluice.yaml` reaches it, and
+		// the approver's token is where --token-file can read it.
+		if err := recordAdminAddr(cfgPath, srv.AdminAddr()); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		if err := os.WriteFile(appr.tokenFile, []byte(appr.token+"\n"), 0o600); err != nil {
+			return fmt.Errorf("demo: approver token: %w", err)
+		}
+	}
 
 	fmt.Fprintf(w, "sluice demo: gateway, local secret store, SQLite and audit log in %s\n", dir)
 	fmt.Fprintf(w, "  upstream   %s: a demo \"tickets\" API that answers only with its key in %s\n", up.URL(), demoKeyHeader)
@@ -511,6 +595,9 @@ func runDemo(ctx context.Context, w io.Writer, dir string, keep bool) error {
 		if r, err := agentCall(ctx, agent, "POST", "/v1/tools/tickets.create_refund", `{"body":{"ticket_id":"T-3","amount_cents":990,"reason":"late delivery"}}`); err == nil && r.status == 202 {
 			fmt.Fprintf(w, "\nA second refund is held now: open %s/, log in as %s and approve or deny it.\n", admin, appr.Name)
 		}
+		fmt.Fprintf(w, "\nadmin URL  %s (gateway.admin_listen in %s now names this port)\n", admin, cfgPath)
+		fmt.Fprintf(w, "approvals  fran's API token is in %s (mode 0600); in another terminal:\n", appr.tokenFile)
+		fmt.Fprintf(w, "             sluice approvals list --config %s --token-file %s\n", cfgPath, appr.tokenFile)
 		fmt.Fprintf(w, "\nThe gateway and the upstream keep running; Ctrl-C stops them.\n")
 		<-ctx.Done()
 	}

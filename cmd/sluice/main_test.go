@@ -114,7 +114,7 @@ func TestValidate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("validate: %v\n%s", err, out)
 		}
-		for _, w := range []string{"warning: tickets: skipped GET /broken/{id} (broken): #/paths/~1broken~1{id}/get:", "{id} has no path parameter", "ok: 1 connectors, 4 tools, 4 rules, 1 warnings"} {
+		for _, w := range []string{"warning: tickets: skipped GET /broken/{id} (broken): #/paths/~1broken~1{id}/get:", "{id} has no path parameter", "ok: 1 connectors, 4 tools, 4 rules, 0 modules, 1 warnings"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("output lacks %q:\n%s", w, out)
 			}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -26,53 +26,80 @@ func policyCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// engineConfig is the policy configuration the gateway builds from cfg.
-func engineConfig(cfg *config.Config, log *slog.Logger) policy.Config {
-	rules := make([]policy.Rule, 0, len(cfg.Policies))
-	for _, p := range cfg.Policies {
-		rules = append(rules, policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason})
-	}
-	return policy.Config{Rules: rules, Paths: cfg.Rego, Logger: log}
-}
-
 func policyEvalCmd(g *globals) *cobra.Command {
-	var inputFile string
+	var inputFile, tool, args, when string
+	var caller policy.Caller
 	cmd := &cobra.Command{
-		Use:   "eval --input FILE",
-		Short: "Decide one input document with the configured policy and print the decision",
+		Use:   "eval (--input FILE | --tool T --agent A [--args JSON])",
+		Short: "Decide one call with the configured policy and print the decision",
 		Long: `Build the policy engine exactly as serve does (shipped library, the simple rules
-under policies:, the modules under rego:) and decide the input document in FILE
-(- for stdin). The document is the one the gateway builds for every call
-(rego/README.md); unknown keys are an error. "version" defaults to the current
-input version. Prints the decision as JSON: action, reason, rule, approvers,
-obligations.`,
+under policies:, the modules under rego:) and decide one call.
+
+With --tool T --agent A [--args '{"path":{…},"query":{…},"headers":{…},"body":…}']
+the input document is built by the gateway's own code for POST /v1/tools/T:
+the connector's spec loaded as serve loads it, T found by name or alias, the
+agent's grant checked, the arguments validated against the tool's schema and
+turned into the upstream request. A call the gateway refuses before policy
+(unknown_tool, not_granted, schema_violation) is an error saying so. --sandbox,
+--session and --user complete the caller; --time (RFC 3339) fixes input.time.
+
+With --input FILE (- for stdin) the document is taken as written
+(rego/README.md); unknown keys are an error and "version" defaults to the
+current input version.
+
+Prints the decision as JSON: action, reason, rule, approvers, obligations.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if inputFile == "" {
-				return errors.New("policy eval: --input FILE is required")
+			switch {
+			case inputFile != "" && tool != "":
+				return errors.New("policy eval: --input and --tool are exclusive")
+			case inputFile == "" && tool == "":
+				return errors.New("policy eval: --input FILE or --tool T --agent A is required")
+			case tool != "" && caller.Agent == "":
+				return errors.New("policy eval: --tool needs --agent (the grant and the input's caller.agent)")
 			}
 			lc, err := g.loadConfig()
 			if err != nil {
 				return fmt.Errorf("policy eval: %w", err)
 			}
-			in, err := readInput(cmd.InOrStdin(), inputFile)
-			if err != nil {
-				return fmt.Errorf("policy eval: %w", err)
-			}
 			ctx := cmd.Context()
+			var in *policy.Input
+			if tool != "" {
+				call := gateway.ToolCall{Tool: tool, Args: []byte(args), Caller: caller}
+				if when != "" {
+					if call.Time, err = time.Parse(time.RFC3339Nano, when); err != nil {
+						return fmt.Errorf("policy eval: --time: want RFC 3339 like 2025-03-01T12:00:00Z: %w", err)
+					}
+				}
+				if in, err = gateway.ToolCallInput(ctx, lc.Config, call); err != nil {
+					return fmt.Errorf("policy eval (%s): %w", lc.Source, err)
+				}
+			} else {
+				raw, err := readInput(cmd.InOrStdin(), inputFile)
+				if err != nil {
+					return fmt.Errorf("policy eval: %w", err)
+				}
+				if in, err = policy.DecodeInput(raw); err != nil {
+					return fmt.Errorf("policy eval: input %s: %w", inputFile, err)
+				}
+			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-			eng, err := policy.New(ctx, engineConfig(lc.Config, log))
+			eng, err := policy.New(ctx, gateway.PolicyConfig(lc.Config, log))
 			if err != nil {
 				return fmt.Errorf("policy eval (%s): %w", lc.Source, err)
 			}
-			d, err := eng.Eval(ctx, in)
-			if err != nil {
-				return fmt.Errorf("policy eval: input %s: %w", inputFile, err)
-			}
-			return printDecision(cmd.OutOrStdout(), d)
+			return printDecision(cmd.OutOrStdout(), eng.Decide(ctx, in))
 		},
 	}
-	cmd.Flags().StringVar(&inputFile, "input", "", "the input document (JSON), - for stdin")
+	f := cmd.Flags()
+	f.StringVar(&inputFile, "input", "", "the input document (JSON), - for stdin")
+	f.StringVar(&tool, "tool", "", "the tool called (name or alias): build the input as the gateway does")
+	f.StringVar(&args, "args", "{}", `the call's arguments as the agent POSTs them: {"path":{…},"query":{…},"headers":{…},"body":…}`)
+	f.StringVar(&caller.Agent, "agent", "", "the calling agent (with --tool)")
+	f.StringVar(&caller.Sandbox, "sandbox", "", "the calling sandbox (with --tool)")
+	f.StringVar(&caller.Session, "session", "", "the caller's session (with --tool)")
+	f.StringVar(&caller.User, "user", "", "the user the sandbox runs for (with --tool)")
+	f.StringVar(&when, "time", "", "input.time, RFC 3339 (with --tool; default now)")
 	return cmd
 }
 
@@ -116,16 +143,22 @@ func printDecision(w io.Writer, d policy.Decision) error {
 }
 
 func policyTestCmd(g *globals) *cobra.Command {
-	var verbose bool
+	var verbose, withConfig bool
 	cmd := &cobra.Command{
 		Use:   "test [PATH...]",
 		Short: "Run the Rego tests: the shipped library's and your modules' *_test.rego",
 		Long: `Run every test rule (test_*) of the shipped library and of the given files or
 directories (default: the config's rego: paths), with the same restricted
-capabilities the gateway uses. The config's simple rules (policies:) are not
-loaded: a test supplies the rules it needs with
-"with data.sluice.config.rules as ...", as the shipped library's tests do. Prints PASS or FAIL per test and a summary;
-exits non-zero if any test fails or errors.`,
+capabilities the gateway uses. Prints PASS or FAIL per test and a summary;
+exits non-zero if any test fails or errors.
+
+By default the config's simple rules (policies:) are not loaded: a test
+supplies the rules it needs with "with data.sluice.config.rules as ...", as the
+shipped library's tests do, so it passes or fails whatever the config holds.
+--with-config compiles the config's simple rules and agents' egress allowlists
+into data.sluice.config exactly as serve does, so that a test can check what
+the config decides: data.sluice.main.decision with input as {...} is then the
+gateway's decision (rule "policies[N]" names the config's rule N).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lc, err := g.loadConfig()
 			if err != nil {
@@ -135,21 +168,22 @@ exits non-zero if any test fails or errors.`,
 			if len(paths) == 0 {
 				paths = lc.Rego
 			}
-			// The tests run without the config's simple rules: the shipped
-			// library's tests bring their own data (with data.sluice.config.rules
-			// as ...), and a test that depends on whatever policies: a config
-			// happens to hold would pass or fail with the config.
-			return runPolicyTests(cmd.Context(), cmd.OutOrStdout(), paths, nil, verbose)
+			var pc policy.Config
+			if withConfig {
+				pc = gateway.PolicyConfig(lc.Config, nil)
+			}
+			return runPolicyTests(cmd.Context(), cmd.OutOrStdout(), paths, pc, verbose)
 		},
 	}
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also print each test's duration")
+	cmd.Flags().BoolVar(&withConfig, "with-config", false, "compile the config's simple rules and egress allowlists into data, as serve does")
 	return cmd
 }
 
-// runPolicyTests runs policy.Test with the shipped library and paths, and
-// prints one line per test and a summary.
-func runPolicyTests(ctx context.Context, w io.Writer, paths []string, rules []policy.Rule, verbose bool) error {
-	rep, err := policy.Test(ctx, paths, rules)
+// runPolicyTests runs policy.TestWith with the shipped library, paths and
+// the data of pc, and prints one line per test and a summary.
+func runPolicyTests(ctx context.Context, w io.Writer, paths []string, pc policy.Config, verbose bool) error {
+	rep, err := policy.TestWith(ctx, paths, pc)
 	if err != nil {
 		return fmt.Errorf("policy test: %w", err)
 	}

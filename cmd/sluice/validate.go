@@ -42,9 +42,9 @@ a warning; --strict (or strict: true on a connector) makes each an error.`,
 			if err != nil {
 				return printProblems(out, err)
 			}
-			ctx := cmd.Context()
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
-			f := gateway.Check(ctx, lc.Config, gateway.Options{Logger: log})
+			// One load of every spec: Check returns what it loaded.
+			f := gateway.Check(cmd.Context(), lc.Config, gateway.CheckOptions{Logger: log, Strict: strict, Defects: true})
 			for _, w := range f.Warnings {
 				for _, p := range problems(w) {
 					fmt.Fprintln(out, "warning:", p)
@@ -53,16 +53,12 @@ a warning; --strict (or strict: true on a connector) makes each an error.`,
 			if len(f.Errors) > 0 {
 				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, errors.Join(f.Errors...)))
 			}
-			conns, err := loadConnectors(ctx, lc.Config, nil, strict)
-			if err != nil {
-				return printProblems(out, fmt.Errorf("%s: %w", lc.Source, err))
-			}
-			n := printSkipped(out, conns)
+			n := printSkipped(out, f.Connectors)
 			tools := 0
-			for _, c := range conns {
+			for _, c := range f.Connectors {
 				tools += len(c.Tools)
 			}
-			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules, %d warnings (%s)\n", len(conns), tools, len(lc.Policies), n+len(f.Warnings), lc.Source)
+			fmt.Fprintf(out, "ok: %d connectors, %d tools, %d rules, %d modules, %d warnings (%s)\n", len(f.Connectors), tools, len(lc.Policies), f.Modules, n+len(f.Warnings), lc.Source)
 			return nil
 		},
 	}

@@ -65,7 +65,7 @@ func isHexHash(s string) bool {
 // Head returns the head the log has written so far (Seq 0 for an empty log).
 func (l *Log) Head() Head {
 	l.wmu.Lock()
-	defer l.wmu.Unlock()
+	defer l.release() // an Append that found the lock taken left its record to us
 	return Head{Seq: l.seq, Hash: l.prev}
 }
 
@@ -73,7 +73,7 @@ func (l *Log) Head() Head {
 // the host cannot take back, so it is safe to record elsewhere.
 func (l *Log) DurableHead() (Head, error) {
 	l.wmu.Lock()
-	defer l.wmu.Unlock()
+	defer l.release() // as in Head
 	h := Head{Seq: l.seq, Hash: l.prev}
 	if l.f == nil || l.broken || l.syncFailed {
 		return Head{}, errors.New("audit: head: the log is not healthy")

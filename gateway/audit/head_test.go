@@ -186,3 +186,35 @@ func TestCheckpoints(t *testing.T) {
 		t.Fatal("the checkpoint file holds the signing key's seed")
 	}
 }
+
+// TestHeadWakesWriter: Head and DurableHead take the writer's lock; an
+// Append that finds it taken leaves its record to the holder, so the
+// holder must look at what is pending when it lets go. Before it did, an
+// Append racing the gateway's once-a-second head loop waited for the
+// next Append to come along, or its deadline (a 30s audit_unavailable).
+func TestHeadWakesWriter(t *testing.T) {
+	l, _ := openTest(t)
+	stop := make(chan struct{})
+	heads := make(chan struct{})
+	go func() {
+		defer close(heads)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = l.Head()
+			_, _ = l.DurableHead()
+		}
+	}()
+	defer func() { close(stop); <-heads }()
+	for i := range 300 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := l.Append(ctx, rec(i))
+		cancel()
+		if err != nil {
+			t.Fatalf("append %d while heads are taken: %v", i, err)
+		}
+	}
+}

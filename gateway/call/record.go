@@ -51,6 +51,7 @@ const (
 	KeyBytesUp         = "bytes_up"
 	KeyBytesDown       = "bytes_down"
 	KeyDurationMS      = "duration_ms"
+	KeyEgress          = "egress" // the sandbox's egress narrowing (sandboxd --egress), when it has one
 )
 
 // The audit events a record is written under.
@@ -92,6 +93,7 @@ type Record struct {
 	Agent     string
 	Session   string
 	User      string
+	Egress    string // the caller's egress narrowing, as in its preamble ("" when none)
 	Tool      string // tool calls: the tool's name (never its alias)
 
 	Decision Decision
@@ -152,6 +154,9 @@ func (r *Record) Fields(event string, code refusal.Code) []Field {
 	}
 	if end {
 		f = append(f, Field{KeyDurationMS, time.Since(r.Start).Milliseconds()})
+	}
+	if r.Egress != "" {
+		f = append(f, Field{KeyEgress, r.Egress})
 	}
 	if eg {
 		f = append(f, Field{KeyKind, string(r.Kind)})

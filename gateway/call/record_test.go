@@ -33,6 +33,7 @@ func TestFields(t *testing.T) {
 		if k == KindToolCall {
 			r.Port = 0 // a tool call has none
 		}
+		r.Egress = "pypi.org"
 		r.SetResolvedIP("192.0.2.1")
 		r.BytesUp.Store(3)
 		r.BytesDown.Store(4)
@@ -46,15 +47,15 @@ func TestFields(t *testing.T) {
 		want  string
 	}{
 		{"tool call decision", full(KindToolCall), EventDecision, "",
-			"agent credential decision dest_host reason resolved_ip rule sandbox session status tool transport upstream_error upstream_status user"},
+			"agent credential decision dest_host egress reason resolved_ip rule sandbox session status tool transport upstream_error upstream_status user"},
 		{"tool call result refused", full(KindToolCall), EventResult, refusal.UpstreamError,
-			"agent code credential decision dest_host duration_ms reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
+			"agent code credential decision dest_host duration_ms egress reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
 		{"tool call secret_reflected", full(KindToolCall), EventSecretReflected, "",
-			"agent credential decision dest_host duration_ms reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
+			"agent credential decision dest_host duration_ms egress reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
 		{"tool call refused before anything", &Record{Kind: KindToolCall, Agent: "a", Sandbox: "sb"}, EventDecision, refusal.RateLimited,
 			"agent code sandbox session tool user"},
 		{"egress result", full(KindConnect), EventResult, "",
-			"agent bytes_down bytes_up credential decision dest_host duration_ms kind port reason resolved_ip rule sandbox session status upstream_error upstream_status user"},
+			"agent bytes_down bytes_up credential decision dest_host duration_ms egress kind port reason resolved_ip rule sandbox session status upstream_error upstream_status user"},
 		{"egress refused before policy", &Record{Kind: KindHTTP, Event: "doh_refused"}, EventDecision, refusal.EgressDenied,
 			"agent code dest_host kind reason sandbox session user"},
 	}

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // Config is the whole of sluice.yaml.
@@ -683,10 +685,14 @@ func (c *Config) Validate() error {
 		if strings.TrimPrefix(c.Store, "sqlite:") == "" {
 			bad("store", "sqlite: needs a path")
 		}
-	case strings.HasPrefix(c.Store, "postgres://"):
-		bad("store", "postgres is not supported yet; use sqlite:/path")
+	case strings.HasPrefix(c.Store, "postgres://"), strings.HasPrefix(c.Store, "postgresql://"):
+		// Checked in full when the store opens (sslmode, pool size,
+		// statement_timeout); never echoed here: it may hold a password.
+		if _, err := url.Parse(c.Store); err != nil {
+			bad("store", "not a postgres:// URL (the value is not shown: it may hold a password)")
+		}
 	default:
-		bad("store", "want sqlite:/path, got %q", c.Store)
+		bad("store", "want sqlite:/path or postgres://…, got %q", RedactURL(c.Store))
 	}
 	if c.Audit.Path == "" {
 		bad("audit.path", "must be set: the gateway does not run without an audit log")
@@ -722,7 +728,7 @@ func (c *Config) Validate() error {
 		if c.Secrets.Vault == nil || c.Secrets.Vault.Address == "" {
 			bad("secrets.vault.address", "must be set when secrets.backend is vault")
 		} else if u, err := url.Parse(c.Secrets.Vault.Address); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			bad("secrets.vault.address", "want an http(s) URL, got %q", c.Secrets.Vault.Address)
+			bad("secrets.vault.address", "want an http(s) URL, got %q", RedactURL(c.Secrets.Vault.Address))
 		}
 		if c.Secrets.Vault != nil {
 			vc := c.Secrets.Vault
@@ -770,18 +776,20 @@ func (c *Config) Validate() error {
 			bad(k+".spec", "must be set (a file or an https URL)")
 		} else if strings.HasPrefix(cn.Spec, "http://") {
 			bad(k+".spec", "a spec URL must be https")
+		} else if u, err := url.Parse(cn.Spec); err == nil && u.Scheme == "https" && u.User != nil {
+			bad(k+".spec", "a spec URL must not carry user info (got %q): a credential does not belong in sluice.yaml", RedactURL(cn.Spec))
 		}
 		if cn.BaseURL != "" {
 			u, err := url.Parse(cn.BaseURL)
 			if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-				bad(k+".base_url", "want http(s)://host[:port][/path] without user, query or fragment, got %q", cn.BaseURL)
+				bad(k+".base_url", "want http(s)://host[:port][/path] without user, query or fragment, got %q", RedactURL(cn.BaseURL))
 			}
 		}
 		covers := false
 		for j, p := range cn.AllowPrivate {
-			pfx, err := netip.ParsePrefix(p)
+			pfx, err := ParseAllowPrivate(p)
 			if err != nil {
-				bad(fmt.Sprintf("%s.allow_private[%d]", k, j), "want a CIDR like 10.0.0.0/8: %v", err)
+				bad(fmt.Sprintf("%s.allow_private[%d]", k, j), "%v", err)
 				continue
 			}
 			if m, ok := CoversMetadata(pfx); ok {
@@ -993,6 +1001,53 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ParseAllowPrivate parses one allow_private entry: a CIDR (host bits
+// cleared: 10.0.0.5/8 is 10.0.0.0/8) or a bare address, which means that
+// address alone (10.0.0.5 is 10.0.0.5/32, fd00::5 is fd00::5/128). The
+// gateway admits exactly what this returns.
+func ParseAllowPrivate(s string) (netip.Prefix, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("want a CIDR like 10.0.0.0/8 or an address like 10.0.0.5, got %q (no zone)", s)
+		}
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("want a CIDR like 10.0.0.0/8 or an address like 10.0.0.5, got %q", s)
+	}
+	return p.Masked(), nil
+}
+
+// RedactURL is s fit for an error message: a URL can carry a credential
+// in its user info (https://user:token@host) or its query (?api_key=…),
+// so both are replaced by "REDACTED" (the fragment is dropped), and text
+// that does not parse as a URL is not shown at all.
+func RedactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(not shown: not a URL)"
+	}
+	if u.Opaque != "" { // scheme:opaque, e.g. sqlite:path or postgres:… without //
+		if strings.ContainsAny(u.Opaque, "@?") || u.RawQuery != "" {
+			return u.Scheme + ":REDACTED"
+		}
+		return u.Scheme + ":" + u.Opaque
+	}
+	user, query := u.User != nil, u.RawQuery != "" || u.ForceQuery
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	out := u.String()
+	if user {
+		if scheme, rest, ok := strings.Cut(out, "//"); ok {
+			out = scheme + "//REDACTED@" + rest
+		}
+	}
+	if query {
+		out += "?REDACTED"
+	}
+	return out
+}
+
 // MetadataRanges are where cloud instance metadata and credential services
 // live, and the IPv6 forms that embed the IPv4 ones (IPv4-mapped, NAT64
 // RFC 6052, 6to4 RFC 3056). An allow_private entry overlapping one needs
@@ -1030,25 +1085,8 @@ func CoversMetadata(p netip.Prefix) (netip.Prefix, bool) {
 // DNS name ("pypi.org") or "*." followed by one ("*.pythonhosted.org", any
 // name below it, at any depth, but not the domain itself). Labels are
 // letters, digits, '-' and '_', 1-63 bytes; the name at most 253 bytes.
-func ValidEgress(h string) bool {
-	h = strings.TrimPrefix(h, "*.")
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(h, ".") {
-		if l == "" || len(l) > 63 {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			switch b := l[i]; {
-			case 'a' <= b && b <= 'z', '0' <= b && b <= '9', b == '-', b == '_':
-			default:
-				return false
-			}
-		}
-	}
-	return true
-}
+// It is the syntax of a sandbox's egress narrowing too (sandboxd/wire).
+func ValidEgress(h string) bool { return wire.ValidEgressHost(h) }
 
 // Agent returns the named agent's grants, or nil.
 func (c *Config) Agent(name string) *Agent {

@@ -4,6 +4,8 @@
 // upstream response heads in raw egress. Both must agree on what a field
 // line is, so they share this one definition; it is strict where Go's own
 // server repairs (obs-fold, a space before the colon, control bytes).
+// It also holds the request body bound (BodyLimit, THREATS B10) that the
+// socket's checker and the intercepted tunnels' inner requests both keep.
 //
 // The package imports only the standard library.
 package h1

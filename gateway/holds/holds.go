@@ -47,6 +47,9 @@ type Caller struct {
 	Agent   string `json:"agent"`
 	Session string `json:"session"`
 	User    string `json:"user"`
+	// Egress is the sandbox's egress narrowing (policy.Caller.Egress),
+	// kept so that the hold's records carry it too.
+	Egress string `json:"egress,omitempty"`
 }
 
 // Hold is one held call.
@@ -54,7 +57,8 @@ type Hold struct {
 	ID             string    `json:"id"`
 	Status         Status    `json:"status"`
 	Tool           string    `json:"tool"`
-	Args           []byte    `json:"args"` // the canonical JSON arguments document
+	OpSummary      string    `json:"op_summary,omitempty"` // the operation's OpenAPI summary at hold time, for the approver
+	Args           []byte    `json:"args"`                 // the canonical JSON arguments document
 	Request        Request   `json:"request"`
 	SHA256         string    `json:"sha256"`               // hex of the canonical request encoding
 	Credential     string    `json:"credential,omitempty"` // the name of what the gateway attaches, never a value
@@ -76,6 +80,9 @@ type Hold struct {
 	// approved), else the hold's ID, which is stable and stored. Only such
 	// a hold is re-sent after a crash left its outcome unknown.
 	IdempotencyHeader string `json:"idempotency_header,omitempty"`
+	// Version is the stored hold's change count when it was read: a
+	// decision applies only to the version its decider saw.
+	Version int64 `json:"-"`
 }
 
 // Terminal says whether the hold's state can no longer change.

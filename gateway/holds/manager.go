@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -53,12 +54,6 @@ type Manager struct {
 	now func() time.Time
 	log *slog.Logger
 
-	// create makes Create's look-up, counts and insert one step, so
-	// concurrent asks can neither pass a cap together nor make two holds
-	// of one request. A store is one gateway's (store.Open holds its
-	// lock), so a process lock suffices.
-	create sync.Mutex
-
 	mu      sync.Mutex
 	waiters map[string]chan struct{} // closed when the hold changes
 	subs    map[chan Event]struct{}
@@ -67,6 +62,9 @@ type Manager struct {
 	// being re-sent by this process: at most one re-send per hold at a time.
 	reconcile []string
 	inflight  map[string]struct{}
+	// resyncs counts wakeAll calls (re-checks after a lost notification
+	// connection), for tests.
+	resyncs atomic.Int64
 }
 
 // New returns a Manager over o.Store.
@@ -102,6 +100,7 @@ func (m *Manager) MaxPendingPerSandbox() int { return m.o.MaxPendingPerSandbox }
 // doc is the immutable part of a hold, stored as JSON.
 type doc struct {
 	Tool       string   `json:"tool"`
+	OpSummary  string   `json:"op_summary,omitempty"`
 	Args       []byte   `json:"args"`
 	Request    Request  `json:"request"`
 	Credential string   `json:"credential,omitempty"`
@@ -120,10 +119,10 @@ func fromRow(r store.HoldRow) (Hold, error) {
 	if err := json.Unmarshal(r.Doc, &d); err != nil {
 		return Hold{}, fmt.Errorf("holds: hold %s: stored document: %w", r.ID, err)
 	}
-	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
+	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, OpSummary: d.OpSummary, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
 		Credential: d.Credential, Caller: d.Caller, Approvers: d.Approvers, Rule: d.Rule, Reason: d.Reason,
 		Created: r.Created, Expires: r.Expires, DecidedBy: r.DecidedBy, DecisionReason: r.DecisionReason, Decided: r.Decided,
-		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader}
+		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader, Version: r.Version}
 	if r.Result != nil {
 		h.Result = &Result{}
 		if err := json.Unmarshal(r.Result, h.Result); err != nil {
@@ -150,47 +149,27 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	h.SHA256 = h.Request.Hash()
 	st := m.o.Store
 	c := h.Caller
-	m.create.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			m.create.Unlock()
-		}
-	}()
-	old, ok, err := st.FindHold(ctx, c.Agent, c.Sandbox, c.Session, c.User, h.Tool, h.SHA256, []string{string(Pending), string(Running)})
-	if err != nil {
-		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
-	}
-	if ok {
-		o, err := fromRow(old)
-		return o, false, err
-	}
-	n, err := st.CountHolds(ctx, c.Agent, []string{string(Pending)})
-	if err != nil {
-		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
-	}
-	if n >= m.o.MaxPendingPerAgent {
-		return Hold{}, false, ErrTooMany
-	}
-	n, err = st.CountSandboxHolds(ctx, c.Agent, c.Sandbox, []string{string(Pending)})
-	if err != nil {
-		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
-	}
-	if n >= m.o.MaxPendingPerSandbox {
-		return Hold{}, false, ErrTooManyForSandbox
-	}
 	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
-	d, err := json.Marshal(doc{Tool: h.Tool, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
+	d, err := json.Marshal(doc{Tool: h.Tool, OpSummary: h.OpSummary, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
 		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}
-	if err := st.InsertHold(ctx, store.HoldRow{ID: h.ID, Status: string(Pending), Agent: c.Agent, Sandbox: c.Sandbox, Session: c.Session, User: c.User,
-		Tool: h.Tool, SHA256: h.SHA256, Created: h.Created, Expires: h.Expires, Doc: d}); err != nil {
+	row, created, err := st.CreateHold(ctx, store.HoldRow{ID: h.ID, Status: string(Pending), Agent: c.Agent, Sandbox: c.Sandbox, Session: c.Session, User: c.User,
+		Tool: h.Tool, SHA256: h.SHA256, Created: h.Created, Expires: h.Expires, Doc: d},
+		store.HoldCaps{Statuses: []string{string(Pending), string(Running)}, Pending: string(Pending),
+			PerAgent: m.o.MaxPendingPerAgent, PerSandbox: m.o.MaxPendingPerSandbox})
+	switch {
+	case errors.Is(err, store.ErrAgentCap):
+		return Hold{}, false, ErrTooMany
+	case errors.Is(err, store.ErrSandboxCap):
+		return Hold{}, false, ErrTooManyForSandbox
+	case err != nil:
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
+	case !created:
+		o, err := fromRow(row)
+		return o, false, err
 	}
-	m.create.Unlock()
-	locked = false
 	if err := m.o.Audit(ctx, "hold_created", h, map[string]any{"expires": h.Expires.Format(time.RFC3339)}); err != nil {
 		_, _ = st.FinishHold(context.WithoutCancel(ctx), h.ID, string(Pending), string(Failed), nil)
 		return Hold{}, false, fmt.Errorf("holds: create: %w: %w", ErrAudit, err)
@@ -310,9 +289,10 @@ func (m *Manager) decideGrant(ctx context.Context, id string, p Person, reason s
 	}
 	now := m.now().UTC()
 	var ok bool
-	if g == nil {
-		ok, err = m.o.Store.DecideHold(ctx, id, string(to), p.Name, reason, now)
-	} else {
+	// Conditional on the status and on the version read above: of any
+	// number of deciders, on any number of gateways, one wins.
+	dec := store.Decision{ID: id, Version: h.Version, To: string(to), By: p.Name, Reason: reason, Now: now}
+	if g != nil {
 		// Bound to the hold's own key: this agent, this user, this tool,
 		// exactly this request.
 		g.Agent, g.User, g.Tool, g.SHA256, g.Hold = h.Caller.Agent, h.Caller.User, h.Tool, h.SHA256, h.ID
@@ -321,9 +301,10 @@ func (m *Manager) decideGrant(ctx context.Context, id string, p Person, reason s
 		if merr != nil {
 			return h, fmt.Errorf("holds: decide: grant: %w", merr)
 		}
-		ok, err = m.o.Store.DecideHoldGrant(ctx, id, string(to), p.Name, reason, now, store.GrantRow{ID: g.ID, Agent: g.Agent,
-			User: g.User, Tool: g.Tool, SHA256: g.SHA256, Hold: g.Hold, GrantedBy: g.By, Created: g.Created, Expires: g.Expires, Doc: d})
+		dec.Grant = &store.GrantRow{ID: g.ID, Agent: g.Agent,
+			User: g.User, Tool: g.Tool, SHA256: g.SHA256, Hold: g.Hold, GrantedBy: g.By, Created: g.Created, Expires: g.Expires, Doc: d}
 	}
+	ok, err = m.o.Store.Decide(ctx, dec)
 	if err != nil {
 		return h, fmt.Errorf("holds: decide: %w", err)
 	}
@@ -481,6 +462,58 @@ func (m *Manager) Subscribe(ctx context.Context) <-chan Event {
 	return ch
 }
 
+// remoteChanged handles another replica's change to hold id: when
+// something here waits on it or watches the queue, the hold is read and
+// published as if changed here.
+func (m *Manager) remoteChanged(ctx context.Context, id string) {
+	m.mu.Lock()
+	_, waiting := m.waiters[id]
+	watched := len(m.subs) > 0
+	m.mu.Unlock()
+	if !waiting && !watched {
+		return
+	}
+	h, err := m.get(ctx, id)
+	if err != nil {
+		m.wake(id) // the waiter reads it again itself
+		return
+	}
+	m.publish(h, eventKind(h.Status))
+}
+
+// eventKind is the Event.Kind a hold in status st was last changed by.
+func eventKind(st Status) string {
+	switch st {
+	case Pending:
+		return "created"
+	case Running:
+		return "approved"
+	}
+	return string(st) // executed, denied, expired, failed, outcome_unknown
+}
+
+// wake releases whoever waits on id, without an event.
+func (m *Manager) wake(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ch, ok := m.waiters[id]; ok {
+		close(ch)
+		delete(m.waiters, id)
+	}
+}
+
+// wakeAll releases every waiter: each reads its hold again. Called after
+// the notification connection was lost, when changes may have been missed.
+func (m *Manager) wakeAll() {
+	m.resyncs.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, ch := range m.waiters {
+		close(ch)
+		delete(m.waiters, id)
+	}
+}
+
 func (m *Manager) publish(h Hold, kind string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -578,10 +611,15 @@ func (m *Manager) Recover(ctx context.Context) error {
 // leaves at most the calls that were in flight).
 const maxRecover = 1 << 20
 
-// Run re-sends what Recover left to reconcile (in the background), then
-// expires holds as they come due, until ctx ends.
+// Run re-sends what Recover left to reconcile (in the background), listens
+// for hold changes made by other gateways on a shared store, and expires
+// holds as they come due, until ctx ends.
 func (m *Manager) Run(ctx context.Context) {
 	m.startReconcile(ctx)
+	// A shared store: holds change on other replicas too. Their
+	// notifications wake this replica's waiters and feed its live queue;
+	// after a lost connection every waiter re-checks its hold.
+	go m.o.Store.ListenHolds(ctx, func(id string) { m.remoteChanged(ctx, id) }, m.wakeAll)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {

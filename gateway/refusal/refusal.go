@@ -49,11 +49,21 @@ const (
 	// for its tools (403): refused rather than answered with an empty
 	// list, so a misnamed agent shows at once.
 	UnknownAgent Code = "unknown_agent"
+	// EgressNotGranted is an identity whose egress narrowing (sandboxd
+	// --egress) names a host outside its agent's allowlist asking for its
+	// tools (403): a narrowing never widens.
+	EgressNotGranted Code = "egress_not_granted"
 	// SessionEnded is a call from a session an operator ended (403).
 	SessionEnded Code = "session_ended"
 	// SessionUnavailable is a call whose session state cannot be read
 	// (503): fail closed.
 	SessionUnavailable Code = "session_unavailable"
+	// StoreUnavailable: the state the call needs (its session, its hold,
+	// the pending-holds cap, a shared rate limit) could not be read or
+	// written because the store did not answer (PostgreSQL down or slow
+	// past its statement timeout). Nothing was sent; the call may be
+	// retried (on another replica).
+	StoreUnavailable Code = "store_unavailable"
 	// Connection-level refusals, before any identity exists.
 	UntrustedPeer    Code = "untrusted_peer"
 	IdentityRequired Code = "identity_required"

@@ -206,7 +206,7 @@ func TestOIDCFlow(t *testing.T) {
 				t.Fatal("no same-site continuation page")
 			}
 			r, q := b.get("/")
-			if r.StatusCode != 200 || !strings.Contains(q, `<span class="me" title="signed in">`+c.wantUser+`</span>`) {
+			if r.StatusCode != 200 || !strings.Contains(q, `<span class="me">Signed in as <b>`+c.wantUser+`</b></span>`) {
 				t.Fatalf("queue after sign-in: %d", r.StatusCode)
 			}
 			// The session carries the provider's groups: a group:finance hold is alice's to decide.

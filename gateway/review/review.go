@@ -1,7 +1,8 @@
 // Package review is the web UI where people decide held calls: sign-in
 // (local users with bcrypt hashes, or OIDC), a live queue of pending holds,
 // a hold's page showing exactly what would be sent, approve and deny forms,
-// history and an audit view.
+// history, the audit log as a filtered table with a badge saying whether
+// its hash chain verifies, and a session's timeline.
 //
 // Everything a hold carries came from the agent and is hostile: pages are
 // html/template (contextual escaping), invisible and bidi characters are
@@ -70,8 +71,9 @@ type Options struct {
 	OIDC  *OIDC         // optional
 	Log   *slog.Logger  // default: discard
 	Audit func(ctx context.Context, event string, fields map[string]any) error
-	// AuditTail returns the newest n audit records for the audit view (optional).
-	AuditTail func(n int) ([]json.RawMessage, error)
+	// AuditFile is the audit log (audit.path) the audit table and the
+	// session timelines read, and verify, on each view (optional).
+	AuditFile string
 	Now       func() time.Time // default time.Now
 	// SessionTTL and SessionIdle bound a session (defaults 8h and 30m).
 	SessionTTL, SessionIdle time.Duration
@@ -184,15 +186,12 @@ func New(opt Options) (*UI, error) {
 			}
 			return "in " + ago(d)
 		},
-		"stamp": func(t time.Time) string {
-			if t.IsZero() {
-				return ""
-			}
-			return t.UTC().Format("2006-01-02 15:04:05Z")
-		},
+		"stamp":         stampHTML,
 		"sortedHeaders": sortedHeaders,
+		"argsum":        func(doc []byte) string { return argSummary(doc) },
+		"pathesc":       url.PathEscape,
 	}
-	for _, name := range []string{"login", "queue", "hold", "history", "audit", "error", "redirect", "queuefrag"} {
+	for _, name := range []string{"login", "queue", "hold", "history", "audit", "timeline", "error", "redirect", "queuefrag"} {
 		t, err := template.New("base.html").Funcs(funcs).ParseFS(templateFS, "templates/base.html", "templates/queuelist.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("review: template %s: %w", name, err)
@@ -220,6 +219,7 @@ func New(opt Options) (*UI, error) {
 	m.HandleFunc("POST /holds/{id}/deny", u.authed(u.handleDecide(false)))
 	m.HandleFunc("GET /history", u.authed(u.handleHistory))
 	m.HandleFunc("GET /audit", u.authed(u.handleAudit))
+	m.HandleFunc("GET /sessions/{session}", u.authed(u.handleTimeline))
 	u.mux = m
 	return u, nil
 }
@@ -413,12 +413,14 @@ type view struct {
 	Mine       bool   // the person is the requester (caller.user)
 	CanApprove bool   // the server's answer, not the page's guess
 	Why        string // why not, when CanApprove is false
+	Outcome    Outcome
+	Marked     bool // the page shows markers for invisible characters: explain them
 }
 
 // visibleTo decides whether a person may see a hold at all: its approvers
 // and its requester may; others get 404, as if it did not exist.
 func (u *UI) visibleTo(h holds.Hold, p holds.Person) (view, bool) {
-	v := view{Hold: h, Mine: ident.Conflict(h.Caller.User, p.Name)} // as CanApprove compares
+	v := view{Hold: h, Mine: ident.Conflict(h.Caller.User, p.Name), Outcome: outcome(h)} // Mine as CanApprove compares
 	err := u.opt.Holds.CanApprove(h, p)
 	switch {
 	case err == nil && !v.Mine:
@@ -486,6 +488,7 @@ func (u *UI) handleHold(w http.ResponseWriter, r *http.Request, s *session) {
 		u.fail(w, r, s, http.StatusNotFound, "No such hold.")
 		return
 	}
+	v.Marked = holdMarked(h)
 	u.render(w, http.StatusOK, "hold", u.page(s, "Hold "+h.ID, "", v))
 }
 
@@ -555,25 +558,6 @@ func (u *UI) handleHistory(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	u.render(w, http.StatusOK, "history", u.page(s, "History", "history", vs))
-}
-
-// auditRow is one audit record, pretty-printed.
-type auditRow struct{ Doc []Seg }
-
-func (u *UI) handleAudit(w http.ResponseWriter, r *http.Request, s *session) {
-	var rows []auditRow
-	if u.opt.AuditTail != nil {
-		recs, err := u.opt.AuditTail(200)
-		if err != nil {
-			u.log.Error("review: audit tail", "err", err.Error())
-			u.fail(w, r, s, http.StatusServiceUnavailable, "The audit log cannot be read right now.")
-			return
-		}
-		for i := len(recs) - 1; i >= 0; i-- { // newest first
-			rows = append(rows, auditRow{Doc: prettyJSON(recs[i])})
-		}
-	}
-	u.render(w, http.StatusOK, "audit", u.page(s, "Audit", "audit", rows))
 }
 
 // handleEvents streams "changed" events for holds this person may see, so

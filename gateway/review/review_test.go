@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/store"
@@ -72,9 +73,7 @@ func newEnv(t *testing.T, edit func(*Options)) *env {
 			e.audits = append(e.audits, fmt.Sprintf("%s %v", event, f["user"]))
 			return nil
 		},
-		AuditTail: func(n int) ([]json.RawMessage, error) {
-			return []json.RawMessage{json.RawMessage(`{"event":"hold_created","note":"<script>alert(1)</script>"}`)}, nil
-		},
+		AuditFile: auditFile(t, audit.Record{Event: "hold_created", Fields: map[string]any{"note": "<script>alert(1)</script>"}}),
 	}
 	if edit != nil {
 		edit(&opt)
@@ -86,6 +85,25 @@ func newEnv(t *testing.T, edit func(*Options)) *env {
 	e.srv = httptest.NewServer(e.ui)
 	t.Cleanup(e.srv.Close)
 	return e
+}
+
+// auditFile writes recs to a new audit log and returns its path.
+func auditFile(t *testing.T, recs ...audit.Record) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := audit.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if _, err := l.Append(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func (e *env) clock() time.Time {

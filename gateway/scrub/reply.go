@@ -5,6 +5,7 @@ import (
 	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -28,6 +29,16 @@ type ReplyError struct {
 }
 
 func (e *ReplyError) Error() string { return e.msg }
+
+// ReplyReason is the stable reason of a reply Reply refused: the
+// ReplyError's Reason, or unreadable_reply for any other error.
+func ReplyReason(err error) string {
+	var re *ReplyError
+	if errors.As(err, &re) {
+		return re.Reason
+	}
+	return "unreadable_reply"
+}
 
 func refuse(reason, format string, args ...any) *ReplyError {
 	return &ReplyError{Reason: reason, msg: fmt.Sprintf(format, args...)}

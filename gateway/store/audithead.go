@@ -5,8 +5,21 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 )
+
+// auditLogKey is the audit_heads row this store's gateway uses. SQLite:
+// ” (one gateway per store, as before the table was keyed). PostgreSQL:
+// the host name and Options.AuditLog, so each replica checks its own
+// file against its own head, never against another replica's.
+func (s *Store) auditLogKey() string {
+	if s.b.Kind() == SQLite {
+		return ""
+	}
+	host, _ := os.Hostname()
+	return host + ":" + s.auditLog
+}
 
 // AuditHead returns the audit log head recorded by SetAuditHead; ok is
 // false when none was recorded yet.
@@ -15,7 +28,7 @@ func (s *Store) AuditHead(ctx context.Context) (seq uint64, hash string, updated
 		n    int64
 		unix int64
 	)
-	err = s.db.QueryRowContext(ctx, `SELECT seq, hash, updated FROM audit_head WHERE id = 1`).Scan(&n, &hash, &unix)
+	err = s.db.queryRow(ctx, `SELECT seq, hash, updated FROM audit_heads WHERE log = ?`, s.auditLogKey()).Scan(&n, &hash, &unix)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, "", time.Time{}, false, nil
 	}
@@ -27,9 +40,9 @@ func (s *Store) AuditHead(ctx context.Context) (seq uint64, hash string, updated
 
 // SetAuditHead records the audit log's head.
 func (s *Store) SetAuditHead(ctx context.Context, seq uint64, hash string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO audit_head (id, seq, hash, updated) VALUES (1, ?, ?, ?)
-		ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, updated = excluded.updated`,
-		int64(seq), hash, s.now().UnixNano())
+	_, err := s.db.exec(ctx, `INSERT INTO audit_heads (log, seq, hash, updated) VALUES (?, ?, ?, ?)
+		ON CONFLICT (log) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, updated = excluded.updated`,
+		s.auditLogKey(), int64(seq), hash, s.now().UnixNano())
 	if err != nil {
 		return fmt.Errorf("store: set audit head: %w", err)
 	}

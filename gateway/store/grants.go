@@ -25,7 +25,7 @@ type GrantRow struct {
 	RevokedBy string
 }
 
-const grantCols = `id, agent, user, tool, sha256, hold, granted_by, created, expires, doc, revoked, revoked_by`
+const grantCols = `id, agent, "user", tool, sha256, hold, granted_by, created, expires, doc, revoked, revoked_by`
 
 func scanGrant(sc scanner) (GrantRow, error) {
 	var g GrantRow
@@ -44,38 +44,13 @@ func scanGrant(sc scanner) (GrantRow, error) {
 // DecideHoldGrant is DecideHold that also stores g, in one transaction: the
 // grant exists if and only if this call won the decision.
 func (s *Store) DecideHoldGrant(ctx context.Context, id, to, by, reason string, now time.Time, g GrantRow) (bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return false, fmt.Errorf("store: decide hold with grant: %w", err)
-	}
-	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, `UPDATE holds SET status = ?, decided_by = ?, decision_reason = ?, decided = ?
-		WHERE id = ? AND status = 'pending' AND expires > ?`, to, by, reason, now.UnixNano(), id, now.UnixNano())
-	if err != nil {
-		return false, fmt.Errorf("store: decide hold with grant: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("store: decide hold with grant: %w", err)
-	}
-	if n != 1 {
-		return false, nil
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO grants (id, agent, user, tool, sha256, hold, granted_by, created, expires, doc)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, g.ID, g.Agent, g.User, g.Tool, g.SHA256, g.Hold, g.GrantedBy,
-		g.Created.UnixNano(), g.Expires.UnixNano(), g.Doc); err != nil {
-		return false, fmt.Errorf("store: decide hold with grant: insert grant: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("store: decide hold with grant: %w", err)
-	}
-	return true, nil
+	return s.Decide(ctx, Decision{ID: id, Version: AnyVersion, To: to, By: by, Reason: reason, Now: now, Grant: &g})
 }
 
 // MatchGrants returns the grants for exactly this agent, user, tool and
 // request hash that are neither revoked nor expired at now, newest first.
 func (s *Store) MatchGrants(ctx context.Context, agent, user, tool, sha string, now time.Time) ([]GrantRow, error) {
-	return s.grants(ctx, `SELECT `+grantCols+` FROM grants WHERE agent = ? AND user = ? AND tool = ? AND sha256 = ?
+	return s.grants(ctx, `SELECT `+grantCols+` FROM grants WHERE agent = ? AND "user" = ? AND tool = ? AND sha256 = ?
 		AND expires > ? AND revoked = 0 ORDER BY created DESC LIMIT 100`, agent, user, tool, sha, now.UnixNano())
 }
 
@@ -93,20 +68,16 @@ func (s *Store) ListGrants(ctx context.Context, all bool, now time.Time, limit i
 }
 
 func (s *Store) grants(ctx context.Context, q string, args ...any) ([]GrantRow, error) {
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: grants: %w", err)
-	}
-	defer rows.Close()
 	out := []GrantRow{}
-	for rows.Next() {
-		g, err := scanGrant(rows)
+	err := s.db.each(ctx, q, args, func(sc scanner) error {
+		g, err := scanGrant(sc)
 		if err != nil {
-			return nil, fmt.Errorf("store: grants: %w", err)
+			return err
 		}
 		out = append(out, g)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("store: grants: %w", err)
 	}
 	return out, nil
@@ -114,7 +85,7 @@ func (s *Store) grants(ctx context.Context, q string, args ...any) ([]GrantRow, 
 
 // GetGrant returns one grant, or ErrNotFound.
 func (s *Store) GetGrant(ctx context.Context, id string) (GrantRow, error) {
-	g, err := scanGrant(s.db.QueryRowContext(ctx, `SELECT `+grantCols+` FROM grants WHERE id = ?`, id))
+	g, err := scanGrant(s.db.queryRow(ctx, `SELECT `+grantCols+` FROM grants WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return GrantRow{}, ErrNotFound
 	}
@@ -127,12 +98,8 @@ func (s *Store) GetGrant(ctx context.Context, id string) (GrantRow, error) {
 // RevokeGrant marks a grant revoked by `by` at now unless it already is;
 // it reports whether this call revoked it.
 func (s *Store) RevokeGrant(ctx context.Context, id, by string, now time.Time) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE grants SET revoked = ?, revoked_by = ? WHERE id = ? AND revoked = 0`,
+	n, err := s.db.exec(ctx, `UPDATE grants SET revoked = ?, revoked_by = ? WHERE id = ? AND revoked = 0`,
 		now.UnixNano(), by, id)
-	if err != nil {
-		return false, fmt.Errorf("store: revoke grant: %w", err)
-	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return false, fmt.Errorf("store: revoke grant: %w", err)
 	}
@@ -142,7 +109,7 @@ func (s *Store) RevokeGrant(ctx context.Context, id, by string, now time.Time) (
 // DeleteGrant removes a grant that must never have existed (its approval
 // could not be audited).
 func (s *Store) DeleteGrant(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM grants WHERE id = ?`, id); err != nil {
+	if _, err := s.db.exec(ctx, `DELETE FROM grants WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete grant: %w", err)
 	}
 	return nil

@@ -1,112 +1,135 @@
-// Package store keeps the gateway's state in SQLite (modernc.org/sqlite, WAL):
-// usage counters, held calls, "always allow" grants and ended sessions.
+// Package store keeps the gateway's state: usage counters, held calls,
+// "always allow" grants, ended sessions and the audit log's head.
 //
-// The schema evolves through numbered migrations (see migrations), recorded
-// in the schema_migrations table; Open applies the missing ones in order,
-// each in its own transaction.
+// One Store type serves two engines (see Backend): SQLite
+// (modernc.org/sqlite, WAL), the embedded default that one gateway process
+// owns, and PostgreSQL (jackc/pgx/v5, pgxpool), which several gateway
+// replicas share. Every query is written once, in the SQL both speak; the
+// engines differ in their schema text, how migrations are serialised, what
+// counts as "the database is unreachable" and whether another process may
+// change the state behind this one's back.
+//
+// The schema evolves through numbered migrations embedded from
+// migrations/<engine>/NNNN_name.sql, recorded in the schema_migrations
+// table; Open applies the missing ones in order, each in its own
+// transaction (PostgreSQL: all under one advisory lock, so replicas
+// starting together migrate once).
 package store
 
 import (
 	"context"
 	"database/sql"
+	"embed"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"io/fs"
+	"path"
+	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
-
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
-// migrations[i] moves the schema from version i to i+1. Append only: never
-// edit a migration that has shipped.
-var migrations = []string{
-	// 1: usage counters per hour.
-	`CREATE TABLE usage (
-		hour   TEXT    NOT NULL,
-		agent  TEXT    NOT NULL,
-		tool   TEXT    NOT NULL,
-		action TEXT    NOT NULL,
-		count  INTEGER NOT NULL,
-		PRIMARY KEY (hour, agent, tool, action)
-	) WITHOUT ROWID;
-	CREATE INDEX usage_hour ON usage (hour DESC);`,
-	// 2: held calls (gateway/holds). doc is the immutable part as JSON; the
-	// columns are what queries select on and what a decision changes.
-	`CREATE TABLE holds (
-		id              TEXT    PRIMARY KEY,
-		status          TEXT    NOT NULL,
-		agent           TEXT    NOT NULL,
-		session         TEXT    NOT NULL,
-		user            TEXT    NOT NULL,
-		tool            TEXT    NOT NULL,
-		sha256          TEXT    NOT NULL,
-		created         INTEGER NOT NULL,
-		expires         INTEGER NOT NULL,
-		doc             BLOB    NOT NULL,
-		decided_by      TEXT    NOT NULL DEFAULT '',
-		decision_reason TEXT    NOT NULL DEFAULT '',
-		decided         INTEGER NOT NULL DEFAULT 0,
-		result          BLOB
-	);
-	CREATE INDEX holds_status ON holds (status, expires);
-	CREATE INDEX holds_caller ON holds (agent, status);
-	CREATE INDEX holds_same ON holds (agent, session, user, tool, sha256, status);
-	CREATE INDEX holds_created ON holds (created DESC);`,
-	// 3: ended sessions (gateway/sessions.go). holds is the JSON list of
-	// the hold ids the end expired.
-	`CREATE TABLE ended_sessions (
-		session  TEXT    PRIMARY KEY,
-		ended    INTEGER NOT NULL,
-		ended_by TEXT    NOT NULL,
-		holds    TEXT    NOT NULL DEFAULT '[]'
-	) WITHOUT ROWID;
-	CREATE INDEX holds_session ON holds (session, status);`,
-	// 4: "always allow" grants (gateway/holds): an approver's standing
-	// approval of one exact request (tool and canonical request hash) for
-	// one agent and user, until expires or until revoked. doc is the
-	// immutable rest as JSON (the granter's groups, the note).
-	`CREATE TABLE grants (
-		id         TEXT    PRIMARY KEY,
-		agent      TEXT    NOT NULL,
-		user       TEXT    NOT NULL,
-		tool       TEXT    NOT NULL,
-		sha256     TEXT    NOT NULL,
-		hold       TEXT    NOT NULL,
-		granted_by TEXT    NOT NULL,
-		created    INTEGER NOT NULL,
-		expires    INTEGER NOT NULL,
-		doc        BLOB    NOT NULL,
-		revoked    INTEGER NOT NULL DEFAULT 0,
-		revoked_by TEXT    NOT NULL DEFAULT ''
-	) WITHOUT ROWID;
-	CREATE INDEX grants_match ON grants (agent, user, tool, sha256, expires);
-	CREATE INDEX grants_created ON grants (created DESC);`,
-	// 5: the sandbox a hold was asked from: holds are deduplicated only
-	// within one sandbox (never answered with another sandbox's hold), and
-	// each sandbox has its own cap on pending holds under its agent's
-	// (THREATS B9). Holds stored before have sandbox ''.
-	`ALTER TABLE holds ADD COLUMN sandbox TEXT NOT NULL DEFAULT '';
-	DROP INDEX holds_same;
-	CREATE INDEX holds_same ON holds (agent, sandbox, session, user, tool, sha256, status);
-	CREATE INDEX holds_sandbox ON holds (agent, sandbox, status);`,
-	// 6: the audit log's head as the gateway last made it durable
-	// (THREATS G9): at start a log that does not reach it, or holds
-	// another record at its seq, is refused. One row.
-	`CREATE TABLE audit_head (
-		id      INTEGER PRIMARY KEY CHECK (id = 1),
-		seq     INTEGER NOT NULL,
-		hash    TEXT    NOT NULL,
-		updated INTEGER NOT NULL
-	);`,
+//go:embed migrations
+var migrationFS embed.FS
+
+// Migration is one numbered schema step.
+type Migration struct {
+	Version int
+	Name    string // file name without the number and .sql
+	SQL     string
 }
+
+// Migrations returns kind's migrations in order; Version i+1 is at index i.
+func Migrations(kind Kind) []Migration {
+	dir := path.Join("migrations", kind.String())
+	ents, err := fs.ReadDir(migrationFS, dir)
+	if err != nil {
+		panic("bug(): store: embedded migrations: " + err.Error())
+	}
+	var out []Migration
+	for i, e := range ents {
+		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v != i+1 {
+			panic(fmt.Sprintf("bug(): store: migration %s/%s is not number %d", dir, e.Name(), i+1))
+		}
+		b, err := migrationFS.ReadFile(path.Join(dir, e.Name()))
+		if err != nil {
+			panic("bug(): store: embedded migrations: " + err.Error())
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: string(b)})
+	}
+	return out
+}
+
+// Kind is a store's engine.
+type Kind int
+
+const (
+	SQLite Kind = iota + 1
+	Postgres
+)
+
+func (k Kind) String() string {
+	switch k {
+	case SQLite:
+		return "sqlite"
+	case Postgres:
+		return "postgres"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// ErrUnavailable marks an error that means the database could not be
+// reached or did not answer in time (not that it refused a statement).
+// The gateway answers such calls 503 store_unavailable and sends nothing.
+var ErrUnavailable = errors.New("store: unavailable")
+
+// Backend is what differs between the engines. The SQL of every query is
+// the same (the Store's); a Backend opens the database, serialises
+// migrations, and says which errors mean "unreachable".
+type Backend interface {
+	Kind() Kind
+	// lockMigrations serialises migrations across every process using the
+	// database for as long as conn is held; unlock releases it.
+	lockMigrations(ctx context.Context, conn *sql.Conn) (unlock func(), err error)
+	// unavailable says whether err (from a statement) means the database
+	// could not be reached or did not answer, rather than refused it.
+	unavailable(err error) bool
+	// shared says whether other processes may change the state too (so
+	// answers this process caches must expire).
+	shared() bool
+	// close releases what the backend holds beyond the *sql.DB (the
+	// SQLite file lock, the pgx pool), after the DB is closed.
+	close() error
+}
+
+// Options tune a Store; the zero value is the defaults.
+type Options struct {
+	// QueryTimeout bounds every statement and transaction from the
+	// client side (a hung network, a stopped server). Default 5s; a
+	// PostgreSQL DSN's statement_timeout, if set, is used (plus 1s, so
+	// the server's own timeout fires first).
+	QueryTimeout time.Duration
+	// AuditLog is the gateway's audit log path: on a shared store each
+	// replica's head is kept apart (host name and this path).
+	AuditLog string
+	// NoMigrate opens the database without creating or migrating the
+	// schema (sluice store status); the SQLite file is not locked.
+	NoMigrate bool
+}
+
+// testMaxVersion, when set by a test, stops migrations at that version
+// (to write a database as an older binary did).
+var testMaxVersion int
+
+// DefaultQueryTimeout is Options.QueryTimeout's default.
+const DefaultQueryTimeout = 5 * time.Second
 
 // Store is an open database. Safe for concurrent use.
 type Store struct {
-	db  *sql.DB
+	b   Backend
+	db  *db
 	now func() time.Time
 	// ended is SessionEnded's query, prepared once: it runs on every tool
 	// call and proxied request, and preparing it each time cost ~11% of the
@@ -115,161 +138,195 @@ type Store struct {
 	// endedCache holds SessionEnded's answers; the query itself was still
 	// ~8% of a proxied request's CPU.
 	endedCache endedCache
-	// lock is the database file, held with an exclusive flock for as long
-	// as the store is open: an SQLite store is one gateway's, which is what
-	// lets endedCache trust that every end passes through EndSession.
-	lock *os.File
+	auditLog   string // Options.AuditLog
+	origin     string // this Store in hold notifications (notify.go)
 }
 
-// Open opens a DSN of the form "sqlite:/path/to/file.db" (or ":memory:" after
-// "sqlite:"), creating and migrating the schema.
-//
-// A new database file is created with mode 0600 in a directory created 0700;
-// SQLite gives its -wal and -shm files the same mode as the database.
+// Open opens a DSN: "sqlite:/path/to/file.db" (or ":memory:" after
+// "sqlite:"), or "postgres://…" / "postgresql://…" (see openPostgres),
+// creating and migrating the schema.
 func Open(ctx context.Context, dsn string) (*Store, error) {
-	path, err := parseDSN(dsn)
+	return OpenWith(ctx, dsn, Options{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, dsn string, o Options) (*Store, error) {
+	if o.QueryTimeout <= 0 {
+		o.QueryTimeout = DefaultQueryTimeout
+	}
+	var (
+		sdb *sql.DB
+		b   Backend
+		err error
+	)
+	switch scheme, _, _ := strings.Cut(dsn, ":"); scheme {
+	case "postgres", "postgresql":
+		sdb, b, err = openPostgres(ctx, dsn, &o)
+	default:
+		sdb, b, err = openSQLite(dsn, o)
+	}
 	if err != nil {
 		return nil, err
 	}
-	params := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_txlock=immediate"
-	memory := path == ":memory:"
-	var lock *os.File
-	if !memory {
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, fmt.Errorf("store: open: %w", err)
-		}
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("store: open: %w", err)
-		}
-		// flock and SQLite's own POSIX record locks do not interact.
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			if errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, fmt.Errorf("store: open %s: in use by another gateway process (an sqlite store serves one gateway)", path)
-			}
-			return nil, fmt.Errorf("store: open %s: lock: %w", path, err)
-		}
-		lock = f
-		params += "&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
-	}
-	db, err := sql.Open("sqlite", path+params)
-	if err != nil {
-		closeLock(lock)
-		return nil, fmt.Errorf("store: open: %w", err)
-	}
-	if memory {
-		// Every connection to ":memory:" is a separate database.
-		db.SetMaxOpenConns(1)
-	} else {
-		// database/sql keeps 2 idle connections by default: under a few
-		// concurrent calls the rest were closed and reopened each time.
-		db.SetMaxIdleConns(16)
-	}
-	s := &Store{db: db, now: time.Now, lock: lock}
-	if err := s.migrate(ctx); err != nil {
-		db.Close()
-		closeLock(lock)
+	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog, origin: newOrigin()}
+	s.endedCache.shared = b.shared()
+	fail := func(err error) (*Store, error) {
+		sdb.Close()
+		_ = b.close()
 		return nil, err
 	}
-	if s.ended, err = db.PrepareContext(ctx, `SELECT 1 FROM ended_sessions WHERE session = ?`); err != nil {
-		db.Close()
-		closeLock(lock)
-		return nil, fmt.Errorf("store: prepare: %w", err)
+	if !o.NoMigrate {
+		if err := s.migrate(ctx); err != nil {
+			return fail(err)
+		}
+		if s.ended, err = sdb.PrepareContext(ctx, s.db.q(`SELECT 1 FROM ended_sessions WHERE session = ?`)); err != nil {
+			return fail(fmt.Errorf("store: prepare: %w", s.db.classify(ctx, ctx, err)))
+		}
 	}
 	return s, nil
 }
 
-func closeLock(f *os.File) {
-	if f != nil {
-		f.Close() // closing the last descriptor releases the flock
-	}
-}
+// Kind is the store's engine.
+func (s *Store) Kind() Kind { return s.b.Kind() }
 
-func parseDSN(dsn string) (string, error) {
-	path, ok := strings.CutPrefix(dsn, "sqlite:")
-	if !ok {
-		scheme, _, found := strings.Cut(dsn, ":")
-		if !found || scheme == "" {
-			return "", fmt.Errorf("store: dsn %q: want sqlite:/path/to/file.db", dsn)
-		}
-		if scheme == "postgres" || scheme == "postgresql" {
-			return "", fmt.Errorf("store: dsn: %s:// is not supported yet; use sqlite:/path/to/file.db", scheme)
-		}
-		return "", fmt.Errorf("store: dsn: scheme %q is not supported; use sqlite:/path/to/file.db", scheme)
-	}
-	// "sqlite:///abs/path" is accepted as a URL-shaped spelling of "/abs/path".
-	if rest, ok := strings.CutPrefix(path, "//"); ok && strings.HasPrefix(rest, "/") {
-		path = rest
-	}
-	switch {
-	case path == "":
-		return "", errors.New("store: dsn: empty sqlite path")
-	case path == ":memory:":
-		return path, nil
-	case strings.ContainsAny(path, "?#\x00"):
-		// The driver splits its options off at '?'.
-		return "", fmt.Errorf("store: dsn: sqlite path %q must not contain '?', '#' or NUL", path)
-	case strings.HasPrefix(path, "file:"):
-		return "", fmt.Errorf("store: dsn: sqlite path %q: give a plain path, not a file: URI", path)
-	}
-	return path, nil
-}
-
-func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY,
-		applied TEXT NOT NULL
-	)`); err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	for i, stmt := range migrations {
-		version := i + 1
-		if err := s.applyMigration(ctx, version, stmt); err != nil {
-			return fmt.Errorf("store: migrate to version %d: %w", version, err)
-		}
-	}
-	// A database written by a newer sluice must not be used by an older one.
-	var max sql.NullInt64
-	if err := s.db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&max); err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	if max.Int64 > int64(len(migrations)) {
-		return fmt.Errorf("store: migrate: database schema version %d is newer than this binary's %d", max.Int64, len(migrations))
+// Ping checks that the database answers (within the query timeout).
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.queryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
 	}
 	return nil
 }
 
-// applyMigration runs one migration unless already applied. The transaction
-// takes the write lock at BEGIN (_txlock=immediate), so two processes opening
-// the same file apply each migration once.
-func (s *Store) applyMigration(ctx context.Context, version int, stmt string) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+// Redact returns dsn with any password replaced, for logs and messages.
+func Redact(dsn string) string {
+	if scheme, _, _ := strings.Cut(dsn, ":"); scheme != "postgres" && scheme != "postgresql" {
+		return dsn
+	}
+	return redactPostgres(dsn)
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, s.db.timeout*4)
+	defer cancel()
+	conn, err := s.db.sql.Conn(qctx)
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", s.db.classify(ctx, qctx, err))
+	}
+	defer conn.Close()
+	unlock, err := s.b.lockMigrations(qctx, conn)
+	if err != nil {
+		return fmt.Errorf("store: migrate: lock: %w", s.db.classify(ctx, qctx, err))
+	}
+	defer unlock()
+	if _, err := conn.ExecContext(qctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY,
+		applied TEXT NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("store: migrate: %w", s.db.classify(ctx, qctx, err))
+	}
+	migs := Migrations(s.b.Kind())
+	if testMaxVersion > 0 {
+		migs = migs[:testMaxVersion]
+	}
+	for _, m := range migs {
+		if err := s.applyMigration(qctx, conn, m); err != nil {
+			return fmt.Errorf("store: migrate to version %d (%s): %w", m.Version, m.Name, s.db.classify(ctx, qctx, err))
+		}
+	}
+	// A database written by a newer sluice must not be used by an older one.
+	var max sql.NullInt64
+	if err := conn.QueryRowContext(qctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&max); err != nil {
+		return fmt.Errorf("store: migrate: %w", s.db.classify(ctx, qctx, err))
+	}
+	if max.Int64 > int64(len(migs)) {
+		return fmt.Errorf("store: migrate: database schema version %d is newer than this binary's %d", max.Int64, len(migs))
+	}
+	return nil
+}
+
+// applyMigration runs one migration unless already applied. SQLite: the
+// transaction takes the write lock at BEGIN (_txlock=immediate), so two
+// processes opening the same file apply each migration once; PostgreSQL:
+// the advisory lock migrate holds does the same.
+func (s *Store) applyMigration(ctx context.Context, conn *sql.Conn, m Migration) error {
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
 	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`, version).Scan(&n); err != nil {
+	if err := tx.QueryRowContext(ctx, s.db.q(`SELECT COUNT(*) FROM schema_migrations WHERE version = ?`), m.Version).Scan(&n); err != nil {
 		return err
 	}
 	if n > 0 {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied) VALUES (?, ?)`,
-		version, s.now().UTC().Format(time.RFC3339)); err != nil {
+	if _, err := tx.ExecContext(ctx, s.db.q(`INSERT INTO schema_migrations (version, applied) VALUES (?, ?)`),
+		m.Version, s.now().UTC().Format(time.RFC3339)); err != nil {
 		return err
 	}
 	return tx.Commit()
 }
 
+// Status is what `sluice store status` shows.
+type Status struct {
+	Kind    Kind
+	Applied []AppliedMigration
+	Latest  int // the newest migration this binary has
+}
+
+// AppliedMigration is one row of schema_migrations.
+type AppliedMigration struct {
+	Version int
+	Applied string // RFC 3339
+}
+
+// Current is the highest applied version (0: none).
+func (st Status) Current() int {
+	if len(st.Applied) == 0 {
+		return 0
+	}
+	return st.Applied[len(st.Applied)-1].Version
+}
+
+// Status reads the applied migrations. It works on a store opened with
+// NoMigrate too (a database never migrated has none).
+func (s *Store) Status(ctx context.Context) (Status, error) {
+	st := Status{Kind: s.b.Kind(), Latest: len(Migrations(s.b.Kind())), Applied: []AppliedMigration{}}
+	var exists int
+	if s.b.Kind() == Postgres {
+		err := s.db.queryRow(ctx, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = 'schema_migrations'`).Scan(&exists)
+		if err != nil {
+			return Status{}, fmt.Errorf("store: status: %w", err)
+		}
+	} else if err := s.db.queryRow(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&exists); err != nil {
+		return Status{}, fmt.Errorf("store: status: %w", err)
+	}
+	if exists == 0 {
+		return st, nil
+	}
+	err := s.db.each(ctx, `SELECT version, applied FROM schema_migrations ORDER BY version`, nil, func(sc scanner) error {
+		var m AppliedMigration
+		if err := sc.Scan(&m.Version, &m.Applied); err != nil {
+			return err
+		}
+		st.Applied = append(st.Applied, m)
+		return nil
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("store: status: %w", err)
+	}
+	return st, nil
+}
+
 // SchemaVersion returns the highest applied migration.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	var v sql.NullInt64
-	if err := s.db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil {
+	if err := s.db.queryRow(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("store: schema version: %w", err)
 	}
 	return int(v.Int64), nil
@@ -288,23 +345,21 @@ func (s *Store) AddUsage(ctx context.Context, rows []Usage) error {
 		return nil
 	}
 	now := s.now().UTC().Truncate(time.Hour).Format(time.RFC3339)
-	tx, err := s.db.BeginTx(ctx, nil)
+	err := s.db.inTx(ctx, func(tx *txn) error {
+		for _, r := range rows {
+			hour := r.Hour
+			if hour == "" {
+				hour = now
+			}
+			if _, err := tx.exec(`INSERT INTO usage (hour, agent, tool, action, count) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (hour, agent, tool, action) DO UPDATE SET count = usage.count + excluded.count`,
+				hour, r.Agent, r.Tool, r.Action, r.Count); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("store: add usage: %w", err)
-	}
-	defer tx.Rollback()
-	for _, r := range rows {
-		hour := r.Hour
-		if hour == "" {
-			hour = now
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO usage (hour, agent, tool, action, count) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (hour, agent, tool, action) DO UPDATE SET count = count + excluded.count`,
-			hour, r.Agent, r.Tool, r.Action, r.Count); err != nil {
-			return fmt.Errorf("store: add usage: %w", err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
 	return nil
@@ -327,21 +382,17 @@ func (s *Store) Usage(ctx context.Context, limit int) ([]Usage, error) {
 	if limit <= 0 {
 		limit = DefaultUsageLimit
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT hour, agent, tool, action, count FROM usage
-		ORDER BY hour DESC, agent, tool, action LIMIT ?`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: usage: %w", err)
-	}
-	defer rows.Close()
 	var out []Usage
-	for rows.Next() {
+	err := s.db.each(ctx, `SELECT hour, agent, tool, action, count FROM usage
+		ORDER BY hour DESC, agent, tool, action LIMIT ?`, []any{limit}, func(sc scanner) error {
 		var u Usage
-		if err := rows.Scan(&u.Hour, &u.Agent, &u.Tool, &u.Action, &u.Count); err != nil {
-			return nil, fmt.Errorf("store: usage: %w", err)
+		if err := sc.Scan(&u.Hour, &u.Agent, &u.Tool, &u.Action, &u.Count); err != nil {
+			return err
 		}
 		out = append(out, u)
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("store: usage: %w", err)
 	}
 	return out, nil
@@ -349,9 +400,15 @@ func (s *Store) Usage(ctx context.Context, limit int) ([]Usage, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
-	_ = s.ended.Close()
-	err := s.db.Close()
-	closeLock(s.lock) // after the database: no write may follow the unlock
+	if s.ended != nil {
+		_ = s.ended.Close()
+	}
+	err := s.db.sql.Close()
+	// After the database: no write may follow the release of the SQLite
+	// file lock.
+	if cerr := s.b.close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return fmt.Errorf("store: close: %w", err)
 	}

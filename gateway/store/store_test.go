@@ -13,8 +13,11 @@ import (
 
 func TestCountAndUsage(t *testing.T) {
 	ctx := context.Background()
-	for _, dsn := range []string{"sqlite::memory:", "sqlite:" + filepath.Join(t.TempDir(), "db", "sluice.db")} {
-		t.Run(dsn, func(t *testing.T) {
+	eachBackend(t, func(t *testing.T) {
+		for _, dsn := range []string{"sqlite::memory:", newDSN(t)} {
+			if strings.HasPrefix(dsn, "sqlite::memory:") && strings.Contains(t.Name(), "/postgres") {
+				continue
+			}
 			s, err := Open(ctx, dsn)
 			if err != nil {
 				t.Fatalf("Open: %v", err)
@@ -42,38 +45,40 @@ func TestCountAndUsage(t *testing.T) {
 			if got, _ := s.Usage(ctx, 1); len(got) != 1 || got[0].Hour != "2026-03-01T11:00:00Z" {
 				t.Fatalf("Usage(limit 1) = %v", got)
 			}
-			if v, err := s.SchemaVersion(ctx); err != nil || v != len(migrations) {
-				t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, len(migrations))
+			if v, err := s.SchemaVersion(ctx); err != nil || v != len(Migrations(s.Kind())) {
+				t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, len(Migrations(s.Kind())))
 			}
-		})
-	}
+		}
+	})
 }
 
 func TestConcurrentCountCall(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "sluice.db"))
-	must(t, err)
-	defer s.Close()
-	const goroutines, each = 20, 25
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines*each)
-	for range goroutines {
-		wg.Go(func() {
-			for range each {
-				errs <- s.CountCall(ctx, "bot", "t", "allow")
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		s, err := Open(ctx, newDSN(t))
 		must(t, err)
-	}
-	got, err := s.Usage(ctx, 10)
-	must(t, err)
-	if len(got) != 1 || got[0].Count != goroutines*each {
-		t.Fatalf("Usage = %v, want one row counting %d", got, goroutines*each)
-	}
+		defer s.Close()
+		const goroutines, each = 20, 25
+		var wg sync.WaitGroup
+		errs := make(chan error, goroutines*each)
+		for range goroutines {
+			wg.Go(func() {
+				for range each {
+					errs <- s.CountCall(ctx, "bot", "t", "allow")
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			must(t, err)
+		}
+		got, err := s.Usage(ctx, 10)
+		must(t, err)
+		if len(got) != 1 || got[0].Count != goroutines*each {
+			t.Fatalf("Usage = %v, want one row counting %d", got, goroutines*each)
+		}
+	})
 }
 
 func TestReopenKeepsDataAndFileModes(t *testing.T) {
@@ -94,19 +99,19 @@ func TestReopenKeepsDataAndFileModes(t *testing.T) {
 		t.Fatalf("Usage after reopen = %v", got)
 	}
 	var mode string
-	must(t, s.db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode))
+	must(t, s.db.sql.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode))
 	if mode != "wal" {
 		t.Errorf("journal_mode = %q, want wal", mode)
 	}
 	var fk int
-	must(t, s.db.QueryRowContext(ctx, "PRAGMA foreign_keys").Scan(&fk))
+	must(t, s.db.sql.QueryRowContext(ctx, "PRAGMA foreign_keys").Scan(&fk))
 	if fk != 1 {
 		t.Errorf("foreign_keys = %d, want 1", fk)
 	}
 	var n int
-	must(t, s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM schema_migrations").Scan(&n))
-	if n != len(migrations) {
-		t.Errorf("schema_migrations has %d rows after reopen, want %d (a migration ran twice?)", n, len(migrations))
+	must(t, s.db.sql.QueryRowContext(ctx, "SELECT COUNT(*) FROM schema_migrations").Scan(&n))
+	if n != len(Migrations(SQLite)) {
+		t.Errorf("schema_migrations has %d rows after reopen, want %d (a migration ran twice?)", n, len(Migrations(SQLite)))
 	}
 	for p, want := range map[string]os.FileMode{dir: 0o700, path: 0o600, path + "-wal": 0o600} {
 		fi, err := os.Stat(p)
@@ -118,22 +123,29 @@ func TestReopenKeepsDataAndFileModes(t *testing.T) {
 }
 
 func TestNewerSchemaRefused(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "sluice.db")
-	s, err := Open(ctx, "sqlite:"+path)
-	must(t, err)
-	_, err = s.db.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied) VALUES (99, 'x')`)
-	must(t, err)
-	must(t, s.Close())
-	if _, err := Open(ctx, "sqlite:"+path); err == nil || !strings.Contains(err.Error(), "newer than this binary") {
-		t.Fatalf("Open of a newer schema: err = %v", err)
-	}
+	eachBackend(t, func(t *testing.T) {
+		ctx := context.Background()
+		dsn := newDSN(t)
+		s, err := Open(ctx, dsn)
+		must(t, err)
+		_, err = s.db.sql.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied) VALUES (99, 'x')`)
+		must(t, err)
+		must(t, s.Close())
+		if _, err := Open(ctx, dsn); err == nil || !strings.Contains(err.Error(), "newer than this binary") {
+			t.Fatalf("Open of a newer schema: err = %v", err)
+		}
+	})
 }
 
 func TestBadDSN(t *testing.T) {
 	cases := []struct{ name, dsn, want string }{
-		{"postgres", "postgres://u@db/sluice", "postgres:// is not supported yet"},
-		{"postgresql", "postgresql://u@db/sluice", "postgresql:// is not supported yet"},
+		// A server across a network without an explicit sslmode would get
+		// pgx's "prefer": plaintext fallback, no certificate check.
+		{"postgres remote without sslmode", "postgres://u:hunter2@db/sluice", "set sslmode"},
+		{"postgresql remote without sslmode", "postgresql://u@db/sluice", "set sslmode"},
+		{"postgres bad sslmode", "postgres://u:hunter2@127.0.0.1/sluice?sslmode=maybe", "sslmode"},
+		{"postgres bad statement_timeout", "postgres://u:hunter2@127.0.0.1/sluice?sslmode=disable&statement_timeout=soon", "statement_timeout"},
+		{"postgres bad pool size", "postgres://u:hunter2@127.0.0.1/sluice?sslmode=disable&pool_max_conns=many", "pool_max_conns"},
 		{"mysql", "mysql://db", `scheme "mysql" is not supported`},
 		{"no scheme", "/var/lib/sluice.db", "want sqlite:"},
 		{"empty path", "sqlite:", "empty sqlite path"},
@@ -150,6 +162,9 @@ func TestBadDSN(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "store: ") {
 				t.Fatalf("Open(%q) error = %q, want %q", tc.dsn, err, tc.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("Open(%q) error shows the password: %q", tc.dsn, err)
 			}
 		})
 	}

@@ -38,7 +38,16 @@ type Identity struct {
 	Session string `json:"session"`
 	User    string `json:"user"`
 	Host    string `json:"host"`
+	// Egress narrows the agent's raw egress allowlist for this sandbox
+	// (sandboxd create/run --egress): "" is no narrowing, otherwise the
+	// canonical list FormatEgress makes. The gateway allows a host only
+	// when both the agent's allowlist (its policy) and this list do; a
+	// narrowing can never widen.
+	Egress string `json:"egress,omitempty"`
 }
+
+// MaxEgress bounds Identity.Egress, in bytes.
+const MaxEgress = 1024
 
 // Errors returned (wrapped) by Read, for callers that classify failures.
 var (
@@ -51,6 +60,12 @@ var (
 // set, every field at most MaxField bytes of printable UTF-8.
 func (id Identity) Validate() error {
 	for _, f := range id.fields() {
+		if f.name == "egress" {
+			if _, err := ParseEgress(*f.v); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := validField(f.name, *f.v, f.required); err != nil {
 			return err
 		}
@@ -72,6 +87,7 @@ func (id *Identity) fields() []field {
 		{"session", &id.Session, false},
 		{"user", &id.User, false},
 		{"host", &id.Host, false},
+		{"egress", &id.Egress, false},
 	}
 }
 

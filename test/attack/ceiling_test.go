@@ -114,7 +114,7 @@ func TestLimitCeilings(t *testing.T) {
 	for _, tc := range []struct{ name, body, want string }{
 		{"timeout above the sandbox's own", `{"argv":["true"],"timeout_ms":2001}`, "exec_timeout: requested 2.001s is above the ceiling 2s (the sandbox's limits.exec_timeout)"},
 		{"timeout above the config's", `{"argv":["true"],"timeout_ms":3600000}`, "exec_timeout: requested 1h0m0s is above the ceiling 2s"},
-		{"output above", `{"argv":["true"],"output_bytes":65537}`, "output_bytes: requested 65537 is above the ceiling 65536 (the sandbox's limits.output_bytes)"},
+		{"output above", `{"argv":["true"],"output_bytes":65537}`, "output_bytes: requested 65537 is above the ceiling 65536 (64KiB) (the sandbox's limits.output_bytes)"},
 	} {
 		t.Run("exec/"+tc.name, func(t *testing.T) {
 			c := casebook.Expect(t, "B8", "POST /v1/sandboxes/{id}/exec "+tc.body,
@@ -149,7 +149,7 @@ func TestLimitCeilings(t *testing.T) {
 		cmd.Stdout, cmd.Stderr = &so, &se
 		err := cmd.Run()
 		out, stderr := so.String(), se.String()
-		want := "memory_bytes: requested 1073741824 is above the ceiling 67108864 (sandboxd.yaml limits.memory_bytes)"
+		want := "memory_bytes: requested 1073741824 (1GiB) is above the ceiling 67108864 (64MiB) (sandboxd.yaml limits.memory_bytes)"
 		if err == nil || out != "" || !strings.Contains(stderr, want) {
 			t.Fatalf("run: err=%v stdout=%q stderr=%q, want a failure naming %q", err, out, stderr, want)
 		}

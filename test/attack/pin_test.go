@@ -387,11 +387,12 @@ func TestPinExisting(t *testing.T) {
 
 	// Pinned again (allowed once unpinned), then the daemon stops.
 	byPid := fmt.Sprintf("/proc/%d/ns/net", inside.Process.Pid)
-	code, b := d.do(t, "POST", "/v1/pin", fmt.Sprintf(`{"pid":%d,"agent":"again"}`, inside.Process.Pid))
-	if code != 201 {
+	// With an egress narrowing: it rides in every connection's preamble.
+	code, b := d.do(t, "POST", "/v1/pin", fmt.Sprintf(`{"pid":%d,"agent":"again","egress":["PyPI.org","*.pythonhosted.org"]}`, inside.Process.Pid))
+	if code != 201 || !strings.Contains(string(b), `"egress":["*.pythonhosted.org","pypi.org"]`) {
 		t.Fatalf("re-pin after unpin: %d %s", code, b)
 	}
-	if got, err := identityFrom(nsPath); err != nil || got.Agent != "again" {
+	if got, err := identityFrom(nsPath); err != nil || got.Agent != "again" || got.Egress != "*.pythonhosted.org,pypi.org" {
 		t.Fatalf("re-pinned: %+v %v", got, err)
 	}
 	d.stop()

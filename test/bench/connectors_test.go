@@ -57,7 +57,30 @@ func benchConnectors(t *testing.T, w *world) []*section {
 		_, err := connectors.Load(context.Background(), connectors.Options{Slug: "openai", Spec: spec, BaseURL: "https://api.example", Defects: true})
 		return err
 	})
-	load.lat("connectors.Load with the defect pass (as validate loads)", withDefects, derr, "also compiles every named schema no tool uses")
+	dr := load.lat("connectors.Load with the defect pass (as validate loads)", withDefects, derr, "also compiles every named schema no tool uses")
+	// The real binary: `sluice validate` must load the spec once (issue 17:
+	// it used to load it twice, once to check and once to count).
+	vcfg := filepath.Join(t.TempDir(), "validate.yaml")
+	verr := os.WriteFile(vcfg, []byte(fmt.Sprintf("connectors:\n  - slug: openai\n    spec: %s\n    base_url: https://api.example\n", spec)), 0o644)
+	var vrun []time.Duration
+	if verr == nil {
+		vrun, verr = sample(n, 1, func() error {
+			out, err := exec.Command(sluiceBin, "validate", "--config", vcfg).CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("ok: 1 connectors, 288 tools")) {
+				return fmt.Errorf("sluice validate: %v: %s", err, oneLine(string(out)))
+			}
+			return nil
+		})
+	}
+	vr := load.lat("sluice validate (the real binary, this spec as its one connector)", vrun, verr, "process start, config, the spec loaded once with the defect pass, Rego compiled")
+	if vr.measured() && dr.measured() {
+		ratio := float64(pct(vr.Lat, 50)) / float64(pct(dr.Lat, 50))
+		v := "met"
+		if ratio > 1.5 {
+			v = "not met"
+		}
+		load.Verdicts = append(load.Verdicts, fmt.Sprintf("issue 17: sluice validate loads each spec once, ≤ 1.5× one load with the defect pass: %s (%.2f×)", v, ratio))
+	}
 	if r.measured() {
 		m := pct(r.Lat, 50)
 		v := "met"

@@ -129,6 +129,7 @@ type gwOpts struct {
 	HoldWait   string   // gateway.hold_wait
 	MaxHolds   int      // gateway.max_pending_holds
 	Egress     []string // agent-a's egress allowlist
+	Store      string   // store: ("" = an SQLite file in the gateway's directory)
 }
 
 // approverToken is the bench approver's API token (bob, group ops).
@@ -189,9 +190,13 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	if egress == nil {
 		egress = []string{}
 	}
+	store := o.Store
+	if store == "" {
+		store = "sqlite:" + filepath.Join(d, "store.db")
+	}
 	doc := map[string]any{
 		"gateway": g,
-		"store":   "sqlite:" + filepath.Join(d, "store.db"),
+		"store":   store,
 		"audit":   auditSection(audit, o.AuditSync),
 		"secrets": map[string]any{"backend": "local", "local": map[string]any{
 			"path": filepath.Join(d, "secrets.json"), "key_file": filepath.Join(d, "secrets.key")}},

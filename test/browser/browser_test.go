@@ -146,7 +146,7 @@ func newRig(t *testing.T) *rig {
 	r.gw = gw
 	ui, err := review.New(review.Options{
 		Holds: gw.Holds(), Users: cfg.Approvers.Users, Log: log,
-		AuditTail: func(n int) ([]json.RawMessage, error) { return tailAudit(cfg.Audit.Path, n) },
+		AuditFile: cfg.Audit.Path,
 	})
 	if err != nil {
 		t.Fatal(err)

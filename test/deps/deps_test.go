@@ -1,6 +1,10 @@
 // Package deps enforces the import rules of ARCHITECTURE.md: leaf packages
 // import no siblings, sandboxd never links credential or policy code, and
-// nothing imports test/. It also requires a doc comment on every package.
+// nothing imports test/. Inside gateway/, each package imports only its
+// row of gatewayFloors: no package imports the root, the entrances
+// (ingress, egress) never import each other, egress never imports holds,
+// store, review or connectors, and the floors refusal and h1 import only
+// the standard library. It also requires a doc comment on every package.
 package deps
 
 import (
@@ -74,9 +78,9 @@ func allowed(from, to string) (bool, string) {
 		return under(to, "sandboxd") || under(to, "dns") || to == "internal/buildinfo", "cmd/sandboxd links only sandboxd, dns and internal/buildinfo: a sandbox host holds no credentials and makes no decisions"
 	case under(from, "internal/buildinfo"):
 		return false, "internal/buildinfo imports only the standard library"
-	case under(from, "gateway") && from != "gateway" && to == "gateway":
-		return false, "a gateway/* package never imports the root gateway: the root hands it hooks (gateway/mcp's Deps)"
-	case under(from, "gateway"):
+	case strings.HasPrefix(from, "gateway/"):
+		return allowedInGateway(from, to)
+	case from == "gateway":
 		ok := under(to, "gateway") || to == "sandboxd/wire" || under(to, "connectors") || under(to, "policy") ||
 			under(to, "vault") || under(to, "dns") || under(to, "rego")
 		return ok, "gateway imports the leaves and sandboxd/wire only"
@@ -91,8 +95,72 @@ func allowed(from, to string) (bool, string) {
 	return false, "package outside the fixed folders"
 }
 
-func TestImportRules(t *testing.T) {
-	for _, p := range listPackages(t) {
+// gatewayFloors are the gateway's own packages below its entrances and
+// the in-repo packages each may import (besides itself and the standard
+// library). The root composes them all; none imports the root.
+var gatewayFloors = map[string][]string{
+	"gateway/refusal": nil, // codes and errors: every entrance shares them
+	// The shape of a tool call every front door hands Server.Call, and
+	// the one record type: nothing that decides, holds or attaches.
+	"gateway/call":   {"gateway/refusal", "sandboxd/wire"},
+	"gateway/h1":     nil, // HTTP/1 field syntax: both sides of the gateway parse with it
+	"gateway/ident":  nil,
+	"gateway/audit":  nil,
+	"gateway/config": {"sandboxd/wire"}, // the egress narrowing is parsed as the preamble carries it
+	"gateway/guard":  nil,
+	"gateway/mitm":   nil,
+	"gateway/scrub":  nil,
+	"gateway/store":  nil,
+	"gateway/holds":  {"gateway/store", "gateway/ident"},
+	"gateway/review": {"gateway/audit", "gateway/config", "gateway/holds", "gateway/ident", "gateway/store"},
+	// The sandbox socket: peer credentials, the preamble, strict heads.
+	"gateway/ingress": {"gateway/refusal", "gateway/h1", "gateway/config", "gateway/ident", "sandboxd/wire"},
+	// Raw egress: decided by policy, dialled through the guard, audited;
+	// never held (no holds, store or review), never the tool catalog (no
+	// connectors), and never the socket (the identity is a hook).
+	// The MCP front door: JSON-RPC in, a call.Request to Server.Call out;
+	// the root hands it hooks (its Deps), never the reverse.
+	"gateway/mcp": {"gateway/call", "gateway/refusal", "sandboxd/wire"},
+	"gateway/egress": {"gateway/refusal", "gateway/h1", "gateway/audit", "gateway/config", "gateway/guard",
+		"gateway/mitm", "gateway/scrub", "gateway/ident", "policy", "vault", "dns", "sandboxd/wire"},
+}
+
+// allowedInGateway is the rule for a package under gateway/ (§4.3 of the
+// gateway split): its row of gatewayFloors, and never the root.
+func allowedInGateway(from, to string) (bool, string) {
+	if to == "gateway" {
+		return false, "no gateway/* package imports the gateway root: the root composes them"
+	}
+	for f, tos := range gatewayFloors {
+		if !under(from, f) {
+			continue
+		}
+		for _, ok := range tos {
+			if under(to, ok) {
+				return true, ""
+			}
+		}
+		switch f {
+		case "gateway/egress":
+			return false, "gateway/egress imports " + strings.Join(tos, ", ") + " only: raw egress is never held, never touches the tool catalog and never the socket's package"
+		case "gateway/ingress":
+			return false, "gateway/ingress imports " + strings.Join(tos, ", ") + " only: the socket decides nothing"
+		case "gateway/refusal", "gateway/h1":
+			return false, f + " is a floor of every entrance: standard library only"
+		}
+		if len(tos) == 0 {
+			return false, f + " imports no sibling: the standard library and its one dependency"
+		}
+		return false, f + " imports " + strings.Join(tos, ", ") + " only"
+	}
+	return false, from + " is not in the gateway's rule table (gatewayFloors): add its row"
+}
+
+// violations lists every import of pkgs the rules forbid, tests' imports
+// included.
+func violations(pkgs []pkg) []string {
+	var out []string
+	for _, p := range pkgs {
 		from, ok := rel(p.ImportPath)
 		if !ok {
 			continue
@@ -104,8 +172,43 @@ func TestImportRules(t *testing.T) {
 				continue
 			}
 			if ok, why := allowed(from, to); !ok {
-				t.Errorf("%s imports %s: %s", from, to, why)
+				out = append(out, from+" imports "+to+": "+why)
 			}
+		}
+	}
+	return out
+}
+
+func TestImportRules(t *testing.T) {
+	for _, v := range violations(listPackages(t)) {
+		t.Error(v)
+	}
+}
+
+// TestImportRulesCatchASyntheticEdge runs the same check as
+// TestImportRules over the real package list with one forbidden edge
+// added per case: each must be reported, and only it.
+func TestImportRulesCatchASyntheticEdge(t *testing.T) {
+	real := listPackages(t)
+	if v := violations(real); len(v) > 0 {
+		t.Skipf("the tree already breaks a rule (TestImportRules reports it): %v", v)
+	}
+	for _, e := range []struct{ from, to string }{
+		{"gateway/ingress", "gateway"},
+		{"gateway/ingress", "gateway/egress"},
+		{"gateway/egress", "gateway/ingress"},
+		{"gateway/egress", "gateway/holds"},
+		{"gateway/egress", "connectors"},
+		{"gateway/refusal", "gateway/config"},
+		{"gateway/h1", "gateway/refusal"},
+		{"dns", "policy"},
+		{"dns", "gateway/guard"},
+	} {
+		pkgs := append([]pkg{}, real...)
+		pkgs = append(pkgs, pkg{ImportPath: mod + "/" + e.from, Imports: []string{mod + "/" + e.to}})
+		v := violations(pkgs)
+		if len(v) != 1 || !strings.HasPrefix(v[0], e.from+" imports "+e.to+": ") {
+			t.Errorf("edge %s → %s: reported %q, want exactly that edge", e.from, e.to, v)
 		}
 	}
 }
@@ -182,13 +285,31 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"gateway", "sandboxd"},
 		{"gateway/mcp", "gateway"},
 		{"dns", "connectors"},
+		{"dns", "policy"},
+		{"dns", "gateway/guard"},
+		{"gateway/refusal", "gateway/config"},
+		{"gateway/h1", "gateway/refusal"},
+		{"gateway/audit", "gateway/config"},
+		{"gateway/ingress", "gateway"},
+		{"gateway/ingress", "gateway/egress"},
+		{"gateway/ingress", "policy"},
+		{"gateway/egress", "gateway"},
+		{"gateway/egress", "gateway/ingress"},
+		{"gateway/egress", "gateway/holds"},
+		{"gateway/egress", "gateway/store"},
+		{"gateway/egress", "gateway/review"},
+		{"gateway/egress", "connectors"},
+		{"gateway/review", "gateway"},
+		{"gateway/newthing", "gateway/refusal"},
 	}
 	for _, c := range cases {
 		if ok, _ := allowed(c.from, c.to); ok {
 			t.Errorf("allowed(%s → %s) = true; the rule table lets a forbidden import through", c.from, c.to)
 		}
 	}
-	for _, c := range []struct{ from, to string }{{"gateway", "sandboxd/wire"}, {"policy", "rego"}, {"cmd/sluice", "vault"}, {"sandboxd", "dns"}} {
+	for _, c := range []struct{ from, to string }{{"gateway", "sandboxd/wire"}, {"policy", "rego"}, {"cmd/sluice", "vault"}, {"sandboxd", "dns"},
+		{"gateway", "gateway/ingress"}, {"gateway/ingress", "gateway/refusal"}, {"gateway/ingress", "sandboxd/wire"},
+		{"gateway/egress", "dns"}, {"gateway/egress", "policy"}, {"gateway/egress", "gateway/h1"}, {"gateway/holds", "gateway/store"}} {
 		if ok, why := allowed(c.from, c.to); !ok {
 			t.Errorf("allowed(%s → %s) = false (%s); the contract permits it", c.from, c.to, why)
 		}

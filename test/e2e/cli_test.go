@@ -116,7 +116,7 @@ func TestVersion(t *testing.T) {
 }
 
 // TestReadOnlyVerbsCreateNothing: `sluice secrets list`, `tools`,
-// `validate` and `policy eval` leave a fresh directory exactly as they
+// `validate` and `policy eval` (--input and --tool) leave a fresh directory exactly as they
 // found it (no key file, store, lock or directory), with a config whose
 // every path (secrets, store, audit, CA) points into it; and `secrets list`
 // and `validate` create nothing beside a key whose store was never written.
@@ -171,6 +171,7 @@ policies:
 		{[]string{"tools"}, "tickets.list_tickets"},
 		{[]string{"validate"}, "ok: 1 connectors"},
 		{[]string{"policy", "eval", "--input", "input.json"}, `"allow"`},
+		{[]string{"policy", "eval", "--tool", "tickets.list_tickets", "--agent", "agent-a"}, `"allow"`},
 	} {
 		out, stderr, code := runBin(t, dir, sluiceBin, v.args...)
 		if code != 0 || !strings.Contains(out, v.out) {

@@ -34,17 +34,7 @@ import (
 // answers it: the sandbox's network namespace has only lo). The gateway's audit log has
 // the allowed and refused records; only allowed requests reach the upstream.
 func TestCurlInSandboxThroughProxy(t *testing.T) {
-	// Debian's curl; the host's /usr is bound read-only into the sandbox.
-	const curl = "/usr/bin/curl"
-	if _, err := os.Stat(curl); err != nil {
-		t.Skip("curl not installed (Debian package curl; test.sh installs it)")
-	}
-	e := newEnv(t)
-	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
-		t.Skip("kernel lacks user namespaces")
-	}
-	buildSandboxBins(t)
-	e.NS.AddAddr(t, egressIP+"/32")
+	e := curlSandboxEnv(t)
 	cert, caPEM, _ := gwenv.UpstreamPKI(t, "pkg.test")
 	var tlsConns, httpConns, dnsQ atomic.Int64
 	var reqs atomic.Int64
@@ -80,7 +70,7 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 	// One sandbox, one script: each step prints "<name> <curl exit> <codes> <body>".
 	const proxy = "http://127.0.0.1:3128"
 	script := strings.Join([]string{
-		`step() { name=$1; shift; out=$(` + curl + ` -sS --max-time 10 "$@" 2>/tmp/err); rc=$?; out=$(printf '%s' "$out" | tr '\n' ' '); printf '%s %s %s|%s\n' "$name" "$rc" "$out" "$(tr '\n' ' ' </tmp/err)"; }`,
+		curlStep,
 		`step allowed-https -w ' %{http_connect} %{http_code}' --cacert /workspace/ca.pem -x ` + proxy + ` https://pkg.test/x`,
 		`step allowed-http -w ' %{http_code}' -x ` + proxy + ` http://pkg.test/y`,
 		`step denied-https -w ' %{http_connect} %{http_code}' --cacert /workspace/ca.pem -x ` + proxy + ` https://evil.test/`,
@@ -91,11 +81,7 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 	}, "\n")
 	out := runInSandbox(t, g.Sock, "curl", caFile, script, 120*time.Second)
 	t.Logf("inside the sandbox:\n%s", out.String())
-	steps := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		k, v, _ := strings.Cut(l, " ")
-		steps[k] = v
-	}
+	steps := parseSteps(out.String())
 	tests := []struct {
 		step, prefix, contains string
 	}{
@@ -156,6 +142,41 @@ func TestCurlInSandboxThroughProxy(t *testing.T) {
 			t.Errorf("no audit decision record %q", k)
 		}
 	}
+}
+
+// curl is Debian's curl; the host's /usr is bound read-only into every
+// sandbox.
+const curl = "/usr/bin/curl"
+
+// curlStep defines the shell function `step NAME CURL-ARGS…`: it runs curl
+// and prints one line "NAME <curl exit> <output>|<curl's stderr>".
+const curlStep = `step() { name=$1; shift; out=$(` + curl + ` -sS --max-time 10 "$@" 2>/tmp/err); rc=$?; out=$(printf '%s' "$out" | tr '\n' ' '); printf '%s %s %s|%s\n' "$name" "$rc" "$out" "$(tr '\n' ' ' </tmp/err)"; }`
+
+// curlSandboxEnv is the env of a test that runs curl in real sandboxes:
+// skipped without curl or user namespaces, the sandbox binaries built,
+// egressIP on the env's namespace for the test's upstreams.
+func curlSandboxEnv(t *testing.T) *gwenv.Env {
+	t.Helper()
+	if _, err := os.Stat(curl); err != nil {
+		t.Skip("curl not installed (Debian package curl; test.sh installs it)")
+	}
+	e := newEnv(t)
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("kernel lacks user namespaces")
+	}
+	buildSandboxBins(t)
+	e.NS.AddAddr(t, egressIP+"/32")
+	return e
+}
+
+// parseSteps maps each output line's first word to the rest of it.
+func parseSteps(out string) map[string]string {
+	steps := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		steps[k] = v
+	}
+	return steps
 }
 
 // runInSandbox runs script with /bin/sh in a fresh sandbox made by the real

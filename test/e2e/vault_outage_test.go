@@ -306,6 +306,9 @@ func runSandboxWith(t *testing.T, sock, session string, copies, envs []string, s
 // agent's calls through the gateway (tcp and the unix socket, both
 // connectors), whose replies are part of what the sandbox reads. The
 // whole is gzipped and base64ed: sandboxd caps a run's output at 1 MiB.
+// /opt/sluice-test (the npm packages test.sh installs for the MCP client
+// tests: public, pinned, 29 MB of JavaScript) is listed, not printed: it
+// would fill the cap, and nothing of the gateway's is written there.
 const sandboxDump = `
 sec() { printf '\n=== %s\n' "$1"; }
 dump() {
@@ -318,7 +321,8 @@ for p in /proc/[0-9]*; do
 done
 sec mounts; cat /proc/self/mountinfo
 sec ls; ls -la /run/sluice /workspace /tmp /etc
-find / \( -path /usr -o -path /proc -o -path /sys -o -path /dev -o -path /bin -o -path /sbin -o -path /lib -o -path /lib32 -o -path /lib64 -o -path /libx32 \) -prune -o -type f -print 2>/dev/null | while read -r f; do
+sec "listed only: /opt/sluice-test"; find /opt/sluice-test -maxdepth 2 2>/dev/null
+find / \( -path /usr -o -path /proc -o -path /sys -o -path /dev -o -path /bin -o -path /sbin -o -path /lib -o -path /lib32 -o -path /lib64 -o -path /libx32 -o -path /opt/sluice-test \) -prune -o -type f -print 2>/dev/null | while read -r f; do
   case "$f" in /workspace/agent) continue;; esac
   if [ ! -r "$f" ]; then sec "unreadable $f"; continue; fi
   case "$f" in

@@ -1,4 +1,14 @@
-package gateway
+// Package ingress is the sandbox socket: the one entrance every request of
+// a sandbox passes. It accepts a connection only from a trusted relay
+// (SO_PEERCRED uid, or relay mTLS on a TCP listener), reads the identity
+// preamble or takes a handed-off socket, puts the identity in canonical
+// form, caps open connections, and checks every request head byte for
+// byte before Go's HTTP server parses it (StrictHeads). Identity comes
+// from nowhere else: handlers read it with IdentityFrom.
+//
+// ingress imports no other entrance and nothing of the gateway root; its
+// floors are gateway/refusal and gateway/h1.
+package ingress
 
 import (
 	"bufio"
@@ -18,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -27,15 +38,15 @@ import (
 // handoff line.
 const preambleTimeout = 5 * time.Second
 
-// handoffIdle closes a handed-off connection on which no byte has moved
-// either way for this long (checked every handoffIdle, so cut between one
+// DefaultHandoffIdle closes a handed-off connection on which no byte has moved
+// either way for this long (checked every DefaultHandoffIdle, so cut between one
 // and two periods). It is the backstop the relay's idle timeout used to be
 // (relay.DefaultIdleTimeout) for a request stalled mid-body or a response
 // the sandbox stopped reading; the http.Server's header and keep-alive
 // timeouts and the CONNECT tunnel's idle watchdog still apply first.
-const handoffIdle = 5 * time.Minute
+const DefaultHandoffIdle = 5 * time.Minute
 
-// identConn is an accepted sandbox connection whose relay was trusted and
+// Conn is an accepted sandbox connection whose relay was trusted and
 // whose identity preamble was read. Reads continue from the buffer that
 // held the preamble so no request bytes are lost.
 //
@@ -44,7 +55,7 @@ const handoffIdle = 5 * time.Minute
 // relay's Unix connection that passed it: both close together, which is
 // how the relay learns the gateway is done, and the relay closing the lease
 // closes the connection.
-type identConn struct {
+type Conn struct {
 	net.Conn
 	r  *bufio.Reader
 	id wire.Identity
@@ -64,14 +75,14 @@ type identConn struct {
 	relOnce sync.Once
 }
 
-func (c *identConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	if c.lease != nil {
 		c.moved.Add(1)
 	}
 	return c.r.Read(p)
 }
 
-func (c *identConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	if c.lease != nil {
 		c.moved.Add(1)
 	}
@@ -79,7 +90,7 @@ func (c *identConn) Write(p []byte) (int, error) {
 }
 
 // detach hands the connection to a byte tunnel that reads and writes
-// Conn directly (proxy.go's relayTCP): it returns the bytes its readers
+// its socket directly (raw egress's relayTCP): it returns the bytes its readers
 // took from the socket that nobody has read yet, in order, which the
 // tunnel must send first, and marks the connection a tunnel, so the
 // listener's watchdog no longer cuts it for want of Read and Write calls
@@ -90,7 +101,7 @@ func (c *identConn) Write(p []byte) (int, error) {
 // over base; a CONNECT head put the checker in stPass, where it passes
 // bytes through and holds none, so r's and then base's buffers are all
 // there is.
-func (c *identConn) detach() []byte {
+func (c *Conn) Detach() []byte {
 	c.tunnel.Store(true)
 	var pending []byte
 	if c.r != c.base {
@@ -102,10 +113,24 @@ func (c *identConn) detach() []byte {
 	return pending
 }
 
+// Identity is the relayed identity the connection was admitted with.
+func (c *Conn) Identity() wire.Identity { return c.id }
+
+// Socket is the connection's own socket beneath the readers that took
+// its preamble (for a handoff, the sandbox's socket): a tunnel writes and
+// half-closes it directly after Detach. Closing must still go through
+// the Conn, which also ends a handoff's lease.
+func (c *Conn) Socket() net.Conn { return c.Conn }
+
+// OnClose sets f to run once when the connection closes (the server's
+// registry of connections per session removes it); a later call replaces
+// an f that has not run.
+func (c *Conn) OnClose(f func()) { c.untrack.Store(&f) }
+
 // Close closes the connection and, for a handoff, shuts the socket down
 // first: the relay still holds a descriptor of it, so closing ours alone
 // would leave the sandbox waiting. Then the lease is closed.
-func (c *identConn) Close() error {
+func (c *Conn) Close() error {
 	if f := c.untrack.Swap(nil); f != nil {
 		(*f)()
 	}
@@ -136,7 +161,7 @@ func (c *identConn) Close() error {
 // (its Close, or its process ending), when the relay sends anything on it
 // (it never does), or when no Read or Write has happened for a whole
 // period of idle.
-func (c *identConn) watch(idle time.Duration) {
+func (c *Conn) watch(idle time.Duration) {
 	c.arm(idle, c.moved.Load())
 	go func() {
 		var b [1]byte
@@ -147,7 +172,7 @@ func (c *identConn) watch(idle time.Duration) {
 
 // arm starts the idle check: after idle, the connection is closed unless
 // a Read or Write happened since moved was seen, in which case it re-arms.
-func (c *identConn) arm(idle time.Duration, seen uint64) {
+func (c *Conn) arm(idle time.Duration, seen uint64) {
 	c.idle.Store(time.AfterFunc(idle, func() {
 		if c.closed.Load() {
 			return
@@ -163,19 +188,19 @@ func (c *identConn) arm(idle time.Duration, seen uint64) {
 	}))
 }
 
-// sandboxListener accepts on the gateway's Unix socket and yields only
+// Listener accepts on the gateway's Unix socket and yields only
 // connections from a trusted relay (SO_PEERCRED uid in the trusted set)
 // that began with a valid identity preamble. Everything else is answered
 // with a clear error and closed. Identity comes from nowhere else.
-type sandboxListener struct {
+type Listener struct {
 	ln      *net.UnixListener
 	trusted map[uint32]bool
 	log     *slog.Logger
-	conns   chan *identConn
+	conns   chan *Conn
 	done    chan struct{}
 	once    sync.Once
 	refused func(code refusal.Code) // metrics hook
-	idle    time.Duration           // handed-off connections: handoffIdle
+	idle    time.Duration           // handed-off connections: DefaultHandoffIdle
 	lim     listenLimits
 
 	open      atomic.Int64   // connections accepted and not yet closed
@@ -190,22 +215,41 @@ type sandboxListener struct {
 type listenLimits struct {
 	maxConns      int // open connections in total: more are 503 gateway_busy
 	maxPerSandbox int // open connections of one sandbox: more are 429 too_many_connections
-	body          bodyLimit
+	body          h1.BodyLimit
 }
 
-func listenSandbox(path string, trusted []uint32, log *slog.Logger, refused func(refusal.Code)) (*sandboxListener, error) {
-	return listenSandboxIdle(path, trusted, log, refused, handoffIdle)
+// Options configure Listen.
+type Options struct {
+	Socket      string             // the Unix socket path (gateway.sandbox_socket)
+	TrustedUIDs []uint32           // relay uids trusted by SO_PEERCRED (gateway.trusted_relay_uids)
+	Log         *slog.Logger       // nil: discarded
+	Refused     func(refusal.Code) // counts each refused connection (metrics); nil: none
+	// HandoffIdle is the idle period of handed-off connections; zero:
+	// DefaultHandoffIdle (tests shorten it).
+	HandoffIdle time.Duration
+	// MaxConns and MaxPerSandbox cap the open connections in total
+	// (503 gateway_busy) and per sandbox (429 too_many_connections);
+	// zero: no cap.
+	MaxConns, MaxPerSandbox int
+	Body                    h1.BodyLimit // the request body bound; zero: none
 }
 
-// listenSandboxIdle is listenSandbox with the handed-off connections' idle
-// period (tests shorten it).
-func listenSandboxIdle(path string, trusted []uint32, log *slog.Logger, refused func(refusal.Code), idle time.Duration) (*sandboxListener, error) {
-	return listenSandboxWith(path, trusted, log, refused, idle, listenLimits{})
-}
-
-// listenSandboxWith is listenSandboxIdle with the connection caps and the
-// request body bound.
-func listenSandboxWith(path string, trusted []uint32, log *slog.Logger, refused func(refusal.Code), idle time.Duration, lim listenLimits) (*sandboxListener, error) {
+// Listen opens the sandbox socket at o.Socket, readable and writable by
+// its owner and group only, and starts accepting on it. A stale socket of
+// an earlier run is removed; anything else at the path, or a socket
+// another process still serves, is an error.
+func Listen(o Options) (*Listener, error) {
+	path, trusted, log, refused, idle := o.Socket, o.TrustedUIDs, o.Log, o.Refused, o.HandoffIdle
+	lim := listenLimits{maxConns: o.MaxConns, maxPerSandbox: o.MaxPerSandbox, body: o.Body}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if refused == nil {
+		refused = func(refusal.Code) {}
+	}
+	if idle <= 0 {
+		idle = DefaultHandoffIdle
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("gateway: sandbox socket dir: %w", err)
 	}
@@ -233,13 +277,13 @@ func listenSandboxWith(path string, trusted []uint32, log *slog.Logger, refused 
 	for _, u := range trusted {
 		set[u] = true
 	}
-	l := &sandboxListener{ln: ln, trusted: set, log: log, conns: make(chan *identConn), done: make(chan struct{}), refused: refused, idle: idle,
+	l := &Listener{ln: ln, trusted: set, log: log, conns: make(chan *Conn), done: make(chan struct{}), refused: refused, idle: idle,
 		lim: lim, bySandbox: map[string]int{}}
 	go l.acceptLoop()
 	return l, nil
 }
 
-func (l *sandboxListener) acceptLoop() {
+func (l *Listener) acceptLoop() {
 	if err := l.accepting(func() (net.Conn, error) { return l.ln.AcceptUnix() }, func(c net.Conn) { l.admit(c.(*net.UnixConn)) }); err != nil {
 		l.Close()
 	}
@@ -248,7 +292,7 @@ func (l *sandboxListener) acceptLoop() {
 // accepting calls admit on its own goroutine for every connection accept
 // yields, until l is closed (nil) or accept fails for good (the error).
 // Running out of descriptors or a timeout is waited out (B6).
-func (l *sandboxListener) accepting(accept func() (net.Conn, error), admit func(net.Conn)) error {
+func (l *Listener) accepting(accept func() (net.Conn, error), admit func(net.Conn)) error {
 	starved := false // out of descriptors since the last accept
 	for {
 		c, err := accept()
@@ -285,12 +329,12 @@ func (l *sandboxListener) accepting(accept func() (net.Conn, error), admit func(
 // the caps hold for all of them: past the total, 503 gateway_busy; past
 // the sandbox's share, 429 too_many_connections; each answered at once
 // and closed, never left waiting in the accept loop (THREATS B10).
-func (l *sandboxListener) admit(c *net.UnixConn) { l.admitCapped(l.identify(c)) }
+func (l *Listener) admit(c *net.UnixConn) { l.admitCapped(l.identify(c)) }
 
 // admitCapped takes ic's places under the caps and passes it to Accept,
 // or answers and closes it (a nil ic was refused already). The preamble
 // came first, within preambleTimeout, from a trusted relay.
-func (l *sandboxListener) admitCapped(ic *identConn) {
+func (l *Listener) admitCapped(ic *Conn) {
 	if ic == nil {
 		return
 	}
@@ -322,7 +366,7 @@ func (l *sandboxListener) admitCapped(ic *identConn) {
 
 // takeSandbox counts one more open connection of sandbox sb, unless it
 // has its share already.
-func (l *sandboxListener) takeSandbox(sb string) bool {
+func (l *Listener) takeSandbox(sb string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lim.maxPerSandbox > 0 && l.bySandbox[sb] >= l.lim.maxPerSandbox {
@@ -332,7 +376,7 @@ func (l *sandboxListener) takeSandbox(sb string) bool {
 	return true
 }
 
-func (l *sandboxListener) putSandbox(sb string) {
+func (l *Listener) putSandbox(sb string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.bySandbox[sb]--; l.bySandbox[sb] <= 0 {
@@ -343,7 +387,7 @@ func (l *sandboxListener) putSandbox(sb string) {
 // overCap counts a connection refused at a cap and logs it: the first
 // refusal, then at most one line a second with how many were not logged,
 // so a flood cannot flood the log too.
-func (l *sandboxListener) overCap(id wire.Identity, code refusal.Code) {
+func (l *Listener) overCap(id wire.Identity, code refusal.Code) {
 	l.refused(code)
 	now := time.Now().Unix()
 	last := l.warned.Load()
@@ -358,7 +402,7 @@ func (l *sandboxListener) overCap(id wire.Identity, code refusal.Code) {
 
 // identify checks the peer and reads the preamble; it answers and closes
 // a connection it refuses, and returns nil for it.
-func (l *sandboxListener) identify(c *net.UnixConn) *identConn {
+func (l *Listener) identify(c *net.UnixConn) *Conn {
 	uid, pid, err := peerCred(c)
 	if err != nil || !l.trusted[uid] {
 		l.log.Warn("sandbox socket: refused connection from untrusted peer", "peer_uid", uid, "peer_pid", pid, "err", err)
@@ -392,10 +436,10 @@ func (l *sandboxListener) identify(c *net.UnixConn) *identConn {
 		rejectConn(c, 400, refusal.IdentityRequired, err.Error())
 		return nil
 	}
-	ic := &identConn{Conn: c, r: p.Reader, base: p.Reader, id: p.Identity}
+	ic := &Conn{Conn: c, r: p.Reader, base: p.Reader, id: p.Identity}
 	if p.Conn != nil {
 		br := bufio.NewReaderSize(p.Conn, wire.MaxLine)
-		ic = &identConn{Conn: p.Conn, r: br, base: br, id: p.Identity, lease: c}
+		ic = &Conn{Conn: p.Conn, r: br, base: br, id: p.Identity, lease: c}
 		ic.watch(l.idle)
 	}
 	return ic
@@ -444,7 +488,7 @@ func statusText(code int) string {
 }
 
 // Accept implements net.Listener for http.Server.
-func (l *sandboxListener) Accept() (net.Conn, error) {
+func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:
 		return c, nil
@@ -453,7 +497,9 @@ func (l *sandboxListener) Accept() (net.Conn, error) {
 	}
 }
 
-func (l *sandboxListener) Close() error {
+// Close stops accepting and closes the socket; connections already admitted
+// stay open until their own Close.
+func (l *Listener) Close() error {
 	var err error
 	l.once.Do(func() {
 		close(l.done)
@@ -462,20 +508,23 @@ func (l *sandboxListener) Close() error {
 	return err
 }
 
-func (l *sandboxListener) Addr() net.Addr { return l.ln.Addr() }
+// Addr is the socket's address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 
 type identityKey struct{}
 
-func connContext(ctx context.Context, c net.Conn) context.Context {
-	if ic, ok := c.(*identConn); ok {
+// ConnContext attaches an admitted connection's identity to the context
+// of its requests (http.Server.ConnContext); IdentityFrom reads it.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if ic, ok := c.(*Conn); ok {
 		return context.WithValue(ctx, identityKey{}, ic.id)
 	}
 	return ctx
 }
 
-// identityFrom returns the relayed identity; ok is false only for a bug
+// IdentityFrom returns the relayed identity; ok is false only for a bug
 // (a connection that skipped admit), and callers then refuse.
-func identityFrom(ctx context.Context) (wire.Identity, bool) {
+func IdentityFrom(ctx context.Context) (wire.Identity, bool) {
 	id, ok := ctx.Value(identityKey{}).(wire.Identity)
 	return id, ok
 }

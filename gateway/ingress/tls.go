@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bufio"
@@ -27,9 +27,9 @@ import (
 // the relay copies the bytes. Accepted connections join the sandbox
 // socket's, served by the same server with the same checks.
 
-// relayTLSConfig loads the listener's certificate and the CA its relays'
+// RelayTLSConfig loads the listener's certificate and the CA its relays'
 // certificates must chain to.
-func relayTLSConfig(rt config.RelayTLS) (*tls.Config, error) {
+func RelayTLSConfig(rt config.RelayTLS) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(rt.CertFile, rt.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("gateway.relay_tls: certificate: %w", err)
@@ -50,8 +50,8 @@ func relayTLSConfig(rt config.RelayTLS) (*tls.Config, error) {
 	}, nil
 }
 
-// listenRelayTLS accepts remote relays on addr into l until l is closed.
-func (l *sandboxListener) listenRelayTLS(addr string, cfg *tls.Config) (net.Addr, error) {
+// ListenRelayTLS accepts remote relays on addr into l until l is closed.
+func (l *Listener) ListenRelayTLS(addr string, cfg *tls.Config) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("gateway.relay_tls.listen: %w", err)
@@ -70,11 +70,11 @@ func (l *sandboxListener) listenRelayTLS(addr string, cfg *tls.Config) (net.Addr
 
 // admitTLS completes the handshake, reads the preamble and checks its
 // host against the relay's certificate, all within preambleTimeout.
-func (l *sandboxListener) admitTLS(c net.Conn, cfg *tls.Config) { l.admitCapped(l.identifyTLS(c, cfg)) }
+func (l *Listener) admitTLS(c net.Conn, cfg *tls.Config) { l.admitCapped(l.identifyTLS(c, cfg)) }
 
 // identifyTLS is admitTLS's checks: the connection identified, or nil
 // when it was refused (answered and closed).
-func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
+func (l *Listener) identifyTLS(c net.Conn, cfg *tls.Config) *Conn {
 	_ = c.SetDeadline(time.Now().Add(preambleTimeout))
 	tc := tls.Server(c, cfg)
 	if err := tc.Handshake(); err != nil {
@@ -106,5 +106,5 @@ func (l *sandboxListener) identifyTLS(c net.Conn, cfg *tls.Config) *identConn {
 		return nil
 	}
 	_ = c.SetDeadline(time.Time{})
-	return &identConn{Conn: tc, r: br, base: br, id: id}
+	return &Conn{Conn: tc, r: br, base: br, id: id}
 }

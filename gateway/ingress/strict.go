@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bufio"
@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -30,12 +29,16 @@ import (
 // joins them) and bare LF line ends. It also refuses, first, every head Go
 // would refuse itself with its own text/plain answer (a request line that
 // does not parse, a version other than HTTP/1.x, a missing, repeated or
-// malformed Host, an Expect it does not meet, a head over maxHeaderBytes),
+// malformed Host, an Expect it does not meet, a head over MaxHeaderBytes),
 // so that every refusal on the socket is sluice's JSON error. A refused
 // connection gets the JSON error (400, 417, 431 or 505), a log line and a
 // refusal count, and is closed: nothing of it reaches a handler, let alone
 // an upstream.
 type strictHeads struct{ net.Listener }
+
+// StrictHeads wraps l, the sandbox Listener, so that every request head on
+// its connections is checked before Go's HTTP server parses it.
+func StrictHeads(l net.Listener) net.Listener { return strictHeads{l} }
 
 // Accept wraps the relayed connection's reader with a checker.
 func (l strictHeads) Accept() (net.Conn, error) {
@@ -43,9 +46,9 @@ func (l strictHeads) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ic, ok := c.(*identConn); ok {
+	if ic, ok := c.(*Conn); ok {
 		h := &headChecker{src: ic.r, conn: ic.Conn, id: ic.id}
-		if sl, ok := l.Listener.(*sandboxListener); ok {
+		if sl, ok := l.Listener.(*Listener); ok {
 			h.log, h.refused, h.lim = sl.log, sl.refused, sl.lim.body
 		}
 		ic.r = bufio.NewReaderSize(h, 4096)
@@ -53,11 +56,11 @@ func (l strictHeads) Accept() (net.Conn, error) {
 	return c, nil
 }
 
-// maxHeaderBytes bounds a request head, its request line included: a
+// MaxHeaderBytes bounds a request head, its request line included: a
 // longer one is refused 431 by the checker. The sandbox server's
 // MaxHeaderBytes is the same, and Go's server refuses only past it plus
 // 4 KiB, so no head ever reaches Go's own text/plain 431.
-const maxHeaderBytes = 64 << 10
+const MaxHeaderBytes = 64 << 10
 
 // maxLine bounds a chunk-size or trailer line the checker keeps; past it
 // the line is refused when it ends.
@@ -95,11 +98,11 @@ type headChecker struct {
 	refused func(refusal.Code)
 	id      wire.Identity
 
-	// The body bound (bodyLimit; zero: none). gen is odd while a body is
+	// The body bound (h1.BodyLimit; zero: none). gen is odd while a body is
 	// read: the watchdog's timer, on its own goroutine, checks it and got,
 	// the body bytes read so far, and cuts a stalled body by setting the
 	// read deadline past while a Read waits (reading).
-	lim     bodyLimit
+	lim     h1.BodyLimit
 	gen     atomic.Uint64
 	got     atomic.Int64
 	reading atomic.Bool
@@ -108,27 +111,15 @@ type headChecker struct {
 	timer   atomic.Pointer[time.Timer]
 }
 
-// bodyLimit bounds how long a request body may take on the sandbox socket
-// (THREATS B10), as Apache's mod_reqtimeout does: timeout from the end of
-// the head, extended by a second for every minRate bytes that arrived. A
-// body that stalls (slowloris on the body, not the head) is cut with 408
-// request_timeout when its time is up while the server waits for its
-// bytes; a handler that is slow to read is not the client's fault and
-// never cuts it.
-type bodyLimit struct {
-	timeout time.Duration // 0: no bound
-	minRate int64         // bytes per second that extend it; 0: none
-}
-
 // beginBody starts the body watchdog when a head announced a body.
 func (h *headChecker) beginBody() {
-	if h.lim.timeout <= 0 || h.conn == nil {
+	if h.lim.Timeout <= 0 || h.conn == nil {
 		return
 	}
 	gen := h.gen.Add(1) // odd: in a body
 	h.got.Store(0)
 	start := time.Now()
-	h.arm(gen, start, h.lim.timeout)
+	h.arm(gen, start, h.lim.Timeout)
 }
 
 // endBody stops it when the body is complete (or the connection failed).
@@ -152,16 +143,16 @@ func (h *headChecker) arm(gen uint64, start time.Time, after time.Duration) {
 		if h.gen.Load() != gen {
 			return // that body is complete
 		}
-		allowed := h.lim.timeout
-		if h.lim.minRate > 0 {
-			allowed += time.Duration(h.got.Load() / h.lim.minRate * int64(time.Second))
+		allowed := h.lim.Timeout
+		if h.lim.MinRate > 0 {
+			allowed += time.Duration(h.got.Load() / h.lim.MinRate * int64(time.Second))
 		}
 		if rest := time.Until(start.Add(allowed)); rest > 0 {
 			h.arm(gen, start, rest)
 			return
 		}
 		// Time is up. A Read waiting now is cut at once; if none waits
-		// (the handler is busy elsewhere), the next Read gets overdueGrace
+		// (the handler is busy elsewhere), the next Read gets h1.OverdueGrace
 		// for bytes the sandbox has already sent.
 		h.overdue.Store(true)
 		if h.reading.Load() {
@@ -170,9 +161,6 @@ func (h *headChecker) arm(gen uint64, start time.Time, after time.Duration) {
 		}
 	}))
 }
-
-// overdueGrace is how long a Read of an overdue body waits for bytes.
-const overdueGrace = time.Second
 
 // reqHead is what the checker keeps of a request head while it reads it.
 type reqHead struct {
@@ -207,7 +195,7 @@ func (h *headChecker) Read(p []byte) (int, error) {
 	}
 	inBody := h.gen.Load()%2 == 1
 	if inBody && h.overdue.Load() {
-		_ = h.conn.SetReadDeadline(time.Now().Add(overdueGrace))
+		_ = h.conn.SetReadDeadline(time.Now().Add(h1.OverdueGrace))
 		h.cut.Store(true) // a timeout now is the body's
 	}
 	h.reading.Store(inBody)
@@ -221,7 +209,7 @@ func (h *headChecker) Read(p []byte) (int, error) {
 			h.endBody()
 			h.reject(&headError{http.StatusRequestTimeout, refusal.RequestTimeout, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
-				h.lim.timeout, h.lim.minRate)})
+				h.lim.Timeout, h.lim.MinRate)})
 			return 0, errStrict
 		}
 	}
@@ -289,9 +277,9 @@ func (h *headChecker) feed(b []byte) error {
 				n = len(b)
 			}
 			if h.state == stHead {
-				if h.head.size += n; h.head.size > maxHeaderBytes {
+				if h.head.size += n; h.head.size > MaxHeaderBytes {
 					return &headError{http.StatusRequestHeaderFieldsTooLarge, refusal.HeaderTooLarge,
-						fmt.Sprintf("the request head is over %d bytes (RFC 6585 5)", maxHeaderBytes)}
+						fmt.Sprintf("the request head is over %d bytes (RFC 6585 5)", MaxHeaderBytes)}
 				}
 			}
 			h.buf = appendBounded(h.buf, b[:n])
@@ -504,50 +492,4 @@ func (h *headChecker) endHead() error {
 		}
 	}
 	return nil
-}
-
-// boundedBody puts bodyLimit on a request body that does not pass the
-// framing checker: an inner request of an intercepted tunnel, served by
-// its own HTTP server over the tunnel's TLS (HTTP/1 or HTTP/2). Each Read
-// gets the deadline the bound leaves, or overdueGrace for bytes already
-// sent if the bound passed while nobody read; the deadline is lifted at
-// the body's end. timedOut tells the caller why a read failed.
-type boundedBody struct {
-	rc       io.ReadCloser
-	ctl      *http.ResponseController
-	lim      bodyLimit
-	start    time.Time
-	got      int64
-	timedOut atomic.Bool
-}
-
-func (b *boundedBody) Read(p []byte) (int, error) {
-	now := time.Now()
-	if b.start.IsZero() {
-		b.start = now
-	}
-	allowed := b.lim.timeout
-	if b.lim.minRate > 0 {
-		allowed += time.Duration(b.got / b.lim.minRate * int64(time.Second))
-	}
-	dl := b.start.Add(allowed)
-	if g := now.Add(overdueGrace); dl.Before(g) && now.After(dl) {
-		dl = g
-	}
-	_ = b.ctl.SetReadDeadline(dl)
-	n, err := b.rc.Read(p)
-	b.got += int64(n)
-	if err != nil {
-		_ = b.ctl.SetReadDeadline(time.Time{})
-		var ne net.Error
-		if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
-			b.timedOut.Store(true)
-		}
-	}
-	return n, err
-}
-
-func (b *boundedBody) Close() error {
-	_ = b.ctl.SetReadDeadline(time.Time{})
-	return b.rc.Close()
 }

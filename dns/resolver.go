@@ -1,4 +1,4 @@
-package gateway
+package dns
 
 import (
 	"context"
@@ -17,57 +17,60 @@ import (
 // maxCacheTTL caps how long an answer is cached, whatever its TTL says.
 const maxCacheTTL = 5 * time.Minute
 
-// errNoUpstream is returned when no DNS upstream is configured.
-var errNoUpstream = errors.New("resolver: no dns.upstreams configured")
+// ErrNoUpstream is returned when no DNS upstream is configured.
+var ErrNoUpstream = errors.New("resolver: no dns.upstreams configured")
 
-// rcodeError is an upstream answer that is not NOERROR (NXDOMAIN, SERVFAIL…).
-type rcodeError struct{ rcode int }
+// RcodeError is an upstream answer that is not NOERROR (NXDOMAIN, SERVFAIL…).
+type RcodeError struct{ Rcode int }
 
-func (e *rcodeError) Error() string {
-	return "resolver: upstream answered " + mdns.RcodeToString[e.rcode]
+func (e *RcodeError) Error() string {
+	return "resolver: upstream answered " + mdns.RcodeToString[e.Rcode]
 }
 
-// resolver is the gateway-side resolver of raw egress: the DNS answerer and
-// the proxy's guarded dialer both resolve with it, so the address the proxy
-// dials is one the answerer would also have classified. It asks the
+// Resolver is the gateway-side resolver of raw egress: the DNS answerer
+// and the proxy's guarded dialer both resolve with it, so the address the
+// proxy dials is one the answerer would also have classified. It asks the
 // configured upstreams in order with a miekg/dns client and caches answers
-// by TTL in a bounded map.
-type resolver struct {
+// by TTL in a bounded map. It decides nothing: policy and the dial-time
+// address check stay with its callers.
+type Resolver struct {
 	upstreams []string
 	timeout   time.Duration
 	max       int
-	queries   atomic.Int64 // upstream queries sent, for tests and metrics
+	queries   atomic.Int64 // upstream queries sent (Queries)
 
 	mu    sync.RWMutex
-	cache map[cacheKey]cacheEntry
+	cache map[resolverKey]resolverEntry
 }
 
-type cacheKey struct {
+type resolverKey struct {
 	name  string
 	qtype uint16
 }
 
-type cacheEntry struct {
+type resolverEntry struct {
 	addrs   []netip.Addr
 	ttl     uint32
 	expires time.Time
 }
 
-func newResolver(upstreams []string, timeout time.Duration, max int) *resolver {
-	return &resolver{upstreams: upstreams, timeout: timeout, max: max, cache: map[cacheKey]cacheEntry{}}
+// NewResolver returns a Resolver that asks upstreams (host:port) in order,
+// each within timeout, and caches up to max answers (0: none).
+func NewResolver(upstreams []string, timeout time.Duration, max int) *Resolver {
+	return &Resolver{upstreams: upstreams, timeout: timeout, max: max, cache: map[resolverKey]resolverEntry{}}
 }
 
-// lookup returns the A or AAAA addresses of name (a canonical name without
+// Lookup returns the A or AAAA addresses of name (a canonical name without
 // the trailing dot) and the smallest TTL among them. CNAME chains are
 // followed by the upstream; only address records are kept. An answer that
-// is not NOERROR is *rcodeError.
-func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]netip.Addr, uint32, error) {
-	k := cacheKey{name, qtype}
-	if addrs, ttl, ok := r.cached(name, qtype); ok {
+// is not NOERROR is *RcodeError.
+func (r *Resolver) Lookup(ctx context.Context, name string, qtype uint16) ([]netip.Addr, uint32, error) {
+	k := resolverKey{name, qtype}
+	if addrs, ttl, ok := r.Cached(name, qtype); ok {
 		return addrs, ttl, nil
 	}
 	if len(r.upstreams) == 0 {
-		return nil, 0, errNoUpstream
+		return nil, 0, ErrNoUpstream
 	}
 	q := new(mdns.Msg)
 	q.SetQuestion(mdns.Fqdn(name), qtype)
@@ -81,9 +84,9 @@ func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]net
 		}
 		if in.Rcode != mdns.RcodeSuccess {
 			if in.Rcode == mdns.RcodeNameError {
-				return nil, 0, &rcodeError{in.Rcode}
+				return nil, 0, &RcodeError{in.Rcode}
 			}
-			errs = append(errs, &rcodeError{in.Rcode})
+			errs = append(errs, &RcodeError{in.Rcode})
 			continue
 		}
 		var addrs []netip.Addr
@@ -113,13 +116,13 @@ func (r *resolver) lookup(ctx context.Context, name string, qtype uint16) ([]net
 	return nil, 0, fmt.Errorf("resolver: %s: %w", name, errors.Join(errs...))
 }
 
-// cached returns what lookup would answer for name and qtype from the
+// Cached returns what Lookup would answer for name and qtype from the
 // cache — the addresses and the seconds left of their TTL — or false when
-// lookup would have to ask an upstream.
-func (r *resolver) cached(name string, qtype uint16) ([]netip.Addr, uint32, bool) {
+// Lookup would have to ask an upstream. It never asks one.
+func (r *Resolver) Cached(name string, qtype uint16) ([]netip.Addr, uint32, bool) {
 	now := time.Now()
 	r.mu.RLock()
-	e, ok := r.cache[cacheKey{name, qtype}]
+	e, ok := r.cache[resolverKey{name, qtype}]
 	r.mu.RUnlock()
 	if !ok || !now.Before(e.expires) {
 		return nil, 0, false
@@ -127,7 +130,11 @@ func (r *resolver) cached(name string, qtype uint16) ([]netip.Addr, uint32, bool
 	return e.addrs, uint32(e.expires.Sub(now) / time.Second), true
 }
 
-func (r *resolver) exchange(ctx context.Context, q *mdns.Msg, up string) (*mdns.Msg, error) {
+// Queries is the number of upstream queries sent so far, a truncated UDP
+// answer's TCP retry included.
+func (r *Resolver) Queries() int64 { return r.queries.Load() }
+
+func (r *Resolver) exchange(ctx context.Context, q *mdns.Msg, up string) (*mdns.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	r.queries.Add(1)
@@ -149,7 +156,7 @@ func (r *resolver) exchange(ctx context.Context, q *mdns.Msg, up string) (*mdns.
 
 // store caches an answer for its TTL (capped); TTL 0 is not cached. When
 // full, expired entries go first, then arbitrary ones.
-func (r *resolver) store(k cacheKey, addrs []netip.Addr, ttl uint32) {
+func (r *Resolver) store(k resolverKey, addrs []netip.Addr, ttl uint32) {
 	if ttl == 0 || r.max <= 0 {
 		return
 	}
@@ -170,12 +177,12 @@ func (r *resolver) store(k cacheKey, addrs []netip.Addr, ttl uint32) {
 			delete(r.cache, ck)
 		}
 	}
-	r.cache[k] = cacheEntry{addrs: addrs, ttl: ttl, expires: now.Add(d)}
+	r.cache[k] = resolverEntry{addrs: addrs, ttl: ttl, expires: now.Add(d)}
 }
 
 // LookupNetIP resolves host for the guarded dialer: A for ip4, AAAA for
 // ip6, both for ip. A name with no address is an error.
-func (r *resolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+func (r *Resolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
 	var types []uint16
 	switch network {
 	case "ip":
@@ -190,7 +197,7 @@ func (r *resolver) LookupNetIP(ctx context.Context, network, host string) ([]net
 	var out []netip.Addr
 	var errs []error
 	for _, t := range types {
-		a, _, err := r.lookup(ctx, host, t)
+		a, _, err := r.Lookup(ctx, host, t)
 		if err != nil {
 			errs = append(errs, err)
 			continue

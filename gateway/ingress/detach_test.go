@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bufio"
@@ -9,7 +9,7 @@ import (
 )
 
 // TestIdentConnDetach: after a CONNECT head read through the server's
-// reader, identConn's reader and strictHeads' checker, the bytes the
+// reader, Conn's reader and strictHeads' checker, the bytes the
 // server's reader and detach return, followed by what is still in the
 // socket, are exactly the tunnel's bytes in order, whatever the layers'
 // buffer sizes left where; and the connection is marked a tunnel.
@@ -19,7 +19,7 @@ func TestIdentConnDetach(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		strict       bool // strictHeads wrapped r in a checker and a reader
-		base, server int  // buffer sizes: identConn's base and the server's
+		base, server int  // buffer sizes: Conn's base and the server's
 	}{
 		{"strict, small buffers", true, 16, 16},
 		{"strict, base holds tunnel bytes", true, 512, 16},
@@ -30,7 +30,7 @@ func TestIdentConnDetach(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := strings.NewReader(head + tunnel) // the socket's byte stream
 			base := bufio.NewReaderSize(sock, tc.base)
-			ic := &identConn{r: base, base: base}
+			ic := &Conn{r: base, base: base}
 			if tc.strict { // as strictHeads.Accept does
 				ic.r = bufio.NewReaderSize(&headChecker{src: ic.r}, 16)
 			}
@@ -40,7 +40,7 @@ func TestIdentConnDetach(t *testing.T) {
 				t.Fatalf("CONNECT head: %v %v", req, err)
 			}
 			got, _ := srv.Peek(srv.Buffered())
-			got = append(got[:len(got):len(got)], ic.detach()...)
+			got = append(got[:len(got):len(got)], ic.Detach()...)
 			rest, _ := io.ReadAll(sock)
 			got = append(got, rest...)
 			if string(got) != tunnel {

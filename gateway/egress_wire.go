@@ -1,0 +1,41 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/vault"
+)
+
+// The root's side of the seam with raw egress: what egress is given.
+
+// newRawEgress provisions raw egress for this server.
+func (s *Server) newRawEgress() *rawEgress { return newRawEgress(s.egressDeps()) }
+
+// egressDeps wires raw egress to this server.
+func (s *Server) egressDeps() egressDeps {
+	return egressDeps{
+		Config:   s.cfg,
+		Log:      s.log,
+		Dialer:   s.dialer,
+		Identity: ingress.IdentityFrom,
+		Engine:   s.engine.Load,
+		Append:   s.appendAudit,
+		Session:  s.sessionRefusal,
+		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
+			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
+		},
+		Track:            s.sessConns.add,
+		OnStop:           s.stop.onStop,
+		AtClose:          s.stop.atClose,
+		Repeats:          s.repeats.allow,
+		Interceptor:      s.icpt,
+		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
+		Decisions:        s.tel.decisions,
+		Reflected:        s.tel.reflected,
+		AuditFailures:    s.tel.audits,
+		RuleLabel:        s.tel.ruleLabel,
+		UpstreamAnswered: s.tel.upstreamAnswered,
+	}
+}

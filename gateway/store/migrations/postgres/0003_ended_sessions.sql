@@ -1,0 +1,9 @@
+-- ended sessions (gateway/sessions.go). holds is the JSON list of
+-- the hold ids the end expired.
+CREATE TABLE ended_sessions (
+	session  TEXT   PRIMARY KEY,
+	ended    BIGINT NOT NULL,
+	ended_by TEXT   NOT NULL,
+	holds    TEXT   NOT NULL DEFAULT '[]'
+);
+CREATE INDEX holds_session ON holds (session, status);

@@ -1,0 +1,11 @@
+-- the audit log heads, one per log: gateway replicas sharing a database
+-- each write their own hash-chained file (THREATS G9 per replica), keyed
+-- by host name and path. The single head of audit_head (6) carries over
+-- as the log ''.
+CREATE TABLE audit_heads (
+	log     TEXT   PRIMARY KEY,
+	seq     BIGINT NOT NULL,
+	hash    TEXT   NOT NULL,
+	updated BIGINT NOT NULL
+);
+INSERT INTO audit_heads (log, seq, hash, updated) SELECT '', seq, hash, updated FROM audit_head;

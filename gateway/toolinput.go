@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// prepareCall is what every tool call's arguments pass before its
+// decision: decoded (an empty body is {}), stripped of the headers only
+// the gateway may set (stripHeaderArgs), validated against the tool's
+// schema, and made into the upstream request that policy sees and that is
+// sent. `sluice policy eval --tool` runs it too, so that the input it
+// decides is the gateway's.
+func prepareCall(ctx context.Context, tool *connectors.Tool, base *url.URL, body []byte) (connectors.Args, *http.Request, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	args, err := connectors.DecodeArgs(body)
+	if err == nil {
+		stripHeaderArgs(&args)
+		err = tool.Validate(args)
+	}
+	var req *http.Request
+	if err == nil {
+		req, err = tool.NewRequest(ctx, base, args)
+	}
+	return args, req, err
+}
+
+// toolInput builds the policy input document of a tool call
+// (rego/README.md). The request part is taken before any credential is
+// attached.
+func toolInput(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
+	in := &policy.Input{
+		Version:   policy.InputVersion,
+		Kind:      "tool_call",
+		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
+		Connector: t.Connector,
+		Tool:      t.Name,
+		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
+		Time:      now,
+	}
+	if args != nil {
+		in.Args = map[string]any{"path": orEmpty(args.Path), "query": orEmpty(args.Query), "headers": orEmpty(args.Headers), "body": args.Body}
+	}
+	if req != nil {
+		in.Request = policy.Request{Method: req.Method, Host: req.URL.Host, Path: req.URL.Path, Query: req.URL.Query(), Headers: req.Header.Clone()}
+	}
+	return in
+}
+
+func orEmpty(m map[string]any) map[string]any {
+	if m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+// ToolCall is one tool call as `sluice policy eval --tool` states it: the
+// tool (name or alias), the arguments as the agent would POST them, and
+// who calls. A zero Time means now.
+type ToolCall struct {
+	Tool   string
+	Args   []byte
+	Caller policy.Caller
+	Time   time.Time
+}
+
+// RefusedError is a call the gateway refuses before any policy runs, with
+// the status and stable code the agent would get.
+type RefusedError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("the gateway refuses this call before policy: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// ToolCallInput builds the policy input the gateway builds for call, with
+// the functions POST /v1/tools/{tool} runs: the catalog loaded as serve
+// loads it, the tool found by name or alias, the caller's agent checked
+// for the grant, the arguments through prepareCall and the document
+// through toolInput. A call the gateway would refuse before its decision
+// (unknown_tool, not_granted, schema_violation) is a *RefusedError; a
+// configuration that serve would refuse is an error too.
+func ToolCallInput(ctx context.Context, cfg *config.Config, call ToolCall) (*policy.Input, error) {
+	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	if err != nil {
+		return nil, err
+	}
+	tool, ok := cat.Tool(call.Tool)
+	if !ok {
+		return nil, &RefusedError{http.StatusNotFound, "unknown_tool", fmt.Sprintf("no tool is named %q", call.Tool)}
+	}
+	agent := cfg.Agent(call.Caller.Agent)
+	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
+		return nil, &RefusedError{http.StatusForbidden, "not_granted", fmt.Sprintf("agent %q is not granted connector %q", call.Caller.Agent, tool.Connector)}
+	}
+	if len(call.Args) > connectors.MaxArgsBytes {
+		return nil, &RefusedError{http.StatusBadRequest, "schema_violation", fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes)}
+	}
+	args, req, err := prepareCall(ctx, tool, cat.connectors[tool.Connector].conn.BaseURL, call.Args)
+	if err != nil {
+		msg := "arguments: " + err.Error()
+		var ae *connectors.ArgError
+		if errors.As(err, &ae) {
+			msg = ae.Error()
+		}
+		return nil, &RefusedError{http.StatusBadRequest, "schema_violation", msg}
+	}
+	now := call.Time
+	if now.IsZero() {
+		now = time.Now()
+	}
+	c := call.Caller
+	return toolInput(c.Sandbox, c.Agent, c.Session, c.User, tool, &args, req, now.UTC()), nil
+}
