@@ -88,6 +88,20 @@ type Gateway struct {
 	RelayTLS RelayTLS `yaml:"relay_tls"`
 	// ExtAuthz serves Envoy's ext_authz (and xDS); off when nil (extauthz.go).
 	ExtAuthz *ExtAuthz `yaml:"ext_authz"`
+	// MCP configures the Model Context Protocol door at /mcp.
+	MCP MCP `yaml:"mcp"`
+}
+
+// MCP configures the Model Context Protocol door (streamable HTTP at /mcp
+// on the sandbox socket).
+type MCP struct {
+	// ToolNames is what tools/list calls each tool: "names"
+	// (<slug>.<operation>, the default) or "aliases" (the function-safe
+	// aliases, for clients that hand MCP names straight to an LLM API that
+	// forbids dots). A call accepts either.
+	ToolNames string `yaml:"tool_names"`
+	// MaxMessageBytes bounds one JSON-RPC message; larger ones are refused.
+	MaxMessageBytes int64 `yaml:"max_message_bytes"`
 }
 
 // RelayTLS configures the mTLS listener remote sandboxd relays connect
@@ -413,6 +427,7 @@ func Defaults() *Config {
 			AdminListen:              "127.0.0.1:8080",
 			MaxResponseBytes:         10 << 20,
 			UpstreamTimeout:          Duration(30 * time.Second),
+			MCP:                      MCP{ToolNames: "names", MaxMessageBytes: 4 << 20},
 		},
 		Egress: Egress{
 			MaxTunnelsPerCaller: 64,
@@ -634,6 +649,12 @@ func (c *Config) Validate() error {
 	}
 	if g.UpstreamTimeout <= 0 {
 		bad("gateway.upstream_timeout", "must be positive")
+	}
+	if g.MCP.ToolNames != "names" && g.MCP.ToolNames != "aliases" {
+		bad("gateway.mcp.tool_names", "want names or aliases, not %q", g.MCP.ToolNames)
+	}
+	if g.MCP.MaxMessageBytes < 1024 || g.MCP.MaxMessageBytes > 64<<20 {
+		bad("gateway.mcp.max_message_bytes", "must be between 1024 and %d", 64<<20)
 	}
 	if g.MaxResponseBytes <= 0 {
 		bad("gateway.max_response_bytes", "must be positive")
