@@ -295,7 +295,12 @@ func TestTakeTokensShared(t *testing.T) {
 	wg.Wait()
 	el := time.Since(start).Seconds()
 	want := float64(burst) + rate*el
-	if float64(total) > want+5 || float64(total) < 0.9*want {
+	// The upper bound is the promise (a shared limit is not N per
+	// replica). The lower one only says the bucket is not starved: a
+	// bucket caps at burst, so refill during a scheduling pause of the
+	// takers is lost, and on a loaded 2-core machine under -race those
+	// pauses cost up to a third of the refill; hence 0.6, not 0.9.
+	if float64(total) > want+5 || float64(total) < 0.6*want {
 		t.Fatalf("took %d tokens in %.2fs; the bucket allows %.0f", total, el, want)
 	}
 }
