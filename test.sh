@@ -16,6 +16,8 @@ command -v curl >/dev/null 2>&1 || need+=(curl) # test/e2e runs Debian's curl in
 for p in squid tinyproxy crun dnsperf; do command -v $p >/dev/null 2>&1 || need+=($p); done
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip) # test/e2e runs pip inside a sandbox
+command -v node >/dev/null 2>&1 || need+=(nodejs) # test/e2e runs the TypeScript MCP SDK's client in a sandbox
+command -v npm >/dev/null 2>&1 || need+=(npm)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # the PostgreSQL store (gateway/store/pgtest) and Vault's database engine
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"
@@ -35,6 +37,10 @@ SLUICE_VAULT_BIN=$(test/tools/vault.sh)
 export SLUICE_VAULT_BIN SLUICE_REQUIRE_VAULT=1
 # PostgreSQL store tests fail, not skip, without a server: test.sh installs it.
 export SLUICE_REQUIRE_POSTGRES=1
+
+echo "== TypeScript MCP SDK for the MCP tests (npm, installed once under /opt)"
+SLUICE_MCP_TS_DIR=$(test/tools/mcp-ts.sh)
+export SLUICE_MCP_TS_DIR
 
 echo "== go test"
 short=()

@@ -62,6 +62,12 @@ func (e *rawEgress) serveDNSStream(w http.ResponseWriter, r *http.Request, id wi
 	}
 	w.Header().Set("Content-Type", DNSStreamType)
 	w.Header().Set("Cache-Control", "no-store")
+	// A stream ends when the handler does, often with its request body
+	// unread (a bad frame, idle, shutdown): the connection then carries no
+	// next request, and the client must not reuse it for one (a reused
+	// connection's next request raced the discard of this body and could
+	// be answered 400).
+	w.Header().Set("Connection", "close")
 	w.WriteHeader(http.StatusOK)
 	// The stub sends Expect: 100-continue and waits for this head before
 	// its first question (a gateway that refuses streams answers at once

@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -116,6 +117,8 @@ type Server struct {
 	sharedLimits sharedLimits
 
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
+
+	mcpDoor atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -345,6 +348,9 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 	pc.OnReload = func(ok bool, err error) {
 		s.tel.reload(ok)
 		s.setPolicyErr(err)
+		if ok {
+			s.mcpChanged() // what a caller may list may have changed
+		}
 	}
 	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)

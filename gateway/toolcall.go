@@ -38,7 +38,8 @@ func (s *Server) sandboxHandler() http.Handler {
 	mux.HandleFunc("GET /v1/tools", s.handleListTools)
 	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
 	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
-	eg := s.newRawEgress() // proxy.go, dnsanswer.go
+	mux.Handle("/mcp", s.newMCPDoor()) // mcp_door.go: the same listing and pipeline over MCP
+	eg := s.newRawEgress()             // proxy.go, dnsanswer.go
 	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())

@@ -324,7 +324,7 @@ func (envName) MatchString(k string) bool {
 // reservedEnv are set by sandboxd and cannot be overridden.
 var reservedEnv = map[string]bool{
 	"HTTP_PROXY": true, "HTTPS_PROXY": true, "http_proxy": true, "https_proxy": true,
-	"NO_PROXY": true, "no_proxy": true, "SLUICE_URL": true, "SLUICE_SANDBOX": true,
+	"NO_PROXY": true, "no_proxy": true, "SLUICE_URL": true, "SLUICE_SANDBOX": true, "SLUICE_MCP_URL": true,
 }
 
 func checkEnv(env map[string]string) error {
@@ -344,6 +344,7 @@ func (m *Manager) baseEnv(id string, extra map[string]string) []string {
 		"HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy, "http_proxy=" + proxy, "https_proxy=" + proxy,
 		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1",
 		"SLUICE_URL=" + proxy, "SLUICE_SANDBOX=" + id,
+		"SLUICE_MCP_URL=" + proxy + "/mcp", // the gateway's MCP door, through the same relay
 	}
 	keys := make([]string, 0, len(extra))
 	for k := range extra {

@@ -97,6 +97,7 @@ Start with: sluice demo`,
 		storeCmd(g),
 		placeholdersCmd(g),
 		demoCmd(g),
+		mcpStdioCmd(g),
 	)
 	return root.ExecuteContext(ctx)
 }

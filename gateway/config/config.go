@@ -86,6 +86,20 @@ type Gateway struct {
 	// RelayTLS is the listener for sandboxd relays on other hosts (mTLS);
 	// off unless Listen is set.
 	RelayTLS RelayTLS `yaml:"relay_tls"`
+	// MCP configures the Model Context Protocol door at /mcp.
+	MCP MCP `yaml:"mcp"`
+}
+
+// MCP configures the Model Context Protocol door (streamable HTTP at /mcp
+// on the sandbox socket).
+type MCP struct {
+	// ToolNames is what tools/list calls each tool: "names"
+	// (<slug>.<operation>, the default) or "aliases" (the function-safe
+	// aliases, for clients that hand MCP names straight to an LLM API that
+	// forbids dots). A call accepts either.
+	ToolNames string `yaml:"tool_names"`
+	// MaxMessageBytes bounds one JSON-RPC message; larger ones are refused.
+	MaxMessageBytes int64 `yaml:"max_message_bytes"`
 }
 
 // RelayTLS configures the mTLS listener remote sandboxd relays connect
@@ -411,6 +425,7 @@ func Defaults() *Config {
 			AdminListen:              "127.0.0.1:8080",
 			MaxResponseBytes:         10 << 20,
 			UpstreamTimeout:          Duration(30 * time.Second),
+			MCP:                      MCP{ToolNames: "names", MaxMessageBytes: 4 << 20},
 		},
 		Egress: Egress{
 			MaxTunnelsPerCaller: 64,
@@ -631,6 +646,12 @@ func (c *Config) Validate() error {
 	}
 	if g.UpstreamTimeout <= 0 {
 		bad("gateway.upstream_timeout", "must be positive")
+	}
+	if g.MCP.ToolNames != "names" && g.MCP.ToolNames != "aliases" {
+		bad("gateway.mcp.tool_names", "want names or aliases, not %q", g.MCP.ToolNames)
+	}
+	if g.MCP.MaxMessageBytes < 1024 || g.MCP.MaxMessageBytes > 64<<20 {
+		bad("gateway.mcp.max_message_bytes", "must be between 1024 and %d", 64<<20)
 	}
 	if g.MaxResponseBytes <= 0 {
 		bad("gateway.max_response_bytes", "must be positive")

@@ -118,6 +118,9 @@ var gatewayFloors = map[string][]string{
 	// Raw egress: decided by policy, dialled through the guard, audited;
 	// never held (no holds, store or review), never the tool catalog (no
 	// connectors), and never the socket (the identity is a hook).
+	// The MCP front door: JSON-RPC in, a call.Request to Server.Call out;
+	// the root hands it hooks (its Deps), never the reverse.
+	"gateway/mcp": {"gateway/call", "gateway/refusal", "sandboxd/wire"},
 	"gateway/egress": {"gateway/refusal", "gateway/h1", "gateway/audit", "gateway/config", "gateway/guard",
 		"gateway/mitm", "gateway/scrub", "gateway/ident", "policy", "vault", "dns", "sandboxd/wire"},
 }
@@ -280,6 +283,7 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"cmd/sandboxd", "policy"},
 		{"gateway", "test/e2e"},
 		{"gateway", "sandboxd"},
+		{"gateway/mcp", "gateway"},
 		{"dns", "connectors"},
 		{"dns", "policy"},
 		{"dns", "gateway/guard"},

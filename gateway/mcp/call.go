@@ -1,0 +1,273 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+)
+
+// routeCalls lets a call use either a tool's name or its alias, whichever
+// is not listed (the SDK routes by the listed name), and sends a call of a
+// tool this caller does not list to the pipeline too: it is the pipeline
+// that refuses it (unknown_tool, not_granted, policy_block), as a tool
+// result, with its audit record, never the SDK with a protocol error.
+func (m *Door) routeCalls(c *caller) sdk.Middleware {
+	return func(next sdk.MethodHandler) sdk.MethodHandler {
+		return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+			r, ok := req.(*sdk.CallToolRequest)
+			if !ok || r.Params == nil {
+				return next(ctx, method, req)
+			}
+			if listed, ok := (*c.names.Load())[r.Params.Name]; ok {
+				r.Params.Name = listed
+			}
+			c.mu.Lock()
+			_, listed := c.listed[r.Params.Name]
+			c.mu.Unlock()
+			if listed {
+				return next(ctx, method, req)
+			}
+			return m.callHandler(c.id)(ctx, r)
+		}
+	}
+}
+
+// callHandler runs a tools/call through the pipeline (Deps.Call) with
+// transport mcp; the pipeline audits it and writes its one log line. The
+// arguments document is passed as the client sent it: the pipeline
+// validates it against the same schema the list showed. While an ask is
+// held, the client gets progress notifications (when it sent a progress
+// token) until gateway.hold_wait is up.
+func (m *Door) callHandler(id wire.Identity) sdk.ToolHandler {
+	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		args := req.Params.Arguments
+		if len(args) == 0 {
+			args = json.RawMessage("{}")
+		}
+		p := m.progress(ctx, req)
+		defer p.stop()
+		o := m.deps.Call(ctx, call.Request{
+			Identity:      id,
+			Tool:          req.Params.Name,
+			Args:          args,
+			Transport:     call.MCP,
+			Progress:      p.report,
+			ProgressEvery: m.deps.Progress,
+		})
+		return toolResult(o), nil
+	}
+}
+
+// awaitArgs are sluice.await_hold's arguments.
+type awaitArgs struct {
+	HoldID      string   `json:"hold_id"`
+	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
+}
+
+func awaitHoldTool(max time.Duration) *sdk.Tool {
+	secs := math.Max(1, math.Floor(max.Seconds()))
+	return &sdk.Tool{
+		Name:  AwaitHoldTool,
+		Title: "Wait for a held call",
+		Description: "Waits for a call that sluice held for a person's approval and returns its result once it is decided. " +
+			"A tool result that says a call is pending names its hold_id; call this with it to keep waiting. " +
+			fmt.Sprintf("Each wait is at most %g seconds; call again while the hold is pending.", secs),
+		InputSchema: map[string]any{
+			"type":                 "object",
+			"additionalProperties": false,
+			"required":             []any{"hold_id"},
+			"properties": map[string]any{
+				"hold_id":      map[string]any{"type": "string", "minLength": 1, "maxLength": 128},
+				"wait_seconds": map[string]any{"type": "number", "minimum": 0, "maximum": secs},
+			},
+		},
+		Annotations: &sdk.ToolAnnotations{Title: "Wait for a held call", ReadOnlyHint: true, IdempotentHint: true},
+	}
+}
+
+// awaitHandler waits, bounded by Deps.HoldWait, for one of id's holds.
+func (m *Door) awaitHandler(id wire.Identity) sdk.ToolHandler {
+	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		var a awaitArgs
+		dec := json.NewDecoder(bytesReader(req.Params.Arguments))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&a); err != nil || a.HoldID == "" || len(a.HoldID) > 128 {
+			msg := "arguments: hold_id (a string) is required"
+			if err != nil {
+				msg = "arguments: " + err.Error()
+			}
+			return toolResult(call.Outcome{Status: http.StatusBadRequest, Refusal: refusal.New(http.StatusBadRequest, refusal.SchemaViolation, msg)}), nil
+		}
+		wait := m.deps.HoldWait
+		if a.WaitSeconds != nil {
+			if w := time.Duration(*a.WaitSeconds * float64(time.Second)); w >= 0 && w < wait {
+				wait = w
+			}
+		}
+		p := m.progress(ctx, req)
+		defer p.stop()
+		if p.token != nil {
+			go func() {
+				// Poll reports nothing while it waits: the door ticks.
+				t := time.NewTicker(m.deps.Progress)
+				defer t.Stop()
+				start := time.Now()
+				for {
+					select {
+					case <-p.done:
+						return
+					case <-t.C:
+						p.report(call.Progress{Hold: a.HoldID, Waited: time.Since(start), Bound: wait})
+					}
+				}
+			}()
+		}
+		return toolResult(m.deps.Poll(ctx, id, a.HoldID, wait)), nil
+	}
+}
+
+// progress relays a held call's progress reports to the client as
+// notifications/progress, when the client sent a progress token. The
+// pipeline reports on its waiting goroutine, which must not block on a
+// slow client: a report is dropped when the previous one is still being
+// sent.
+type progress struct {
+	token any
+	ch    chan call.Progress
+	done  chan struct{}
+	ended chan struct{}
+}
+
+func (m *Door) progress(ctx context.Context, req *sdk.CallToolRequest) *progress {
+	p := &progress{token: req.Params.GetProgressToken(), ch: make(chan call.Progress, 1), done: make(chan struct{}), ended: make(chan struct{})}
+	if p.token == nil || req.Session == nil {
+		close(p.ended)
+		return p
+	}
+	go func() {
+		defer close(p.ended)
+		for n := 1; ; n++ {
+			var r call.Progress
+			select {
+			case <-p.done:
+				// A report made just before the call ended is still sent:
+				// the result goes out only after this returns.
+				select {
+				case r = <-p.ch:
+				default:
+					return
+				}
+			case <-ctx.Done():
+				return
+			case r = <-p.ch:
+			}
+			msg := fmt.Sprintf("held for a person's approval as hold %s; waited %s of at most %s", r.Hold, r.Waited.Round(time.Second), r.Bound.Round(time.Second))
+			params := &sdk.ProgressNotificationParams{ProgressToken: p.token, Progress: float64(n), Message: msg}
+			if r.Bound > 0 {
+				params.Progress, params.Total = r.Waited.Seconds(), r.Bound.Seconds()
+				if params.Progress <= 0 {
+					params.Progress = float64(n) / 1000 // strictly increasing (MCP: progress must increase)
+				}
+			}
+			if err := req.Session.NotifyProgress(ctx, params); err != nil {
+				return
+			}
+		}
+	}()
+	return p
+}
+
+// report is call.Request.Progress.
+func (p *progress) report(r call.Progress) {
+	if p.token == nil {
+		return
+	}
+	select {
+	case p.ch <- r:
+	default:
+	}
+}
+
+func (p *progress) stop() {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	<-p.ended
+}
+
+// toolResult maps a pipeline outcome to the tool result: a refusal and a
+// pending hold are isError results whose text names the code and reason
+// (the spec's tool errors, which the model sees; protocol errors are for
+// malformed messages only); a reply carries the result document, isError
+// when the upstream answered with an error status.
+func toolResult(o call.Outcome) *sdk.CallToolResult {
+	switch {
+	case o.Refusal != nil:
+		rid := o.RequestID
+		if o.Hold != nil && o.Hold.RequestID != "" {
+			rid = o.Hold.RequestID
+		}
+		return refused(string(o.Refusal.Code), o.Refusal.Message, rid)
+	case o.Reply != nil:
+		doc := map[string]any{"status": o.Reply.Status, "headers": o.Reply.Headers, "body": o.Reply.Body, "request_id": o.RequestID}
+		if o.Reply.BodyEncoding != "" {
+			doc["body_encoding"] = o.Reply.BodyEncoding
+		}
+		return replied(doc, o.Reply.Status)
+	case o.Hold != nil && o.Status == http.StatusAccepted:
+		text := fmt.Sprintf("approval_pending: the call is held for a person's approval as hold %s and is still pending; call %s with {\"hold_id\":%q} to keep waiting for its result",
+			o.Hold.ID, AwaitHoldTool, o.Hold.ID)
+		return &sdk.CallToolResult{
+			IsError:           true,
+			Content:           []sdk.Content{&sdk.TextContent{Text: text}},
+			StructuredContent: map[string]any{"hold": map[string]any{"id": o.Hold.ID, "status": o.Hold.State, "expires": o.Hold.Expires}, "request_id": o.Hold.RequestID},
+		}
+	case o.Answer != nil:
+		// A held call that already ran: its stored answer, as the HTTP
+		// door would write it.
+		var doc map[string]any
+		if json.Unmarshal(o.Answer, &doc) == nil {
+			if e, ok := doc["error"].(map[string]any); ok {
+				code, _ := e["code"].(string)
+				msg, _ := e["message"].(string)
+				rid, _ := e["request_id"].(string)
+				return refused(code, msg, rid)
+			}
+			st, _ := doc["status"].(float64)
+			return replied(doc, int(st))
+		}
+	}
+	return refused(string(refusal.UpstreamError), "bug: the call's outcome could not be read", o.RequestID)
+}
+
+func refused(code, msg, rid string) *sdk.CallToolResult {
+	text := code + ": " + msg
+	if rid != "" {
+		text += " (request_id " + rid + ")"
+	}
+	return &sdk.CallToolResult{
+		IsError:           true,
+		Content:           []sdk.Content{&sdk.TextContent{Text: text}},
+		StructuredContent: map[string]any{"error": map[string]any{"code": code, "message": msg, "request_id": rid}},
+	}
+}
+
+func replied(doc map[string]any, upstream int) *sdk.CallToolResult {
+	b, _ := json.Marshal(doc)
+	return &sdk.CallToolResult{
+		IsError:           upstream >= 400,
+		Content:           []sdk.Content{&sdk.TextContent{Text: string(b)}},
+		StructuredContent: doc,
+	}
+}

@@ -1,0 +1,203 @@
+package mcp
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+)
+
+// JSON-RPC 2.0 error codes (section 5.1).
+const (
+	codeParseError     = -32700
+	codeInvalidRequest = -32600
+	codeMethodNotFound = -32601
+	// codeSession is an implementation-defined server error: the session
+	// id is not one this caller opened.
+	codeSession = -32001
+	// codeForbidden: the connection carries no identity.
+	codeForbidden = -32003
+)
+
+// methods is the allow-list of what a client may send; anything else is
+// refused here, before the SDK sees it. Notifications and requests of the
+// tools feature and the lifecycle only: the door offers no resources,
+// prompts, completion, logging or subscriptions.
+var methods = map[string]bool{
+	"initialize":                       true,
+	"notifications/initialized":        true,
+	"ping":                             true,
+	"tools/list":                       true,
+	"tools/call":                       true,
+	"notifications/cancelled":          true,
+	"notifications/progress":           true,
+	"notifications/roots/list_changed": true,
+}
+
+// envelope is the part of a JSON-RPC message the gate checks.
+type envelope struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Method  *string         `json:"method,omitempty"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Error   json.RawMessage `json:"error,omitempty"`
+}
+
+// ServeHTTP is the gate: it identifies the connection, checks that a
+// session id is this caller's own, and checks a POST's message (one JSON
+// object, JSON-RPC 2.0, an allowed method, within the size limit) before
+// the SDK sees anything. Every refusal is a JSON-RPC error naming what was
+// wrong; nothing refused reaches a handler.
+func (m *Door) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, ok := m.deps.Identify(r)
+	if !ok {
+		rpcError(w, http.StatusForbidden, nil, codeForbidden, "the connection carries no sandbox identity")
+		return
+	}
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+		m.mu.Lock()
+		owner, known := m.owners[sid]
+		m.mu.Unlock()
+		if !known || owner != id {
+			// One answer for unknown and foreign ids: which sessions
+			// exist is not the caller's to learn.
+			m.log.Warn("mcp: session id refused", "agent", id.Agent, "sandbox", id.Sandbox, "known", known)
+			rpcError(w, http.StatusNotFound, nil, codeSession, "no MCP session with this Mcp-Session-Id was opened by this sandbox; initialize a new session")
+			return
+		}
+	}
+	if r.Method == http.MethodPost {
+		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err != nil || mt != "application/json" {
+			rpcError(w, http.StatusUnsupportedMediaType, nil, codeInvalidRequest, "Content-Type must be application/json")
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, m.deps.MaxMessageBytes+1))
+		if err != nil {
+			rpcError(w, http.StatusBadRequest, nil, codeParseError, "the message could not be read")
+			return
+		}
+		if int64(len(body)) > m.deps.MaxMessageBytes {
+			rpcError(w, http.StatusRequestEntityTooLarge, nil, codeInvalidRequest, fmt.Sprintf("the message is larger than %d bytes", m.deps.MaxMessageBytes))
+			return
+		}
+		if status, rid, code, msg := check(body); code != 0 {
+			rpcError(w, status, rid, code, msg)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+	}
+	m.sdk.ServeHTTP(w, r)
+}
+
+// check reports what is wrong with one POSTed message (code 0: nothing).
+func check(body []byte) (status int, id json.RawMessage, code int, msg string) {
+	body = bytes.TrimSpace(body)
+	if !json.Valid(body) {
+		return http.StatusBadRequest, nil, codeParseError, "the message is not valid JSON"
+	}
+	switch body[0] {
+	case '[':
+		return http.StatusBadRequest, nil, codeInvalidRequest, "JSON-RPC batches are not accepted; send one message per request"
+	case '{':
+	default:
+		return http.StatusBadRequest, nil, codeInvalidRequest, "the message must be a JSON-RPC 2.0 object"
+	}
+	// The members are checked as written, before any decoder's leniency:
+	// Go's (and the SDK's) decoders match names case-insensitively and keep
+	// the last of duplicates, so "Method" or a second "method" could make
+	// the gate and the SDK read different methods.
+	if msg := members(body); msg != "" {
+		return http.StatusBadRequest, nil, codeInvalidRequest, msg
+	}
+	var e envelope
+	if err := json.Unmarshal(body, &e); err != nil {
+		return http.StatusBadRequest, nil, codeInvalidRequest, "the message is not a JSON-RPC 2.0 message: " + err.Error()
+	}
+	if e.ID != nil && !validID(e.ID) {
+		return http.StatusBadRequest, nil, codeInvalidRequest, "id: must be a string or an integer"
+	}
+	if e.JSONRPC != "2.0" {
+		return http.StatusBadRequest, e.ID, codeInvalidRequest, `jsonrpc: must be "2.0"`
+	}
+	if e.Method == nil {
+		// A response to a request the server sent (ping).
+		if e.ID == nil || (e.Result == nil) == (e.Error == nil) {
+			return http.StatusBadRequest, e.ID, codeInvalidRequest, "a message without a method must be a response: an id and one of result or error"
+		}
+		return 0, nil, 0, ""
+	}
+	if !methods[*e.Method] {
+		return http.StatusNotFound, e.ID, codeMethodNotFound, fmt.Sprintf("method %q is not offered: this server speaks initialize, ping, tools/list and tools/call", *e.Method)
+	}
+	return 0, nil, 0, ""
+}
+
+// member names a JSON-RPC 2.0 message may have, exactly as spelt.
+var memberNames = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
+
+// members checks the top-level member names of one JSON object: each one
+// of memberNames, none twice. It returns what is wrong, or "".
+func members(body []byte) string {
+	d := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return "the message must be a JSON-RPC 2.0 object"
+	}
+	seen := map[string]bool{}
+	for d.More() {
+		tok, err := d.Token()
+		if err != nil {
+			return "the message is not a JSON-RPC 2.0 object"
+		}
+		name, _ := tok.(string)
+		switch {
+		case !memberNames[name]:
+			return fmt.Sprintf("member %q: not a JSON-RPC 2.0 member (jsonrpc, id, method, params, result, error; names are case-sensitive)", name)
+		case seen[name]:
+			return fmt.Sprintf("member %q: given twice", name)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := d.Decode(&skip); err != nil {
+			return "the message is not a JSON-RPC 2.0 object"
+		}
+	}
+	return ""
+}
+
+func validID(id json.RawMessage) bool {
+	var v any
+	d := json.NewDecoder(bytes.NewReader(id))
+	d.UseNumber()
+	if d.Decode(&v) != nil {
+		return false
+	}
+	switch x := v.(type) {
+	case string:
+		return true
+	case json.Number:
+		_, err := x.Int64()
+		return err == nil
+	}
+	return false
+}
+
+// rpcError writes a JSON-RPC error response.
+func rpcError(w http.ResponseWriter, status int, id json.RawMessage, code int, msg string) {
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	b, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0",
+		"id":      id,
+		"error":   map[string]any{"code": code, "message": msg},
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
