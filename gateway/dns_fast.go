@@ -20,8 +20,10 @@ import (
 // refused by name, and, for A and AAAA, whose addresses are in the
 // resolver's cache and all pass the guard. It appends the answer to dst and
 // reports true, after the same accounting as answer: the exfiltration
-// signals (countName), sluice.decisions and sluice.dns.answers. For
-// anything else it does nothing and reports false, and the question goes
+// signals (countName), the dns_answered record of a session's first
+// question of a name (dnsAnswered), sluice.decisions and
+// sluice.dns.answers. For anything else it does nothing and reports false,
+// and the question goes
 // to answer on a worker — unusual messages, NOTIMP types, refusals (which
 // are audited), decisions to evaluate and names to resolve upstream.
 //
@@ -76,6 +78,9 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 	}
 	c := &egressCall{start: now, kind: "dns", caller: caller, destHost: name, decision: d, decided: true}
 	e.countName(ctx, c, name)
+	if c.firstAsk {
+		e.dnsAnswered(ctx, c, q.Type, mdns.RcodeSuccess, len(addrs))
+	}
 	if tally == nil {
 		tally = &dnsTally{}
 		defer tally.flush(e)

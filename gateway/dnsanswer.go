@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -85,6 +86,9 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 		// attach as an exemplar, and looking one up in the request's
 		// context cost more than the rest of a cached answer.
 		e.dnsAnswers.Add(context.Background(), 1, e.subs.state.rcodeOpt(rcode))
+		if c.firstAsk && rcode != mdns.RcodeRefused { // a refusal has its own record
+			e.dnsAnswered(ctx, c, q.Question[0].Qtype, rcode, len(rrs))
+		}
 		out, err := m.Pack()
 		if err != nil {
 			m = &mdns.Msg{MsgHdr: mdns.MsgHdr{Id: q.Id, Response: true, Rcode: mdns.RcodeServerFailure}}
@@ -212,10 +216,31 @@ func baseDomain(name string) string {
 	return name
 }
 
-// countName feeds the exfiltration signal and audits the crossing.
+// dnsAnswered writes the dns_answered record of c's question, the first
+// one c's session asked of its name in the subdomain window (countName set
+// c.firstAsk): answer and answerFast both call it once the answer is known,
+// so a session's timeline shows every name it asked, not every repeat.
+// A refused question is not one of these: dnsRefusal records it.
+func (e *rawEgress) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16, rcode, answers int) {
+	c.ensureRID()
+	f := c.auditFields("dns_answered", nil)
+	f = append(f, audit.Field{Key: "answers", Value: answers},
+		audit.Field{Key: "qtype", Value: mdns.Type(qtype).String()},
+		audit.Field{Key: "rcode", Value: mdns.RcodeToString[rcode]})
+	slices.SortFunc(f, func(a, b audit.Field) int { return strings.Compare(a.Key, b.Key) })
+	// Like the other DNS records, a failed write does not change the
+	// answer: record counts it (sluice.audit.failures) and logs it.
+	_ = e.recordFields(ctx, c, "dns_answered", f, false)
+}
+
+// countName feeds the exfiltration signal and audits the crossing. It
+// also tells (c.firstAsk) whether c's session asks name for the first time
+// in the window, for dnsAnswered.
 func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 	base := baseDomain(name)
-	if n, crossed := e.subs.add(c.caller.Sandbox, base, name, c.start); crossed {
+	n, crossed, first := e.subs.add(c.caller.Sandbox, c.caller.Session, base, name, c.start)
+	c.firstAsk = first
+	if crossed {
 		c.ensureRID()
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
@@ -302,8 +327,11 @@ type subdomains struct {
 }
 
 type nameSet struct {
-	since    time.Time
-	names    map[string]struct{}
+	since time.Time
+	// names maps each distinct name asked to the first session that asked
+	// it; others holds the further sessions that asked the same name.
+	names    map[string]string
+	others   map[[2]string]struct{}
 	signaled bool
 	entropy  bool // a dns_high_entropy record was written in this window
 }
@@ -328,9 +356,12 @@ func newSubdomains(threshold int, window time.Duration) *subdomains {
 // maxSubdomainKeys bounds the (sandbox, base domain) pairs tracked.
 const maxSubdomainKeys = 1 << 16
 
-// add records name and reports the count and whether this call crossed the
-// threshold (once per window).
-func (s *subdomains) add(sandbox, base, name string, now time.Time) (int, bool) {
+// add records name and reports the count, whether this call crossed the
+// threshold (once per window), and whether session asks name for the
+// first time in the window. Past the threshold (or past maxSubdomainKeys
+// pairs) new names are not tracked and report first false: the
+// dns_exfiltration_signal record stands for them.
+func (s *subdomains) add(sandbox, session, base, name string, now time.Time) (n int, crossed, first bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := [2]string{sandbox, base}
@@ -343,23 +374,36 @@ func (s *subdomains) add(sandbox, base, name string, now time.Time) (int, bool) 
 				}
 			}
 			if len(s.m) >= maxSubdomainKeys {
-				return 0, false
+				return 0, false, false
 			}
 		}
-		ns = &nameSet{since: now, names: map[string]struct{}{}}
+		ns = &nameSet{since: now, names: map[string]string{}}
 		s.m[k] = ns
 	}
-	// A name seen before is only looked up: no map write (the common
-	// question repeats a name), the same set either way.
-	if _, seen := ns.names[name]; !seen && len(ns.names) <= s.threshold {
-		ns.names[name] = struct{}{}
+	// A name seen before by the same session is only looked up: no map
+	// write (the common question repeats a name), the same set either way.
+	switch by, seen := ns.names[name]; {
+	case !seen:
+		if len(ns.names) <= s.threshold {
+			ns.names[name] = session
+			first = true
+		}
+	case by != session:
+		ok := [2]string{session, name}
+		if _, asked := ns.others[ok]; !asked && len(ns.others) <= s.threshold {
+			if ns.others == nil {
+				ns.others = map[[2]string]struct{}{}
+			}
+			ns.others[ok] = struct{}{}
+			first = true
+		}
 	}
-	n := len(ns.names)
+	n = len(ns.names)
 	if n > s.threshold && !ns.signaled {
 		ns.signaled = true
-		return n, true
+		return n, true, first
 	}
-	return n, false
+	return n, false, first
 }
 
 func auditRecord(rid, event string, f map[string]any) audit.Record {

@@ -53,20 +53,7 @@ func TestDNSHighEntropySignal(t *testing.T) {
 	c := g.client(agentA)
 	ask := func(t *testing.T, name string) int {
 		t.Helper()
-		q := new(mdns.Msg)
-		q.SetQuestion(name+".", mdns.TypeA)
-		raw, _ := q.Pack()
-		resp, err := c.Post("http://sluice/v1/dns", "application/dns-message", bytes.NewReader(raw))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		m := new(mdns.Msg)
-		if err := m.Unpack(b); err != nil {
-			t.Fatalf("answer: %v", err)
-		}
-		return m.Rcode
+		return askDNS(t, c, name, mdns.TypeA)
 	}
 	count := func() (records int) {
 		if b, err := os.ReadFile(g.cfg.Audit.Path); err != nil || len(bytes.TrimSpace(b)) == 0 {

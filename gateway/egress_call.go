@@ -46,8 +46,11 @@ type egressCall struct {
 	// upstreamErr says why an allowed request's upstream answer was not
 	// relayed, or was cut (malformed_response, response_timeout …).
 	upstreamErr string
-	bytesUp     atomic.Int64
-	bytesDn     atomic.Int64
+	// firstAsk: the caller's session asks this DNS name for the first
+	// time in the subdomain window (countName), so dnsAnswered records it.
+	firstAsk bool
+	bytesUp  atomic.Int64
+	bytesDn  atomic.Int64
 }
 
 // egressError is a refusal of raw egress: the JSON error plus the RFC 9209
@@ -76,7 +79,11 @@ func (e *rawEgress) refuse(w http.ResponseWriter, c *egressCall, ee *egressError
 // record appends c's audit record. presync only writes (the result's
 // fsync makes it durable); a record that cannot be written refuses.
 func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref *refusal.Error, presync bool) *egressError {
-	f := c.auditFields(event, ref)
+	return e.recordFields(ctx, c, event, c.auditFields(event, ref), presync)
+}
+
+// recordFields is record with the fields given (in increasing key order).
+func (e *rawEgress) recordFields(ctx context.Context, c *egressCall, event string, f []audit.Field, presync bool) *egressError {
 	if _, err := e.d.Append(ctx, audit.Record{RequestID: c.rid, Event: event, Sorted: f}, presync); err != nil {
 		e.d.AuditFailures.Add(ctx, 1)
 		// Some callers log no refusal after a failed result record (the

@@ -28,6 +28,7 @@ func TestAuditSession(t *testing.T) {
 		{RequestID: "r2", Event: "decision", Fields: map[string]any{"session": "s-2", "tool": "t.b", "decision": "allow"}},
 		{RequestID: "r3", Event: "decision", Fields: map[string]any{"session": "s-1", "kind": "connect", "dest_host": "evil\u202egpj.example\x1b[31m", "port": 443, "decision": "block", "code": "egress_denied"}},
 		{RequestID: "r4", Event: "result", Fields: map[string]any{"session": "s-1", "tool": "t.a", "status": 200, "upstream_status": 401}},
+		{RequestID: "r5", Event: "dns_answered", Fields: map[string]any{"session": "s-1", "kind": "dns", "dest_host": "pypi.org", "decision": "allow", "qtype": "A", "rcode": "NOERROR", "answers": 1}},
 	} {
 		if _, err := l.Append(context.Background(), r); err != nil {
 			t.Fatal(err)
@@ -46,11 +47,11 @@ func TestAuditSession(t *testing.T) {
 			reqs = append(reqs, f[len(f)-1])
 		}
 	}
-	if strings.Join(reqs, ",") != "r1,r3,r4" {
-		t.Errorf("records %v, want r1, r3, r4 in order:\n%s", reqs, out)
+	if strings.Join(reqs, ",") != "r1,r3,r4,r5" {
+		t.Errorf("records %v, want r1, r3, r4, r5 in order:\n%s", reqs, out)
 	}
 	for _, want := range []string{"tunnel (decision)", `evil\u{202e}gpj.example\u{001b}[31m:443`, "refused egress_denied", "status 200 · upstream 401",
-		"3 records of session s-1", "chain: " + path + ": 4 records verify"} {
+		"DNS question", "pypi.org", "A NOERROR · 1 answers", "4 records of session s-1", "chain: " + path + ": 5 records verify"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -64,7 +65,7 @@ func TestAuditSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(jout), "\n")
-	if len(lines) != 3 {
+	if len(lines) != 4 {
 		t.Fatalf("--json: %d lines:\n%s", len(lines), jout)
 	}
 	for _, l := range lines {
@@ -86,7 +87,7 @@ func TestAuditSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _, err = cli(t, "", "audit", "session", "s-1", "--file", path)
-	if err == nil || !strings.Contains(out, "BROKEN at line 3") || !strings.Contains(out, "FAIL: 2 of these records") || !strings.Contains(out, "\n!3 ") {
+	if err == nil || !strings.Contains(out, "BROKEN at line 3") || !strings.Contains(out, "FAIL: 3 of these records") || !strings.Contains(out, "\n!3 ") {
 		t.Errorf("a broken chain: %v\n%s", err, out)
 	}
 }

@@ -93,6 +93,9 @@ func Briefly(r Record) Brief {
 	if s := r.Field("upstream_error"); s != "" {
 		res = append(res, "upstream error "+s)
 	}
+	if s := r.Field("rcode"); s != "" { // dns_answered
+		res = append(res, r.Field("qtype")+" "+s+" · "+r.Field("answers")+" answers")
+	}
 	b.Result = strings.Join(res, " · ")
 	var det []string
 	for _, k := range []string{"by", "decision_reason", "outcome", "approvers", "resolved_ip", "credential", "expires", "grant", "base_domain"} {

@@ -111,15 +111,19 @@ func TestTimeline(t *testing.T) {
 		audit.Record{Event: "dns_refused", Fields: map[string]any{"kind": "dns", "dest_host": "evil.example", "session": "s-1", "code": "egress_denied"}},
 		audit.Record{Event: "decision", Fields: map[string]any{"kind": "http", "dest_host": "files.example", "port": 80, "session": "s-1", "decision": "allow"}},
 		audit.Record{Event: "decision", Fields: map[string]any{"tool": "t.slash", "session": "team/s 9"}},
+		// As the gateway writes a session's first question of a name (dnsAnswered).
+		audit.Record{Event: "dns_answered", Fields: map[string]any{"kind": "dns", "dest_host": "pkg.example", "session": "s-1", "decision": "allow",
+			"qtype": "AAAA", "rcode": "NOERROR", "answers": 2}},
 	)
 	e := newEnv(t, func(o *Options) { o.AuditFile = path })
 	b := e.browser()
 	b.login("alice", "alice-pw")
 	_, body := b.get("/sessions/s-1")
-	if got := lines(body); fmt.Sprint(got) != "[1 3 4 5]" {
+	if got := lines(body); fmt.Sprint(got) != "[1 3 4 5 7]" {
 		t.Fatalf("timeline lines %v, want s-1's in order", got)
 	}
-	for _, want := range []string{"tool call", "hold", "DNS question", "evil.example", "refused egress_denied", "proxied request", "files.example:80", "Chain verifies"} {
+	for _, want := range []string{"tool call", "hold", "DNS question", "evil.example", "refused egress_denied", "proxied request", "files.example:80", "Chain verifies",
+		"pkg.example", "AAAA NOERROR · 2 answers"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("timeline lacks %q", want)
 		}
