@@ -73,9 +73,11 @@ type Connector struct {
 	// Skipped lists the operations that yield no tool, each with the JSON
 	// pointer of the part at fault and why.
 	Skipped []Problem
-	// Defects lists what is wrong in the spec but dropped nothing: a named
-	// schema no tool uses that would not compile, for example (only with
-	// Options.Defects or Strict).
+	// Defects lists what is wrong in the spec but dropped no tool: a
+	// tool's success reply schema that would not render or compile (the
+	// tool is kept without Tool.OutputSchema), and, only with
+	// Options.Defects or Strict, a named schema no tool uses that would
+	// not compile.
 	Defects []Problem
 
 	match matcher // Match's routes, compiled on first use (match.go)
@@ -130,6 +132,13 @@ type Tool struct {
 	// reply and applied once (Stripe's convention), which is what lets the
 	// gateway re-send an approved call whose outcome a crash left unknown.
 	IdempotencyHeader string
+	// OutputSchema is the JSON Schema 2020-12 (as a JSON object) of the
+	// operation's success reply body, rendered as Schema is: its 200
+	// response's JSON content, else 201's, else another 2xx's. nil when
+	// the operation declares none, or when it could not be rendered or
+	// compiled (then a defect: Connector.Defects). It may be any schema
+	// (an array, a scalar); MatchesOutput checks a reply against it.
+	OutputSchema json.RawMessage
 
 	params       []*param // path, query and header parameters, sorted by in then name
 	body         *openapi3.Schema
@@ -138,6 +147,11 @@ type Tool struct {
 	bodyRequired bool
 	fixedQuery   string             // sent with every call: from a path key "/x?beta=true"
 	compiled     *jsonschema.Schema // Schema, compiled: what Validate enforces
+	outPointer   string             // JSON pointer of the success reply's schema in the spec
+	outBase      string             // spec pointer of OutputSchema's root (a named schema's when inlined)
+	outUsed      []*def             // defs OutputSchema carries
+	outErr       error              // why the reply's schema is left out (a defect)
+	outCompiled  *jsonschema.Schema // OutputSchema, compiled
 
 	// codec is how the body is checked and encoded (body.go).
 	codec *bodyCodec

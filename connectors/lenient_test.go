@@ -133,15 +133,37 @@ func TestLenientLoad(t *testing.T) {
 			t.Errorf("%s was not skipped (skipped: %v)", w.op, c.Skipped)
 		}
 	}
-	// The unused schema's defect is reported; the response schema's broken
-	// pattern drops nothing (responses are not validated, only scrubbed);
+	// The unused schema's defect is reported, and so is the response
+	// schema's broken pattern: it drops nothing but getOk's output schema.
 	// Bad's defect is already the reason postBad was skipped.
-	if len(c.Defects) != 1 || c.Defects[0].Pointer != "#/components/schemas/Unused/pattern" {
-		t.Errorf("defects = %v, want one at #/components/schemas/Unused/pattern", c.Defects)
+	const outPtr = "#/paths/~1ok/get/responses/200/content/application~1json/schema/properties/n/pattern"
+	wantDefects := func(c *Connector, ptrs ...string) {
+		t.Helper()
+		var got []string
+		for _, p := range c.Defects {
+			got = append(got, p.Pointer)
+		}
+		if strings.Join(got, " ") != strings.Join(ptrs, " ") {
+			t.Errorf("defects = %v, want at %v", c.Defects, ptrs)
+		}
 	}
-	// Serve does not look for defects in schemas no tool uses.
-	if c2, err := Load(context.Background(), Options{Slug: "x", Spec: spec}); err != nil || len(c2.Defects) != 0 || len(c2.Tools) != len(c.Tools) {
-		t.Errorf("without Defects: %v, %d defects, %d tools; want the same tools and no defect pass", err, len(c2.Defects), len(c2.Tools))
+	wantDefects(c, "#/components/schemas/Unused/pattern", outPtr)
+	for _, p := range c.Defects {
+		if p.Pointer == outPtr && (p.Operation != "GET /ok (getOk)" || !strings.Contains(p.Reason, "(?<broken")) {
+			t.Errorf("response defect = %s, want getOk's, naming the pattern", p)
+		}
+	}
+	for _, tl := range c.Tools {
+		if tl.Name == "x.get_ok" && (tl.OutputSchema != nil || tl.MatchesOutput([]byte(`{"n":"x"}`))) {
+			t.Errorf("x.get_ok kept an output schema that does not compile: %s", tl.OutputSchema)
+		}
+	}
+	// Serve does not look for defects in schemas no tool uses; a tool's
+	// own response schema is still reported.
+	if c2, err := Load(context.Background(), Options{Slug: "x", Spec: spec}); err != nil || len(c2.Tools) != len(c.Tools) {
+		t.Errorf("without Defects: %v, %d tools; want the same tools", err, len(c2.Tools))
+	} else {
+		wantDefects(c2, outPtr)
 	}
 
 	// --strict: today's all-or-nothing, listing every problem.

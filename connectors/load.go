@@ -143,6 +143,7 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 	byName := map[string]string{} // tool name → "METHOD /path"
 	aliases := map[string]string{}
 	used := map[*def]bool{}
+	var outDefects []Problem
 	for _, cd := range cands {
 		skip := func(err error) {
 			pointer := cd.ptr
@@ -172,11 +173,24 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 		for _, x := range cd.used {
 			used[x] = true
 		}
+		if t.outErr != nil {
+			pointer, err := t.outPointer, t.outErr
+			var se *specError
+			if errors.As(err, &se) {
+				pointer, err = se.Pointer, se.Err
+			}
+			outDefects = append(outDefects, Problem{Operation: cd.where, Pointer: pointer, Reason: err.Error()})
+		} else {
+			for _, x := range t.outUsed {
+				used[x] = true
+			}
+		}
 	}
 	sort.Slice(c.Tools, func(i, j int) bool { return c.Tools[i].Name < c.Tools[j].Name })
 	if report || strict {
 		c.Defects = componentDefects(doc, d, c.Skipped, used)
 	}
+	c.Defects = append(c.Defects, outDefects...)
 	if strict {
 		if err := strictCheck(ctx, doc, c); err != nil {
 			return nil, err
@@ -483,6 +497,12 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 	if err != nil {
 		return nil, nil, err
 	}
+	// The success reply's schema: one that cannot be rendered is a
+	// defect, and the tool is kept without it.
+	if ref, pointer := successResponse(op, ptr); ref != nil {
+		t.outPointer = pointer
+		t.OutputSchema, t.outUsed, t.outBase, t.outErr = renderOutputSchema(ref, pointer, d)
+	}
 	return t, used, nil
 }
 
@@ -500,6 +520,7 @@ func (t *Tool) compile(d *defs, ptr string) (err error) {
 		return &specError{Pointer: t.specPointer(d, loc, ptr), Err: errors.New(msg)}
 	}
 	t.compiled = compiled
+	t.compileOutput(d)
 	return nil
 }
 
