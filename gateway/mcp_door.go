@@ -27,6 +27,10 @@ func (s *Server) newMCPDoor() *mcp.Door {
 			}
 			return ""
 		},
+		Output: func(name string, body []byte) bool {
+			t, ok := s.catalog.Tool(name)
+			return ok && t.MatchesOutput(body)
+		},
 		HoldWait:        g.HoldWait.Std(),
 		Aliases:         g.MCP.ToolNames == "aliases",
 		MaxMessageBytes: g.MCP.MaxMessageBytes,

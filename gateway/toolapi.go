@@ -143,7 +143,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		if desc == "" {
 			desc = t.Description
 		}
-		views = append(views, call.Tool{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema})
+		views = append(views, call.Tool{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema, OutputSchema: t.OutputSchema})
 	}
 	return views, nil
 }

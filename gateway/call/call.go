@@ -186,4 +186,7 @@ type Tool struct {
 	Path        string          `json:"path"`
 	Risk        string          `json:"risk"`
 	Schema      json.RawMessage `json:"schema"`
+	// OutputSchema is the JSON Schema of the success reply's body (its
+	// spec's 200, else 201, else 2xx JSON response), when it declares one.
+	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
 }

@@ -36,7 +36,7 @@ func (m *Door) routeCalls(c *caller) sdk.Middleware {
 			if listed {
 				return next(ctx, method, req)
 			}
-			return m.callHandler(c.id)(ctx, r)
+			return m.callHandler(c.id, "")(ctx, r)
 		}
 	}
 }
@@ -46,8 +46,9 @@ func (m *Door) routeCalls(c *caller) sdk.Middleware {
 // arguments document is passed as the client sent it: the pipeline
 // validates it against the same schema the list showed. While an ask is
 // held, the client gets progress notifications (when it sent a progress
-// token) until gateway.hold_wait is up.
-func (m *Door) callHandler(id wire.Identity) sdk.ToolHandler {
+// token) until gateway.hold_wait is up. typed is the tool's name when it
+// is listed with an outputSchema, else "".
+func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 		args := req.Params.Arguments
 		if len(args) == 0 {
@@ -63,7 +64,11 @@ func (m *Door) callHandler(id wire.Identity) sdk.ToolHandler {
 			Progress:      p.report,
 			ProgressEvery: m.deps.Progress,
 		})
-		return toolResult(o), nil
+		res := toolResult(o)
+		if typed != "" {
+			m.structured(res, o, typed)
+		}
+		return res, nil
 	}
 }
 
@@ -270,4 +275,46 @@ func replied(doc map[string]any, upstream int) *sdk.CallToolResult {
 		Content:           []sdk.Content{&sdk.TextContent{Text: string(b)}},
 		StructuredContent: doc,
 	}
+}
+
+// structured fits the result of a tool listed with an outputSchema to
+// it: structuredContent is the upstream's reply body when the call
+// succeeded and the body is JSON valid under the schema, and is left out
+// otherwise (a refusal, a pending hold, an error status, a body that does
+// not match), when the text content alone says what happened. A client
+// that checks structuredContent against the outputSchema then never
+// fails a call the upstream answered.
+func (m *Door) structured(res *sdk.CallToolResult, o call.Outcome, tool string) {
+	res.StructuredContent = nil
+	if res.IsError || m.deps.Output == nil {
+		return
+	}
+	var body []byte
+	switch {
+	case o.Refusal != nil:
+		return
+	case o.Reply != nil:
+		raw, ok := o.Reply.Body.(json.RawMessage)
+		if !ok || o.Reply.BodyEncoding != "" || o.Reply.Status < 200 || o.Reply.Status > 299 {
+			return
+		}
+		body = raw
+	case o.Answer != nil:
+		// A held call that already ran: its stored answer's body.
+		var doc struct {
+			Status       int             `json:"status"`
+			Body         json.RawMessage `json:"body"`
+			BodyEncoding string          `json:"body_encoding"`
+		}
+		if json.Unmarshal(o.Answer, &doc) != nil || doc.BodyEncoding != "" || doc.Status < 200 || doc.Status > 299 {
+			return
+		}
+		body = doc.Body
+	default:
+		return
+	}
+	if len(body) == 0 || !m.deps.Output(tool, body) {
+		return
+	}
+	res.StructuredContent = json.RawMessage(body)
 }

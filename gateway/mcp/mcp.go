@@ -58,6 +58,10 @@ type Deps struct {
 	Poll func(ctx context.Context, id wire.Identity, hold string, wait time.Duration) call.Outcome
 	// Title is a tool's short title from its spec (summary), "" for none.
 	Title func(tool string) string
+	// Output reports whether body, a JSON reply body, is valid under the
+	// tool's OutputSchema (connectors.Tool.MatchesOutput); nil means no
+	// reply is ever sent as structuredContent of a tool with one.
+	Output func(tool string, body []byte) bool
 	// HoldWait bounds one wait of sluice.await_hold (gateway.hold_wait);
 	// a tools/call waits gateway.hold_wait too (the pipeline's default).
 	HoldWait time.Duration
@@ -210,6 +214,7 @@ func (m *Door) refresh(ctx context.Context, c *caller) {
 	}
 	want := map[string]*sdk.Tool{}
 	prints := map[string]string{}
+	typed := map[string]string{} // listed name → tool name, for a tool listed with an outputSchema
 	for _, t := range tools {
 		st, err := m.sdkTool(t)
 		if err == nil && want[st.Name] != nil {
@@ -220,6 +225,7 @@ func (m *Door) refresh(ctx context.Context, c *caller) {
 			continue
 		}
 		want[st.Name] = st
+		typed[st.Name] = t.Name
 		b, _ := json.Marshal(st)
 		prints[st.Name] = string(b)
 	}
@@ -252,17 +258,23 @@ func (m *Door) refresh(ctx context.Context, c *caller) {
 		if c.listed[name] == prints[name] {
 			continue
 		}
-		if name == AwaitHoldTool {
+		switch {
+		case name == AwaitHoldTool:
 			c.srv.AddTool(st, m.awaitHandler(c.id))
-		} else {
-			c.srv.AddTool(st, m.callHandler(c.id))
+		case st.OutputSchema != nil:
+			c.srv.AddTool(st, m.callHandler(c.id, typed[name]))
+		default:
+			c.srv.AddTool(st, m.callHandler(c.id, ""))
 		}
 	}
 	c.listed = prints
 }
 
 // sdkTool renders t as MCP lists it: its JSON Schema as inputSchema, its
-// spec's summary as title, and hints from its HTTP method.
+// success reply's schema as outputSchema when that is an object schema
+// (MCP's rule; an array or scalar reply is listed without one, and its
+// client then expects no structuredContent), its spec's summary as title,
+// and hints from its HTTP method.
 func (m *Door) sdkTool(t call.Tool) (*sdk.Tool, error) {
 	var schema map[string]any
 	if err := json.Unmarshal(t.Schema, &schema); err != nil {
@@ -280,6 +292,12 @@ func (m *Door) sdkTool(t call.Tool) (*sdk.Tool, error) {
 		title = m.deps.Title(t.Name)
 	}
 	st := &sdk.Tool{Name: name, Title: title, Description: t.Description, InputSchema: schema}
+	if len(t.OutputSchema) > 0 {
+		var out map[string]any
+		if json.Unmarshal(t.OutputSchema, &out) == nil && out["type"] == "object" {
+			st.OutputSchema = out
+		}
+	}
 	a := &sdk.ToolAnnotations{Title: title}
 	switch t.Method {
 	case http.MethodGet, http.MethodHead:

@@ -100,6 +100,17 @@ func TestMCPGoClientListsAndCalls(t *testing.T) {
 			t.Errorf("list_tickets inputSchema %v: want a JSON Schema object", lt.InputSchema)
 		}
 	}
+	// get_ticket's spec declares its 200 reply (Ticket): it is the
+	// outputSchema; list_tickets declares none.
+	if gt := tools["tickets.get_ticket"]; gt != nil {
+		out, _ := gt.OutputSchema.(map[string]any)
+		if out["type"] != "object" || fmt.Sprint(out["required"]) != "[id method]" {
+			t.Errorf("get_ticket outputSchema %v: want the Ticket object schema", gt.OutputSchema)
+		}
+	}
+	if lt := tools["tickets.list_tickets"]; lt != nil && lt.OutputSchema != nil {
+		t.Errorf("list_tickets outputSchema %v: its spec declares no reply schema", lt.OutputSchema)
+	}
 	if rf := tools["tickets.create_refund"]; rf != nil && (rf.Annotations == nil || rf.Annotations.ReadOnlyHint) {
 		t.Errorf("create_refund (POST) annotations %+v: want not readOnly", rf.Annotations)
 	}
@@ -124,6 +135,16 @@ func TestMCPGoClientListsAndCalls(t *testing.T) {
 	}
 	if n := len(e.Up.Requests()); n != 1 {
 		t.Fatalf("upstream saw %d requests, want 1", n)
+	}
+
+	// A tool with an outputSchema: the upstream's body, valid under it, is
+	// the structuredContent, beside the text of the whole result.
+	r, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.get_ticket", Arguments: map[string]any{"path": map[string]any{"id": "t-9"}}})
+	if err != nil {
+		t.Fatalf("tools/call get_ticket: %v", err)
+	}
+	if sc, _ := r.StructuredContent.(map[string]any); r.IsError || sc["id"] != "t-9" || sc["method"] != "GET" || len(sc) != 2 || !strings.Contains(toolText(r), `"status":200`) {
+		t.Errorf("get_ticket over MCP: isError %v, structuredContent %v, text %s; want the Ticket body and the result text", r.IsError, r.StructuredContent, toolText(r))
 	}
 
 	// The alias is accepted too.
