@@ -136,8 +136,10 @@ type Tool struct {
 	// operation's success reply body, rendered as Schema is: its 200
 	// response's JSON content, else 201's, else another 2xx's. nil when
 	// the operation declares none, or when it could not be rendered or
-	// compiled (then a defect: Connector.Defects). It may be any schema
-	// (an array, a scalar); MatchesOutput checks a reply against it.
+	// compiled (then a defect: Connector.Defects; it is compiled at load
+	// only with Options.Defects or Strict, else on first use, where a
+	// failure makes OutputReady and MatchesOutput false). It may be any
+	// schema (an array, a scalar); MatchesOutput checks a reply against it.
 	OutputSchema json.RawMessage
 
 	params       []*param // path, query and header parameters, sorted by in then name
@@ -151,7 +153,7 @@ type Tool struct {
 	outBase      string             // spec pointer of OutputSchema's root (a named schema's when inlined)
 	outUsed      []*def             // defs OutputSchema carries
 	outErr       error              // why the reply's schema is left out (a defect)
-	outCompiled  *jsonschema.Schema // OutputSchema, compiled
+	out          *outCheck          // OutputSchema, compiled (output.go)
 
 	// codec is how the body is checked and encoded (body.go).
 	codec *bodyCodec

@@ -158,12 +158,16 @@ func TestLenientLoad(t *testing.T) {
 			t.Errorf("x.get_ok kept an output schema that does not compile: %s", tl.OutputSchema)
 		}
 	}
-	// Serve does not look for defects in schemas no tool uses; a tool's
-	// own response schema is still reported.
+	// Serve does not look for defects in schemas no tool uses, and
+	// compiles a reply schema on first use: get_ok keeps it, but it is
+	// not ready to be shown and matches nothing.
 	if c2, err := Load(context.Background(), Options{Slug: "x", Spec: spec}); err != nil || len(c2.Tools) != len(c.Tools) {
 		t.Errorf("without Defects: %v, %d tools; want the same tools", err, len(c2.Tools))
 	} else {
-		wantDefects(c2, outPtr)
+		wantDefects(c2)
+		if ok := tool(t, c2, "x.get_ok"); ok.OutputSchema == nil || ok.OutputReady() || ok.MatchesOutput([]byte(`{"n":"x"}`)) {
+			t.Errorf("without Defects: get_ok output schema %s, ready %v; want kept, not ready", ok.OutputSchema, ok.OutputReady())
+		}
 	}
 
 	// --strict: today's all-or-nothing, listing every problem.

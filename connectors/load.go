@@ -135,7 +135,7 @@ func build(ctx context.Context, slug string, doc *openapi3.T, specURL *url.URL, 
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for _, cd := range cands {
 		if cd.err == nil {
-			g.Go(func() error { cd.err = cd.t.compile(d, cd.ptr); return nil })
+			g.Go(func() error { cd.err = cd.t.compile(d, cd.ptr, report || strict); return nil })
 		}
 	}
 	_ = g.Wait()
@@ -502,13 +502,15 @@ func buildTool(slug string, doc *openapi3.T, schemes map[string]*SecurityScheme,
 	if ref, pointer := successResponse(op, ptr); ref != nil {
 		t.outPointer = pointer
 		t.OutputSchema, t.outUsed, t.outBase, t.outErr = renderOutputSchema(ref, pointer, d)
+		t.out = &outCheck{}
 	}
 	return t, used, nil
 }
 
-// compile compiles the tool's rendered schema. It only reads d, so tools
-// compile concurrently.
-func (t *Tool) compile(d *defs, ptr string) (err error) {
+// compile compiles the tool's rendered schema, and its output schema when
+// defects are looked for (else on first use: see MatchesOutput). It only
+// reads d, so tools compile concurrently.
+func (t *Tool) compile(d *defs, ptr string, output bool) (err error) {
 	defer func() {
 		if r := recover(); r != nil { // on a worker goroutine: build's recover cannot see it
 			err = fmt.Errorf("schema could not be compiled: %v", r)
@@ -520,7 +522,9 @@ func (t *Tool) compile(d *defs, ptr string) (err error) {
 		return &specError{Pointer: t.specPointer(d, loc, ptr), Err: errors.New(msg)}
 	}
 	t.compiled = compiled
-	t.compileOutput(d)
+	if output {
+		t.compileOutput(d)
+	}
 	return nil
 }
 

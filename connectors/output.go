@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -109,40 +110,69 @@ func renderOutputSchema(ref *openapi3.SchemaRef, pointer string, d *defs) (raw j
 	return raw, used, base, nil
 }
 
-// compileOutput compiles the rendered output schema; on failure the tool
-// keeps no output schema and outErr says why (a defect, not a skip).
+// outCheck is a tool's compiled output schema. Compiling every reply
+// schema of a large spec costs several times its load, so a server
+// compiles each on its first reply; validate and tools (Options.Defects)
+// compile them all at load, to report the defects.
+type outCheck struct {
+	once     sync.Once
+	schema   *jsonschema.Schema // nil when it did not compile
+	err      error
+	panicked bool // err is the compiler's panic, not a located error
+}
+
+func (o *outCheck) compile(raw []byte) {
+	o.once.Do(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				o.schema, o.err, o.panicked = nil, fmt.Errorf("response schema could not be compiled: %v", r), true
+			}
+		}()
+		o.schema, o.err = compileSchema(raw)
+	})
+}
+
+// compileOutput compiles the rendered output schema now; on failure the
+// tool keeps no output schema and outErr says why (a defect, not a skip).
 func (t *Tool) compileOutput(d *defs) {
 	if t.OutputSchema == nil {
 		return
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			t.OutputSchema, t.outErr = nil, &specError{Pointer: t.outPointer, Err: fmt.Errorf("response schema could not be compiled: %v", r)}
-			t.outCompiled = nil
+	t.out.compile(t.OutputSchema)
+	if err := t.out.err; err != nil {
+		p := t.outPointer
+		if !t.out.panicked {
+			loc, msg := compileLocation(err)
+			if p = d.specPointer(loc); p == "" {
+				p = t.outBase + strings.TrimPrefix(loc, "#")
+			}
+			err = errors.New("response schema: " + msg)
 		}
-	}()
-	compiled, err := compileSchema(t.OutputSchema)
-	if err != nil {
-		loc, msg := compileLocation(err)
-		p := d.specPointer(loc)
-		if p == "" {
-			p = t.outBase + strings.TrimPrefix(loc, "#")
-		}
-		t.OutputSchema, t.outErr = nil, &specError{Pointer: p, Err: errors.New("response schema: " + msg)}
-		return
+		t.OutputSchema, t.outErr = nil, &specError{Pointer: p, Err: err}
 	}
-	t.outCompiled = compiled
+}
+
+// OutputReady reports whether the tool has an OutputSchema that compiles
+// (compiling it on first use): only such a schema should be shown, since
+// a client may compile what it is shown. Safe for concurrent use.
+func (t *Tool) OutputReady() bool {
+	if t.OutputSchema == nil || t.out == nil {
+		return false
+	}
+	t.out.compile(t.OutputSchema)
+	return t.out.schema != nil
 }
 
 // MatchesOutput reports whether body, a JSON document, is valid under the
-// tool's OutputSchema; false when the tool has none or body is not JSON.
+// tool's OutputSchema; false when the tool has none, it does not compile,
+// or body is not JSON. Safe for concurrent use.
 func (t *Tool) MatchesOutput(body []byte) bool {
-	if t.outCompiled == nil {
+	if !t.OutputReady() {
 		return false
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
 	if err != nil {
 		return false
 	}
-	return t.outCompiled.Validate(v) == nil
+	return t.out.schema.Validate(v) == nil
 }

@@ -143,7 +143,11 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		if desc == "" {
 			desc = t.Description
 		}
-		views = append(views, call.Tool{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema, OutputSchema: t.OutputSchema})
+		v := call.Tool{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema}
+		if t.OutputReady() { // compiled on the first list: a schema that does not compile is not shown
+			v.OutputSchema = t.OutputSchema
+		}
+		views = append(views, v)
 	}
 	return views, nil
 }
