@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -86,7 +87,7 @@ func (e *rawEgress) record(ctx context.Context, c *egressCall, event string, ref
 	if ref != nil {
 		code = ref.Code
 	}
-	return e.recordFields(ctx, c, event, call.AppendFields(make([]audit.Field, 0, 20), &c.Record, event, code), presync)
+	return e.recordFields(ctx, c, event, call.AppendFields(make([]audit.Field, 0, 19), &c.Record, event, code), presync)
 }
 
 // recordFields is record with the fields given (in increasing key order).
@@ -116,7 +117,8 @@ func (e *rawEgress) logLine(c *egressCall, ee *egressError) {
 	if ref != nil && ref.Code == refusal.AuditUnavailable && !e.d.Repeats(call.LineEgress, reason) {
 		return // the same refusal was logged in this interval: counted (logcap.go)
 	}
-	msg, level, attrs := c.Line(ref, reason)
+	var buf [call.LineAttrs]slog.Attr
+	msg, level, attrs := c.AppendLine(buf[:0], ref, reason)
 	e.d.Log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 

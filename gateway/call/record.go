@@ -224,6 +224,15 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 // attributes, with reason (Reason's) in it. One line per tool call, per
 // proxied request, per tunnel and per DNS question.
 func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.Level, attrs []slog.Attr) {
+	return r.AppendLine(make([]slog.Attr, 0, LineAttrs), e, reason)
+}
+
+// LineAttrs is the most attributes a canonical line has.
+const LineAttrs = 18
+
+// AppendLine is Line appending the attributes to attrs: a writer that
+// hands them straight to the logger keeps them on its stack.
+func (r *Record) AppendLine(attrs []slog.Attr, e *refusal.Error, reason string) (msg string, level slog.Level, _ []slog.Attr) {
 	level = slog.LevelInfo
 	if e != nil && e.Status >= 500 {
 		level = slog.LevelWarn
@@ -234,7 +243,6 @@ func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.L
 	}
 	eg := r.Kind.egress()
 	msg = LineToolCall
-	attrs = make([]slog.Attr, 0, 17)
 	attrs = append(attrs, slog.String(KeyRequestID, r.RequestID))
 	if eg {
 		msg = LineEgress
