@@ -8,6 +8,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/dns"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -76,7 +77,10 @@ func (e *rawEgress) answerFast(ctx context.Context, id wire.Identity, raw, dst [
 			}
 		}
 	}
-	c := &egressCall{start: now, kind: "dns", caller: caller, destHost: name, decision: d, decided: true}
+	c := newEgressCall("", now, call.KindDNS)
+	c.setCaller(caller)
+	c.DestHost = name
+	c.decide(d)
 	e.countName(ctx, c, name)
 	if c.firstAsk {
 		e.dnsAnswered(ctx, c, q.Type, mdns.RcodeSuccess, len(addrs))

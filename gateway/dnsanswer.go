@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -71,8 +72,8 @@ func (e *rawEgress) serveDNS(w http.ResponseWriter, r *http.Request) {
 //     internal or metadata address → REFUSED; upstream failure → SERVFAIL;
 //   - other types of an allowed name → NOERROR with no records.
 func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
-	c := &egressCall{rid: rid, start: time.Now(), kind: "dns",
-		caller: callerOf(id)}
+	c := newEgressCall(rid, time.Now(), call.KindDNS)
+	c.setCaller(callerOf(id))
 	q := new(mdns.Msg)
 	reply := func(rcode int, rrs []mdns.RR) []byte {
 		m := new(mdns.Msg)
@@ -118,7 +119,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 	if !ok {
 		return reply(mdns.RcodeFormatError, nil)
 	}
-	c.destHost = name
+	c.DestHost = name
 	if qn.Qclass != mdns.ClassINET {
 		return reply(mdns.RcodeNotImplemented, nil)
 	}
@@ -155,7 +156,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 	hdr := mdns.RR_Header{Name: qn.Name, Rrtype: qn.Qtype, Class: mdns.ClassINET, Ttl: min(ttl, answerTTL)}
 	for _, a := range addrs {
 		if err := e.dialer.Check(name, a, nil); err != nil {
-			c.destIP.Store(a.String())
+			c.SetResolvedIP(a.String())
 			var de *guard.DeniedError
 			reason := "answer refused"
 			if errors.As(err, &de) {
@@ -175,7 +176,7 @@ func (e *rawEgress) answer(ctx context.Context, rid string, id wire.Identity, ra
 
 // dnsRefusal audits and logs a refused question.
 func (e *rawEgress) dnsRefusal(ctx context.Context, c *egressCall, event, why string) {
-	c.event = event
+	c.Event = event
 	ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDNS, why)
 	_ = e.record(ctx, c, event, ee.Error, false)
 	e.logLine(c, ee)
@@ -223,14 +224,14 @@ func baseDomain(name string) string {
 // A refused question is not one of these: dnsRefusal records it.
 func (e *rawEgress) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16, rcode, answers int) {
 	c.ensureRID()
-	f := c.auditFields("dns_answered", nil)
-	f = append(f, audit.Field{Key: "answers", Value: answers},
-		audit.Field{Key: "qtype", Value: mdns.Type(qtype).String()},
-		audit.Field{Key: "rcode", Value: mdns.RcodeToString[rcode]})
+	f := call.AppendFields(make([]audit.Field, 0, 22), &c.Record, call.EventDNSAnswered, "")
+	f = append(f, audit.Field{Key: call.KeyAnswers, Value: answers},
+		audit.Field{Key: call.KeyQType, Value: mdns.Type(qtype).String()},
+		audit.Field{Key: call.KeyRCode, Value: mdns.RcodeToString[rcode]})
 	slices.SortFunc(f, func(a, b audit.Field) int { return strings.Compare(a.Key, b.Key) })
 	// Like the other DNS records, a failed write does not change the
 	// answer: record counts it (sluice.audit.failures) and logs it.
-	_ = e.recordFields(ctx, c, "dns_answered", f, false)
+	_ = e.recordFields(ctx, c, call.EventDNSAnswered, f, false)
 }
 
 // countName feeds the exfiltration signal and audits the crossing. It
@@ -238,27 +239,27 @@ func (e *rawEgress) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16
 // in the window, for dnsAnswered.
 func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 	base := baseDomain(name)
-	n, crossed, first := e.subs.add(c.caller.Sandbox, c.caller.Session, base, name, c.start)
+	n, crossed, first := e.subs.add(c.caller.Sandbox, c.caller.Session, base, name, c.Start)
 	c.firstAsk = first
 	if crossed {
 		c.ensureRID()
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
-		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+		_, _ = e.d.Append(ctx, auditRecord(c.RequestID, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
+		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.RequestID, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
 	label, _, _ := strings.Cut(name, ".")
 	if h, high := highEntropyLabel(label); high {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base), attribute.String("signal", "label_entropy")))
-		if e.subs.flagEntropy(c.caller.Sandbox, base, c.start) {
+		if e.subs.flagEntropy(c.caller.Sandbox, base, c.Start) {
 			c.ensureRID()
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.d.Append(ctx, auditRecord(c.rid, "dns_high_entropy", withEgress(f, c.caller)), false)
-			e.d.Log.Warn("dns: high-entropy label", "request_id", c.rid, "sandbox", c.caller.Sandbox,
+			_, _ = e.d.Append(ctx, auditRecord(c.RequestID, "dns_high_entropy", withEgress(f, c.caller)), false)
+			e.d.Log.Warn("dns: high-entropy label", "request_id", c.RequestID, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}
 	}
@@ -267,8 +268,8 @@ func (e *rawEgress) countName(ctx context.Context, c *egressCall, name string) {
 // ensureRID gives c a request ID if it has none yet: the fast path
 // (answerFast) makes one only for a question that writes an audit record.
 func (c *egressCall) ensureRID() {
-	if c.rid == "" {
-		c.rid = refusal.NewRequestID()
+	if c.RequestID == "" {
+		c.RequestID = refusal.NewRequestID()
 	}
 }
 

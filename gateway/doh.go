@@ -89,12 +89,12 @@ func isDoHHost(host string) bool {
 // refuseDoH refuses c when its destination is a DoH/DoT endpoint, before
 // policy is asked: no allowlist entry can open one.
 func refuseDoH(c *egressCall) *egressError {
-	if !isDoHEndpoint(c.destHost, c.port) {
+	if !isDoHEndpoint(c.DestHost, c.Port) {
 		return nil
 	}
-	c.event = "doh_refused"
-	msg := c.destHost + " is a DNS-over-HTTPS/TLS endpoint; resolve names through the gateway (POST /v1/dns)"
-	if c.port == dotPort {
+	c.Event = "doh_refused"
+	msg := c.DestHost + " is a DNS-over-HTTPS/TLS endpoint; resolve names through the gateway (POST /v1/dns)"
+	if c.Port == dotPort {
 		msg = "port 853 is DNS over TLS; resolve names through the gateway (POST /v1/dns)"
 	}
 	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, msg)

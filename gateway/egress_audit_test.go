@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -153,10 +154,13 @@ func must(t testing.TB, err error) {
 // (out of order, the log would fold them into a map: the same line, at the
 // cost the pairs exist to avoid).
 func TestEgressAuditFieldsSorted(t *testing.T) {
-	full := &egressCall{kind: "http", destHost: "pkg.example", port: 80, status: 200, upstreamStatus: 401, upstreamErr: "broken_body",
-		decided: true, event: "x", caller: policy.Caller{Sandbox: "sb", Agent: "a", Session: "s", User: "u"}}
-	full.destIP.Store("192.0.2.1")
-	bare := &egressCall{kind: "dns", destHost: "pkg.example", event: "doh_refused"}
+	full := newEgressCall("r1", time.Now(), call.KindHTTP)
+	full.setCaller(policy.Caller{Sandbox: "sb", Agent: "a", Session: "s", User: "u"})
+	full.decide(policy.Decision{Action: policy.Allow, Rule: "policies[0]", Reason: "ok"})
+	full.DestHost, full.Port, full.Status, full.UpstreamStatus, full.UpstreamErr, full.Event = "pkg.example", 80, 200, 401, "broken_body", "x"
+	full.SetResolvedIP("192.0.2.1")
+	bare := newEgressCall("r2", time.Now(), call.KindDNS)
+	bare.DestHost, bare.Event = "pkg.example", "doh_refused"
 	for _, tc := range []struct {
 		name  string
 		c     *egressCall
@@ -169,7 +173,11 @@ func TestEgressAuditFieldsSorted(t *testing.T) {
 		{"a ref before policy", bare, "decision", &refusal.Error{Code: refusal.EgressDenied}, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := tc.c.auditFields(tc.event, tc.ref)
+			var code refusal.Code
+			if tc.ref != nil {
+				code = tc.ref.Code
+			}
+			f := call.AppendFields([]audit.Field(nil), &tc.c.Record, tc.event, code)
 			for i := 1; i < len(f); i++ {
 				if f[i-1].Key >= f[i].Key {
 					t.Fatalf("%q before %q", f[i-1].Key, f[i].Key)

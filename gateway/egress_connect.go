@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -30,7 +31,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "bad CONNECT target: "+err.Error()))
 		return
 	}
-	c.destHost, c.port = host, port
+	c.DestHost, c.Port = host, port
 	if ee := refuseDoH(c); ee != nil {
 		e.refuse(w, c, ee)
 		return
@@ -54,8 +55,8 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, dialRefusal(c, err))
 		return
 	}
-	c.destIP.Store(addr.String())
-	if ee := e.record(ctx, c, "decision", nil, true); ee != nil {
+	c.SetResolvedIP(addr.String())
+	if ee := e.record(ctx, c, call.EventDecision, nil, true); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
@@ -71,7 +72,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	defer conn.Close()
 	lt := e.live.add(conn)
 	defer lt.done() // after the result record below
-	c.status = http.StatusOK
+	c.Status = http.StatusOK
 	_ = conn.SetDeadline(time.Now().Add(e.hello))
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		return
@@ -82,7 +83,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		err = fmt.Errorf("SNI %q is not the CONNECT host", sni)
 	}
 	if err != nil {
-		c.event = "sni_mismatch"
+		c.Event = "sni_mismatch"
 		ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psTLS, "the TLS ClientHello does not name the CONNECT host")
 		ee.Wrap(err)
 		_ = e.record(actx, c, "sni_mismatch", ee.Error, false)
@@ -92,7 +93,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	if e.d.Interceptor.intercepts(host, c.decision) {
 		// TLS interception (intercept.go): every request in the tunnel is
 		// decided, credentialed and audited on its own.
-		c.event = "intercepted"
+		c.Event = "intercepted"
 		// Read past the server's bufio.Reader: its connReader would take
 		// the inner server's read-deadline aborts for a dead connection
 		// and cancel ctx.
@@ -107,7 +108,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 		if ee != nil {
 			ref = ee.Error
 		}
-		_ = e.record(actx, c, "result", ref, false)
+		_ = e.record(actx, c, call.EventResult, ref, false)
 		e.logLine(c, ee)
 		return
 	}
@@ -116,7 +117,7 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	cancel()
 	if err != nil {
 		ee := dialRefusal(c, err)
-		_ = e.record(actx, c, "result", ee.Error, false)
+		_ = e.record(actx, c, call.EventResult, ee.Error, false)
 		e.logLine(c, ee)
 		return
 	}
@@ -127,14 +128,14 @@ func (e *rawEgress) connect(w http.ResponseWriter, r *http.Request, c *egressCal
 	if _, err := up.Write(hello); err != nil {
 		return
 	}
-	c.bytesUp.Add(int64(len(hello)))
+	c.BytesUp.Add(int64(len(hello)))
 	e.tunnel(conn, brw.Reader, up, c)
 	ee := e.endedDuring(actx, c)
 	var ref *refusal.Error
 	if ee != nil {
 		ref = ee.Error
 	}
-	_ = e.record(actx, c, "result", ref, false)
+	_ = e.record(actx, c, call.EventResult, ref, false)
 	e.logLine(c, ee)
 }
 

@@ -68,11 +68,11 @@ func (e *rawEgress) decideCached(ctx context.Context, c *egressCall, req *policy
 	eng := e.d.Engine()
 	v := eng.Version()
 	now := time.Now()
-	k := egressDecisionKey{caller: c.caller, kind: c.kind, req: requestKey(req)}
+	k := egressDecisionKey{caller: c.caller, kind: c.Kind.String(), req: requestKey(req)}
 	if d, ok := e.decisions.get(eng, v, k, now); ok {
 		return d
 	}
-	d := eng.Decide(ctx, &policy.Input{Version: policy.InputVersion, Kind: c.kind, Caller: c.caller, Request: *req, Time: now.UTC()})
+	d := eng.Decide(ctx, &policy.Input{Version: policy.InputVersion, Kind: c.Kind.String(), Caller: c.caller, Request: *req, Time: now.UTC()})
 	e.decisions.put(eng, v, k, d, now)
 	return d
 }

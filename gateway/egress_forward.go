@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/sluice-gw/sluice/dns"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -34,7 +35,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "bad request target: "+err.Error()))
 		return
 	}
-	c.destHost, c.port = host, port
+	c.DestHost, c.Port = host, port
 	path, ee := c.path(r)
 	if ee != nil {
 		e.refuse(w, c, ee)
@@ -47,7 +48,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	if e.d.Interceptor.credentialed(host) {
 		// THREATS D5: a placeholder never crosses plain http, so a host
 		// with a secret bound to it is reached over CONNECT only.
-		c.event = "plaintext_credentialed_host"
+		c.Event = "plaintext_credentialed_host"
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, "a secret is bound to "+host+"; plain http:// to it is refused, use https"))
 		return
 	}
@@ -65,7 +66,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, ee)
 		return
 	}
-	if ee := e.record(ctx, c, "decision", nil, true); ee != nil {
+	if ee := e.record(ctx, c, call.EventDecision, nil, true); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
@@ -95,9 +96,9 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 		e.refuse(w, c, upstreamRefusal(c, err))
 		return
 	}
-	c.destIP.Store(resp.remote)
+	c.SetResolvedIP(resp.remote)
 	defer resp.body.Close()
-	c.upstreamStatus = resp.status
+	c.UpstreamStatus = resp.status
 	e.d.UpstreamAnswered("", "proxy", resp.status)
 	// The start of the body is read before the answer is committed: a
 	// response whose framing breaks at once (a bad first chunk, a small
@@ -115,16 +116,16 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	for k, vs := range resp.header {
 		wh[k] = vs
 	}
-	c.status = resp.status
+	c.Status = resp.status
 	w.WriteHeader(resp.status)
 	if n > 0 {
 		m, _ := w.Write(buf[:n])
-		c.bytesDn.Add(int64(m))
+		c.BytesDown.Add(int64(m))
 	}
 	if rerr == nil {
 		if resp.body.mode == bodyLength {
 			m, _ := io.CopyBuffer(writerOnly{w}, resp.body, buf)
-			c.bytesDn.Add(m)
+			c.BytesDown.Add(m)
 		} else {
 			// A body of unknown length is a stream (server-sent events,
 			// a long poll): each piece goes to the client as it comes,
@@ -133,17 +134,17 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 			if n > 0 {
 				_ = http.NewResponseController(w).Flush()
 			}
-			c.bytesDn.Add(flushEach(w, resp.body, buf))
+			c.BytesDown.Add(flushEach(w, resp.body, buf))
 		}
 	}
 	// A body that broke its framing after the answer was committed
 	// cannot be refused any more: the client's connection is dropped,
 	// so that it sees a cut answer rather than a complete-looking one.
 	if berr := resp.body.failed(); berr != nil {
-		c.upstreamErr = "broken_body"
+		c.UpstreamErr = "broken_body"
 		ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psProtocol, "the upstream's response broke its framing")
 		ee.Wrap(berr)
-		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.Error, false)
+		_ = e.record(context.WithoutCancel(ctx), c, call.EventResult, ee.Error, false)
 		e.logLine(c, ee)
 		panic(http.ErrAbortHandler)
 	}
@@ -151,7 +152,7 @@ func (e *rawEgress) forward(w http.ResponseWriter, r *http.Request, c *egressCal
 	// up to its buffer's worth of it until then): its result record is
 	// written first, and fsynced first with audit.sync: always. If that
 	// fails, the connection is dropped rather than the answer released.
-	if ee := e.record(context.WithoutCancel(ctx), c, "result", nil, false); ee != nil {
+	if ee := e.record(context.WithoutCancel(ctx), c, call.EventResult, nil, false); ee != nil {
 		e.logLine(c, ee)
 		panic(http.ErrAbortHandler)
 	}
@@ -175,16 +176,16 @@ func upstreamRefusal(c *egressCall, err error) *egressError {
 	var ee *egressError
 	switch ue.kind {
 	case upTimeout:
-		c.upstreamErr = "response_timeout"
+		c.UpstreamErr = "response_timeout"
 		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psTimeout, "the destination did not answer in time")
 	case upProtocol, upBodyBroken:
-		c.upstreamErr = "malformed_response"
+		c.UpstreamErr = "malformed_response"
 		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psProtocol, "the destination's response was malformed or ambiguously framed; it was not relayed")
 	case upSend:
-		c.upstreamErr = "send_failed"
+		c.UpstreamErr = "send_failed"
 		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, "the request could not be sent to the destination")
 	default:
-		c.upstreamErr = "closed_without_answer"
+		c.UpstreamErr = "closed_without_answer"
 		ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, "the destination closed the connection without an answer")
 	}
 	ee.Wrap(err)
@@ -196,7 +197,7 @@ func dialRefusal(c *egressCall, err error) *egressError {
 	var de *guard.DeniedError
 	if errors.As(err, &de) {
 		if de.Addr.IsValid() {
-			c.destIP.Store(de.Addr.String())
+			c.SetResolvedIP(de.Addr.String())
 		}
 		ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psIPDenied, fmt.Sprintf("destination %s is not allowed (%s)", de.Host, de.Class))
 		ee.Wrap(err)

@@ -158,7 +158,7 @@ func isPchar(c byte) bool {
 func (c *egressCall) path(r *http.Request) (egressPath, *egressError) {
 	p, err := normalizePath(r.URL.EscapedPath())
 	if err != nil {
-		c.event = "path_refused"
+		c.Event = "path_refused"
 		return egressPath{}, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "request path: "+err.Error())
 	}
 	return p, nil

@@ -19,7 +19,7 @@ func (e *rawEgress) sessionGate(ctx context.Context, c *egressCall) *egressError
 	if aerr == nil {
 		return nil
 	}
-	c.event = string(aerr.Code)
+	c.Event = string(aerr.Code)
 	return &egressError{Error: aerr, proxyStatus: psDenied}
 }
 
@@ -33,6 +33,6 @@ func (e *rawEgress) endedDuring(ctx context.Context, c *egressCall) *egressError
 	if aerr := e.d.Session(ctx, c.caller.Session); aerr == nil || aerr.Code != refusal.SessionEnded {
 		return nil // live, or unreadable: the tunnel's own outcome stands
 	}
-	c.upstreamErr = string(refusal.SessionEnded)
+	c.UpstreamErr = string(refusal.SessionEnded)
 	return &egressError{Error: refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session was ended; its tunnel was closed"), proxyStatus: psDenied}
 }

@@ -41,7 +41,7 @@ func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egre
 	}
 	upstream, _ = up.(*net.TCPConn)
 	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
-		splice(conn, br, up, e.idle, &c.bytesUp, &c.bytesDn)
+		splice(conn, br, up, e.idle, &c.BytesUp, &c.BytesDown)
 		return
 	}
 	// The server's reader first (after Hijack it holds every byte the
@@ -52,10 +52,10 @@ func (e *rawEgress) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egre
 		if _, err := upstream.Write(pending); err != nil {
 			return
 		}
-		c.bytesUp.Add(int64(len(pending)))
+		c.BytesUp.Add(int64(len(pending)))
 	}
 	e.direct.Add(1)
-	relayTCP(ic, client, upstream, e.idle, &c.bytesUp, &c.bytesDn, &e.bulk)
+	relayTCP(ic, client, upstream, e.idle, &c.BytesUp, &c.BytesDown, &e.bulk)
 }
 
 // relayTCP is splice between two TCP sockets read and written directly.

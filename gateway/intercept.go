@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/mitm"
@@ -292,7 +293,7 @@ func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
 // against the system roots (or egress.intercept.upstream_ca_file).
 func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn, r io.Reader, addr netip.Addr) error {
 	in := e.d.Interceptor
-	leaf, err := in.ca.Leaf(tunnel.destHost)
+	leaf, err := in.ca.Leaf(tunnel.DestHost)
 	if err != nil {
 		return err
 	}
@@ -308,13 +309,13 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 		return fmt.Errorf("intercept: handshake: %w", err)
 	}
 	_ = conn.SetDeadline(time.Time{})
-	dialAddr := netip.AddrPortFrom(addr, uint16(tunnel.port)).String()
+	dialAddr := netip.AddrPortFrom(addr, uint16(tunnel.Port)).String()
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return e.dialer.DialContext(ctx, "tcp", dialAddr, nil) // never allow_private
 		},
-		TLSClientConfig:        &tls.Config{RootCAs: in.roots, ServerName: tunnel.destHost, MinVersion: tls.VersionTLS12},
+		TLSClientConfig:        &tls.Config{RootCAs: in.roots, ServerName: tunnel.DestHost, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout:    e.hello,
 		DisableCompression:     true,
 		ForceAttemptHTTP2:      true, // HTTP/2 when the upstream offers it (gRPC needs it end to end)
@@ -352,8 +353,10 @@ func (e *rawEgress) intercept(ctx context.Context, tunnel *egressCall, conn net.
 func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
 	ctx := r.Context()
 	in := e.d.Interceptor
-	c := &egressCall{rid: refusal.NewRequestID(), start: time.Now(), kind: "http", caller: tunnel.caller, destHost: tunnel.destHost, port: tunnel.port}
-	c.destIP.Store(tunnel.destIP.Load())
+	c := newEgressCall(refusal.NewRequestID(), time.Now(), call.KindHTTP)
+	c.setCaller(tunnel.caller)
+	c.DestHost, c.Port = tunnel.DestHost, tunnel.Port
+	c.SetResolvedIP(tunnel.ResolvedIP())
 	if err := checkProxyRequest(r); err != nil {
 		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed request: "+err.Error()))
 		return
@@ -362,8 +365,8 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "only origin-form request targets are served inside a tunnel"))
 		return
 	}
-	if h, p, err := parseTarget(r.Host, strconv.Itoa(tunnel.port)); err != nil || h != tunnel.destHost || p != tunnel.port {
-		c.event = "host_mismatch"
+	if h, p, err := parseTarget(r.Host, strconv.Itoa(tunnel.Port)); err != nil || h != tunnel.DestHost || p != tunnel.Port {
+		c.Event = "host_mismatch"
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, "the Host header does not name the CONNECT host"))
 		return
 	}
@@ -385,13 +388,13 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		}
 		hdr.Set("Upgrade", "websocket") // policy sees what is asked for
 	}
-	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: c.destHost, Port: c.port, Path: path.decoded, Query: r.URL.Query(), Headers: hdr}); ee != nil {
+	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: c.DestHost, Port: c.Port, Path: path.decoded, Query: r.URL.Query(), Headers: hdr}); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
-	pl, err := in.planFor(c.destHost, hdr, r.RequestURI)
+	pl, err := in.planFor(c.DestHost, hdr, r.RequestURI)
 	if err != nil {
-		c.event = "placeholder_crlf"
+		c.Event = "placeholder_crlf"
 		ee := egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed request: "+err.Error())
 		e.refuse(w, c, ee)
 		return
@@ -407,7 +410,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		}
 		v := sec.Reveal()
 		if len(v) == 0 || bytes.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			c.event = "secret_crlf"
+			c.Event = "secret_crlf"
 			e.refuse(w, c, egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "the secret bound to this placeholder cannot be sent in a header"))
 			return
 		}
@@ -424,7 +427,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		hdr.Del("Range")
 		hdr.Del("If-Range")
 	}
-	if ee := e.record(ctx, c, "decision", nil, true); ee != nil {
+	if ee := e.record(ctx, c, call.EventDecision, nil, true); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
@@ -434,9 +437,9 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 			return
 		}
 	}
-	authority := c.destHost
-	if c.port != 443 {
-		authority = net.JoinHostPort(c.destHost, strconv.Itoa(c.port))
+	authority := c.DestHost
+	if c.Port != 443 {
+		authority = net.JoinHostPort(c.DestHost, strconv.Itoa(c.Port))
 	}
 	out := r.Clone(httptraceEgress(ctx, c))
 	out.RequestURI = ""
@@ -457,7 +460,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		// audited once it has been read to the end (or abandoned).
 		var det *tokenDetector
 		det = newTokenDetector(r.Body, in, func() {
-			for _, ev := range det.events(in, c.destHost) {
+			for _, ev := range det.events(in, c.DestHost) {
 				_ = e.record(context.WithoutCancel(ctx), c, ev, nil, false)
 			}
 		})
@@ -474,20 +477,20 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	if err != nil {
 		ee := dialRefusal(c, err)
 		if bb != nil && bb.TimedOut() {
-			c.event = "request_timeout"
+			c.Event = "request_timeout"
 			ee = egressRefuse(http.StatusRequestTimeout, refusal.RequestTimeout, psBadRequest, fmt.Sprintf(
 				"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
 				bb.Limit().Timeout, bb.Limit().MinRate))
 			w.Header().Set("Connection", "close")
 		}
-		c.status = ee.Status
-		_ = e.record(context.WithoutCancel(ctx), c, "result", ee.Error, false)
+		c.Status = ee.Status
+		_ = e.record(context.WithoutCancel(ctx), c, call.EventResult, ee.Error, false)
 		e.logLine(c, ee)
 		w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
-		refusal.Write(w, ee.Error, c.rid)
+		refusal.Write(w, ee.Error, c.RequestID)
 		return
 	}
-	c.upstreamStatus = resp.StatusCode
+	c.UpstreamStatus = resp.StatusCode
 	e.d.UpstreamAnswered("", "intercept", resp.StatusCode)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		e.relayWebSocket(w, c, key, resp, scr, switched)
@@ -507,7 +510,7 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 		// The one check tool calls pass too (THREATS D11).
 		var bf bool
 		if body, bf, err = scr.Reply(resp.Header, body, limit); err != nil {
-			c.upstreamErr = scrub.ReplyReason(err)
+			c.UpstreamErr = scrub.ReplyReason(err)
 			e.upstreamFailed(w, c, err.Error())
 			return
 		}
@@ -517,10 +520,10 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	for k, vs := range resp.Header {
 		w.Header()[k] = vs
 	}
-	c.status = resp.StatusCode
+	c.Status = resp.StatusCode
 	if reflected {
 		e.d.Reflected.Add(ctx, 1)
-		if ee := e.record(ctx, c, "secret_reflected", nil, false); ee != nil {
+		if ee := e.record(ctx, c, call.EventSecretReflected, nil, false); ee != nil {
 			e.refuse(w, c, ee)
 			return
 		}
@@ -528,9 +531,9 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	w.WriteHeader(resp.StatusCode)
 	if scr != nil {
 		n, _ := w.Write(body)
-		c.bytesDn.Add(int64(n))
+		c.BytesDown.Add(int64(n))
 	} else {
-		c.bytesDn.Add(copyResponse(w, resp.Body, resp.ContentLength < 0))
+		c.BytesDown.Add(copyResponse(w, resp.Body, resp.ContentLength < 0))
 	}
 	// Trailers (gRPC's status) are known once the body is read; a
 	// scrubbed reply's were scrubbed with it.
@@ -541,18 +544,18 @@ func (e *rawEgress) interceptRequest(w http.ResponseWriter, r *http.Request, tun
 	}
 	// As in forward: the decision was written before the dial and the
 	// answer is relayed, so the result's fsync gates nothing.
-	go func() { _ = e.record(context.WithoutCancel(ctx), c, "result", nil, false) }()
+	go func() { _ = e.record(context.WithoutCancel(ctx), c, call.EventResult, nil, false) }()
 	e.logLine(c, nil)
 }
 
 // upstreamFailed answers 502 for a reply that cannot be relayed safely.
 func (e *rawEgress) upstreamFailed(w http.ResponseWriter, c *egressCall, msg string) {
 	ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, msg)
-	c.status = ee.Status
-	_ = e.record(context.Background(), c, "result", ee.Error, false)
+	c.Status = ee.Status
+	_ = e.record(context.Background(), c, call.EventResult, ee.Error, false)
 	e.logLine(c, ee)
 	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
-	refusal.Write(w, ee.Error, c.rid)
+	refusal.Write(w, ee.Error, c.RequestID)
 }
 
 // caCertPEM is the interception CA's certificate in PEM, for sandbox

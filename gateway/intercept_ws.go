@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
@@ -116,10 +117,10 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	reflected := scr.Header(resp.Header)
 	resp.Header.Set("Connection", "Upgrade")
 	resp.Header.Set("Upgrade", "websocket")
-	c.status = http.StatusSwitchingProtocols
+	c.Status = http.StatusSwitchingProtocols
 	if reflected {
 		e.d.Reflected.Add(context.Background(), 1)
-		if ee := e.record(context.Background(), c, "secret_reflected", nil, false); ee != nil {
+		if ee := e.record(context.Background(), c, call.EventSecretReflected, nil, false); ee != nil {
 			e.refuse(w, c, ee)
 			return
 		}
@@ -134,7 +135,7 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	_ = resp.Header.Write(brw)
 	_, _ = brw.WriteString("\r\n")
 	if err := brw.Flush(); err != nil {
-		_ = e.record(context.Background(), c, "result", nil, false)
+		_ = e.record(context.Background(), c, call.EventResult, nil, false)
 		e.logLine(c, nil)
 		return
 	}
@@ -146,18 +147,18 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	done := make(chan struct{}, 2)
 	go func() {
 		defer func() { done <- struct{}{} }()
-		_, _ = copyCounted(up, brw.Reader, &c.bytesUp, touch)
+		_, _ = copyCounted(up, brw.Reader, &c.BytesUp, touch)
 	}()
 	go func() {
 		defer func() { done <- struct{}{} }()
 		var err error
 		if scr == nil {
-			_, err = copyCounted(conn, up, &c.bytesDn, touch)
+			_, err = copyCounted(conn, up, &c.BytesDown, touch)
 			return
 		}
-		err = copyWSScrubbed(conn, up, scr, e.d.Config.Gateway.MaxResponseBytes, &c.bytesDn, touch, func() {
+		err = copyWSScrubbed(conn, up, scr, e.d.Config.Gateway.MaxResponseBytes, &c.BytesDown, touch, func() {
 			e.d.Reflected.Add(context.Background(), 1)
-			_ = e.record(context.Background(), c, "secret_reflected", nil, false)
+			_ = e.record(context.Background(), c, call.EventSecretReflected, nil, false)
 		})
 		if errors.Is(err, errWSProtocol) {
 			perr.Store(&err)
@@ -175,7 +176,7 @@ func (e *rawEgress) relayWebSocket(w http.ResponseWriter, c *egressCall, key str
 	if ee != nil {
 		ref = ee.Error
 	}
-	_ = e.record(context.Background(), c, "result", ref, false)
+	_ = e.record(context.Background(), c, call.EventResult, ref, false)
 	e.logLine(c, ee)
 }
 

@@ -55,7 +55,7 @@ func (e *rawEgress) narrowGate(ctx context.Context, c *egressCall, host string) 
 	if !narrowedOut(c.caller, host) {
 		return nil
 	}
-	c.decision, c.decided = narrowDecision, true
+	c.decide(narrowDecision)
 	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(narrowDecision.Action.String(), e.d.RuleLabel(narrowRule)))
 	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied,
 		fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", host, c.caller.Sandbox))

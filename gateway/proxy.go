@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-gw/sluice/dns"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -100,17 +101,17 @@ func newRawEgress(d egressDeps) *rawEgress {
 
 // serveProxy handles absolute-form requests and CONNECT.
 func (e *rawEgress) serveProxy(w http.ResponseWriter, r *http.Request) {
-	c := &egressCall{rid: refusal.NewRequestID(), start: time.Now(), kind: "http"}
+	c := newEgressCall(refusal.NewRequestID(), time.Now(), call.KindHTTP)
 	if r.Method == http.MethodConnect {
-		c.kind = "connect"
+		c.Kind = call.KindConnect
 	}
 	id, ok := e.d.Identity(r.Context())
 	if !ok {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
 		return
 	}
-	c.caller = callerOf(id)
-	if c.kind == "connect" {
+	c.setCaller(callerOf(id))
+	if c.Kind == "connect" {
 		e.connect(w, r, c, id)
 		return
 	}
@@ -199,7 +200,7 @@ func (e *rawEgress) decide(ctx context.Context, c *egressCall, req policy.Reques
 	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
 		return ee
 	}
-	c.decision, c.decided = e.decideCached(ctx, c, &req), true // egress_decisions.go
+	c.decide(e.decideCached(ctx, c, &req)) // egress_decisions.go
 	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), e.d.RuleLabel(c.decision.Rule)))
 	if c.decision.Action == policy.Allow {
 		return nil

@@ -52,6 +52,11 @@ const (
 	KeyBytesDown       = "bytes_down"
 	KeyDurationMS      = "duration_ms"
 	KeyEgress          = "egress" // the sandbox's egress narrowing (sandboxd --egress), when it has one
+
+	// A DNS answer's record (EventDNSAnswered) adds these.
+	KeyAnswers = "answers"
+	KeyQType   = "qtype"
+	KeyRCode   = "rcode"
 )
 
 // The audit events a record is written under.
@@ -59,6 +64,7 @@ const (
 	EventDecision        = "decision"         // decided (or refused before a decision); written before anything is sent
 	EventResult          = "result"           // the upstream's answer, or why there was none
 	EventSecretReflected = "secret_reflected" // the upstream echoed a credential; it was scrubbed
+	EventDNSAnswered     = "dns_answered"     // raw egress: what a DNS question was answered (with KeyAnswers, KeyQType, KeyRCode)
 )
 
 // The messages of the canonical log lines.
@@ -133,70 +139,84 @@ func (r *Record) ResolvedIP() string {
 // when not refused), in increasing key order with no key twice (the
 // shape audit.Record.Sorted takes, so no map is built per record).
 func (r *Record) Fields(event string, code refusal.Code) []Field {
+	return AppendFields(make([]Field, 0, 20), r, event, code)
+}
+
+// FieldShape is the shape of one key and value: Field, and the audit
+// log's own field type, which call does not import.
+type FieldShape interface {
+	~struct {
+		Key   string
+		Value any
+	}
+}
+
+// AppendFields appends r's Fields to f as the caller's field type, so that
+// a writer hands the audit log its fields without copying them.
+func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Code) []F {
 	eg := r.Kind.egress()
 	end := event == EventResult || (!eg && event == EventSecretReflected)
-	f := make([]Field, 0, 20)
-	f = append(f, Field{KeyAgent, r.Agent})
+	f = append(f, F(Field{KeyAgent, r.Agent}))
 	if eg && event == EventResult {
-		f = append(f, Field{KeyBytesDown, r.BytesDown.Load()}, Field{KeyBytesUp, r.BytesUp.Load()})
+		f = append(f, F(Field{KeyBytesDown, r.BytesDown.Load()}), F(Field{KeyBytesUp, r.BytesUp.Load()}))
 	}
 	if code != "" {
-		f = append(f, Field{KeyCode, string(code)})
+		f = append(f, F(Field{KeyCode, string(code)}))
 	}
 	if r.Credential != "" {
-		f = append(f, Field{KeyCredential, r.Credential})
+		f = append(f, F(Field{KeyCredential, r.Credential}))
 	}
 	if r.Decided {
-		f = append(f, Field{KeyDecision, r.Decision.Action})
+		f = append(f, F(Field{KeyDecision, r.Decision.Action}))
 	}
 	if eg || r.DestHost != "" {
-		f = append(f, Field{KeyDestHost, r.DestHost})
+		f = append(f, F(Field{KeyDestHost, r.DestHost}))
 	}
 	if end {
-		f = append(f, Field{KeyDurationMS, time.Since(r.Start).Milliseconds()})
+		f = append(f, F(Field{KeyDurationMS, time.Since(r.Start).Milliseconds()}))
 	}
 	if r.Egress != "" {
-		f = append(f, Field{KeyEgress, r.Egress})
+		f = append(f, F(Field{KeyEgress, r.Egress}))
 	}
 	if eg {
-		f = append(f, Field{KeyKind, string(r.Kind)})
+		f = append(f, F(Field{KeyKind, string(r.Kind)}))
 	}
 	if r.Port != 0 {
-		f = append(f, Field{KeyPort, r.Port})
+		f = append(f, F(Field{KeyPort, r.Port}))
 	}
 	switch {
 	case r.Decided:
-		f = append(f, Field{KeyReason, r.Decision.Reason})
+		f = append(f, F(Field{KeyReason, r.Decision.Reason}))
 	case eg && r.Event != "":
-		f = append(f, Field{KeyReason, r.Event})
+		f = append(f, F(Field{KeyReason, r.Event}))
 	}
 	if ip := r.ResolvedIP(); ip != "" {
-		f = append(f, Field{KeyResolvedIP, ip})
+		f = append(f, F(Field{KeyResolvedIP, ip}))
 	}
 	if r.Decided {
-		f = append(f, Field{KeyRule, r.Decision.Rule})
+		f = append(f, F(Field{KeyRule, r.Decision.Rule}))
 	}
-	f = append(f, Field{KeySandbox, r.Sandbox})
+	f = append(f, F(Field{KeySandbox, r.Sandbox}))
 	if !eg && end {
-		f = append(f, Field{KeySecretReflected, r.Reflected})
+		f = append(f, F(Field{KeySecretReflected, r.Reflected}))
 	}
-	f = append(f, Field{KeySession, r.Session})
+	f = append(f, F(Field{KeySession, r.Session}))
 	if r.Status != 0 {
-		f = append(f, Field{KeyStatus, r.Status})
+		f = append(f, F(Field{KeyStatus, r.Status}))
 	}
 	if !eg {
-		f = append(f, Field{KeyTool, r.Tool})
+		f = append(f, F(Field{KeyTool, r.Tool}))
 	}
 	if r.Transport != "" {
-		f = append(f, Field{KeyTransport, string(r.Transport)})
+		f = append(f, F(Field{KeyTransport, string(r.Transport)}))
 	}
 	if r.UpstreamErr != "" {
-		f = append(f, Field{KeyUpstreamError, r.UpstreamErr})
+		f = append(f, F(Field{KeyUpstreamError, r.UpstreamErr}))
 	}
 	if r.UpstreamStatus != 0 {
-		f = append(f, Field{KeyUpstreamStatus, r.UpstreamStatus})
+		f = append(f, F(Field{KeyUpstreamStatus, r.UpstreamStatus}))
 	}
-	f = append(f, Field{KeyUser, r.User})
+	f = append(f, F(Field{KeyUser, r.User}))
 	return f
 }
 
@@ -204,6 +224,15 @@ func (r *Record) Fields(event string, code refusal.Code) []Field {
 // attributes, with reason (Reason's) in it. One line per tool call, per
 // proxied request, per tunnel and per DNS question.
 func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.Level, attrs []slog.Attr) {
+	return r.AppendLine(make([]slog.Attr, 0, LineAttrs), e, reason)
+}
+
+// LineAttrs is the most attributes a canonical line has.
+const LineAttrs = 18
+
+// AppendLine is Line appending the attributes to attrs: a writer that
+// hands them straight to the logger keeps them on its stack.
+func (r *Record) AppendLine(attrs []slog.Attr, e *refusal.Error, reason string) (msg string, level slog.Level, _ []slog.Attr) {
 	level = slog.LevelInfo
 	if e != nil && e.Status >= 500 {
 		level = slog.LevelWarn
@@ -214,7 +243,6 @@ func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.L
 	}
 	eg := r.Kind.egress()
 	msg = LineToolCall
-	attrs = make([]slog.Attr, 0, 17)
 	attrs = append(attrs, slog.String(KeyRequestID, r.RequestID))
 	if eg {
 		msg = LineEgress

@@ -125,3 +125,27 @@ func TestLine(t *testing.T) {
 		t.Errorf("egress reason %q, want its event", eg.Reason(deny))
 	}
 }
+
+// shape is a field type of the same shape declared elsewhere, as the
+// audit log's is.
+type shape struct {
+	Key   string
+	Value any
+}
+
+// TestAppendFields: a writer's own field type gets the same keys and
+// values as Fields, appended after what it already holds.
+func TestAppendFields(t *testing.T) {
+	r := &Record{Kind: KindDNS, Agent: "a", DestHost: "h.example", Event: "doh_refused"}
+	r.SetResolvedIP("192.0.2.1")
+	want := r.Fields(EventDecision, refusal.EgressDenied)
+	got := AppendFields([]shape{{"first", 1}}, r, EventDecision, refusal.EgressDenied)
+	if len(got) != len(want)+1 || got[0] != (shape{"first", 1}) {
+		t.Fatalf("got %v, want the first field then %v", got, want)
+	}
+	for i, f := range want {
+		if got[i+1] != shape(f) {
+			t.Errorf("field %d: got %v, want %v", i, got[i+1], f)
+		}
+	}
+}

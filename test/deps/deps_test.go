@@ -115,12 +115,12 @@ var gatewayFloors = map[string][]string{
 	"gateway/review": {"gateway/audit", "gateway/config", "gateway/holds", "gateway/ident", "gateway/store"},
 	// The sandbox socket: peer credentials, the preamble, strict heads.
 	"gateway/ingress": {"gateway/refusal", "gateway/h1", "gateway/config", "gateway/ident", "sandboxd/wire"},
-	// Raw egress: decided by policy, dialled through the guard, audited;
-	// never held (no holds, store or review), never the tool catalog (no
-	// connectors), and never the socket (the identity is a hook).
 	// The MCP front door: JSON-RPC in, a call.Request to Server.Call out;
 	// the root hands it hooks (its Deps), never the reverse.
 	"gateway/mcp": {"gateway/call", "gateway/refusal", "sandboxd/wire"},
+	// Raw egress: decided by policy, dialled through the guard, audited;
+	// never held (no holds, store or review), never the tool catalog (no
+	// connectors), and never the socket (the identity is a hook).
 	"gateway/egress": {"gateway/refusal", "gateway/h1", "gateway/audit", "gateway/config", "gateway/guard",
 		"gateway/mitm", "gateway/scrub", "gateway/ident", "policy", "vault", "dns", "sandboxd/wire"},
 	// The Envoy door: Check's identity, request normalisation and the
