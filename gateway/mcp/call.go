@@ -279,24 +279,41 @@ func replied(doc map[string]any, upstream int) *sdk.CallToolResult {
 
 // structured fits the result of a tool listed with an outputSchema to
 // it: structuredContent is the upstream's reply body when the call
-// succeeded and the body is JSON valid under the schema, and is left out
-// otherwise (a refusal, a pending hold, an error status, a body that does
-// not match), when the text content alone says what happened. A client
-// that checks structuredContent against the outputSchema then never
-// fails a call the upstream answered.
+// succeeded and the body is JSON valid under the schema. Otherwise (a
+// refusal, a pending hold, an error status: already isError) it is left
+// out; and a reply that was sent and answered but does not fit the
+// schema (not JSON, encoded, not 2xx, or not matching) is marked isError
+// with a text saying so, because MCP requires a non-error result of such
+// a tool to carry conforming structuredContent (the TypeScript SDK's
+// client throws otherwise). The text says the call was sent, so an agent
+// does not repeat a write; the upstream's reply is still in the content.
 func (m *Door) structured(res *sdk.CallToolResult, o call.Outcome, tool string) {
 	res.StructuredContent = nil
 	if res.IsError || m.deps.Output == nil {
 		return
 	}
+	if m.fitStructured(res, o, tool) {
+		return
+	}
+	res.IsError = true
+	res.Content = append(res.Content, &sdk.TextContent{Text: unfitReply})
+}
+
+// unfitReply is the note on a sent call whose reply does not fit the
+// tool's outputSchema.
+const unfitReply = "sluice: the call was sent and the upstream answered, but its reply does not match the response schema in the connector's spec (shown above as text); do not repeat the call on this account"
+
+// fitStructured sets res.StructuredContent to the reply body when it fits
+// the tool's outputSchema, and reports whether it did.
+func (m *Door) fitStructured(res *sdk.CallToolResult, o call.Outcome, tool string) bool {
 	var body []byte
 	switch {
 	case o.Refusal != nil:
-		return
+		return false
 	case o.Reply != nil:
 		raw, ok := o.Reply.Body.(json.RawMessage)
 		if !ok || o.Reply.BodyEncoding != "" || o.Reply.Status < 200 || o.Reply.Status > 299 {
-			return
+			return false
 		}
 		body = raw
 	case o.Answer != nil:
@@ -307,14 +324,15 @@ func (m *Door) structured(res *sdk.CallToolResult, o call.Outcome, tool string) 
 			BodyEncoding string          `json:"body_encoding"`
 		}
 		if json.Unmarshal(o.Answer, &doc) != nil || doc.BodyEncoding != "" || doc.Status < 200 || doc.Status > 299 {
-			return
+			return false
 		}
 		body = doc.Body
 	default:
-		return
+		return false
 	}
 	if len(body) == 0 || !m.deps.Output(tool, body) {
-		return
+		return false
 	}
 	res.StructuredContent = json.RawMessage(body)
+	return true
 }
