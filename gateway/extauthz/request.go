@@ -55,20 +55,13 @@ type Request struct {
 // (scheme://host[:port]/path?query); for CONNECT, host:port.
 func (r *Request) Target() string {
 	if r.Method == http.MethodConnect {
-		return netJoin(r.Host, r.Port)
+		return net.JoinHostPort(r.Host, strconv.Itoa(r.Port))
 	}
-	u := r.Scheme + "://" + netJoin(r.Host, r.Port) + r.Path
+	u := r.Scheme + "://" + net.JoinHostPort(r.Host, strconv.Itoa(r.Port)) + r.Path
 	if r.RawQuery != "" {
 		u += "?" + r.RawQuery
 	}
 	return u
-}
-
-func netJoin(host string, port int) string {
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	return host + ":" + strconv.Itoa(port)
 }
 
 // BadRequestError is a CheckRequest whose request cannot be decided as
