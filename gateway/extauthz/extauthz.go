@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -319,7 +320,7 @@ func Answer(v Verdict, r *Request) *authv3.CheckResponse {
 		for _, h := range v.Set {
 			delete(remove, strings.ToLower(h.Name)) // set, not removed
 		}
-		ok.HeadersToRemove = sortedKeys(remove)
+		ok.HeadersToRemove = slices.Sorted(maps.Keys(remove))
 		return &authv3.CheckResponse{
 			Status:       &rpcstatus.Status{Code: int32(code.Code_OK)},
 			HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: ok},
@@ -373,13 +374,4 @@ func overwrite(name, value string) *corev3.HeaderValueOption {
 		Header:       &corev3.HeaderValue{Key: strings.ToLower(name), Value: value},
 		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}
-}
-
-func sortedKeys(m map[string]bool) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
