@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -103,7 +104,7 @@ func awaitHoldTool(max time.Duration) *sdk.Tool {
 func (m *Door) awaitHandler(id wire.Identity) sdk.ToolHandler {
 	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
 		var a awaitArgs
-		dec := json.NewDecoder(bytesReader(req.Params.Arguments))
+		dec := json.NewDecoder(bytes.NewReader(req.Params.Arguments))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&a); err != nil || a.HoldID == "" || len(a.HoldID) > 128 {
 			msg := "arguments: hold_id (a string) is required"

@@ -199,5 +199,3 @@ func rpcError(w http.ResponseWriter, status int, id json.RawMessage, code int, m
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }
-
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

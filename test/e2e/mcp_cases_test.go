@@ -5,8 +5,6 @@ package e2e
 import (
 	"context"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,17 +23,7 @@ import (
 // code with its audit record.
 func TestMCPThreatCases(t *testing.T) {
 	e := newEnv(t)
-	dir := filepath.Join(e.Dir, "policies")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mod := filepath.Join(dir, "team.rego")
-	write := func(src string) {
-		if err := os.WriteFile(mod, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("package sluice.policies.team\n\ndecisions contains d if {\n\tinput.tool == \"tickets.nothing\"\n\td := {\"action\": \"block\", \"rule\": \"team.none\"}\n}\n")
+	write := teamPolicy(t, e)
 	d := mainConfig(e, "sluice")
 	withApprovers(d, gwenv.CarolToken)
 	d.Gateway()["hold_wait"] = "200ms"

@@ -477,17 +477,7 @@ func TestMCPBadInput(t *testing.T) {
 // refuse (isError policy_block), not a protocol error.
 func TestMCPListChangedOnReload(t *testing.T) {
 	e := newEnv(t)
-	dir := filepath.Join(e.Dir, "policies")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mod := filepath.Join(dir, "team.rego")
-	write := func(src string) {
-		if err := os.WriteFile(mod, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("package sluice.policies.team\n\ndecisions contains d if {\n\tinput.tool == \"tickets.nothing\"\n\td := {\"action\": \"block\", \"rule\": \"team.none\"}\n}\n")
+	write := teamPolicy(t, e)
 	d := mainConfig(e, "sluice")
 	d["rego"] = []string{"policies/"}
 	g := e.Start(d, e.Write(d))
@@ -590,4 +580,23 @@ func TestMCPCancelLeavesHoldPending(t *testing.T) {
 	if n := len(e.Up.Requests()); n != 1 {
 		t.Errorf("the approved call reached the upstream %d times, want once", n)
 	}
+}
+
+// teamPolicy makes policies/team.rego in e's directory holding a module that
+// blocks only a tool nobody has (so it changes nothing yet), and returns the
+// function that rewrites it for a later reload.
+func teamPolicy(t *testing.T, e *gwenv.Env) func(src string) {
+	t.Helper()
+	dir := filepath.Join(e.Dir, "policies")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mod := filepath.Join(dir, "team.rego")
+	write := func(src string) {
+		if err := os.WriteFile(mod, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("package sluice.policies.team\n\ndecisions contains d if {\n\tinput.tool == \"tickets.nothing\"\n\td := {\"action\": \"block\", \"rule\": \"team.none\"}\n}\n")
+	return write
 }
