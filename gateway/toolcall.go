@@ -493,11 +493,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 	if refused != nil {
 		code = refused.Code
 	}
-	fs := c.rec.Fields(event, code)
-	sorted := make([]audit.Field, len(fs))
-	for i, f := range fs {
-		sorted[i] = audit.Field{Key: f.Key, Value: f.Value}
-	}
+	sorted := call.AppendFields(make([]audit.Field, 0, 20), &c.rec, event, code)
 	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
 	defer span.End()
 	written := c.presync
