@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-gw/sluice/internal/yamlkeys"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -185,7 +186,7 @@ func ParseConfig(b []byte) (Config, error) {
 	var doc *yaml.Node
 	if len(root.Content) > 0 {
 		doc = root.Content[0]
-		if err := checkKeys(doc, reflect.TypeOf(c), ""); err != nil {
+		if err := yamlkeys.Check(doc, reflect.TypeOf(c), ""); err != nil {
 			return Config{}, fmt.Errorf("config: %w", err)
 		}
 		if err := sizeKeys(doc); err != nil {
@@ -203,47 +204,7 @@ func ParseConfig(b []byte) (Config, error) {
 }
 
 // UnknownKeyError names a key sandboxd.yaml does not have, and its line.
-type UnknownKeyError struct {
-	Path string
-	Line int
-}
-
-func (e *UnknownKeyError) Error() string {
-	return fmt.Sprintf("%s: unknown key (line %d)", e.Path, e.Line)
-}
-
-// checkKeys walks n against t and reports the first key t has no field
-// for, by its full path and line.
-func checkKeys(n *yaml.Node, t reflect.Type, path string) error {
-	if n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	if t.Kind() != reflect.Struct || n.Kind != yaml.MappingNode {
-		return nil // the decoder reports a type error
-	}
-	fields := map[string]reflect.Type{}
-	for i := 0; i < t.NumField(); i++ {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-		if name != "" && name != "-" {
-			fields[name] = t.Field(i).Type
-		}
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := n.Content[i]
-		p := k.Value
-		if path != "" {
-			p = path + "." + k.Value
-		}
-		ft, ok := fields[k.Value]
-		if !ok {
-			return &UnknownKeyError{Path: p, Line: k.Line}
-		}
-		if err := checkKeys(n.Content[i+1], ft, p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+type UnknownKeyError = yamlkeys.UnknownKeyError
 
 // byteKeys are the limits given in bytes, which may be written as sizes.
 var byteKeys = []string{"memory_bytes", "workspace_bytes", "tmp_bytes", "output_bytes", "file_bytes"}

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-gw/sluice/internal/yamlkeys"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -473,7 +474,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	c := Defaults()
 	if len(root.Content) > 0 {
-		if err := checkKeys(root.Content[0], reflect.TypeOf(*c), ""); err != nil {
+		if err := yamlkeys.Check(root.Content[0], reflect.TypeOf(*c), ""); err != nil {
 			return nil, err
 		}
 		dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -491,64 +492,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 }
 
 // UnknownKeyError names a key that sluice.yaml does not have.
-type UnknownKeyError struct {
-	Path string
-	Line int
-}
-
-func (e *UnknownKeyError) Error() string {
-	return fmt.Sprintf("%s: unknown key (line %d)", e.Path, e.Line)
-}
-
-// checkKeys walks n against t and reports the first key t has no field for,
-// by its full path, so a typo is named where it is.
-func checkKeys(n *yaml.Node, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			return nil // the decoder reports the type error
-		}
-		fields := map[string]reflect.Type{}
-		for i := 0; i < t.NumField(); i++ {
-			f := t.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if name == "" || name == "-" {
-				continue
-			}
-			fields[name] = f.Type
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			ft, ok := fields[k.Value]
-			if !ok {
-				return &UnknownKeyError{Path: p, Line: k.Line}
-			}
-			if err := checkKeys(v, ft, p); err != nil {
-				return err
-			}
-		}
-	case reflect.Slice:
-		if n.Kind != yaml.SequenceNode {
-			return nil
-		}
-		for i, v := range n.Content {
-			if err := checkKeys(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
+type UnknownKeyError = yamlkeys.UnknownKeyError
 
 func (c *Config) abs(p string) string {
 	if p == "" || filepath.IsAbs(p) || strings.HasPrefix(p, "https://") || strings.HasPrefix(p, "http://") {
