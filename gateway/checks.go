@@ -47,12 +47,6 @@ func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*cat
 	return loadCatalogWith(ctx, cfg, d, specLoad{})
 }
 
-// Validate is the dry run of New for `sluice validate`: Check's errors,
-// joined.
-func Validate(ctx context.Context, cfg *config.Config, opts Options) error {
-	return errors.Join(Check(ctx, cfg, CheckOptions{Logger: opts.Logger}).Errors...)
-}
-
 // PolicyConfig is the policy configuration serve compiles from cfg: the
 // simple rules (policies[i] keeps its index as its rule name), the Rego
 // paths, the agents' egress allowlists and the CONNECT ports. Check,

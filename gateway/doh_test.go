@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -107,7 +108,7 @@ func TestIsDoHEndpoint(t *testing.T) {
 	}
 }
 
-// TestValidateReportsDoHAllowlist: sluice validate (gateway.Validate)
+// TestValidateReportsDoHAllowlist: sluice validate (gateway.Check)
 // reports an allowlist entry naming a DoH/DoT endpoint as an error naming
 // its path; ordinary entries and a broad glob are not reported.
 func TestValidateReportsDoHAllowlist(t *testing.T) {
@@ -124,7 +125,7 @@ func TestValidateReportsDoHAllowlist(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			g := startEgressGateway(t, up, func(c *config.Config) { c.Agents[0].Egress = tc.egress })
-			err := Validate(context.Background(), g.cfg, Options{})
+			err := errors.Join(Check(context.Background(), g.cfg, CheckOptions{}).Errors...)
 			if tc.wantErr == nil {
 				// The shared config has other problems on purpose (a loopback
 				// connector without allow_private, one at the metadata address).

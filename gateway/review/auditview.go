@@ -1,6 +1,7 @@
 package review
 
 import (
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -225,17 +226,8 @@ func (u *UI) handleAudit(w http.ResponseWriter, r *http.Request, s *session) {
 		newest = rows[0].Line
 	}
 	d.Badge = newBadge(ch, newest)
-	d.Events, d.Decisions = sortedKeys(events), sortedKeys(decisions)
+	d.Events, d.Decisions = slices.Sorted(maps.Keys(events)), slices.Sorted(maps.Keys(decisions))
 	u.render(w, http.StatusOK, "audit", u.page(s, "Audit", "audit", d))
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // timelineData is what timeline.html gets.
