@@ -76,8 +76,8 @@ func allowed(from, to string) (bool, string) {
 		return true, ""
 	case under(from, "cmd/sandboxd"):
 		return under(to, "sandboxd") || under(to, "dns") || to == "internal/buildinfo", "cmd/sandboxd links only sandboxd, dns and internal/buildinfo: a sandbox host holds no credentials and makes no decisions"
-	case under(from, "internal/buildinfo"):
-		return false, "internal/buildinfo imports only the standard library"
+	case under(from, "internal/buildinfo"), under(from, "internal/yamlkeys"):
+		return false, from + " imports no sluice package: a floor both hosts' config parsers may share"
 	case strings.HasPrefix(from, "gateway/"):
 		return allowedInGateway(from, to)
 	case from == "gateway":
@@ -87,7 +87,7 @@ func allowed(from, to string) (bool, string) {
 	case under(from, "policy"):
 		return under(to, "policy") || to == "rego", "policy is a leaf: it embeds rego/ and imports nothing else of sluice"
 	case under(from, "sandboxd"):
-		return under(to, "sandboxd") || under(to, "dns"), "sandboxd imports only the dns stub; gateway and sandboxd share only sandboxd/wire"
+		return under(to, "sandboxd") || under(to, "dns") || to == "internal/yamlkeys", "sandboxd imports only the dns stub and the strict YAML key check; gateway and sandboxd share only sandboxd/wire"
 	case under(from, "connectors"), under(from, "rego"), under(from, "vault"), under(from, "dns"):
 		leaf := strings.SplitN(from, "/", 2)[0]
 		return under(to, leaf), leaf + " is a leaf: it imports no sibling package"
@@ -102,11 +102,13 @@ var gatewayFloors = map[string][]string{
 	"gateway/refusal": nil, // codes and errors: every entrance shares them
 	// The shape of a tool call every front door hands Server.Call, and
 	// the one record type: nothing that decides, holds or attaches.
-	"gateway/call":   {"gateway/refusal", "sandboxd/wire"},
-	"gateway/h1":     nil, // HTTP/1 field syntax: both sides of the gateway parse with it
-	"gateway/ident":  nil,
-	"gateway/audit":  nil,
-	"gateway/config": {"sandboxd/wire"}, // the egress narrowing is parsed as the preamble carries it
+	"gateway/call":  {"gateway/refusal", "sandboxd/wire"},
+	"gateway/h1":    nil, // HTTP/1 field syntax: both sides of the gateway parse with it
+	"gateway/ident": nil,
+	"gateway/audit": nil,
+	// The egress narrowing is parsed as the preamble carries it; unknown
+	// keys are refused by the check sandboxd.yaml uses too.
+	"gateway/config": {"sandboxd/wire", "internal/yamlkeys"},
 	"gateway/guard":  nil,
 	"gateway/mitm":   nil,
 	"gateway/scrub":  nil,
