@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -78,11 +77,8 @@ func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Age
 		return nil
 	}
 	sl.mu.Unlock()
-	burst := rl.Burst
-	if burst <= 0 {
-		burst = int(math.Ceil(rl.PerSecond))
-	}
-	n, err := s.store.TakeTokens(ctx, sharedLimitKey(c), leaseSize(rl), rl.PerSecond, burst)
+	// Config.Validate already set a burst of 0 to per_second rounded up.
+	n, err := s.store.TakeTokens(ctx, sharedLimitKey(c), leaseSize(rl), rl.PerSecond, rl.Burst)
 	if err != nil {
 		if e := storeRefusal(err); e != nil {
 			return e

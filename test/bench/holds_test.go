@@ -3,10 +3,7 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"runtime"
 	"sync"
 	"testing"
@@ -110,40 +107,11 @@ func benchHolds(t *testing.T, w *world) []*section {
 	var approveLat []time.Duration
 	_, err = sample(n, 2, func() error {
 		i++
-		b, err := toolCall(c, "bench.create_item", fmt.Sprintf(`{"body":{"name":"wait-%d","amount":%d,"currency":"EUR"}}`, i, i), 202)
+		d, err := holdThenApprove(c, poller, g, fmt.Sprintf("wait-%d", i), i)
 		if err != nil {
 			return err
 		}
-		var held struct {
-			Hold struct{ ID, Poll string } `json:"hold"`
-		}
-		if err := json.Unmarshal(b, &held); err != nil || held.Hold.ID == "" {
-			return fmt.Errorf("hold reply: %v: %s", err, oneLine(string(b)))
-		}
-		got := make(chan error, 1)
-		go func() {
-			resp, err := poller.Get("http://sluice" + held.Hold.Poll + "?wait=30s")
-			if err != nil {
-				got <- err
-				return
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("poll: %d %s", resp.StatusCode, oneLine(string(body)))
-			}
-			got <- err
-		}()
-		time.Sleep(5 * time.Millisecond) // let the poll reach its wait
-		t0 := time.Now()
-		st, body, err := g.adminDo(http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", `{"reason":"bench"}`)
-		if err != nil || st != http.StatusOK {
-			return fmt.Errorf("approve: %d %v %s", st, err, oneLine(string(body)))
-		}
-		if err := <-got; err != nil {
-			return err
-		}
-		approveLat = append(approveLat, time.Since(t0))
+		approveLat = append(approveLat, d)
 		return nil
 	})
 	if err != nil {

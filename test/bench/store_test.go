@@ -97,6 +97,47 @@ func benchStore(t *testing.T, w *world) []*section {
 	return []*section{s, wake}
 }
 
+// holdThenApprove makes one held bench.create_item call through c,
+// starts a long poll for its result through poller, approves it on
+// approver and returns the time from sending the approval until the
+// poll returned 200.
+func holdThenApprove(c, poller *http.Client, approver *gw, name string, amount int) (time.Duration, error) {
+	b, err := toolCall(c, "bench.create_item", fmt.Sprintf(`{"body":{"name":%q,"amount":%d,"currency":"EUR"}}`, name, amount), 202)
+	if err != nil {
+		return 0, err
+	}
+	var held struct {
+		Hold struct{ ID, Poll string } `json:"hold"`
+	}
+	if err := json.Unmarshal(b, &held); err != nil || held.Hold.ID == "" {
+		return 0, fmt.Errorf("hold reply: %v: %s", err, oneLine(string(b)))
+	}
+	got := make(chan error, 1)
+	go func() {
+		resp, err := poller.Get("http://sluice" + held.Hold.Poll + "?wait=30s")
+		if err != nil {
+			got <- err
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("poll: %d %s", resp.StatusCode, oneLine(string(body)))
+		}
+		got <- err
+	}()
+	time.Sleep(5 * time.Millisecond) // let the poll reach its wait
+	t0 := time.Now()
+	st, body, err := approver.adminDo(http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", `{"reason":"bench"}`)
+	if err != nil || st != http.StatusOK {
+		return 0, fmt.Errorf("approve: %d %v %s", st, err, oneLine(string(body)))
+	}
+	if err := <-got; err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
 // approveToResult makes n holds on agentGW, and for each times sending
 // the approval to approverGW until the agent's long poll on agentGW
 // returns 200.
@@ -105,41 +146,12 @@ func approveToResult(agentGW, approverGW *gw, n int) ([]time.Duration, error) {
 	poller := sandboxClient(agentGW.sock, benchAgent)
 	var out []time.Duration
 	for i := range n + 2 {
-		b, err := toolCall(c, "bench.create_item", fmt.Sprintf(`{"body":{"name":"wake-%d","amount":%d,"currency":"EUR"}}`, i, i+1), 202)
+		d, err := holdThenApprove(c, poller, approverGW, fmt.Sprintf("wake-%d", i), i+1)
 		if err != nil {
 			return nil, err
 		}
-		var held struct {
-			Hold struct{ ID, Poll string } `json:"hold"`
-		}
-		if err := json.Unmarshal(b, &held); err != nil || held.Hold.ID == "" {
-			return nil, fmt.Errorf("hold reply: %v: %s", err, oneLine(string(b)))
-		}
-		got := make(chan error, 1)
-		go func() {
-			resp, err := poller.Get("http://sluice" + held.Hold.Poll + "?wait=30s")
-			if err != nil {
-				got <- err
-				return
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("poll: %d %s", resp.StatusCode, oneLine(string(body)))
-			}
-			got <- err
-		}()
-		time.Sleep(5 * time.Millisecond) // let the poll reach its wait
-		t0 := time.Now()
-		st, body, err := approverGW.adminDo(http.MethodPost, "/api/v1/holds/"+held.Hold.ID+"/approve", `{"reason":"bench"}`)
-		if err != nil || st != http.StatusOK {
-			return nil, fmt.Errorf("approve: %d %v %s", st, err, oneLine(string(body)))
-		}
-		if err := <-got; err != nil {
-			return nil, err
-		}
 		if i >= 2 { // two warm-up rounds
-			out = append(out, time.Since(t0))
+			out = append(out, d)
 		}
 	}
 	return sortDur(out), nil
