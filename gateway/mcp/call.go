@@ -55,6 +55,11 @@ func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 		if len(args) == 0 {
 			args = json.RawMessage("{}")
 		}
+		_, remote := m.remote(req.Params.Name)
+		if remote {
+			// A remote tool's arguments are its request's body (mcpremote).
+			args = append(append(json.RawMessage(`{"body":`), args...), '}')
+		}
 		p := m.progress(ctx, req)
 		defer p.stop()
 		o := m.deps.Call(ctx, call.Request{
@@ -65,6 +70,9 @@ func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 			Progress:      p.report,
 			ProgressEvery: m.deps.Progress,
 		})
+		if remote {
+			return remoteResult(o), nil
+		}
 		res := toolResult(o)
 		if typed != "" {
 			m.structured(res, o, typed)
@@ -137,7 +145,13 @@ func (m *Door) awaitHandler(id wire.Identity) sdk.ToolHandler {
 				}
 			}()
 		}
-		return toolResult(m.deps.Poll(ctx, id, a.HoldID, wait)), nil
+		o := m.deps.Poll(ctx, id, a.HoldID, wait)
+		if o.Hold != nil {
+			if _, ok := m.remote(o.Hold.Tool); ok {
+				return remoteResult(o), nil
+			}
+		}
+		return toolResult(o), nil
 	}
 }
 
@@ -255,6 +269,38 @@ func toolResult(o call.Outcome) *sdk.CallToolResult {
 		}
 	}
 	return refused(string(refusal.UpstreamError), "bug: the call's outcome could not be read", o.RequestID)
+}
+
+// remoteResult is a remote tool's outcome: the remote server's own
+// result (its reply body, scrubbed by the pipeline), or the pipeline's
+// refusal or pending hold as for any tool.
+func remoteResult(o call.Outcome) *sdk.CallToolResult {
+	var body json.RawMessage
+	switch {
+	case o.Refusal != nil:
+	case o.Reply != nil:
+		body, _ = o.Reply.Body.(json.RawMessage)
+	case o.Answer != nil:
+		var doc struct {
+			Body json.RawMessage `json:"body"`
+		}
+		if json.Unmarshal(o.Answer, &doc) == nil && len(doc.Body) > 0 && doc.Body[0] == '{' {
+			var e struct {
+				Error json.RawMessage `json:"error"`
+			}
+			if json.Unmarshal(o.Answer, &e) != nil || len(e.Error) == 0 {
+				body = doc.Body
+			}
+		}
+	}
+	if body == nil {
+		return toolResult(o)
+	}
+	var res sdk.CallToolResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return refused(string(refusal.UpstreamError), "the remote server's result could not be read", o.RequestID)
+	}
+	return &res
 }
 
 func refused(code, msg, rid string) *sdk.CallToolResult {
