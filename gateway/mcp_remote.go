@@ -142,7 +142,7 @@ func (s *Server) startRemotes(ctx context.Context) {
 	var first sync.WaitGroup
 	for slug, r := range s.catalog.remotes {
 		up := s.catalog.connectors[slug]
-		r.SetHooks(s.remoteHeader(up), s.remoteChanged, s.log)
+		r.SetHooks(remoteHeader(s.creds, up), s.remoteChanged, s.log)
 		first.Add(1)
 		s.remotes.done.Add(1)
 		go func() {
@@ -168,15 +168,16 @@ func (s *Server) stopRemotes() {
 }
 
 // remoteHeader is how a remote server's listing requests carry the
-// connector's credential: fetched as for a call (without a caller, so a
-// credential per user cannot list) and attached by the same plan.
-func (s *Server) remoteHeader(up *upstream) func(ctx context.Context) (http.Header, error) {
+// connector's credential: fetched from creds as for a call (without a
+// caller, so a credential per user cannot list) and attached by the same
+// plan.
+func remoteHeader(creds CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
 	cc := up.cfg.Credential
 	if cc == nil {
 		return nil
 	}
 	return func(ctx context.Context) (http.Header, error) {
-		secret, err := s.creds.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
+		secret, err := creds.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
 		if err != nil {
 			return nil, fmt.Errorf("the credential for connector %s is unavailable", up.cfg.Slug)
 		}
@@ -186,6 +187,47 @@ func (s *Server) remoteHeader(up *upstream) func(ctx context.Context) (http.Head
 		}
 		return http.Header{cc.Header: req.Header.Values(cc.Header)}, nil
 	}
+}
+
+// checkRemotes is validate's look at each remote MCP server: listed once
+// (with the credential from the local store; Vault is not logged in to),
+// its tools returned by slug for validate to show, and a remote that
+// cannot be listed or a tool it lists that cannot be re-exposed reported
+// as a warning: serve starts without them and keeps trying.
+func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[string]*connectors.Connector, []error) {
+	listed := map[string]*connectors.Connector{}
+	var warns []error
+	local := existingLocal(cfg)
+	for i, cc := range cfg.Connectors {
+		r := cat.remotes[cc.Slug]
+		if r == nil {
+			continue
+		}
+		key := fmt.Sprintf("connectors[%d]", i)
+		up := cat.connectors[cc.Slug]
+		var header func(context.Context) (http.Header, error)
+		if cc.Credential != nil {
+			st := local()
+			if cfg.Secrets.Backend != "local" || cc.Credential.Secret == "" || st == nil {
+				warns = append(warns, warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
+				continue
+			}
+			header = remoteHeader(localSource{store: st}, up)
+		}
+		r.SetHooks(header, nil, nil)
+		r.Refresh(ctx)
+		r.Close()
+		set := r.Current()
+		if set.Unavailable != "" {
+			warns = append(warns, warnf("%s.url: the remote MCP server cannot be listed: %s; serve starts without its tools and tries again", key, set.Unavailable))
+			continue
+		}
+		for _, sk := range set.Skipped {
+			warns = append(warns, warnf("%s: remote tool left out: %s", key, sk))
+		}
+		listed[cc.Slug] = set.Conn
+	}
+	return listed, warns
 }
 
 // remoteChanged audits a remote server's list change and tells the MCP

@@ -387,6 +387,47 @@ func TestMCPRemoteUnavailable(t *testing.T) {
 	if r := doCall(t, c, "guarded.whoami", `{"body":{}}`); r.status != 404 || r.code() != "unknown_tool" {
 		t.Fatalf("a call to an unavailable remote's tool: %d %s", r.status, r.raw)
 	}
+
+	// validate says the same, as warnings naming the key: serve runs.
+	f := Check(context.Background(), g.cfg, CheckOptions{})
+	warned := map[string]bool{}
+	for _, w := range f.Warnings {
+		for i, slug := range []string{"down", "guarded"} {
+			key := fmt.Sprintf("connectors[%d].url: the remote MCP server cannot be listed", 3+i)
+			if strings.Contains(w.Error(), key) {
+				warned[slug] = true
+			}
+		}
+	}
+	if !warned["down"] || !warned["guarded"] {
+		t.Fatalf("validate's warnings %v: want both remotes named", f.Warnings)
+	}
+}
+
+// TestMCPRemoteValidate: validate lists a remote MCP server's tools (with
+// the credential from the local store), and a rule naming a remote tool
+// is not an error.
+func TestMCPRemoteValidate(t *testing.T) {
+	up := newUpstream(t)
+	remote := newRemoteMCP(t)
+	g := startGateway(t, up.URL, "", withRemote("remote", remote.http.URL, []string{"127.0.0.0/8"}))
+	f := Check(context.Background(), g.cfg, CheckOptions{})
+	for _, err := range f.Errors { // the base configuration's own deliberate errors aside
+		if strings.Contains(err.Error(), "connectors[3]") || strings.Contains(err.Error(), "remote.") {
+			t.Fatalf("validate error about the remote: %v", err)
+		}
+	}
+	var names []string
+	for _, c := range f.Connectors {
+		if c.Slug == "remote" {
+			for _, tl := range c.Tools {
+				names = append(names, tl.Name)
+			}
+		}
+	}
+	if strings.Join(names, " ") != "remote.refund remote.transfer remote.whoami" {
+		t.Fatalf("validate lists the remote's tools as %v", names)
+	}
 }
 
 func hasToolEvent(recs []audit.Record, event, tool string) bool {

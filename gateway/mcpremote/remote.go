@@ -184,6 +184,17 @@ func (r *Remote) SetHooks(header func(context.Context) (http.Header, error), cha
 	}
 }
 
+// Close closes the session, if one is open (Run closes it when its
+// context ends).
+func (r *Remote) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cs != nil {
+		_ = r.cs.Close()
+		r.cs = nil
+	}
+}
+
 // Slug is the connector's slug.
 func (r *Remote) Slug() string { return r.opts.Slug }
 
@@ -220,12 +231,7 @@ func (r *Remote) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			r.mu.Lock()
-			if r.cs != nil {
-				_ = r.cs.Close()
-				r.cs = nil
-			}
-			r.mu.Unlock()
+			r.Close()
 			return
 		case <-t.C:
 		case <-r.kick:
