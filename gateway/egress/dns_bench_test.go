@@ -89,14 +89,14 @@ func BenchmarkDNSAnswer(b *testing.B) {
 			b.Fatalf("rcode %s, want %s", mdns.RcodeToString[m.Rcode], mdns.RcodeToString[rcode])
 		}
 	}
-	check(b, eg.answer(context.Background(), "warm", agentA, allowed), mdns.RcodeSuccess)
+	check(b, (answerer{eg}).answer(context.Background(), "warm", agentA, allowed), mdns.RcodeSuccess)
 
 	b.Run("answer/allowed", func(b *testing.B) {
 		b.ReportAllocs()
 		before := upstreamQueries.Load()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if out := eg.answer(context.Background(), "bench", agentA, allowed); len(out) == 0 {
+				if out := (answerer{eg}).answer(context.Background(), "bench", agentA, allowed); len(out) == 0 {
 					b.Error("no answer")
 					return
 				}
@@ -113,11 +113,11 @@ func BenchmarkDNSAnswer(b *testing.B) {
 		buf := make([]byte, 0, 512)
 		slow := 0
 		for b.Loop() {
-			if _, ok := eg.answerFast(context.Background(), agentA, allowed, buf[:0], &tally); !ok {
+			if _, ok := (answerer{eg}).answerFast(context.Background(), agentA, allowed, buf[:0], &tally); !ok {
 				// The cached decision expired (decisionTTL): the
 				// full path decides again, as on the stream.
 				slow++
-				eg.answer(context.Background(), "bench", agentA, allowed)
+				(answerer{eg}).answer(context.Background(), "bench", agentA, allowed)
 			}
 		}
 		tally.flush(eg)
@@ -128,7 +128,7 @@ func BenchmarkDNSAnswer(b *testing.B) {
 	b.Run("answer/refused", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			eg.answer(context.Background(), "bench", agentA, refused)
+			(answerer{eg}).answer(context.Background(), "bench", agentA, refused)
 		}
 	})
 	b.Run("http/allowed", func(b *testing.B) {

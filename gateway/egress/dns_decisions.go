@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"context"
 	"strconv"
 	"sync"
 
@@ -21,31 +20,6 @@ type dnsDecisions = decisionCache[dnsDecisionKey]
 type dnsDecisionKey struct {
 	caller policy.Caller
 	host   string
-}
-
-// allowDNS decides host for c like decide (proxy.go) with kind "dns", at
-// c.Start, through the decision cache: on a miss the same input document (the caller and
-// the name) goes to policy. c carries the decision for the audit record
-// of a refusal either way.
-func (e *Proxy) allowDNS(ctx context.Context, c *egressCall, host string) bool {
-	if NarrowedOut(c.caller, host) { // narrow.go: before policy and its cache
-		c.decide(NarrowDecision)
-		return false
-	}
-	eng := e.d.Engine()
-	v := eng.Version()
-	k := dnsDecisionKey{caller: c.caller, host: host}
-	now := c.Start
-	st := e.subs.state
-	d, ok := st.decisions.get(eng, v, k, now)
-	if !ok {
-		in := &policy.Input{Version: policy.InputVersion, Kind: c.Kind.String(), Caller: c.caller, Request: policy.Request{Host: host}, Time: now.UTC()}
-		d = eng.Decide(ctx, in)
-		st.decisions.put(eng, v, k, d, now)
-	}
-	c.decide(d)
-	e.d.Decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), e.d.RuleLabel(d.Rule))) // no span: see reply in answer
-	return d.Action == policy.Allow
 }
 
 // dnsState is the answerer's per-server state besides the exfiltration

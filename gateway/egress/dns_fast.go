@@ -36,7 +36,7 @@ import (
 // With tally set, the two counters are added up in tally and reach the
 // meters at tally.flush (the stream flushes it before each write of
 // answers): one Add per batch instead of two per question.
-func (e *Proxy) answerFast(ctx context.Context, id wire.Identity, raw, dst []byte, tally *dnsTally) ([]byte, bool) {
+func (e answerer) answerFast(ctx context.Context, id wire.Identity, raw, dst []byte, tally *dnsTally) ([]byte, bool) {
 	q, ok := dns.ParseQuery(raw)
 	if !ok || q.Class != mdns.ClassINET {
 		return dst, false
@@ -87,9 +87,9 @@ func (e *Proxy) answerFast(ctx context.Context, id wire.Identity, raw, dst []byt
 	}
 	if tally == nil {
 		tally = &dnsTally{}
-		defer tally.flush(e)
+		defer tally.flush(e.Proxy)
 	}
-	tally.count(e, d)
+	tally.count(e.Proxy, d)
 	return dns.AppendAnswer(dst, &q, mdns.RcodeSuccess, addrs, min(ttl, answerTTL)), true
 }
 

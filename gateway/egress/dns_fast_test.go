@@ -91,13 +91,13 @@ func TestDNSAnswerFast(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var full []byte
 			if tc.warm {
-				full = eg.answer(ctx, "warm", tc.id, tc.raw)
+				full = (answerer{eg}).answer(ctx, "warm", tc.id, tc.raw)
 				if m := new(mdns.Msg); m.Unpack(full) != nil || m.Rcode != tc.rcode {
 					t.Fatalf("full path: rcode %v, want %s", m.Rcode, mdns.RcodeToString[tc.rcode])
 				}
 			}
 			before := upstreamQueries.Load()
-			out, ok := eg.answerFast(ctx, tc.id, tc.raw, nil, nil)
+			out, ok := (answerer{eg}).answerFast(ctx, tc.id, tc.raw, nil, nil)
 			if ok != tc.fast {
 				t.Fatalf("answered inline = %v, want %v", ok, tc.fast)
 			}
@@ -114,7 +114,7 @@ func TestDNSAnswerFast(t *testing.T) {
 		eg.subs.mu.Lock()
 		delete(eg.subs.m, [2]string{agentA.Sandbox, "allowed.test"})
 		eg.subs.mu.Unlock()
-		if _, ok := eg.answerFast(ctx, agentA, q("a.allowed.test.", mdns.TypeA, nil), nil, nil); !ok {
+		if _, ok := (answerer{eg}).answerFast(ctx, agentA, q("a.allowed.test.", mdns.TypeA, nil), nil, nil); !ok {
 			t.Fatal("not answered inline")
 		}
 		eg.subs.mu.Lock()
@@ -130,13 +130,13 @@ func TestDNSAnswerFast(t *testing.T) {
 
 	t.Run("a policy reload applies to the next question", func(t *testing.T) {
 		raw := q("a.allowed.test.", mdns.TypeA, nil)
-		if _, ok := eg.answerFast(ctx, agentA, raw, nil, nil); !ok {
+		if _, ok := (answerer{eg}).answerFast(ctx, agentA, raw, nil, nil); !ok {
 			t.Fatal("not answered inline before the reload")
 		}
 		if err := g.Reload(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := eg.answerFast(ctx, agentA, raw, nil, nil); ok {
+		if _, ok := (answerer{eg}).answerFast(ctx, agentA, raw, nil, nil); ok {
 			t.Error("answered inline from a decision of the engine before the reload")
 		}
 	})
@@ -256,8 +256,8 @@ func FuzzDNSAnswerFast(f *testing.F) {
 		if len(raw) > maxDNSMessage {
 			return
 		}
-		full := eg.answer(context.Background(), "fuzz", agentA, raw)
-		if fast, ok := eg.answerFast(context.Background(), agentA, raw, nil, nil); ok {
+		full := (answerer{eg}).answer(context.Background(), "fuzz", agentA, raw)
+		if fast, ok := (answerer{eg}).answerFast(context.Background(), agentA, raw, nil, nil); ok {
 			sameAnswer(t, fast, full)
 		}
 	})

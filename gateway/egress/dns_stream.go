@@ -53,7 +53,7 @@ const (
 // malformed frame ends the stream (a stream cannot resynchronise); a
 // malformed message inside a good frame is answered FORMERR like a single
 // question.
-func (e *Proxy) serveDNSStream(w http.ResponseWriter, r *http.Request, id wire.Identity) {
+func (e answerer) serveDNSStream(w http.ResponseWriter, r *http.Request, id wire.Identity) {
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
 	if err := rc.EnableFullDuplex(); err != nil {
@@ -94,7 +94,7 @@ func (e *Proxy) serveDNSStream(w http.ResponseWriter, r *http.Request, id wire.I
 	}
 	defer pool.wait()
 	var tally dnsTally
-	defer func() { tally.flush(e); out.flush() }()
+	defer func() { tally.flush(e.Proxy); out.flush() }()
 	// A graceful shutdown ends the stream: no question is read after it
 	// began (a read waiting for one fails at once), those in flight are
 	// answered (pool.wait), and the handler returns, which ends the
@@ -121,7 +121,7 @@ func (e *Proxy) serveDNSStream(w http.ResponseWriter, r *http.Request, id wire.I
 			// The next read may wait: count and send the answers made
 			// so far before waiting for more questions, and wait at
 			// most dnsStreamIdle.
-			tally.flush(e)
+			tally.flush(e.Proxy)
 			out.flush()
 			_ = rc.SetReadDeadline(time.Now().Add(dnsStreamIdle))
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -29,11 +30,13 @@ const maxDNSMessage = 4096
 // answerTTL caps the TTL the sandbox is told.
 const answerTTL = 300
 
-// ServeDNS answers POST /v1/dns: one DNS question in application/dns-message,
-// decided for the caller. The answer is always 200 with a DNS message; the
-// rcode says what happened. With Content-Type DNSStreamType the request
-// is a stream of questions answered as they come (dns_stream.go).
-func (e *Proxy) ServeDNS(w http.ResponseWriter, r *http.Request) {
+// answerer is the Proxy's DNS side: the answers of POST /v1/dns, one
+// question at a time or the stub's stream, each question decided with kind
+// dns (allowDNS) like every other egress and audited.
+type answerer struct{ *Proxy }
+
+// serve is ServeDNS.
+func (e answerer) serve(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
 	id, ok := e.d.Identity(r.Context())
 	if !ok {
@@ -71,7 +74,7 @@ func (e *Proxy) ServeDNS(w http.ResponseWriter, r *http.Request) {
 //   - A/AAAA of an allowed name → resolved upstream; any answer that is an
 //     internal or metadata address → REFUSED; upstream failure → SERVFAIL;
 //   - other types of an allowed name → NOERROR with no records.
-func (e *Proxy) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
+func (e answerer) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
 	c := newEgressCall(rid, time.Now(), call.KindDNS)
 	c.setCaller(CallerOf(id))
 	q := new(mdns.Msg)
@@ -175,7 +178,7 @@ func (e *Proxy) answer(ctx context.Context, rid string, id wire.Identity, raw []
 }
 
 // dnsRefusal audits and logs a refused question.
-func (e *Proxy) dnsRefusal(ctx context.Context, c *egressCall, event, why string) {
+func (e answerer) dnsRefusal(ctx context.Context, c *egressCall, event, why string) {
 	c.Event = event
 	ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDNS, why)
 	_ = e.record(ctx, c, event, ee.Error, false)
@@ -222,7 +225,7 @@ func baseDomain(name string) string {
 // c.firstAsk): answer and answerFast both call it once the answer is known,
 // so a session's timeline shows every name it asked, not every repeat.
 // A refused question is not one of these: dnsRefusal records it.
-func (e *Proxy) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16, rcode, answers int) {
+func (e answerer) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16, rcode, answers int) {
 	c.ensureRID()
 	f := call.AppendFields(make([]audit.Field, 0, 22), &c.Record, call.EventDNSAnswered, "")
 	f = append(f, audit.Field{Key: call.KeyAnswers, Value: answers},
@@ -237,7 +240,7 @@ func (e *Proxy) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16, rc
 // countName feeds the exfiltration signal and audits the crossing. It
 // also tells (c.firstAsk) whether c's session asks name for the first time
 // in the window, for dnsAnswered.
-func (e *Proxy) countName(ctx context.Context, c *egressCall, name string) {
+func (e answerer) countName(ctx context.Context, c *egressCall, name string) {
 	base := baseDomain(name)
 	n, crossed, first := e.subs.add(c.caller.Sandbox, c.caller.Session, base, name, c.Start)
 	c.firstAsk = first
@@ -409,4 +412,29 @@ func (s *subdomains) add(sandbox, session, base, name string, now time.Time) (n 
 
 func auditRecord(rid, event string, f map[string]any) audit.Record {
 	return audit.Record{RequestID: rid, Event: event, Fields: f}
+}
+
+// allowDNS decides host for c like decide (proxy.go) with kind "dns", at
+// c.Start, through the decision cache: on a miss the same input document (the caller and
+// the name) goes to policy. c carries the decision for the audit record
+// of a refusal either way.
+func (e answerer) allowDNS(ctx context.Context, c *egressCall, host string) bool {
+	if NarrowedOut(c.caller, host) { // narrow.go: before policy and its cache
+		c.decide(NarrowDecision)
+		return false
+	}
+	eng := e.d.Engine()
+	v := eng.Version()
+	k := dnsDecisionKey{caller: c.caller, host: host}
+	now := c.Start
+	st := e.subs.state
+	d, ok := st.decisions.get(eng, v, k, now)
+	if !ok {
+		in := &policy.Input{Version: policy.InputVersion, Kind: c.Kind.String(), Caller: c.caller, Request: policy.Request{Host: host}, Time: now.UTC()}
+		d = eng.Decide(ctx, in)
+		st.decisions.put(eng, v, k, d, now)
+	}
+	c.decide(d)
+	e.d.Decisions.Add(context.Background(), 1, st.decOpts.get(d.Action.String(), e.d.RuleLabel(d.Rule))) // no span: see reply in answer
+	return d.Action == policy.Allow
 }

@@ -138,7 +138,7 @@ func TestDNSAnsweredFastPath(t *testing.T) {
 	raw := packQuestion(t, "a.allowed.test.", mdns.TypeA)
 	// The full path fills the decision and address caches (and records
 	// session s-1's first question).
-	if m := new(mdns.Msg); m.Unpack(eg.answer(ctx, "warm", agentA, raw)) != nil || m.Rcode != mdns.RcodeSuccess {
+	if m := new(mdns.Msg); m.Unpack((answerer{eg}).answer(ctx, "warm", agentA, raw)) != nil || m.Rcode != mdns.RcodeSuccess {
 		t.Fatal("warm-up question not answered NOERROR")
 	}
 	if n := len(dnsAnsweredRecords(t, g)); n != 1 {
@@ -151,7 +151,7 @@ func TestDNSAnsweredFastPath(t *testing.T) {
 	eg.subs.mu.Unlock()
 	before := upstreamQueries.Load()
 	for i := range 20 {
-		if _, ok := eg.answerFast(ctx, agentA, raw, nil, nil); !ok {
+		if _, ok := (answerer{eg}).answerFast(ctx, agentA, raw, nil, nil); !ok {
 			t.Fatalf("question %d not answered inline", i)
 		}
 	}

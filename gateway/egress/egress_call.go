@@ -2,14 +2,10 @@ package egress
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"net"
-	"net/http"
 	"net/http/httptrace"
 	"time"
 
-	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -66,60 +62,6 @@ type egressError struct {
 
 func egressRefuse(status int, code refusal.Code, ps, msg string) *egressError {
 	return &egressError{Error: refusal.New(status, code, msg), proxyStatus: ps}
-}
-
-// refuse answers a refusal before any tunnel exists, audited.
-func (e *Proxy) refuse(w http.ResponseWriter, c *egressCall, ee *egressError) {
-	c.Status = ee.Status
-	if aerr := e.record(context.Background(), c, call.EventDecision, ee.Error, false); aerr != nil {
-		ee = aerr
-	}
-	e.logLine(c, ee)
-	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
-	w.Header().Set("Connection", "close")
-	refusal.Write(w, ee.Error, c.RequestID)
-}
-
-// record appends c's audit record. presync only writes (the result's
-// fsync makes it durable); a record that cannot be written refuses.
-func (e *Proxy) record(ctx context.Context, c *egressCall, event string, ref *refusal.Error, presync bool) *egressError {
-	var code refusal.Code
-	if ref != nil {
-		code = ref.Code
-	}
-	return e.recordFields(ctx, c, event, call.AppendFields(make([]audit.Field, 0, 19), &c.Record, event, code), presync)
-}
-
-// recordFields is record with the fields given (in increasing key order).
-func (e *Proxy) recordFields(ctx context.Context, c *egressCall, event string, f []audit.Field, presync bool) *egressError {
-	if _, err := e.d.Append(ctx, audit.Record{RequestID: c.RequestID, Event: event, Sorted: f}, presync); err != nil {
-		e.d.AuditFailures.Add(ctx, 1)
-		// Some callers log no refusal after a failed result record (the
-		// answer is already out): this line names the cause, once per
-		// interval while it repeats (logcap.go).
-		if e.d.Repeats("audit: record not durable; refusing raw egress", err.Error()) {
-			e.d.Log.Error("audit: record not durable; refusing raw egress", call.KeyRequestID, c.RequestID, "err", err)
-		}
-		ee := egressRefuse(http.StatusServiceUnavailable, refusal.AuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
-		ee.Wrap(err)
-		return ee
-	}
-	return nil
-}
-
-// logLine writes the one canonical decision line of a request or tunnel.
-func (e *Proxy) logLine(c *egressCall, ee *egressError) {
-	var ref *refusal.Error
-	if ee != nil {
-		ref = ee.Error
-	}
-	reason := c.Reason(ref)
-	if ref != nil && ref.Code == refusal.AuditUnavailable && !e.d.Repeats(call.LineEgress, reason) {
-		return // the same refusal was logged in this interval: counted (logcap.go)
-	}
-	var buf [call.LineAttrs]slog.Attr
-	msg, level, attrs := c.AppendLine(buf[:0], ref, reason)
-	e.d.Log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 // httptraceEgress records the address actually dialled for a proxied request.

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -98,7 +99,7 @@ func (e *Proxy) connect(w http.ResponseWriter, r *http.Request, c *egressCall, i
 		// the inner server's read-deadline aborts for a dead connection
 		// and cancel ctx.
 		buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
-		ierr := e.intercept(ctx, c, conn, io.MultiReader(bytes.NewReader(hello), bytes.NewReader(buffered), conn), addr)
+		ierr := intercepted{e}.intercept(ctx, c, conn, io.MultiReader(bytes.NewReader(hello), bytes.NewReader(buffered), conn), addr)
 		ee := e.endedDuring(actx, c)
 		if ierr != nil && ee == nil {
 			ee = egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psTLS, "the intercepted tunnel could not be set up")
@@ -175,4 +176,33 @@ func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 		}
 	}
 	return addrs[0], nil
+}
+
+// tunnel relays an answered CONNECT's bytes until either side is done or
+// the tunnel idles out. A handed-off sandbox TCP socket and a TCP upstream
+// are relayed socket to socket (relayTCP) once the bytes already buffered
+// above the sandbox's socket are sent; anything else by splice.
+func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCall) {
+	ic, _ := conn.(sandboxConn)
+	var client, upstream *net.TCPConn
+	if ic != nil {
+		client, _ = ic.Socket().(*net.TCPConn)
+	}
+	upstream, _ = up.(*net.TCPConn)
+	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
+		splice(conn, br, up, e.idle, &c.BytesUp, &c.BytesDown)
+		return
+	}
+	// The server's reader first (after Hijack it holds every byte the
+	// server took off the connection), then the connection's own.
+	pending, _ := br.Peek(br.Buffered())
+	pending = append(pending[:len(pending):len(pending)], ic.Detach()...)
+	if len(pending) > 0 {
+		if _, err := upstream.Write(pending); err != nil {
+			return
+		}
+		c.BytesUp.Add(int64(len(pending)))
+	}
+	e.direct.Add(1)
+	relayTCP(ic, client, upstream, e.idle, &c.BytesUp, &c.BytesDown, &e.bulk)
 }

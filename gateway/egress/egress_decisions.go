@@ -1,11 +1,9 @@
 package egress
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"slices"
-	"time"
 
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -59,20 +57,4 @@ func requestKey(req *policy.Request) [sha256.Size]byte {
 		}
 	}
 	return sha256.Sum256(b)
-}
-
-// decideCached asks policy about c with request req through the decision
-// cache. On a miss the input document goes to the current engine exactly
-// as without the cache.
-func (e *Proxy) decideCached(ctx context.Context, c *egressCall, req *policy.Request) policy.Decision {
-	eng := e.d.Engine()
-	v := eng.Version()
-	now := time.Now()
-	k := egressDecisionKey{caller: c.caller, kind: c.Kind.String(), req: requestKey(req)}
-	if d, ok := e.decisions.get(eng, v, k, now); ok {
-		return d
-	}
-	d := eng.Decide(ctx, &policy.Input{Version: policy.InputVersion, Kind: c.Kind.String(), Caller: c.caller, Request: *req, Time: now.UTC()})
-	e.decisions.put(eng, v, k, d, now)
-	return d
 }

@@ -289,7 +289,7 @@ func FuzzDNSAnswer(f *testing.F) {
 		if len(raw) > maxDNSMessage {
 			return
 		}
-		out := eg.answer(context.Background(), "fuzz", agentA, raw)
+		out := (answerer{eg}).answer(context.Background(), "fuzz", agentA, raw)
 		m := new(mdns.Msg)
 		if err := m.Unpack(out); err != nil {
 			t.Fatalf("answer does not parse: %v", err)

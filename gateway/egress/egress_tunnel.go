@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"bufio"
 	"io"
 	"net"
 	"sync/atomic"
@@ -27,35 +26,6 @@ func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration,
 	go func() { _, _ = copyCounted(up, clientR, upN, act.touch); closeWrite(up); done <- struct{}{} }()
 	go func() { _, _ = copyCounted(client, up, dnN, act.touch); closeWrite(client); done <- struct{}{} }()
 	awaitRelay(done, idle, func() bool { return act.idleFor(idle) }, func() { client.Close(); up.Close() }, false)
-}
-
-// tunnel relays an answered CONNECT's bytes until either side is done or
-// the tunnel idles out. A handed-off sandbox TCP socket and a TCP upstream
-// are relayed socket to socket (relayTCP) once the bytes already buffered
-// above the sandbox's socket are sent; anything else by splice.
-func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCall) {
-	ic, _ := conn.(sandboxConn)
-	var client, upstream *net.TCPConn
-	if ic != nil {
-		client, _ = ic.Socket().(*net.TCPConn)
-	}
-	upstream, _ = up.(*net.TCPConn)
-	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
-		splice(conn, br, up, e.idle, &c.BytesUp, &c.BytesDown)
-		return
-	}
-	// The server's reader first (after Hijack it holds every byte the
-	// server took off the connection), then the connection's own.
-	pending, _ := br.Peek(br.Buffered())
-	pending = append(pending[:len(pending):len(pending)], ic.Detach()...)
-	if len(pending) > 0 {
-		if _, err := upstream.Write(pending); err != nil {
-			return
-		}
-		c.BytesUp.Add(int64(len(pending)))
-	}
-	e.direct.Add(1)
-	relayTCP(ic, client, upstream, e.idle, &c.BytesUp, &c.BytesDown, &e.bulk)
 }
 
 // relayTCP is splice between two TCP sockets read and written directly.

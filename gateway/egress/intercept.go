@@ -287,11 +287,16 @@ func (l *oneConnListener) Accept() (net.Conn, error) {
 func (l *oneConnListener) Close() error   { return nil }
 func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
 
+// intercepted is the Proxy's side of a tunnel it intercepts: the TLS it
+// terminates, each request inside (decided, with placeholders swapped, and
+// scrubbed) and WebSocket upgrades (intercept_ws.go).
+type intercepted struct{ *Proxy }
+
 // intercept terminates the tunnel's TLS with a leaf for the CONNECT host
 // and serves every HTTP request in it through interceptRequest. Upstream
 // connections go to exactly the classified address, over TLS verified
 // against the system roots (or egress.intercept.upstream_ca_file).
-func (e *Proxy) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn, r io.Reader, addr netip.Addr) error {
+func (e intercepted) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn, r io.Reader, addr netip.Addr) error {
 	in := e.d.Interceptor
 	leaf, err := in.ca.Leaf(tunnel.DestHost)
 	if err != nil {
@@ -350,7 +355,7 @@ func (e *Proxy) intercept(ctx context.Context, tunnel *egressCall, conn net.Conn
 }
 
 // interceptRequest decides and sends one request of an intercepted tunnel.
-func (e *Proxy) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
+func (e intercepted) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel *egressCall, tr *http.Transport, switched *sync.WaitGroup) {
 	ctx := r.Context()
 	in := e.d.Interceptor
 	c := newEgressCall(refusal.NewRequestID(), time.Now(), call.KindHTTP)
@@ -549,7 +554,7 @@ func (e *Proxy) interceptRequest(w http.ResponseWriter, r *http.Request, tunnel 
 }
 
 // upstreamFailed answers 502 for a reply that cannot be relayed safely.
-func (e *Proxy) upstreamFailed(w http.ResponseWriter, c *egressCall, msg string) {
+func (e intercepted) upstreamFailed(w http.ResponseWriter, c *egressCall, msg string) {
 	ee := egressRefuse(http.StatusBadGateway, refusal.UpstreamError, psConnect, msg)
 	c.Status = ee.Status
 	_ = e.record(context.Background(), c, call.EventResult, ee.Error, false)

@@ -86,7 +86,7 @@ func wsAccept(key string) string {
 // c: the answer is checked, its headers scrubbed, the sandbox's connection
 // taken over from the HTTP server and both relayed until done. It owns
 // resp.Body.
-func (e *Proxy) relayWebSocket(w http.ResponseWriter, c *egressCall, key string, resp *http.Response, scr *scrub.Scrubber, wg *sync.WaitGroup) {
+func (e intercepted) relayWebSocket(w http.ResponseWriter, c *egressCall, key string, resp *http.Response, scr *scrub.Scrubber, wg *sync.WaitGroup) {
 	wg.Add(1) // intercept waits for this relay before its tunnel ends
 	defer wg.Done()
 	defer resp.Body.Close()

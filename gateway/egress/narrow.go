@@ -1,11 +1,6 @@
 package egress
 
 import (
-	"context"
-	"fmt"
-	"net/http"
-
-	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -46,18 +41,6 @@ func NarrowedOut(c policy.Caller, host string) bool {
 		return true
 	}
 	return !wire.EgressAllows(hosts, host)
-}
-
-// narrowGate refuses host for c when the sandbox's narrowing leaves it
-// out, recording the decision on c for the audit record.
-func (e *Proxy) narrowGate(ctx context.Context, c *egressCall, host string) *egressError {
-	if !NarrowedOut(c.caller, host) {
-		return nil
-	}
-	c.decide(NarrowDecision)
-	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(NarrowDecision.Action.String(), e.d.RuleLabel(narrowRule)))
-	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied,
-		fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", host, c.caller.Sandbox))
 }
 
 // withEgress adds c's narrowing to audit fields f, when it has one.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-gw/sluice/dns"
+	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -118,6 +120,12 @@ func (e *Proxy) ServeProxy(w http.ResponseWriter, r *http.Request) {
 	e.forward(w, r, c, id)
 }
 
+// ServeDNS answers POST /v1/dns: one DNS question in application/dns-message,
+// decided for the caller. The answer is always 200 with a DNS message; the
+// rcode says what happened. With Content-Type DNSStreamType the request
+// is a stream of questions answered as they come (dns_stream.go).
+func (e *Proxy) ServeDNS(w http.ResponseWriter, r *http.Request) { answerer{e}.serve(w, r) }
+
 // acquire takes a tunnel slot for the caller's sandbox.
 func (e *Proxy) acquire(id wire.Identity) (release func(), ok bool) {
 	e.mu.Lock()
@@ -194,13 +202,10 @@ func (e *Proxy) decide(ctx context.Context, c *egressCall, req policy.Request) *
 	if ee := e.sessionGate(ctx, c); ee != nil {
 		return ee
 	}
-	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
+	if ee := e.narrowGate(ctx, c, req.Host); ee != nil {
 		return ee
 	}
-	if ee := e.narrowGate(ctx, c, req.Host); ee != nil { // narrow.go
-		return ee
-	}
-	c.decide(e.decideCached(ctx, c, &req)) // egress_decisions.go
+	c.decide(e.decideCached(ctx, c, &req))
 	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(c.decision.Action.String(), e.d.RuleLabel(c.decision.Rule)))
 	if c.decision.Action == policy.Allow {
 		return nil
@@ -216,4 +221,116 @@ func (e *Proxy) decide(ctx context.Context, c *egressCall, req policy.Request) *
 		msg = "raw egress cannot be held for approval; it was not sent"
 	}
 	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, msg)
+}
+
+// sessionGate refuses egress of c's caller when its session has ended, or
+// when whether it has cannot be read (fail closed). decide (every proxied
+// request, CONNECT, intercepted request and WebSocket upgrade) and the DNS
+// answerer call it before policy; the DNS fast path leaves an ended
+// session's questions to the full path, which answers REFUSED. The
+// refusal's code is session_ended (or session_unavailable), and it is the
+// reason in the audit record.
+func (e *Proxy) sessionGate(ctx context.Context, c *egressCall) *egressError {
+	aerr := e.d.Session(ctx, c.caller.Session)
+	if aerr == nil {
+		return nil
+	}
+	c.Event = string(aerr.Code)
+	return &egressError{Error: aerr, proxyStatus: psDenied}
+}
+
+// endedDuring is the refusal a tunnel's result record carries when the
+// tunnel ended because its session was ended while it was open (the end
+// closed it, sessionConns), nil otherwise.
+func (e *Proxy) endedDuring(ctx context.Context, c *egressCall) *egressError {
+	if c.caller.Session == "" {
+		return nil
+	}
+	if aerr := e.d.Session(ctx, c.caller.Session); aerr == nil || aerr.Code != refusal.SessionEnded {
+		return nil // live, or unreadable: the tunnel's own outcome stands
+	}
+	c.UpstreamErr = string(refusal.SessionEnded)
+	return &egressError{Error: refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session was ended; its tunnel was closed"), proxyStatus: psDenied}
+}
+
+// narrowGate refuses host for c when the sandbox's narrowing leaves it
+// out, recording the decision on c for the audit record.
+func (e *Proxy) narrowGate(ctx context.Context, c *egressCall, host string) *egressError {
+	if !NarrowedOut(c.caller, host) {
+		return nil
+	}
+	c.decide(NarrowDecision)
+	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(NarrowDecision.Action.String(), e.d.RuleLabel(narrowRule)))
+	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied,
+		fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", host, c.caller.Sandbox))
+}
+
+// decideCached asks policy about c with request req through the decision
+// cache. On a miss the input document goes to the current engine exactly
+// as without the cache.
+func (e *Proxy) decideCached(ctx context.Context, c *egressCall, req *policy.Request) policy.Decision {
+	eng := e.d.Engine()
+	v := eng.Version()
+	now := time.Now()
+	k := egressDecisionKey{caller: c.caller, kind: c.Kind.String(), req: requestKey(req)}
+	if d, ok := e.decisions.get(eng, v, k, now); ok {
+		return d
+	}
+	d := eng.Decide(ctx, &policy.Input{Version: policy.InputVersion, Kind: c.Kind.String(), Caller: c.caller, Request: *req, Time: now.UTC()})
+	e.decisions.put(eng, v, k, d, now)
+	return d
+}
+
+// refuse answers a refusal before any tunnel exists, audited.
+func (e *Proxy) refuse(w http.ResponseWriter, c *egressCall, ee *egressError) {
+	c.Status = ee.Status
+	if aerr := e.record(context.Background(), c, call.EventDecision, ee.Error, false); aerr != nil {
+		ee = aerr
+	}
+	e.logLine(c, ee)
+	w.Header().Set("Proxy-Status", fmt.Sprintf("%s; error=%s", proxyStatusN, ee.proxyStatus))
+	w.Header().Set("Connection", "close")
+	refusal.Write(w, ee.Error, c.RequestID)
+}
+
+// record appends c's audit record. presync only writes (the result's
+// fsync makes it durable); a record that cannot be written refuses.
+func (e *Proxy) record(ctx context.Context, c *egressCall, event string, ref *refusal.Error, presync bool) *egressError {
+	var code refusal.Code
+	if ref != nil {
+		code = ref.Code
+	}
+	return e.recordFields(ctx, c, event, call.AppendFields(make([]audit.Field, 0, 19), &c.Record, event, code), presync)
+}
+
+// recordFields is record with the fields given (in increasing key order).
+func (e *Proxy) recordFields(ctx context.Context, c *egressCall, event string, f []audit.Field, presync bool) *egressError {
+	if _, err := e.d.Append(ctx, audit.Record{RequestID: c.RequestID, Event: event, Sorted: f}, presync); err != nil {
+		e.d.AuditFailures.Add(ctx, 1)
+		// Some callers log no refusal after a failed result record (the
+		// answer is already out): this line names the cause, once per
+		// interval while it repeats (logcap.go).
+		if e.d.Repeats("audit: record not durable; refusing raw egress", err.Error()) {
+			e.d.Log.Error("audit: record not durable; refusing raw egress", call.KeyRequestID, c.RequestID, "err", err)
+		}
+		ee := egressRefuse(http.StatusServiceUnavailable, refusal.AuditUnavailable, psDenied, "the audit log cannot be written; no egress is served until it can")
+		ee.Wrap(err)
+		return ee
+	}
+	return nil
+}
+
+// logLine writes the one canonical decision line of a request or tunnel.
+func (e *Proxy) logLine(c *egressCall, ee *egressError) {
+	var ref *refusal.Error
+	if ee != nil {
+		ref = ee.Error
+	}
+	reason := c.Reason(ref)
+	if ref != nil && ref.Code == refusal.AuditUnavailable && !e.d.Repeats(call.LineEgress, reason) {
+		return // the same refusal was logged in this interval: counted (logcap.go)
+	}
+	var buf [call.LineAttrs]slog.Attr
+	msg, level, attrs := c.AppendLine(buf[:0], ref, reason)
+	e.d.Log.LogAttrs(context.Background(), level, msg, attrs...)
 }
