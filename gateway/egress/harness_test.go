@@ -206,6 +206,10 @@ func (g *testGateway) newProxy() *Proxy {
 		Identity: ingress.IdentityFrom,
 		Engine:   g.engine.Load,
 		Append: func(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
+			// As the gateway's appendAudit: detached from the caller's
+			// cancellation, with a deadline of its own (THREATS G10).
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
 			if written {
 				return g.audit.AppendWritten(ctx, rec)
 			}
