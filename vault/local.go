@@ -307,6 +307,12 @@ func (l *Local) Resolve(ctx context.Context, name string, scopes ...Scope) (Secr
 		return Secret{}, "", err
 	}
 	for _, sc := range scopes {
+		if _, ok := sf.Secrets[entryKey(name, sc)]; !ok {
+			// Not in this scope: try the next without building the
+			// not-found error open would make (a tool call with a
+			// project-scope secret looks in two scopes first).
+			continue
+		}
 		s, err := l.open(sf, name, sc)
 		if err == nil {
 			return s, sc, nil
