@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 )
 
@@ -96,4 +99,66 @@ func TestToolCallUpstreamPoolSizedToLoad(t *testing.T) {
 			t.Errorf("round %d dialled %d new upstream connections, want 0: the idle pool dropped connections the load needs (dials per round %v)", r, perRound[r], perRound)
 		}
 	}
+}
+
+// TestAppendResultIsMarshal holds the tool API's hand-written 200 answer
+// byte for byte equal to json.Marshal of the same result, whatever the
+// upstream's reply held.
+func TestAppendResultIsMarshal(t *testing.T) {
+	replies := map[string]*call.Reply{
+		"compact JSON":         {Status: 200, Headers: map[string][]string{"Content-Type": {"application/json"}, "X-B": {"1", "2"}}, Body: json.RawMessage(`{"id":"T-1","n":[1,2.5e3,null,true]}`)},
+		"JSON with whitespace": {Status: 201, Headers: map[string][]string{}, Body: json.RawMessage("{ \"a\" :\t[1, 2]\n}")},
+		"JSON with HTML":       {Status: 200, Body: json.RawMessage(`{"h":"<b>&amp;</b>"}`)},
+		"JSON with U+2028":     {Status: 200, Body: json.RawMessage("[\"a\u2028b\u2029\",\"€\"]")},
+		"JSON scalar":          {Status: 200, Body: json.RawMessage(`"plain"`)},
+		"text":                 {Status: 200, Headers: map[string][]string{"Content-Type": {"text/plain; charset=utf-8"}}, Body: "line 1\nline <2> & \"3\"\x01\u2028"},
+		"invalid UTF-8 text":   {Status: 200, Body: "a\xffb"},
+		"base64":               {Status: 200, Body: "AAEC/w==", BodyEncoding: "base64"},
+		"no body":              {Status: 204, Headers: map[string][]string{"X-Nil": nil}},
+		"empty raw":            {Status: 200, Body: json.RawMessage(nil)},
+		"odd header names":     {Status: 200, Headers: map[string][]string{"X-\"q\"": {"<v>", ""}, "a": {}}},
+	}
+	for name, r := range replies {
+		t.Run(name, func(t *testing.T) {
+			checkResultEncoding(t, r, "0123456789abcdef01234567")
+		})
+	}
+	// Another body type is left to encoding/json.
+	if _, ok := appendResult(nil, &call.Reply{Status: 200, Body: map[string]any{"a": 1}}, "r"); ok {
+		t.Error("appendResult encoded a map body; it must leave it to encoding/json")
+	}
+}
+
+func checkResultEncoding(t *testing.T, r *call.Reply, rid string) {
+	t.Helper()
+	want, err := json.Marshal(replyBody(call.Outcome{Reply: r, RequestID: rid}))
+	if err != nil {
+		if _, ok := appendResult(nil, r, rid); ok {
+			t.Fatalf("json.Marshal fails (%v) but appendResult encoded it", err)
+		}
+		return
+	}
+	got, ok := appendResult(nil, r, rid)
+	if !ok {
+		t.Fatalf("appendResult declined %#v", r)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("appendResult:\n got %s\nwant %s", got, want)
+	}
+}
+
+func FuzzAppendResult(f *testing.F) {
+	f.Add(200, "Content-Type", "application/json", []byte(`{"a":[1,2]}`), true)          // compact JSON
+	f.Add(200, "X-A", "<v>", []byte("{ \"a\" : \"<&>\u2028\" }"), true)                  // JSON to compact and escape
+	f.Add(502, "", "", []byte("text \x00 with a control and \xff invalid UTF-8"), false) // text
+	f.Fuzz(func(t *testing.T, status int, hk, hv string, body []byte, asJSON bool) {
+		r := &call.Reply{Status: status, Headers: map[string][]string{hk: {hv}}}
+		switch {
+		case asJSON && json.Valid(body):
+			r.Body = json.RawMessage(body) // roundTrip embeds only what json.Valid accepts
+		default:
+			r.Body = string(body)
+		}
+		checkResultEncoding(t, r, hv)
+	})
 }
