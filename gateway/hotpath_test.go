@@ -162,3 +162,57 @@ func FuzzAppendResult(f *testing.F) {
 		checkResultEncoding(t, r, hv)
 	})
 }
+
+// TestToolCallAuditGroupCommit holds issue 22's concurrency goal for the
+// audit log: concurrent tool calls share fsyncs. Every call writes two
+// records and waits for one fsync (its decision is written before the
+// upstream is dialled, its result is made durable with the decision
+// before the answer), so calls one at a time make two records per fsync;
+// concurrent calls on a disk must make more, each caller still answered
+// only after the fsync that covers its records (audit.Log's own tests).
+func TestToolCallAuditGroupCommit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fsyncs on the test's disk")
+	}
+	up := newUpstream(t)
+	g := startGateway(t, up.URL, "", nil) // audit log in the test's directory, on the disk
+	const callers, each = 8, 25
+	s0 := g.audit.Stats()
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		c := g.client(agentA)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				resp, err := c.Post("http://sluice/v1/tools/tickets.list_tickets", "application/json", strings.NewReader(`{"query":{"limit":5}}`))
+				if err != nil {
+					errs <- err
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					errs <- fmt.Errorf("status %d", resp.StatusCode)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	s1 := g.audit.Stats()
+	records, syncs := s1.Records-s0.Records, s1.Syncs-s0.Syncs
+	if records < 2*callers*each {
+		t.Fatalf("%d records for %d calls, want 2 a call", records, callers*each)
+	}
+	factor := float64(records) / float64(max(syncs, 1))
+	t.Logf("%d records, %d fsyncs: %.1f records per fsync", records, syncs, factor)
+	if factor <= 2 {
+		t.Errorf("%.2f records per fsync from %d concurrent callers: no better than calls one at a time (2), the fsync is not shared", factor, callers)
+	}
+}
