@@ -61,7 +61,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 		}
 		up.creds = plan
 	}
-	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std())
+	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 	refresh := cc.Refresh.Std()
 	if refresh == 0 {
 		refresh = config.DefaultMCPRefresh
