@@ -70,7 +70,8 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 	if cc.Credential != nil {
 		header = cc.Credential.Header
 	}
-	r := mcpremote.New(mcpremote.Options{Slug: cc.Slug, URL: u, Transport: guarded, CredHeader: header, Refresh: refresh, Timeout: cfg.Gateway.UpstreamTimeout.Std()})
+	r := mcpremote.New(mcpremote.Options{Slug: cc.Slug, URL: u, Transport: guarded, CredHeader: header, Refresh: refresh, Timeout: cfg.Gateway.UpstreamTimeout.Std(),
+		MaxResponseBytes: cfg.Gateway.MaxResponseBytes})
 	up.transport = r
 	c.connectors[cc.Slug] = up
 	if c.remotes == nil {

@@ -71,6 +71,10 @@ func newRemoteMCP(t *testing.T) *remoteMCP {
 		return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: fmt.Sprintf("sent %g to %s", a.Amount, a.To)}}}, nil, nil
 	})
 	r.addRefund("Refunds an amount.")
+	sdk.AddTool(r.srv, &sdk.Tool{Name: "big", Description: "Answers with 40 KiB."}, func(_ context.Context, req *sdk.CallToolRequest, _ struct{}) (*sdk.CallToolResult, any, error) {
+		record("big", req)
+		return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: strings.Repeat("x", 40<<10)}}}, nil, nil
+	})
 	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return r.srv }, nil)
 	r.http = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.requests.Add(1)
@@ -116,6 +120,7 @@ func withRemote(slug, url string, allow []string) func(*config.Config) {
 		}
 		rules := []config.Policy{
 			{Match: slug + ".whoami", Action: "allow"},
+			{Match: slug + ".big", Action: "allow"},
 			{Match: slug + ".transfer", Action: "allow"},
 			{Match: slug + ".refund", Action: "ask", Approvers: []string{"group:finance"}},
 		}
@@ -438,7 +443,7 @@ func TestMCPRemoteValidate(t *testing.T) {
 			}
 		}
 	}
-	if strings.Join(names, " ") != "remote.refund remote.transfer remote.whoami" {
+	if strings.Join(names, " ") != "remote.big remote.refund remote.transfer remote.whoami" {
 		t.Fatalf("validate lists the remote's tools as %v", names)
 	}
 }
@@ -481,5 +486,33 @@ func mapKeys[V any](m map[string]V) func(func(string) bool) {
 				return
 			}
 		}
+	}
+}
+
+// TestMCPRemoteAnswerBound: a remote's answer larger than
+// gateway.max_response_bytes is refused (upstream_error), read no further,
+// and nothing of it reaches the sandbox; a small answer still passes.
+func TestMCPRemoteAnswerBound(t *testing.T) {
+	up := newUpstream(t)
+	remote := newRemoteMCP(t)
+	g := startGateway(t, up.URL, "", func(c *config.Config) {
+		withRemote("remote", remote.http.URL, []string{"127.0.0.0/8"})(c)
+		c.Gateway.MaxResponseBytes = 16 << 10
+	})
+	c := g.client(agentA)
+	r := doCall(t, c, "remote.big", `{"body":{}}`)
+	if r.status != 502 || r.code() != "upstream_error" || strings.Contains(r.raw, "xxxx") {
+		t.Fatalf("an answer over the bound: %d %.200s", r.status, r.raw)
+	}
+	if remote.called("big") != 1 {
+		t.Fatalf("the remote got %d calls", remote.called("big"))
+	}
+	// Cut off while the MCP answer was read (the SDK then reports no
+	// response), not after it was all held in memory and handed on.
+	if log := g.logBuf.String(); !strings.Contains(log, "mcpremote: tools/call big") || strings.Contains(log, "the upstream reply is larger than") {
+		t.Fatalf("the refusal's logged cause is not the bound on the remote's answer: %s", log)
+	}
+	if r := doCall(t, c, "remote.whoami", `{"body":{}}`); r.status != 200 {
+		t.Fatalf("a small answer: %d %s", r.status, r.raw)
 	}
 }

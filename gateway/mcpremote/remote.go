@@ -78,6 +78,10 @@ type Options struct {
 	// Changed is called after a listing that differs from the previous
 	// one (the first listing included), outside any lock.
 	Changed func(ctx context.Context, c Change)
+	// MaxResponseBytes bounds the body of one answer to a POST (a listing
+	// page or a tool result; default 16 MiB): a remote cannot make the
+	// gateway hold more of it.
+	MaxResponseBytes int64
 	// Timeout bounds one connect or listing (default 15s).
 	Timeout time.Duration
 	Logger  *slog.Logger
@@ -148,6 +152,9 @@ type Remote struct {
 func New(o Options) *Remote {
 	if o.Timeout <= 0 {
 		o.Timeout = 15 * time.Second
+	}
+	if o.MaxResponseBytes <= 0 {
+		o.MaxResponseBytes = 16 << 20
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -528,8 +535,32 @@ func (t *credTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Header[k] = vs
 		}
 	}
-	return t.r.opts.Transport.RoundTrip(req)
+	resp, err := t.r.opts.Transport.RoundTrip(req)
+	if err == nil && req.Method == http.MethodPost {
+		resp.Body = &capped{rc: resp.Body, left: t.r.opts.MaxResponseBytes + 1} // exactly the bound is read whole
+	}
+	return resp, err
 }
+
+// capped fails a body that goes on past its bound.
+type capped struct {
+	rc   io.ReadCloser
+	left int64
+}
+
+func (c *capped) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, errors.New("mcpremote: the remote's answer is larger than the bound (gateway.max_response_bytes)")
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.rc.Read(p)
+	c.left -= int64(n)
+	return n, err
+}
+
+func (c *capped) Close() error { return c.rc.Close() }
 
 // RoundTrip is the connector's send: req is the pipeline's checked
 // request, POST <url>/t/<fingerprint> with the arguments as its body. It
