@@ -185,7 +185,7 @@ func (s *Server) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.
 	}
 	o := s.Call(ctx, call.Request{
 		Identity: r.Identity, Tool: m.Tool, Transport: call.Envoy, Mode: call.Decide,
-		HTTP: req, HoldWait: hw, Envoy: r.Envoy,
+		HTTP: req, HoldWait: hw, Envoy: r.Envoy, TraceParent: r.Headers.Get("traceparent"),
 	})
 	return verdict(o)
 }
