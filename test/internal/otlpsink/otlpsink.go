@@ -50,6 +50,8 @@ type Sink struct {
 	mu      sync.Mutex
 	spans   []Span
 	exports int
+	counted int  // spans received in counting mode
+	count   bool // ServeCounting: spans are counted, not kept
 	srv     *grpc.Server
 	collectortrace.UnimplementedTraceServiceServer
 }
@@ -63,8 +65,40 @@ func Serve(t testing.TB, ln net.Listener) *Sink {
 	return s
 }
 
+// ServeCounting is Serve for a benchmark: the spans are received and
+// decoded (gRPC and protobuf, as any collector does) and counted, not
+// kept, so that the sink costs the shared cores little beside what it
+// measures.
+func ServeCounting(t testing.TB, ln net.Listener) *Sink {
+	s := &Sink{Addr: ln.Addr().String(), srv: grpc.NewServer(), count: true}
+	collectortrace.RegisterTraceServiceServer(s.srv, s)
+	go func() { _ = s.srv.Serve(ln) }()
+	t.Cleanup(s.srv.Stop)
+	return s
+}
+
+// Counted is how many spans a counting sink received.
+func (s *Sink) Counted() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counted
+}
+
 // Export is the TraceService's one method.
 func (s *Sink) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	if s.count {
+		n := 0
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				n += len(ss.GetSpans())
+			}
+		}
+		s.mu.Lock()
+		s.counted += n
+		s.exports++
+		s.mu.Unlock()
+		return &collectortrace.ExportTraceServiceResponse{}, nil
+	}
 	var got []Span
 	for _, rs := range req.GetResourceSpans() {
 		res := attrs(rs.GetResource().GetAttributes())
