@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/tracing"
 )
@@ -302,3 +303,60 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// checkMethod is the ext_authz RPC, as OTel's RPC conventions name it.
+const checkMethod = "envoy.service.auth.v3.Authorization/Check"
+
+// checkSpan starts the server span of one ext_authz Check (OTel RPC
+// conventions), a new root: the checked request's traceparent is a link
+// (THREATS F13), as on the sandbox socket. The pipeline's call span is
+// its child.
+func (s *Server) checkSpan(ctx context.Context, r *extauthz.Request) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(semconv.RPCSystemNameKey.String("grpc"), semconv.RPCMethodKey.String(checkMethod))}
+	if l, ok := tracing.SandboxLink(r.Headers.Get(tracing.HeaderTraceparent)); ok {
+		opts = append(opts, trace.WithLinks(l))
+	}
+	return s.tel.tracer.Start(ctx, checkMethod, opts...)
+}
+
+// endCheckSpan records the verdict: the HTTP status Envoy answers (or
+// lets through, 200) and the refusal's code.
+func endCheckSpan(span trace.Span, v extauthz.Verdict) {
+	attrs := []attribute.KeyValue{attribute.Int("sluice.status", v.Status), attribute.Bool("sluice.allow", v.Allow)}
+	if v.Code != "" {
+		attrs = append(attrs, attrCode.String(v.Code))
+	}
+	if v.HoldID != "" {
+		attrs = append(attrs, attrHoldID.String(v.HoldID))
+	}
+	span.SetAttributes(attrs...)
+	span.End()
+}
+
+// tracedCheck wraps the ext_authz door's tool-call hook in its Check
+// span; with tracing off it is the hook itself.
+func (s *Server) tracedCheck(call func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict {
+	if !s.tel.tracing {
+		return call
+	}
+	return func(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
+		ctx, span := s.checkSpan(ctx, r)
+		v := call(ctx, r, m, wait)
+		endCheckSpan(span, v)
+		return v
+	}
+}
+
+// tracedEgressCheck is tracedCheck for the door's raw-egress hook.
+func (s *Server) tracedEgressCheck(egress func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict {
+	if !s.tel.tracing {
+		return egress
+	}
+	return func(ctx context.Context, r *extauthz.Request, wait time.Duration) extauthz.Verdict {
+		ctx, span := s.checkSpan(ctx, r)
+		v := egress(ctx, r, wait)
+		endCheckSpan(span, v)
+		return v
+	}
+}

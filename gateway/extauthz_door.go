@@ -104,8 +104,8 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
 		Match:      s.matchTool,
-		Call:       s.envoyCall,
-		Egress:     s.envoyEgress,
+		Call:       s.tracedCheck(s.envoyCall), // calltrace.go
+		Egress:     s.tracedEgressCheck(s.envoyEgress),
 		Refused:    s.envoyRefused,
 	}
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
@@ -297,5 +300,73 @@ func TestOTelOffByDefault(t *testing.T) {
 	}
 	if tp := e.Up.Requests()[0].Header.Get("Traceparent"); tp != "" {
 		t.Errorf("upstream got traceparent %q with tracing off: the sandbox's is never forwarded", tp)
+	}
+}
+
+// headerRT adds a traceparent to every request of the MCP client.
+type headerRT struct {
+	rt http.RoundTripper
+	tp string
+}
+
+func (h headerRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Traceparent", h.tp)
+	return h.rt.RoundTrip(r)
+}
+
+// TestOTelMCPCall: a tools/call over MCP (the official Go SDK client on
+// the sandbox socket) is one trace too: the POST /mcp server span is its
+// root, with the client's traceparent as a link only (THREATS F13), and
+// the pipeline's call span and stages below it.
+func TestOTelMCPCall(t *testing.T) {
+	e, sink := otelEnv(t)
+	d := mainConfig(e, "sluice")
+	g := e.Start(d, e.Write(d))
+	forgedTrace, forgedSpan := randHex(16), randHex(8)
+	c := sdk.NewClient(&sdk.Implementation{Name: "e2e-otel", Version: "1"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hc := g.Client(agentA)
+	hc.Timeout = 0
+	hc.Transport = headerRT{rt: hc.Transport, tp: "00-" + forgedTrace + "-" + forgedSpan + "-01"}
+	cs, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: "http://sluice/mcp", HTTPClient: hc, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatalf("mcp connect: %v", err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}})
+	if err != nil || res.IsError {
+		t.Fatalf("tools/call: %v %+v", err, res)
+	}
+	rec := g.AwaitAuditFields("result", map[string]any{"transport": "mcp", "tool": "tickets.list_tickets"})
+	f, _ := rec["fields"].(map[string]any)
+	traceID, _ := f["trace_id"].(string)
+	if traceID == "" || traceID == forgedTrace {
+		t.Fatalf("MCP call's trace_id %q", traceID)
+	}
+	sink.Await(t, 15*time.Second, "the MCP call's trace", func([]otlpsink.Span) bool {
+		n := byName(sink.Trace(traceID))
+		_, a := n["POST /mcp"]
+		_, b := n["sluice.scrub"]
+		return a && b
+	})
+	n := byName(sink.Trace(traceID))
+	server, call := n["POST /mcp"], n["sluice.tool_call"]
+	if server.ParentID != "" || call.ParentID != server.SpanID || n["sluice.decide"].ParentID != call.SpanID || call.Attrs["sluice.transport"] != "mcp" {
+		t.Fatalf("MCP trace: server parent %q, call parent %q (server %s), decide parent %q, call attrs %v",
+			server.ParentID, call.ParentID, server.SpanID, n["sluice.decide"].ParentID, call.Attrs)
+	}
+	linked := false
+	for _, l := range server.Links {
+		linked = linked || (l.TraceID == forgedTrace && l.SpanID == forgedSpan)
+	}
+	for _, s := range sink.Spans() {
+		if s.TraceID == forgedTrace || s.ParentID == forgedSpan {
+			t.Errorf("F13 over MCP: span %q is in the client's trace or under its span", s.Name)
+		}
+	}
+	if !linked {
+		t.Errorf("F13 over MCP: the server span does not link the client's traceparent: %+v", server.Links)
 	}
 }

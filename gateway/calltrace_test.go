@@ -1,0 +1,76 @@
+package gateway
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// testTracing is the provider startGateway hands the gateway (nil: off).
+var testTracing trace.TracerProvider
+
+// withTracing makes the gateways the test starts export to an in-memory
+// exporter of the real SDK, synchronously, and returns it.
+func withTracing(t *testing.T) *tracetest.InMemoryExporter {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	testTracing = tp
+	t.Cleanup(func() { testTracing = nil; _ = tp.Shutdown(context.Background()) })
+	return exp
+}
+
+// TestTraceEnvoyCheck: an ext_authz Check is a server span of its own
+// (OTel RPC conventions), a new root whatever traceparent the checked
+// request carries, which is only its link (THREATS F13); the pipeline's
+// call span and stages are its children; the audit record carries the
+// trace ID.
+func TestTraceEnvoyCheck(t *testing.T) {
+	exp := withTracing(t)
+	g := startEnvoyGateway(t, nil)
+	const forgedTrace, forgedSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	res := g.check(t, g.checkRequest("HTTP/1.1", "GET", "/tickets?limit=5", nil, map[string]string{"traceparent": "00-" + forgedTrace + "-" + forgedSpan + "-01"}))
+	if res.GetOkResponse() == nil {
+		t.Fatalf("want OK, got %v", res)
+	}
+	spans := exp.GetSpans()
+	byName := map[string]tracetest.SpanStub{}
+	for _, s := range spans {
+		byName[s.Name] = s
+		if s.SpanContext.TraceID().String() == forgedTrace || s.Parent.SpanID().String() == forgedSpan {
+			t.Errorf("span %s is in the forged trace or under the forged span", s.Name)
+		}
+	}
+	check, ok := byName[checkMethod]
+	if !ok {
+		t.Fatalf("no %s span among %d", checkMethod, len(spans))
+	}
+	if check.Parent.IsValid() || check.SpanKind != trace.SpanKindServer || len(check.Links) != 1 ||
+		check.Links[0].SpanContext.TraceID().String() != forgedTrace || check.Links[0].SpanContext.SpanID().String() != forgedSpan {
+		t.Fatalf("Check span: parent %v kind %v links %+v", check.Parent, check.SpanKind, check.Links)
+	}
+	attrs := map[string]string{}
+	for _, a := range check.Attributes {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	if attrs["rpc.system.name"] != "grpc" || attrs["rpc.method"] != checkMethod || attrs["sluice.allow"] != "true" {
+		t.Errorf("Check span attributes %v", attrs)
+	}
+	call := byName["sluice.tool_call"]
+	if call.Parent.SpanID() != check.SpanContext.SpanID() || byName["sluice.decide"].Parent.SpanID() != call.SpanContext.SpanID() {
+		t.Errorf("call span's parent %v, decide's %v; want Check → call → stages", call.Parent.SpanID(), byName["sluice.decide"].Parent.SpanID())
+	}
+	if _, sent := byName["sluice.send"]; sent {
+		t.Error("a send stage on a decided-only call: Envoy sends, not the gateway")
+	}
+	recs := envoyRecords(t, g.testGateway)
+	if len(recs) != 1 || fieldsOf(recs[0])["trace_id"] != check.SpanContext.TraceID().String() {
+		t.Fatalf("audit records %v, want one with trace_id %s", recs, check.SpanContext.TraceID())
+	}
+	if !strings.Contains(g.logBuf.String(), `"trace_id":"`+check.SpanContext.TraceID().String()+`"`) {
+		t.Error("the canonical line has no trace_id")
+	}
+}
