@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
 )
 
 // testTracing is the provider startGateway hands the gateway (nil: off).
@@ -72,5 +75,46 @@ func TestTraceEnvoyCheck(t *testing.T) {
 	}
 	if !strings.Contains(g.logBuf.String(), `"trace_id":"`+check.SpanContext.TraceID().String()+`"`) {
 		t.Error("the canonical line has no trace_id")
+	}
+}
+
+// TestTraceEgressLinkOnly: a CONNECT and a plain proxied request over the
+// sandbox socket are server spans of their own, new roots, with the
+// sandbox's traceparent only a link (THREATS F13); a refused one is
+// still traced, by method only (never the target, which the sandbox
+// chose).
+func TestTraceEgressLinkOnly(t *testing.T) {
+	exp := withTracing(t)
+	up := egresstest.NewDNSUpstream(t, nil)
+	g := startEgressGateway(t, up, nil)
+	const forgedTrace, forgedSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	tp := "Traceparent: 00-" + forgedTrace + "-" + forgedSpan + "-01\r\n"
+	for _, req := range []string{
+		"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n" + tp + "\r\n",
+		"GET http://denied.test/secret-path HTTP/1.1\r\nHost: denied.test\r\n" + tp + "\r\n",
+	} {
+		resp, body, conn, _ := exchange(t, g, req)
+		conn.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("%q: %d %s, want 403", req, resp.StatusCode, body)
+		}
+	}
+	var names []string
+	for _, s := range exp.GetSpans() {
+		names = append(names, s.Name)
+		if s.Parent.IsValid() || s.SpanContext.TraceID().String() == forgedTrace {
+			t.Errorf("span %s: parent %v, trace %s; want a new root", s.Name, s.Parent, s.SpanContext.TraceID())
+		}
+		if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID().String() != forgedSpan {
+			t.Errorf("span %s: links %+v, want the sandbox's context", s.Name, s.Links)
+		}
+		for _, a := range s.Attributes {
+			if strings.Contains(a.Value.Emit(), "denied.test") || strings.Contains(a.Value.Emit(), "secret-path") {
+				t.Errorf("span %s carries the sandbox's target: %s=%s", s.Name, a.Key, a.Value.Emit())
+			}
+		}
+	}
+	if strings.Join(names, ",") != "CONNECT,GET" {
+		t.Fatalf("spans %v, want CONNECT and GET", names)
 	}
 }
