@@ -80,6 +80,21 @@ type Config struct {
 	// positive answer to an A or AAAA question, never past its TTL (the
 	// relay's DNSCacheFor); 0 asks the gateway every time. Default 1s.
 	DNSCache time.Duration `yaml:"dns_cache"`
+	// Pods maps Kubernetes pods that sluice-cni pins (POST /v1/pods) to
+	// the identity their connections carry, by the pod's namespace. A pod
+	// whose namespace no rule names is refused, so its ADD fails and it
+	// never starts: the mapping is an allow-list kept on the host, not
+	// something a pod's own spec can choose.
+	Pods []PodRule `yaml:"pods"`
+}
+
+// PodRule gives the pods of one Kubernetes namespace their identity. The
+// session is the pod's own (namespace/name/uid), so ending it ends one pod.
+type PodRule struct {
+	Namespace string   `yaml:"namespace"` // the pod's namespace, exactly
+	Agent     string   `yaml:"agent"`
+	User      string   `yaml:"user"`
+	Egress    []string `yaml:"egress"` // narrows the agent's egress allowlist, as a pin's egress does
 }
 
 // relayDNSCache is DNSCache as relay.Options.DNSCacheFor says it (there 0
@@ -308,6 +323,19 @@ func (c Config) Validate() error {
 			bad("config: gateway_session_token_file: must be an absolute path, got %q", f)
 		} else if c.GatewayAdmin == "" {
 			bad("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
+		}
+	}
+	seen := map[string]bool{}
+	for i, r := range c.Pods {
+		switch {
+		case r.Namespace == "":
+			bad("config: pods[%d].namespace: is required", i)
+		case seen[r.Namespace]:
+			bad("config: pods[%d].namespace: %q is mapped twice", i, r.Namespace)
+		}
+		seen[r.Namespace] = true
+		if r.Agent == "" {
+			bad("config: pods[%d].agent: is required", i)
 		}
 	}
 	errs = append(errs, checkGatewayAdmin(c.GatewayAdmin), c.GatewayTLS.validate(c.Host), c.Limits.Validate("limits"))

@@ -278,6 +278,7 @@ func New(opts Options) (*Manager, error) {
 	m.nss = newNSPool(m.template, home)
 	m.forks = newForkThreads(2)
 	m.startRefill()
+	m.readoptPins(context.Background())
 	return m, nil
 }
 
@@ -1047,6 +1048,10 @@ func (m *Manager) Close() error {
 		}
 	}
 	for _, p := range m.Pins() {
+		if p.Pod != nil { // the pod outlives sandboxd: the next one re-adopts it
+			errs = append(errs, m.releasePin(p.ID))
+			continue
+		}
 		if err := m.Unpin(p.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, err)
 		}
