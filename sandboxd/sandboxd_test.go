@@ -40,6 +40,11 @@ func TestParseConfig(t *testing.T) {
 		{"remote gateway without host", "gateway_tls: {address: 'gw:7443', cert_file: /c.pem, key_file: /c.key, ca_file: /ca.pem}\n", "host: must be set with gateway_tls"},
 		{"gateway_tls keys without an address", "gateway_tls: {cert_file: /c.pem}\n", "gateway_tls.address: must be set"},
 		{"negative dns_cache", "dns_cache: -1s\n", "dns_cache: must be in 0s..1h"},
+		{"pods rules", "pods:\n  - {namespace: team-a, agent: agent-a, user: alice}\n  - {namespace: team-b, agent: agent-b, egress: [pypi.org]}\n", ""},
+		{"pods rule without a namespace", "pods:\n  - {agent: agent-a}\n", "config: pods[0].namespace: is required"},
+		{"pods rule without an agent", "pods:\n  - {namespace: team-a}\n", "config: pods[0].agent: is required"},
+		{"pods namespace mapped twice", "pods:\n  - {namespace: a, agent: x}\n  - {namespace: a, agent: y}\n", `config: pods[1].namespace: "a" is mapped twice`},
+		{"pods rule unknown key", "pods:\n  - {namespace: a, agent: x, serviceaccount: y}\n", "pods[0].serviceaccount: unknown key"},
 		{"dns_cache over an hour", "dns_cache: 2h\n", "dns_cache: must be in 0s..1h"},
 	}
 	for _, tc := range cases {
