@@ -24,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -327,6 +328,13 @@ func cmdStatus(args *skel.CmdArgs) error {
 }
 
 func main() {
+	if isInstall(os.Args) {
+		if err := install(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "sluice-cni:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus},
 		version.PluginSupports("1.0.0", "1.1.0"), "sluice-cni: pins pods' network namespaces with sandboxd")
 }

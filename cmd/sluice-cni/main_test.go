@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -75,5 +78,60 @@ func TestSelect(t *testing.T) {
 				t.Errorf("pod %+v", p)
 			}
 		})
+	}
+}
+
+// TestInstall: the plugin is appended to the first conflist once, a stale
+// entry replaced, the binary copied; a conf dir without a conflist and a
+// bad entry are errors that say what is wrong, with nothing written.
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	conf, bin := filepath.Join(dir, "net.d"), filepath.Join(dir, "bin")
+	for _, d := range []string{conf, bin} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plugin := `{"sandboxd":"/run/sluice-sandboxd/sandboxd.sock","select":{"annotation":"sluice-gw.dev/pin"},"capabilities":{"io.kubernetes.cri.pod-annotations":true}}`
+	args := []string{"--conf-dir", conf, "--bin-dir", bin, "--plugin", plugin}
+	var out strings.Builder
+	if err := install(args, &out); err == nil || !strings.Contains(err.Error(), "no *.conflist in") {
+		t.Fatalf("no conflist: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(bin, "sluice-cni")); err != nil {
+		t.Fatalf("binary not copied: %v", err)
+	}
+	first := filepath.Join(conf, "10-bridge.conflist")
+	if err := os.WriteFile(first, []byte(`{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"sluice-cni","sandboxd":"/old.sock","select":{"all":true}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(conf, "99-other.conflist")
+	if err := os.WriteFile(other, []byte(`{"plugins":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		out.Reset()
+		if err := install(args, &out); err != nil {
+			t.Fatalf("install #%d: %v", i+1, err)
+		}
+	}
+	if !strings.Contains(out.String(), "already chains sluice-cni") {
+		t.Errorf("second install: %q, want no change", out.String())
+	}
+	b, _ := os.ReadFile(first)
+	var list struct{ Plugins []map[string]any }
+	if err := json.Unmarshal(b, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Plugins) != 2 || list.Plugins[0]["type"] != "bridge" || list.Plugins[1]["type"] != "sluice-cni" ||
+		list.Plugins[1]["sandboxd"] != "/run/sluice-sandboxd/sandboxd.sock" {
+		t.Errorf("conflist after install: %s; want bridge then the new sluice-cni entry", b)
+	}
+	if b, _ := os.ReadFile(other); string(b) != `{"plugins":[]}` {
+		t.Errorf("a conflist the runtime does not use was changed: %s", b)
+	}
+	bad := []string{"--conf-dir", conf, "--bin-dir", bin, "--plugin", `{"select":{}}`}
+	if err := install(bad, &out); err == nil || !strings.Contains(err.Error(), "select: set all") {
+		t.Errorf("bad entry: %v", err)
 	}
 }
