@@ -86,6 +86,12 @@ type Config struct {
 	// never starts: the mapping is an allow-list kept on the host, not
 	// something a pod's own spec can choose.
 	Pods []PodRule `yaml:"pods"`
+	// AdoptWait is how long a sandbox outlives a sandboxd that died
+	// (kill -9, a crash, an upgrade): its init waits that long for a new
+	// sandboxd to re-adopt it, then ends. 0: sandboxes die with sandboxd.
+	// A sandboxd that stops on SIGTERM destroys its sandboxes either way.
+	// Default 10m, at most 24h.
+	AdoptWait time.Duration `yaml:"adopt_wait"`
 }
 
 // PodRule gives the pods of one Kubernetes namespace their identity. The
@@ -164,6 +170,7 @@ func Default() Config {
 		UIDs:         UIDRange{Base: 100000, Count: 256},
 		Limits:       DefaultLimits,
 		DNSCache:     time.Second,
+		AdoptWait:    10 * time.Minute,
 	}
 }
 
@@ -324,6 +331,9 @@ func (c Config) Validate() error {
 		} else if c.GatewayAdmin == "" {
 			bad("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
 		}
+	}
+	if c.AdoptWait < 0 || c.AdoptWait > 24*time.Hour {
+		bad("config: adopt_wait: must be in 0s..24h, got %s", c.AdoptWait)
 	}
 	seen := map[string]bool{}
 	for i, r := range c.Pods {

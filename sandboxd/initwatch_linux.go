@@ -62,6 +62,11 @@ func (m *Manager) initDied(sb *sandbox, ws syscall.WaitStatus) {
 	if ws.Signaled() {
 		why = fmt.Sprintf("init killed by signal %d (%s)", int(ws.Signal()), ws.Signal())
 	}
+	m.initGone(sb, why)
+}
+
+// initGone marks sb failed because its init ended, for the reason why.
+func (m *Manager) initGone(sb *sandbox, why string) {
 	m.mu.Lock()
 	info := sb.info
 	live := m.boxes[info.ID] == sb

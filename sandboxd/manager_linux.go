@@ -217,6 +217,10 @@ type sandbox struct {
 	// ending: teardown has begun, so the init's exit is no death.
 	ending atomic.Bool
 	failed string // why the init died (initwatch_linux.go); under Manager.mu
+	// pidfd is set for an init a previous sandboxd started (re-adopted,
+	// adopt_linux.go): not this process's child, so it is killed and
+	// waited for through its pidfd; cmd is nil.
+	pidfd *os.File
 }
 
 // New prepares the state directory and returns a Manager.
@@ -251,7 +255,13 @@ func New(opts Options) (*Manager, error) {
 			return nil, fmt.Errorf("sandboxd: %w", err)
 		}
 	}
-	sd, err := openStateDir(opts.Config.StateDir, opts.Logger)
+	// Sandboxes a previous sandboxd left running keep their directories.
+	recs, badRecs := loadBoxRecords(opts.Config.StateDir)
+	keep := map[string]bool{}
+	for _, r := range recs {
+		keep[filepath.Base(r.Dir)] = true
+	}
+	sd, err := openStateDir(opts.Config.StateDir, opts.Logger, keep)
 	if err != nil {
 		return nil, err
 	}
@@ -278,6 +288,7 @@ func New(opts Options) (*Manager, error) {
 	m.nss = newNSPool(m.template, home)
 	m.forks = newForkThreads(2)
 	m.startRefill()
+	m.readoptBoxes(context.Background(), recs, badRecs)
 	m.readoptPins(context.Background())
 	return m, nil
 }
@@ -504,6 +515,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		sb.timer = time.AfterFunc(lim.Lifetime, func() { _ = m.Destroy(id) })
 	}
 	m.mu.Unlock()
+	// Not re-adoptable without it, but it runs as well: reported, not fatal.
+	if err := m.saveBox(sb, ident); err != nil {
+		m.log.Warn("sandbox state not saved: a restarted sandboxd cannot re-adopt it", "sandbox", id, "err", err)
+		m.events.write(event{Event: "state_not_saved", Sandbox: id, Agent: req.Agent, Error: err.Error()})
+	}
 	m.events.write(event{Event: "created", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
 	m.log.Info("sandbox created", "sandbox", id, "agent", req.Agent, "pid", sb.info.Pid)
 	return sb.info, nil
@@ -546,6 +562,19 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
 		}
 	}
+	// Where the init listens for a sandboxd that re-adopts it: owned by
+	// the init's own host uid (its root inside), outside the sandbox's
+	// root and run/, so nothing inside the sandbox ever sees it.
+	if m.cfg.AdoptWait > 0 {
+		d := filepath.Dir(ctlSock(sb.dir))
+		host := m.cfg.UIDs.Base + sb.slot*65536
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, fmt.Errorf("sandboxd: create: %w", err)
+		}
+		if err := os.Chown(d, host, host+SandboxUID); err != nil {
+			return nil, fmt.Errorf("sandboxd: create: %w", err)
+		}
+	}
 	// The sandbox's /etc/hosts, /etc/hostname, /etc/passwd and
 	// /etc/group, bound in by its init. Owned by the host's root (nobody
 	// inside), mode 0644: read-only to the sandbox. passwd and group name
@@ -575,6 +604,14 @@ var (
 		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", SandboxUser, SandboxUID, InitUID)
 	etcGroup = fmt.Sprintf("root:x:0:\n%[1]s:x:%[2]d:\nnogroup:x:65534:\n", SandboxUser, SandboxUID)
 )
+
+// ctlSockFor is the re-adoption socket setupMsg names ("" with adopt_wait 0).
+func (m *Manager) ctlSockFor(sb *sandbox) string {
+	if m.cfg.AdoptWait <= 0 {
+		return ""
+	}
+	return ctlSock(sb.dir)
+}
 
 // hostname is the host name of sandbox id.
 func hostname(id string) string { return "sandbox-" + id[:8] }
@@ -827,7 +864,7 @@ func (m *Manager) setup(sb *sandbox, onNet func() error) (err error) {
 		Hostname: hostname(sb.info.ID), Template: sb.tmpl, RootDir: filepath.Join(sb.dir, "root"),
 		RunDir: filepath.Join(sb.dir, "run"), EtcDir: filepath.Join(sb.dir, "etc"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
 		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, InitUID: InitUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
-		Affinity: sb.affinity,
+		Affinity: sb.affinity, CtlSock: m.ctlSockFor(sb), AdoptWaitMS: m.cfg.AdoptWait.Milliseconds(),
 	})
 	if err != nil {
 		return fmt.Errorf("sandboxd: start: %w", err)
@@ -982,10 +1019,14 @@ func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 	sb.ending.Store(true)
 	if sb.cmd != nil && sb.cmd.Process != nil {
 		_ = sb.cmd.Process.Kill()
+	} else if sb.pidfd != nil {
+		sb.killAdopted()
 	}
 	finish := func() error {
 		if sb.cmd != nil && sb.cmd.Process != nil {
 			_ = sb.cmd.Wait()
+		} else if sb.pidfd != nil {
+			sb.reapAdopted()
 		}
 		if sb.ctl != nil {
 			sb.ctl.Close()
@@ -1012,6 +1053,7 @@ func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 // cleanup removes the cgroup and the state directory and frees the slot.
 func (m *Manager) cleanup(sb *sandbox) error {
 	var errs []error
+	m.forgetBox(sb.info.ID)
 	if sb.cg != nil {
 		// Its init has been reaped (or never started): the group is
 		// empty and may serve another sandbox.
