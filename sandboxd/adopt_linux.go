@@ -257,7 +257,9 @@ func (m *Manager) readoptBox(ctx context.Context, r boxRecord) (_ *sandbox, err 
 		sb.timer = time.AfterFunc(d, func() { _ = m.Destroy(id) })
 	}
 	m.mu.Unlock()
-	m.watchAdopted(sb)
+	if err := m.watchAdopted(sb); err != nil {
+		m.log.Warn("re-adopted sandbox's init is not watched", "sandbox", r.Info.ID, "err", err)
+	}
 	return sb, nil
 }
 
@@ -281,20 +283,75 @@ func waitPidfd(pidfd *os.File, d time.Duration) bool {
 // watchAdopted is watchInit for an init this sandboxd did not start (not
 // its child: no exit status to read). Its pidfd turns readable when it
 // exits; an exit while the sandbox is not being torn down is its death.
-func (m *Manager) watchAdopted(sb *sandbox) {
+func (m *Manager) watchAdopted(sb *sandbox) error {
+	fd, err := unix.PidfdOpen(sb.info.Pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("watch init: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "init-pidfd-watch")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("watch init: %w", err)
+	}
+	sb.watch = f
 	m.watchers.Add(1)
 	go func() {
 		defer m.watchers.Done()
-		for !waitPidfd(sb.pidfd, time.Hour) {
-			if sb.ending.Load() {
-				return
-			}
-		}
-		if sb.ending.Load() {
-			return
+		defer f.Close()
+		exited := false
+		err := rc.Read(func(fd uintptr) bool {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, 0)
+			exited = err == nil && n > 0
+			return exited
+		})
+		if err != nil || !exited || sb.ending.Load() {
+			return // released (f closed) or torn down
 		}
 		m.initGone(sb, "init exited (re-adopted: status unknown)")
 	}()
+	return nil
+}
+
+// release lets go of a live sandbox when sandboxd stops with on_stop:
+// keep: its lifetime timer stops, its exits close, its control socket
+// closes (the init then waits adopt_wait for the next sandboxd) and its
+// state file stays. Nothing of it is killed or removed.
+func (m *Manager) release(id string) error {
+	m.mu.Lock()
+	sb, ok := m.boxes[id]
+	delete(m.boxes, id)
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	sb.ending.Store(true) // the watcher ends without reporting a death
+	if sb.timer != nil {
+		sb.timer.Stop()
+	}
+	var errs []error
+	if sb.exit != nil {
+		errs = append(errs, sb.exit.Close())
+	}
+	sb.execMu.Lock() // an exec in flight finishes first
+	if sb.ctl != nil {
+		errs = append(errs, sb.ctl.Close())
+	}
+	sb.execMu.Unlock()
+	if sb.watch != nil {
+		sb.watch.Close()
+	}
+	if sb.pidfd != nil {
+		sb.pidfd.Close()
+	}
+	m.mu.Lock()
+	if sb.slot >= 0 {
+		m.slots[sb.slot] = false
+	}
+	m.mu.Unlock()
+	m.events.write(event{Event: "sandbox_released", Sandbox: id, Agent: sb.info.Agent, Session: sb.info.Session, User: sb.info.User, Pid: sb.info.Pid})
+	return errors.Join(errs...)
 }
 
 // killAdopted ends an adopted sandbox: SIGKILL to its init through the

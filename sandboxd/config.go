@@ -92,7 +92,18 @@ type Config struct {
 	// A sandboxd that stops on SIGTERM destroys its sandboxes either way.
 	// Default 10m, at most 24h.
 	AdoptWait time.Duration `yaml:"adopt_wait"`
+	// OnStop is what SIGTERM does to live sandboxes: "destroy" (default)
+	// kills them and removes their state; "keep" (needs adopt_wait) leaves
+	// them running for the next sandboxd to re-adopt, so that an upgrade
+	// (systemctl restart with KillMode=process) keeps every sandbox.
+	OnStop string `yaml:"on_stop"`
 }
+
+// The values of on_stop.
+const (
+	OnStopDestroy = "destroy"
+	OnStopKeep    = "keep"
+)
 
 // PodRule gives the pods of one Kubernetes namespace their identity. The
 // session is the pod's own (namespace/name/uid), so ending it ends one pod.
@@ -171,6 +182,7 @@ func Default() Config {
 		Limits:       DefaultLimits,
 		DNSCache:     time.Second,
 		AdoptWait:    10 * time.Minute,
+		OnStop:       OnStopDestroy,
 	}
 }
 
@@ -334,6 +346,15 @@ func (c Config) Validate() error {
 	}
 	if c.AdoptWait < 0 || c.AdoptWait > 24*time.Hour {
 		bad("config: adopt_wait: must be in 0s..24h, got %s", c.AdoptWait)
+	}
+	switch c.OnStop {
+	case OnStopDestroy:
+	case OnStopKeep:
+		if c.AdoptWait <= 0 {
+			bad("config: on_stop: keep needs adopt_wait above 0s (a kept sandbox waits that long for the next sandboxd)")
+		}
+	default:
+		bad("config: on_stop: must be destroy or keep, got %q", c.OnStop)
 	}
 	seen := map[string]bool{}
 	for i, r := range c.Pods {

@@ -25,6 +25,7 @@ func (m *Manager) watchInit(sb *sandbox) error {
 		return fmt.Errorf("sandboxd: start: watch init: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "init-pidfd")
+	sb.watch = f
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()

@@ -221,6 +221,9 @@ type sandbox struct {
 	// adopt_linux.go): not this process's child, so it is killed and
 	// waited for through its pidfd; cmd is nil.
 	pidfd *os.File
+	// watch is the pidfd file the init's watcher waits on; release closes
+	// it to end the watcher without ending the init.
+	watch *os.File
 }
 
 // New prepares the state directory and returns a Manager.
@@ -1084,13 +1087,18 @@ func (m *Manager) Close() error {
 	for len(m.spares) > 0 {
 		errs = append(errs, m.teardown(<-m.spares, false))
 	}
+	kept := m.cfg.OnStop == OnStopKeep && m.cfg.AdoptWait > 0
 	for _, in := range m.List() {
+		if kept && in.Failed == "" {
+			errs = append(errs, m.release(in.ID))
+			continue
+		}
 		if err := m.Destroy(in.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, err)
 		}
 	}
 	for _, p := range m.Pins() {
-		if p.Pod != nil { // the pod outlives sandboxd: the next one re-adopts it
+		if p.Pod != nil || kept { // the next sandboxd re-adopts it
 			errs = append(errs, m.releasePin(p.ID))
 			continue
 		}
@@ -1112,7 +1120,7 @@ func (m *Manager) Close() error {
 	m.tmplMu.Unlock()
 	errs = append(errs, m.events.close())
 	if m.state != nil {
-		errs = append(errs, m.state.close())
+		errs = append(errs, m.state.closeKeeping(kept))
 	}
 	return errors.Join(errs...)
 }

@@ -89,6 +89,16 @@ func openStateDir(dir string, log *slog.Logger, keep map[string]bool) (_ *stateD
 // close unmounts the sandbox directory's tmpfs (after every sandbox is
 // gone), removes the directory and releases the lock.
 func (sd *stateDir) close() error {
+	return sd.closeKeeping(false)
+}
+
+// closeKeeping is close; with kept, sandboxes were left running for the
+// next sandboxd, so their directories stay (mounted) and only the lock is
+// released.
+func (sd *stateDir) closeKeeping(kept bool) error {
+	if kept {
+		return sd.lock.Close()
+	}
 	var errs []error
 	if sd.mounted {
 		if err := unix.Unmount(sd.boxes, unix.MNT_DETACH); err != nil {

@@ -203,3 +203,78 @@ func TestSandboxdRestartKeepsSandboxes(t *testing.T) {
 	}
 	_ = exec.Command("true").Run()
 }
+
+// TestSandboxdUpgradeKeepsSandboxes is the upgrade path: with on_stop:
+// keep, sandboxd stopping on SIGTERM (systemctl restart with
+// KillMode=process) releases its sandboxes instead of destroying them;
+// the next sandboxd re-adopts them and they run and reach the gateway as
+// before. With the default (destroy), the same stop kills them.
+func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
+	e := newEnv(t)
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("kernel lacks user namespaces")
+	}
+	buildSandboxBins(t)
+	d := mainConfig(e, "upgrade")
+	g := e.Start(d, e.Write(d))
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	for _, onStop := range []string{"keep", "destroy"} {
+		t.Run(onStop, func(t *testing.T) {
+			dir := sandboxState(t, "sluice-e2e-upgrade-")
+			state := filepath.Join(dir, "state")
+			cfg := filepath.Join(dir, "sandboxd.yaml")
+			api := filepath.Join(dir, "api.sock")
+			if err := os.WriteFile(cfg, []byte("api: "+api+"\nstate_dir: "+state+"\ngateway: "+g.Sock+
+				"\nadopt_wait: 1m\non_stop: "+onStop+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			sd := startSandboxd(t, cfg, api)
+			run := func(args ...string) (string, string, int) {
+				t.Helper()
+				return runBin(t, dir, sandboxdBin, append([]string{args[0], "--config", cfg}, args[1:]...)...)
+			}
+			out, stderr, code := run("create", "--agent", "agent-a", "--session", "upgrade-"+onStop, "--user", "alice")
+			id := strings.TrimSpace(out)
+			if code != 0 || len(id) != 16 {
+				t.Fatalf("create: exit %d %q %q", code, out, stderr)
+			}
+			if _, stderr, code := run("cp", agentBin, id+":/workspace/agent"); code != 0 {
+				t.Fatalf("cp: %q", stderr)
+			}
+			var pid int
+			for _, ev := range sandboxdEvents(t, state) {
+				if ev["event"] == "created" {
+					pid = int(ev["pid"].(float64))
+				}
+			}
+			sd.stop() // SIGTERM
+			alive := syscall.Kill(pid, 0) == nil
+			if onStop == "destroy" {
+				for deadline := time.Now().Add(5 * time.Second); alive && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+					b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+					alive = err == nil && !strings.Contains(string(b), ") Z ")
+				}
+				if alive {
+					t.Errorf("on_stop destroy: the init outlived SIGTERM")
+				}
+				return
+			}
+			if !alive || countEvents(sandboxdEvents(t, state), "sandbox_released", id) != 1 {
+				t.Fatalf("on_stop keep: init alive %v; want it alive and sandbox_released", alive)
+			}
+			startSandboxd(t, cfg, api)
+			out, stderr, code = run("exec", id, "--", "/workspace/agent", "tickets.list_tickets", host.Addr().String())
+			e.Keep([]byte(out))
+			if code != 0 || !strings.Contains(out, "tcp 200 ") || !strings.Contains(out, "unix 200 ") {
+				t.Errorf("after the upgrade: exit %d %q %q; want tcp and unix 200", code, out, stderr)
+			}
+			if countEvents(sandboxdEvents(t, state), "sandbox_readopted", id) != 1 {
+				t.Errorf("want sandbox_readopted for %s", id)
+			}
+		})
+	}
+}
