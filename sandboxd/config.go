@@ -97,6 +97,21 @@ type Config struct {
 	// them running for the next sandboxd to re-adopt, so that an upgrade
 	// (systemctl restart with KillMode=process) keeps every sandbox.
 	OnStop string `yaml:"on_stop"`
+	// Pool is the warm pool: sandboxes built ahead with the default limits
+	// and no identity, each taken by one create (which binds its identity
+	// and opens its exits) and never reused. It is spares under its issue
+	// 24 name, with a refill rate; set one of pool.size and spares.
+	Pool Pool `yaml:"pool"`
+}
+
+// Pool sizes the warm pool and bounds how fast it refills.
+type Pool struct {
+	Size int `yaml:"size"`
+	// RefillPerSecond bounds how many pooled sandboxes are built per
+	// second in the background (a burst of creates then does not turn into
+	// a burst of forks competing with the sandboxes just handed out);
+	// 0 = as fast as one builder goes.
+	RefillPerSecond float64 `yaml:"refill_per_second"`
 }
 
 // The values of on_stop.
@@ -336,6 +351,15 @@ func (c Config) Validate() error {
 	}
 	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
 		bad("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
+	}
+	switch {
+	case c.Pool.Size < 0 || c.Pool.Size > 64 || (c.Pool.Size > 0 && c.Pool.Size >= c.UIDs.Count):
+		bad("config: pool.size: must be in 0..64 and below uids.count, got %d", c.Pool.Size)
+	case c.Pool.Size > 0 && c.Spares > 0:
+		bad("config: pool.size: set pool.size or spares, not both (spares is its older name)")
+	}
+	if c.Pool.RefillPerSecond < 0 || c.Pool.RefillPerSecond > 1000 {
+		bad("config: pool.refill_per_second: must be in 0..1000, got %g", c.Pool.RefillPerSecond)
 	}
 	if f := c.GatewaySessionTokenFile; f != "" {
 		if !filepath.IsAbs(f) {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 )
 
 // Ports inside every sandbox's network namespace.
@@ -180,6 +181,9 @@ type Manager struct {
 	refills  sync.WaitGroup
 	// refillDone is closed when the running refill ends (nil: none runs).
 	refillDone chan struct{}
+	// refillRate bounds pool refills (config pool.refill_per_second);
+	// nil: unbounded.
+	refillRate *rate.Limiter
 
 	tmplMu sync.Mutex
 	tmpl   *mountTemplate // built by the first fork
@@ -237,6 +241,9 @@ func New(opts Options) (*Manager, error) {
 	if opts.InitPath == "" {
 		opts.InitPath = "/proc/self/exe"
 	}
+	if opts.Config.Pool.Size > 0 { // pool.size is spares' newer name
+		opts.Config.Spares = opts.Config.Pool.Size
+	}
 	// 0711: a sandbox's init (an unmapped uid on the host) must be able to
 	// reach its own directory, but not list the others.
 	if err := os.MkdirAll(opts.Config.StateDir, 0o711); err != nil {
@@ -287,6 +294,9 @@ func New(opts Options) (*Manager, error) {
 		spares:  make(chan *sandbox, opts.Config.Spares),
 		reports: make(chan struct{}, maxReports),
 		cgs:     &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
+	}
+	if r := opts.Config.Pool.RefillPerSecond; r > 0 {
+		m.refillRate = rate.NewLimiter(rate.Limit(r), 1)
 	}
 	m.nss = newNSPool(m.template, home)
 	m.forks = newForkThreads(2)
@@ -715,6 +725,9 @@ func (m *Manager) refill() {
 		m.mu.Unlock()
 		if closed {
 			return
+		}
+		if m.refillRate != nil {
+			_ = m.refillRate.Wait(context.Background())
 		}
 		sb, err := m.fork(m.cfg.Limits)
 		if err == nil {
