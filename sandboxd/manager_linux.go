@@ -726,22 +726,47 @@ func (m *Manager) refill() {
 		if closed {
 			return
 		}
-		if m.refillRate != nil {
-			_ = m.refillRate.Wait(context.Background())
+		// Two at a time (sandboxd forks from two threads): a pool emptied
+		// by a burst is back in half the time.
+		k := min(refillBuilders, cap(m.spares)-len(m.spares))
+		built := make(chan *sandbox, k)
+		errs := make(chan error, k)
+		for range k {
+			if m.refillRate != nil {
+				_ = m.refillRate.Wait(context.Background())
+			}
+			go func() {
+				sb, err := m.fork(m.cfg.Limits)
+				if err == nil {
+					if err = m.setup(sb, nil); err != nil {
+						m.teardown(sb, false)
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				built <- sb
+			}()
 		}
-		sb, err := m.fork(m.cfg.Limits)
-		if err == nil {
-			if err = m.setup(sb, nil); err != nil {
-				m.teardown(sb, false)
+		var failed error
+		for range k {
+			select {
+			case sb := <-built:
+				m.spares <- sb // only this goroutine adds, and there is room
+			case err := <-errs:
+				failed = err
 			}
 		}
-		if err != nil {
-			m.log.Warn("sandboxd: spare", "err", err)
+		if failed != nil {
+			m.log.Warn("sandboxd: spare", "err", failed)
 			return
 		}
-		m.spares <- sb // only this goroutine adds, and there is room
 	}
 }
+
+// refillBuilders is how many pooled sandboxes refill builds at once.
+const refillBuilders = 2
 
 // start re-executes the binary as the sandbox's init in fresh namespaces,
 // born in the sandbox's cgroup, so nothing of the sandbox ever runs

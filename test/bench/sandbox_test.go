@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -285,6 +286,9 @@ func benchSandboxBursts(t *testing.T, w *world, bw *probe) *section {
 			wg.Wait()
 			time.Sleep(burstGap - time.Since(start))
 		}
+	}
+	for _, p := range ps {
+		slices.Sort(p.lat)
 	}
 	sec.addProbes(ps)
 	pool, bwr := sec.find("sluice sandboxd, warm pool of 8"), sec.find("bwrap (full isolation)")
