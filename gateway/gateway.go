@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/h1"
@@ -94,7 +95,7 @@ type Server struct {
 	heads   auditHeads // audithead.go
 	tel     *telemetry
 	holds   *holds.Manager
-	icpt    *interceptor // nil without egress.intercept / egress.placeholders (intercept.go)
+	icpt    *egress.Interceptor // nil without egress.intercept / egress.placeholders
 
 	adminAuth func(*http.Request) (holds.Person, bool) // the review UI's sessions
 	reviewUI  http.Handler
@@ -111,7 +112,7 @@ type Server struct {
 	limits    callLimits             // agents[].rate_limit buckets (ratelimit.go)
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
-	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
+	stop egress.StopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	// sharedLimits: agents[].rate_limit across the replicas of a shared
 	// store (ratelimit_shared.go).
@@ -205,7 +206,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if s.icpt, err = newInterceptor(cfg); err != nil {
+	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
 	if s.audit, err = audit.OpenWith(cfg.Audit.Path, auditOptions(cfg.Audit)); err != nil { // egress_audit.go
@@ -563,7 +564,7 @@ func (s *Server) Close() error {
 	for _, u := range s.catalog.connectors {
 		u.transport.CloseIdleConnections()
 	}
-	s.stop.closeAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
+	s.stop.CloseAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
 	s.repeats.stop()
 	return err
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
 )
@@ -224,22 +225,7 @@ func doCall(t testing.TB, c *http.Client, tool, args string) reply {
 
 func auditEvents(t testing.TB, g *testGateway) []audit.Record {
 	t.Helper()
-	data, err := os.ReadFile(g.cfg.Audit.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(data), testSecret) {
-		t.Error("audit log contains the secret")
-	}
-	var recs []audit.Record
-	for l := range strings.Lines(string(data)) {
-		var r audit.Record
-		if err := json.Unmarshal([]byte(l), &r); err != nil {
-			t.Fatalf("audit line %q: %v", l, err)
-		}
-		recs = append(recs, r)
-	}
-	return recs
+	return egresstest.AuditRecords(t, g.cfg.Audit.Path, testSecret)
 }
 
 func eventsFor(recs []audit.Record, rid string) []string {

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -38,14 +39,14 @@ func (s *Server) sandboxHandler() http.Handler {
 	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
 	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
 	mux.Handle("/mcp", s.newMCPDoor()) // mcp_door.go: the same listing and pipeline over MCP
-	eg := s.newRawEgress()             // proxy.go, dnsanswer.go
-	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
+	eg := s.newRawEgress()             // egress_wire.go: package egress
+	mux.HandleFunc("POST /v1/dns", eg.ServeDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodConnect || r.URL.IsAbs() {
-			eg.serveProxy(w, r) // raw egress: forward proxy and CONNECT
+			eg.ServeProxy(w, r) // raw egress: forward proxy and CONNECT
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -517,7 +518,7 @@ func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 }
 
 // stripHeaderArgs removes headers that only the gateway may set: identity,
-// client-address claims (isForwardingField, as on every egress path),
+// client-address claims (egress.IsForwardingField, as on every egress path),
 // hop-by-hop and framing headers, and content codings and ranges the
 // scrubber could not see through.
 func stripHeaderArgs(a *connectors.Args) {
@@ -525,7 +526,7 @@ func stripHeaderArgs(a *connectors.Args) {
 		lk := strings.ToLower(k)
 		switch {
 		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
-			isForwardingField(lk),
+			egress.IsForwardingField(lk),
 			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
 			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
 			lk == "range", lk == "if-range":
