@@ -130,6 +130,12 @@ var gatewayFloors = map[string][]string{
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
 	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+	// The OAuth client: tokens per person or connector, kept in the local
+	// secret store (vault); the root hands it the guarded HTTP client and
+	// the client secrets. oauthtest is the real authorization server its
+	// tests and the end-to-end tests run.
+	"gateway/oauth":           {"vault"},
+	"gateway/oauth/oauthtest": nil,
 }
 
 // allowedInGateway is the rule for a package under gateway/ (§4.3 of the
