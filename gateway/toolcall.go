@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/vault"
 )
 
 // sandboxHandler serves the sandbox side. Nothing else is routed here: the
@@ -630,7 +631,18 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 		ref.RequestSHA256 = h
 	}
 	cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
-	secret, err := s.creds.Credential(cctx, ref)
+	var secret vault.Secret
+	var err error
+	var conn string // an OAuth connection and its scopes, for the record
+	if cc.OAuth2 != nil {
+		var e *refusal.Error
+		if secret, conn, e = s.oauthToken(cctx, c, tool); e != nil { // oauthcreds.go
+			cspan.End()
+			return nil, e
+		}
+	} else {
+		secret, err = s.creds.Credential(cctx, ref)
+	}
 	cspan.End()
 	if err != nil {
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
@@ -640,6 +652,9 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
 	}
 	c.rec.Credential = att.where
+	if conn != "" {
+		c.rec.Credential += " (" + conn + ")"
+	}
 	scr := up.scrubber(att.forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse

@@ -45,6 +45,30 @@ type Server struct {
 	grants map[string]int
 	// Revocations counts requests to the revocation endpoint.
 	Revocations atomic.Int64
+	redirects   []string // Location headers sent back to a client's callback
+}
+
+// Redirects returns every redirect the server sent a browser back to a
+// client with (code and state in the query), oldest first.
+func (s *Server) Redirects() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.redirects...)
+}
+
+type recorder struct {
+	http.ResponseWriter
+	s        *Server
+	redirect string
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if loc := r.Header().Get("Location"); code >= 300 && code < 400 && strings.HasPrefix(loc, r.redirect) {
+		r.s.mu.Lock()
+		r.s.redirects = append(r.s.redirects, loc)
+		r.s.mu.Unlock()
+	}
+	r.ResponseWriter.WriteHeader(code)
 }
 
 // Endpoints are the server's URLs.
@@ -92,7 +116,7 @@ func Start(t testing.TB, redirect string, clientIDs ...string) *Server {
 		case "/revoke":
 			s.Revocations.Add(1)
 		}
-		router.ServeHTTP(w, r)
+		router.ServeHTTP(&recorder{ResponseWriter: w, s: s, redirect: redirect}, r)
 	})
 	s.srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: h}}
 	s.srv.Start()
