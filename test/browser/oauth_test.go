@@ -165,29 +165,7 @@ func newOAuthRig(t *testing.T) *oauthRig {
 		t.Fatal(err)
 	}
 	r.gw = gw
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- gw.Serve(ctx) }()
-	select {
-	case <-gw.Ready():
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("gateway not ready")
-	}
-	t.Cleanup(func() { cancel(); <-done; gw.Close() })
-	r.base = "http://" + gw.AdminAddr()
-
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-component-update", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
-	alloc, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	bctx, bcancel := chromedp.NewContext(alloc)
-	if err := chromedp.Do(bctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	t.Cleanup(func() { bcancel(); acancel() })
-	r.browser = bctx
+	r.base, r.browser = serveWithBrowser(t, gw)
 	return r
 }
 

@@ -97,6 +97,13 @@ func Start(t testing.TB, redirect string, clientIDs ...string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return StartOn(t, ln, redirect, clientIDs...)
+}
+
+// StartOn is Start on ln (a listener inside a network namespace, say);
+// the issuer is http://ln's address.
+func StartOn(t testing.TB, ln net.Listener, redirect string, clientIDs ...string) *Server {
+	t.Helper()
 	issuer := "http://" + ln.Addr().String()
 	clients := map[string]*storage.Client{}
 	for _, id := range clientIDs {
