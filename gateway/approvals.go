@@ -89,7 +89,7 @@ func (s *Server) newReviewUI() error {
 			RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/oidc/callback", GroupsClaim: oc.GroupsClaim}
 	}
 	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
-		opt.Connections = oauthConnections{s.oauth} // oauthcreds.go
+		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // oauthcreds.go
 	}
 	ui, err := review.New(opt)
 	if err != nil {

@@ -11,7 +11,10 @@ import (
 	"strings"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
@@ -190,7 +193,12 @@ func (s *Server) oauthToken(ctx context.Context, c *toolCall, tool *connectors.T
 
 // oauthConnections adapts the OAuth manager to the review UI's
 // Connections page.
-type oauthConnections struct{ m *oauth.Manager }
+type oauthConnections struct {
+	m *oauth.Manager
+	// connected runs after a connect (the server releases the calls held
+	// for it); nil: nothing.
+	connected func(connector, user string)
+}
 
 func (oc oauthConnections) List(ctx context.Context, user string) ([]review.Connection, error) {
 	var out []review.Connection
@@ -214,6 +222,9 @@ func (oc oauthConnections) Complete(ctx context.Context, user, bind, state, code
 	if errors.Is(err, oauth.ErrBadState) {
 		return rc, fmt.Errorf("%w: %w", review.ErrConnectState, err)
 	}
+	if err == nil && oc.connected != nil {
+		go oc.connected(c.Connector, user) // the held calls run after the page answers
+	}
 	return rc, err
 }
 
@@ -224,3 +235,51 @@ func (oc oauthConnections) Disconnect(ctx context.Context, connector, user strin
 // OAuth returns the OAuth manager of the credential.oauth2 connectors,
 // nil without any (tests, and embedders that drop its cache on reload).
 func (s *Server) OAuth() *oauth.Manager { return s.oauth }
+
+// connectionApprover is the approver a call held for a connection names:
+// only the connect of that connector by the call's person approves it.
+func connectionApprover(connector string) string { return "connection:" + connector }
+
+// holdForConnection holds a call to a credential.oauth2 connector with
+// on_missing: hold whose person has no usable connection: like an ask,
+// until they connect (connectHeld approves it then and it is sent once),
+// or until the hold expires. held is false when the call goes on to the
+// credential stage (connected, refuse mode, an approved hold's execution,
+// a decided-only call, no person).
+func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream, args *connectors.Args, req *http.Request) (o call.Outcome, e *refusal.Error, held bool) {
+	if up.oauth == nil || up.cfg.Credential.OAuth2.OnMissing != "hold" || c.held != nil || c.req.Mode == call.Decide || c.rec.User == "" || s.oauth == nil {
+		return call.Outcome{}, nil, false
+	}
+	conn, err := s.oauth.Get(ctx, tool.Connector, c.rec.User)
+	if err != nil {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the OAuth connection for this connector cannot be read").Wrap(err), true
+	}
+	if conn.Status == oauth.Connected {
+		return call.Outcome{}, nil, false
+	}
+	c.decision.Approvers = []string{connectionApprover(tool.Connector)}
+	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, s.connectionsURL(tool.Connector), conn.Status)
+	o, e = s.holdCall(ctx, c, tool, args, req)
+	return o, e, true
+}
+
+// connectHeld sends, once each, the calls held for user's connection of
+// connector (approved as connectionApprover, through the same execution
+// as any approval).
+func (s *Server) connectHeld(connector, user string) {
+	ctx := context.Background()
+	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
+	if err != nil {
+		s.log.Error("oauth: held calls not released after a connect", "connector", connector, "user", user, "err", err)
+		return
+	}
+	who := holds.Person{Name: connectionApprover(connector)}
+	for _, h := range hs {
+		if len(h.Approvers) != 1 || h.Approvers[0] != who.Name || !ident.Same(h.Caller.User, user) {
+			continue
+		}
+		if _, err := s.holds.Approve(ctx, h.ID, who, user+" connected "+connector); err != nil {
+			s.log.Warn("oauth: held call not released", "hold", h.ID, "err", err)
+		}
+	}
+}

@@ -249,6 +249,12 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		}
 	}
 
+	// A person's OAuth connection missing, with on_missing: hold: held
+	// until they connect (oauthcreds.go).
+	if o, e, held := s.holdForConnection(ctx, c, tool, up, args, req); held {
+		return o, e
+	}
+
 	// Credential, attached here where the caller never sees it.
 	var before http.Header
 	var query string

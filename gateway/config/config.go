@@ -264,6 +264,10 @@ type OAuth2 struct {
 	// RevocationURL (RFC 7009) is where Disconnect revokes the tokens;
 	// without it they are only deleted here.
 	RevocationURL string `yaml:"revocation_url"`
+	// OnMissing is what a call for a person without a usable connection
+	// gets: "refuse" (default: 403 connection_required) or "hold" (held
+	// like an ask until the person connects, then sent once).
+	OnMissing string `yaml:"on_missing"`
 }
 
 // VaultRef is a Vault-backed credential: exactly one of KV, Dynamic,
@@ -1035,6 +1039,15 @@ func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string,
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.Fragment != "" {
 			bad(k+"."+key, "want an absolute http(s) URL without user info or fragment, got %q", RedactURL(v))
 		}
+	}
+	switch o.OnMissing {
+	case "", "refuse":
+	case "hold":
+		if o.Flow != "authorization_code" {
+			bad(k+".on_missing", "hold is for flow: authorization_code (a person connects)")
+		}
+	default:
+		bad(k+".on_missing", "want refuse or hold, got %q", o.OnMissing)
 	}
 	if o.AuthorizationURL != "" && o.Flow == "client_credentials" {
 		bad(k+".authorization_url", "is not used with flow: client_credentials")

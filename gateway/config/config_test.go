@@ -232,6 +232,8 @@ func TestOAuth2KeysNameTheirKey(t *testing.T) {
 		{"revocation url with user", pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, revocation_url: 'https://u:p@x/r' }"), "connectors[0].credential.oauth2.revocation_url"},
 		{"scope with a space", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, scopes: ['a b'] }"), "connectors[0].credential.oauth2.scopes[0]"},
 		{"with secret", "connectors: [{ slug: a, spec: a.yaml, credential: { secret: k, oauth2: { flow: client_credentials, client_id: c, client_secret: s } } }]\n", "connectors[0].credential.oauth2: is exclusive"},
+		{"on_missing unknown", pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, on_missing: wait }"), "connectors[0].credential.oauth2.on_missing: want refuse or hold"},
+		{"hold with client credentials", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, on_missing: hold }"), "connectors[0].credential.oauth2.on_missing: hold is for flow: authorization_code"},
 		{"authorization url with client credentials", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, authorization_url: 'https://x/a' }"), "connectors[0].credential.oauth2.authorization_url: is not used"},
 	}
 	for _, tc := range cases {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -78,6 +79,12 @@ connectors:
         client_secret: docs-client-secret
         scopes: [openid, offline_access]
         revocation_url: %[5]s/revoke
+  - slug: held-docs
+    spec: %[1]s/docs.yaml
+    base_url: %[4]s
+    allow_private: [127.0.0.0/8]
+    credential:
+      oauth2: { flow: authorization_code, client_id: sluice-docs, client_secret: docs-client-secret, scopes: [openid, offline_access], on_missing: hold }
   - slug: svc
     spec: %[1]s/docs.yaml
     base_url: %[4]s
@@ -85,7 +92,7 @@ connectors:
     credential:
       oauth2: { flow: client_credentials, client_id: sid1, client_secret: svc-client-secret, token_url: %[5]s/oauth/token, scopes: [openid] }
 agents:
-  - { name: triage, connectors: [docs, svc] }
+  - { name: triage, connectors: [docs, held-docs, svc] }
 policies:
   - { match: "*", action: allow }
 approvers:
@@ -196,15 +203,17 @@ func (r *oauthRig) signIn() *person {
 }
 
 // connect clicks Connect for docs and signs in at the provider.
-func (r *oauthRig) connect(p *person) {
+func (r *oauthRig) connect(p *person) { r.connectSlug(p, "docs") }
+
+func (r *oauthRig) connectSlug(p *person, slug string) {
 	r.t.Helper()
-	p.do(chromedp.Navigate(r.base+"/connections"), chromedp.WaitVisible(chromedp.CSS("#connect-docs")),
-		chromedp.Click(chromedp.CSS("#connect-docs")),
+	p.do(chromedp.Navigate(r.base+"/connections"), chromedp.WaitVisible(chromedp.CSS("#connect-"+slug)),
+		chromedp.Click(chromedp.CSS("#connect-"+slug)),
 		chromedp.WaitVisible(chromedp.CSS("#username")),
 		chromedp.SendKeys(chromedp.CSS("#username"), r.as.Username()),
 		chromedp.SendKeys(chromedp.CSS("#password"), oauthtest.Password),
 		chromedp.Submit(chromedp.CSS("#password")),
-		chromedp.WaitVisible(chromedp.CSS(`#conn-docs [data-status="connected"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#conn-`+slug+` [data-status="connected"]`)),
 	)
 }
 
@@ -406,5 +415,59 @@ func TestOAuthClientCredentials(t *testing.T) {
 	}
 	if n := r.as.Grants("client_credentials"); n != 1 {
 		t.Fatalf("client_credentials grants = %d, want 1 (cached)", n)
+	}
+}
+
+func TestOAuthHeldUntilConnected(t *testing.T) {
+	r := newOAuthRig(t)
+	type res struct {
+		st   int
+		body string
+	}
+	ch := make(chan res, 1)
+	go func() {
+		st, body, _ := r.call("held-docs.get_doc", `{"path":{"id":"h1"}}`)
+		ch <- res{st, body}
+	}()
+	var hs []holds.Hold
+	for end := time.Now().Add(20 * time.Second); len(hs) == 0; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if hs, err = r.gw.Holds().List(context.Background(), holds.Filter{Status: []holds.Status{holds.Pending}}); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(end) {
+			t.Fatal("the call for a person without a connection was not held")
+		}
+	}
+	if h := hs[0]; h.Tool != "held-docs.get_doc" || h.Caller.User != "alice" || !strings.Contains(h.Reason, "connect held-docs") {
+		t.Fatalf("hold %+v", h)
+	}
+	if n := len(r.upstreamAuths()); n != 0 {
+		t.Fatalf("upstream reached %d times before the connect", n)
+	}
+	p := r.signIn()
+	r.connectSlug(p, "held-docs")
+	select {
+	case got := <-ch:
+		if got.st != 200 || !strings.Contains(got.body, `"status":200`) {
+			t.Fatalf("held call after the connect: %d %s", got.st, got.body)
+		}
+	case <-time.After(50 * time.Second):
+		t.Fatal("the held call did not run after the connect")
+	}
+	conn, err := vault.OpenLocal(r.cfg.Secrets.Local.Path, r.cfg.Secrets.Local.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := oauth.LocalStore{Local: conn}.Load(context.Background(), "held-docs", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := r.upstreamAuths(); len(a) != 1 || a[0] != "Bearer "+c.Access {
+		t.Fatalf("upstream saw %d calls (want 1, with alice's token)", len(a))
+	}
+	h, err := r.gw.Holds().Get(context.Background(), hs[0].ID)
+	if err != nil || h.Status != holds.Done || h.DecidedBy != "connection:held-docs" {
+		t.Fatalf("hold after the connect: %+v %v", h, err)
 	}
 }
