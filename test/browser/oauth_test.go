@@ -110,6 +110,20 @@ type oauthRig struct {
 
 	mu    sync.Mutex
 	auths []string // Authorization headers the upstream received
+	log   bytes.Buffer
+}
+
+// Write collects the gateway's log lines, to search them for tokens.
+func (r *oauthRig) Write(b []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.log.Write(b)
+}
+
+func (r *oauthRig) logHas(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Contains(r.log.String(), s)
 }
 
 var alice = wire.Identity{Sandbox: "sb-9", Agent: "triage", Session: "s-9", User: "alice", Host: "h1"}
@@ -167,7 +181,7 @@ func newOAuthRig(t *testing.T) *oauthRig {
 			t.Fatal(err)
 		}
 	}
-	gw, err := gateway.New(context.Background(), cfg, gateway.Options{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	gw, err := gateway.New(context.Background(), cfg, gateway.Options{Logger: slog.New(slog.NewJSONHandler(r, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +345,8 @@ func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
 	t.Run("D18 reflected OAuth token", func(t *testing.T) {
 		cb := casebook.Expect(t, "D18", "upstream echoes the OAuth access token the gateway attached (body and header)", "the sandbox's reply carries no token; audit and the agent's answer name the connection only")
 		inAudit, _ := os.ReadFile(r.cfg.Audit.Path)
-		leaked := strings.Contains(body, conn.Access) || strings.Contains(fmt.Sprint(hdr), conn.Access) || bytes.Contains(inAudit, []byte(conn.Access)) || bytes.Contains(inAudit, []byte(conn.Refresh))
+		leaked := strings.Contains(body, conn.Access) || strings.Contains(fmt.Sprint(hdr), conn.Access) || bytes.Contains(inAudit, []byte(conn.Access)) || bytes.Contains(inAudit, []byte(conn.Refresh)) ||
+			r.logHas(conn.Access) || r.logHas(conn.Refresh)
 		named := auditHas(t, r.cfg.Audit.Path, `oauth2 docs/alice scopes=`)
 		cb.Observef("status %d, token in reply/audit %v, record names the connection %v", st, leaked, named)
 		if st != 200 || len(auths) != 1 || auths[0] != "Bearer "+conn.Access || leaked || !named {
@@ -399,6 +414,18 @@ func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
 		}
 	})
 	p.shot("oauth-04-disconnected")
+
+	// No token of any connection this test made is in the gateway's log
+	// or the audit log (THREATS D9, for OAuth tokens).
+	audit, _ := os.ReadFile(r.cfg.Audit.Path)
+	if !r.logHas("docs.get_doc") {
+		t.Fatal("the gateway's log was not captured")
+	}
+	for _, tok := range []string{conn.Access, conn.Refresh, fresh.Access, fresh.Refresh} {
+		if tok != "" && (r.logHas(tok) || bytes.Contains(audit, []byte(tok))) {
+			t.Fatal("a token is in the gateway's log or the audit log")
+		}
+	}
 }
 
 func TestOAuthClientCredentials(t *testing.T) {
