@@ -222,10 +222,13 @@ func (oc oauthConnections) Complete(ctx context.Context, user, bind, state, code
 	if errors.Is(err, oauth.ErrBadState) {
 		return rc, fmt.Errorf("%w: %w", review.ErrConnectState, err)
 	}
-	if err == nil && oc.connected != nil {
-		go oc.connected(c.Connector, user) // the held calls run after the page answers
-	}
 	return rc, err
+}
+
+func (oc oauthConnections) Connected(connector, user string) {
+	if oc.connected != nil {
+		go oc.connected(connector, user) // the held calls run after the page answers
+	}
 }
 
 func (oc oauthConnections) Disconnect(ctx context.Context, connector, user string) (bool, error) {

@@ -18,6 +18,9 @@ type Connections interface {
 	Begin(ctx context.Context, connector, user, bind string) (authURL string, err error)
 	Complete(ctx context.Context, user, bind, state, code string) (Connection, error)
 	Disconnect(ctx context.Context, connector, user string) (revoked bool, err error)
+	// Connected runs once a connect is stored and audited (the gateway
+	// releases the calls held for it).
+	Connected(connector, user string)
 }
 
 // Connection is one connector as a person sees it on the page.
@@ -78,12 +81,18 @@ func (u *UI) handleConnect(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	connector := r.PathValue("connector")
+	// Audited before the state exists: a connect the log cannot record
+	// is not started.
+	if err := u.opt.Audit(r.Context(), "connection_started", map[string]any{"user": user, "connector": connector}); err != nil {
+		u.log.Error("review: connect not audited; not started", "user", user, "connector", connector, "err", err.Error())
+		u.fail(w, r, s, http.StatusServiceUnavailable, "The audit log cannot be written; the connect was not started.")
+		return
+	}
 	to, err := u.opt.Connections.Begin(r.Context(), connector, user, s.id)
 	if err != nil {
 		u.fail(w, r, s, http.StatusNotFound, "No connector by that name acts with a person's own account.")
 		return
 	}
-	_ = u.opt.Audit(r.Context(), "connection_started", map[string]any{"user": user, "connector": connector})
 	http.Redirect(w, r, to, http.StatusSeeOther)
 }
 
@@ -96,7 +105,7 @@ func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request, s *se
 	}
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
-		_ = u.opt.Audit(r.Context(), "connection_refused", map[string]any{"user": user, "reason": "provider: " + clip(e, 64)})
+		u.auditOrLog(r.Context(), "connection_refused", map[string]any{"user": user, "reason": "provider: " + clip(e, 64)})
 		u.renderConnections(w, r, s, http.StatusOK, "The provider did not grant access ("+clip(e, 64)+").")
 		return
 	}
@@ -107,7 +116,7 @@ func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request, s *se
 			reason = "state"
 		}
 		u.log.Warn("review: connect refused", "user", user, "reason", reason, "err", err.Error())
-		_ = u.opt.Audit(r.Context(), "connection_refused", map[string]any{"user": user, "connector": c.Connector, "reason": reason})
+		u.auditOrLog(r.Context(), "connection_refused", map[string]any{"user": user, "connector": c.Connector, "reason": reason})
 		msg := "This connect link is not valid for your session (already used, expired or not started here). Start again."
 		if reason != "state" {
 			msg = "The provider did not accept the authorization. Start again."
@@ -115,7 +124,17 @@ func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request, s *se
 		u.fail(w, r, s, http.StatusBadRequest, msg)
 		return
 	}
-	_ = u.opt.Audit(r.Context(), "connection_connected", map[string]any{"user": user, "connector": c.Connector, "scopes": c.Scopes})
+	if err := u.opt.Audit(r.Context(), "connection_connected", map[string]any{"user": user, "connector": c.Connector, "scopes": c.Scopes}); err != nil {
+		// A connection the audit log does not show must not stand (as an
+		// unaudited grant does not): revoke and delete it.
+		u.log.Error("review: connect not audited; undone", "user", user, "connector", c.Connector, "err", err.Error())
+		if _, derr := u.opt.Connections.Disconnect(context.WithoutCancel(r.Context()), c.Connector, user); derr != nil {
+			u.log.Error("review: unaudited connection not fully undone", "user", user, "connector", c.Connector, "err", derr.Error())
+		}
+		u.fail(w, r, s, http.StatusServiceUnavailable, "The audit log cannot be written; the connection was not kept.")
+		return
+	}
+	u.opt.Connections.Connected(c.Connector, user)
 	http.Redirect(w, r, "/connections?connected="+c.Connector, http.StatusSeeOther)
 }
 
@@ -132,7 +151,7 @@ func (u *UI) handleDisconnect(w http.ResponseWriter, r *http.Request, s *session
 		u.log.Warn("review: disconnect", "user", user, "connector", connector, "err", err.Error())
 		f["error"] = "revocation at the provider failed"
 	}
-	_ = u.opt.Audit(r.Context(), "connection_disconnected", f)
+	u.auditOrLog(r.Context(), "connection_disconnected", f) // the tokens are gone either way: the safe direction
 	msg := "Disconnected " + connector + "."
 	if err != nil {
 		msg += " The provider could not confirm the revocation; the tokens are deleted here."
@@ -145,4 +164,12 @@ func clip(s string, n int) string {
 		return s[:n]
 	}
 	return s
+}
+
+// auditOrLog appends an audit record whose failure undoes nothing (a
+// refusal, a deletion): the failure is logged for the operator.
+func (u *UI) auditOrLog(ctx context.Context, event string, f map[string]any) {
+	if err := u.opt.Audit(ctx, event, f); err != nil {
+		u.log.Error("review: audit record not written", "event", event, "err", err.Error())
+	}
 }
