@@ -381,6 +381,12 @@ func (m *Manager) personToken(ctx context.Context, c *Client, user string) (cach
 	if err != nil {
 		var re *oauth2.RetrieveError
 		if errors.As(err, &re) && (re.ErrorCode == "invalid_grant" || re.ErrorCode == "unauthorized_client") {
+			// Another gateway process sharing the store may have rotated
+			// the refresh token first: then its stored result stands.
+			if again, lerr := m.opt.Store.Load(ctx, c.Connector, user); lerr == nil && again.Status == Connected &&
+				again.Refresh != conn.Refresh && again.Access != "" && m.usable(again.Expiry) {
+				return cached{access: again.Access, expiry: again.Expiry, scopes: again.Scopes}, nil
+			}
 			return cached{}, m.needsReconnect(ctx, conn, "the provider refused the refresh: "+re.ErrorCode)
 		}
 		return cached{}, fmt.Errorf("oauth: %s: refresh for user %q: %s", c.Connector, user, providerError(err))

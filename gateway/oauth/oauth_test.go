@@ -314,3 +314,57 @@ func mustQuery(t *testing.T, raw, key string) string {
 }
 
 var urlParse = url.Parse
+
+// TestRefreshRotatedByAnotherProcess: two gateway processes share one
+// store; the second to refresh finds its refresh token spent by the
+// first's rotation, and uses the first's stored result instead of
+// marking the connection needs_reconnect.
+func TestRefreshRotatedByAnotherProcess(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.connect(t)
+	stale, _ := f.store.Load(ctx, "docs", "alice")
+	stale.Expiry = time.Now().Add(-time.Minute)
+	_ = f.store.Save(ctx, stale)
+	f.m.Expire()
+	// "Process one" refreshes (rotating the refresh token) ...
+	tok, err := f.m.Token(ctx, "docs", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ... and "process two", whose view is still the stale record, tries
+	// the spent refresh token.
+	other, err := oauth.New(oauth.Options{Store: staleFirst{f.store, stale, &sync.Once{}}, RedirectURL: redirect, Clients: []oauth.Client{
+		{Connector: "docs", Flow: oauth.AuthorizationCode, ClientID: "sluice-web",
+			Secret:  func(context.Context) ([]byte, error) { return []byte(oauthtest.WebSecret), nil },
+			AuthURL: f.as.AuthURL(), TokenURL: f.as.TokenURL(), HTTP: http.DefaultClient},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := other.Token(ctx, "docs", "alice")
+	if err != nil || !bytes.Equal(got.Value, tok.Value) {
+		t.Fatalf("second process: %v (same token %v)", err, bytes.Equal(got.Value, tok.Value))
+	}
+	if c, _ := f.m.Get(ctx, "docs", "alice"); c.Status != oauth.Connected {
+		t.Fatalf("status %s after a lost refresh race", c.Status)
+	}
+}
+
+// staleFirst answers the first Load with a stale record, then reads the
+// real store: a process that read before another one's refresh landed.
+type staleFirst struct {
+	oauth.LocalStore
+	stale oauth.Connection
+	once  *sync.Once
+}
+
+func (s staleFirst) Load(ctx context.Context, connector, user string) (oauth.Connection, error) {
+	var c oauth.Connection
+	served := false
+	s.once.Do(func() { c, served = s.stale, true })
+	if served {
+		return c, nil
+	}
+	return s.LocalStore.Load(ctx, connector, user)
+}
