@@ -38,9 +38,11 @@ import (
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
+	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Decider decides a call. Implementations never return Allow on error.
@@ -81,6 +83,9 @@ type Options struct {
 	Resolver interface {
 		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 	}
+	// Tracing is where the gateway's spans go (package tracing builds it
+	// from the OTEL_* environment); nil: tracing is off.
+	Tracing trace.TracerProvider
 }
 
 // Server is a provisioned gateway.
@@ -125,6 +130,8 @@ type Server struct {
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
+
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -143,6 +150,7 @@ type upstream struct {
 	allow     []netip.Prefix
 	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
 	creds     *credPlan                  // how the credential is attached; nil without one
+	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (oauthcreds.go)
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
@@ -167,7 +175,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if log == nil {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
-	tel, err := newTelemetry()
+	tel, err := newTelemetry(opts.Tracing)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +218,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 				_ = closeCredentials(s.creds)
 			}
 		}()
+	}
+	if err := s.newOAuth(); err != nil { // oauthcreds.go
+		return nil, err
 	}
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
@@ -291,6 +302,13 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !plaintextOK(conn.BaseURL.Hostname(), u.allow) {
 			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
 			continue
+		}
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			var oerrs []error
+			if u.oauth, oerrs = oauthClient(key, cc, conn, u); len(oerrs) > 0 {
+				errs = append(errs, oerrs...)
+				continue
+			}
 		}
 		if cc.Credential != nil {
 			plan, perrs, pwarns := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))
