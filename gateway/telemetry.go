@@ -44,6 +44,7 @@ type telemetry struct {
 	// to its metric label, made of the rule's own match and action, so a
 	// reordered config keeps its series (setRules).
 	rules map[string]string
+	hot   hotMetrics // label sets built once (hotpath.go)
 
 	// tracing: spans are exported (an SDK provider was given); off, the
 	// pipeline starts none (calltrace.go).
@@ -200,8 +201,7 @@ func (t *telemetry) refused(code refusal.Code) {
 // proxy, intercept) for connector ("" on raw egress: a host is not a label,
 // its cardinality is the agent's to choose).
 func (t *telemetry) upstreamAnswered(connector, path string, status int) {
-	t.upstream.Add(context.Background(), 1, metric.WithAttributes(
-		attribute.String("connector", connector), attribute.String("path", path), attribute.String("class", statusClass(status))))
+	t.upstream.Add(context.Background(), 1, t.upstreamAttrs(connector, path, statusClass(status)))
 }
 
 // statusClass is the class of an HTTP status: "2xx" … "5xx", or "other"

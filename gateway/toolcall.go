@@ -15,8 +15,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-gw/sluice/connectors"
@@ -199,7 +197,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
 	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
-		s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule))))
+		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
 		s.count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
@@ -520,7 +518,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 // logCall writes the one canonical decision line of a call.
 func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	reason := c.rec.Reason(refused)
-	s.tel.latency.WithLabelValues(c.rec.Decision.Action).Observe(time.Since(c.rec.Start).Seconds())
+	s.tel.observeLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
 	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.allow(call.LineToolCall, reason) {
 		return // the same refusal was logged in this interval: counted (logcap.go)
 	}
