@@ -105,8 +105,8 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
 		Match:      s.matchTool,
-		Call:       s.envoyCall,
-		Egress:     s.envoyEgress,
+		Call:       s.tracedCheck(s.envoyCall), // calltrace.go
+		Egress:     s.tracedEgressCheck(s.envoyEgress),
 		Refused:    s.envoyRefused,
 	}
 }
@@ -186,7 +186,7 @@ func (s *Server) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.
 	}
 	o := s.Call(ctx, call.Request{
 		Identity: r.Identity, Tool: m.Tool, Transport: call.Envoy, Mode: call.Decide,
-		HTTP: req, HoldWait: hw, Envoy: r.Envoy,
+		HTTP: req, HoldWait: hw, Envoy: r.Envoy, TraceParent: r.Headers.Get("traceparent"),
 	})
 	return verdict(o)
 }

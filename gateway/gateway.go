@@ -40,6 +40,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Decider decides a call. Implementations never return Allow on error.
@@ -80,6 +81,9 @@ type Options struct {
 	Resolver interface {
 		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 	}
+	// Tracing is where the gateway's spans go (package tracing builds it
+	// from the OTEL_* environment); nil: tracing is off.
+	Tracing trace.TracerProvider
 }
 
 // Server is a provisioned gateway.
@@ -162,7 +166,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if log == nil {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
-	tel, err := newTelemetry()
+	tel, err := newTelemetry(opts.Tracing)
 	if err != nil {
 		return nil, err
 	}

@@ -153,7 +153,7 @@ func startGateway(t testing.TB, upstreamURL, extra string, edit func(*config.Con
 	}
 	logBuf := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv, err := New(context.Background(), cfg, Options{Logger: log})
+	srv, err := New(context.Background(), cfg, Options{Logger: log, Tracing: testTracing})
 	if err != nil {
 		t.Fatal(err)
 	}

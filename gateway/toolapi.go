@@ -46,7 +46,7 @@ func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
 	}
 	writeOutcome(w, s.Call(r.Context(), call.Request{
 		Identity: id, Tool: r.PathValue("tool"), Body: r.Body, Transport: call.HTTP,
-		HoldID: r.Header.Get("Sluice-Hold"),
+		HoldID: r.Header.Get("Sluice-Hold"), TraceParent: r.Header.Get("traceparent"),
 	}))
 }
 

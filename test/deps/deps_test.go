@@ -132,6 +132,10 @@ var gatewayFloors = map[string][]string{
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
 	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+
+	// OTLP export from the OTEL_* environment and W3C trace context at
+	// the gateway's edges: OpenTelemetry only.
+	"gateway/tracing": nil,
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond
