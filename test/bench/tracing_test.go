@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,11 +40,15 @@ func benchTracing(t *testing.T, w *world) []*section {
 	sink := otlpsink.ServeCounting(t, w.ns.listen(t, "tcp", "127.0.0.1:0"))
 	on.Env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + sink.Addr, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
 		"OTEL_EXPORTER_OTLP_INSECURE=true", "OTEL_TRACES_SAMPLER=always_on", "OTEL_BSP_SCHEDULE_DELAY=100"}
+	tenth := on
+	tenth.Name = "trace-tenth"
+	tenth.Env = append(slices.Clone(on.Env[:3]), "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=0.1", "OTEL_BSP_SCHEDULE_DELAY=100")
 	before := base
 	before.Name = "trace-before"
 	vs := []variant{
 		{"sluice: tracing unset", "no OTEL_* variable: no provider, no span started", unset, ""},
 		{"sluice: tracing on, loopback collector", "OTLP/gRPC, every call sampled", on, ""},
+		{"sluice: tracing on, 10% sampled", "OTEL_TRACES_SAMPLER=traceidratio, _ARG=0.1: an unsampled call's spans are not recorded", tenth, ""},
 	}
 	if bin, rev, err := beforeBinary(w); err != nil {
 		vs = append(vs, variant{name: "sluice before tracing (unset)", skip: err.Error()})
@@ -89,18 +94,6 @@ func benchTracing(t *testing.T, w *world) []*section {
 		verdictP99("the same at p99", s.find("sluice: tracing on, loopback collector"), unsetRow, 1.1),
 		verdictLat("tracing unset costs nothing: unset ≤ 1.05× the binary from before tracing (p50)", unsetRow, s.find("sluice before tracing (unset)"), 1.05))
 	return []*section{s}
-}
-
-// verdictP99 is verdictLat on the 99th percentiles.
-func verdictP99(goal string, row, base *row, max float64) string {
-	if row == nil || base == nil || len(row.Lat) == 0 || len(base.Lat) == 0 {
-		return goal + ": not measured"
-	}
-	r := float64(pct(row.Lat, 99)) / float64(pct(base.Lat, 99))
-	if r <= max {
-		return fmt.Sprintf("%s: **met** (%.2f×)", goal, r)
-	}
-	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, r)
 }
 
 // beforeBinary builds sluice from the parent of the commit that added
