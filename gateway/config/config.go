@@ -65,6 +65,11 @@ type Gateway struct {
 	// max_pending_holds (at least 1).
 	MaxPendingHoldsPerSandbox int    `yaml:"max_pending_holds_per_sandbox"`
 	AdminListen               string `yaml:"admin_listen"`
+	// ReplicaID names this gateway among replicas sharing one store: it is
+	// written into every audit record and keys this replica's audit head
+	// in the store. Default: env POD_NAME, else HOSTNAME, else the host
+	// name (ReplicaRE).
+	ReplicaID string `yaml:"replica_id"`
 	// MaxConnections caps the sandbox socket's open connections; more are
 	// answered 503 gateway_busy at once (THREATS B10).
 	MaxConnections int `yaml:"max_connections"`
@@ -518,10 +523,25 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	c.Dir = dir
 	c.resolvePaths()
+	if c.Gateway.ReplicaID == "" {
+		c.Gateway.ReplicaID = DefaultReplicaID()
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// DefaultReplicaID is gateway.replica_id when the file does not set it:
+// env POD_NAME (a Kubernetes pod), else HOSTNAME, else the host name.
+func DefaultReplicaID() string {
+	for _, env := range []string{"POD_NAME", "HOSTNAME"} {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+	}
+	host, _ := os.Hostname()
+	return host
 }
 
 // UnknownKeyError names a key that sluice.yaml does not have.
@@ -574,7 +594,10 @@ func (c *Config) resolvePaths() {
 }
 
 var (
-	sha256RE     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	// ReplicaRE is what gateway.replica_id may be: a short token safe in
+	// a file name, a log line and an SQL key.
+	ReplicaRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	slugRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 	headerNameRE = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,128}$`)
 	nameRE       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
@@ -589,6 +612,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
 	g := c.Gateway
+	if g.ReplicaID != "" && !ReplicaRE.MatchString(g.ReplicaID) {
+		bad("gateway.replica_id", "%q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit (the default is env POD_NAME, HOSTNAME or the host name: set it when that is not such a token)", g.ReplicaID)
+	}
 	if g.SandboxSocket == "" {
 		bad("gateway.sandbox_socket", "must be set")
 	}
