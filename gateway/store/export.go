@@ -155,15 +155,31 @@ func (s *Store) Export(ctx context.Context, w io.Writer) (ExportCounts, error) {
 	if err != nil {
 		return nil, err
 	}
-	var opts *sql.TxOptions
+	// One snapshot: PostgreSQL's repeatable read; on SQLite a deferred
+	// transaction on one connection (BeginTx would take the write lock,
+	// which a read-only open cannot).
+	var tx interface {
+		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	}
 	if s.Kind() == Postgres {
-		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+		t, err := s.db.sql.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		if err != nil {
+			return nil, fmt.Errorf("store: export: %w", s.db.classify(ctx, ctx, err))
+		}
+		defer t.Rollback()
+		tx = t
+	} else {
+		conn, err := s.db.sql.Conn(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("store: export: %w", err)
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+			return nil, fmt.Errorf("store: export: %w", err)
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		tx = conn
 	}
-	tx, err := s.db.sql.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, fmt.Errorf("store: export: %w", s.db.classify(ctx, ctx, err))
-	}
-	defer tx.Rollback()
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
 	if err := enc.Encode(exportHeader{Version: ExportVersion, Kind: s.Kind().String(), Schema: ver}); err != nil {
