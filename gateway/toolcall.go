@@ -188,6 +188,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
 	c.decide(s.Decide(dctx, in))
+	s.recordInput(c, in) // recordinput.go: the decision record carries its input
 	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
 	if c.held == nil { // an approved hold's ask was counted when it was held

@@ -131,7 +131,27 @@ type Audit struct {
 	// Checkpoint, when set, has the gateway append a signed statement of
 	// the log's head to a second file at an interval (THREATS G9).
 	Checkpoint *AuditCheckpoint `yaml:"checkpoint"`
+	// RecordInputs has every decision record carry the decision's full
+	// input document (arguments included; credentials never: they are
+	// attached after the decision), for `sluice policy replay`. Default
+	// on; false records none.
+	RecordInputs *bool `yaml:"record_inputs"`
+	// RecordInputMax caps the recorded input (bytes of JSON; default
+	// DefaultRecordInputMax, at most MaxRecordInputMax). A larger input
+	// is recorded without its bodies, or not at all, and the record says
+	// so (input_truncated, input_size, input_cut).
+	RecordInputMax int `yaml:"record_input_max"`
 }
+
+// Recording inputs (audit.record_input_max): the default, and the most an
+// audit line (256 KiB) leaves room for beside the record's other fields.
+const (
+	DefaultRecordInputMax = 64 << 10
+	MaxRecordInputMax     = 192 << 10
+)
+
+// InputsRecorded reports audit.record_inputs (default on).
+func (a Audit) InputsRecorded() bool { return a.RecordInputs == nil || *a.RecordInputs }
 
 // AuditCheckpoint configures the signed checkpoints of the audit log's head.
 type AuditCheckpoint struct {
@@ -653,6 +673,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("audit.sync", "want always or interval, got %q", c.Audit.Sync)
+	}
+	if m := c.Audit.RecordInputMax; m < 0 || m > MaxRecordInputMax {
+		bad("audit.record_input_max", "must be 0 (the default, %d) to %d bytes, got %d", DefaultRecordInputMax, MaxRecordInputMax, m)
 	}
 	if cp := c.Audit.Checkpoint; cp != nil {
 		if cp.Path == "" {
