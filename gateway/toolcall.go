@@ -187,6 +187,10 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
+	if e := s.usageInput(dctx, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
+		dspan.End()
+		return call.Outcome{}, e
+	}
 	c.decide(s.Decide(dctx, in))
 	s.recordInput(c, in) // recordinput.go: the decision record carries its input
 	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,7 @@ type Config struct {
 	Approvals  Approvals   `yaml:"approvals"`
 	Egress     Egress      `yaml:"egress"`
 	DNS        DNS         `yaml:"dns"`
+	Usage      Usage       `yaml:"usage"`
 
 	// Dir is the directory relative paths were resolved against.
 	Dir string `yaml:"-"`
@@ -141,6 +143,27 @@ type Audit struct {
 	// is recorded without its bodies, or not at all, and the record says
 	// so (input_truncated, input_size, input_cut).
 	RecordInputMax int `yaml:"record_input_max"`
+}
+
+// Usage says which tools' calls are counted for input.usage: calls per
+// agent, user and session over 1 min / 1 h / 1 day, and the sum of one
+// numeric argument. A tool in neither list has no input.usage.
+type Usage struct {
+	// Tools are the tools (exact names) whose calls are counted.
+	Tools []string `yaml:"tools"`
+	// Sum maps a tool to the body argument summed ("amount", or a dotted
+	// path into the body such as "refund.amount"); the tool is counted
+	// too.
+	Sum map[string]string `yaml:"sum"`
+}
+
+// Counted reports whether tool's calls are counted, and the argument
+// summed ("" when none).
+func (u Usage) Counted(tool string) (bool, string) {
+	if arg, ok := u.Sum[tool]; ok {
+		return true, arg
+	}
+	return slices.Contains(u.Tools, tool), ""
 }
 
 // Recording inputs (audit.record_input_max): the default, and the most an
@@ -673,6 +696,19 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("audit.sync", "want always or interval, got %q", c.Audit.Sync)
+	}
+	for i, t := range c.Usage.Tools {
+		if !strings.Contains(t, ".") || strings.ContainsAny(t, "*?[ ") {
+			bad(fmt.Sprintf("usage.tools[%d]", i), "want an exact tool name <connector>.<operation>, got %q", t)
+		}
+	}
+	for t, arg := range c.Usage.Sum {
+		if !strings.Contains(t, ".") || strings.ContainsAny(t, "*?[ ") {
+			bad("usage.sum."+t, "want an exact tool name <connector>.<operation> as the key")
+		}
+		if arg == "" || strings.HasPrefix(arg, ".") || strings.HasSuffix(arg, ".") || strings.Contains(arg, "..") {
+			bad("usage.sum."+t, "want the body argument to sum (amount, or a dotted path like refund.amount), got %q", arg)
+		}
 	}
 	if m := c.Audit.RecordInputMax; m < 0 || m > MaxRecordInputMax {
 		bad("audit.record_input_max", "must be 0 (the default, %d) to %d bytes, got %d", DefaultRecordInputMax, MaxRecordInputMax, m)

@@ -23,10 +23,10 @@ const (
 
 // Errors of the grant calls.
 var (
-	ErrGrantNotFound = errors.New("holds: no such grant")                                         // 404
-	ErrGrantRevoked  = errors.New("holds: the grant is already revoked")                          // 409
-	ErrGrantTTL      = fmt.Errorf("holds: a grant lasts more than 0 and at most %s", MaxGrantTTL) // 400
-	ErrGrantUses     = fmt.Errorf("holds: a grant's max_uses is 0 (no limit) to %d", MaxGrantUses)  // 400
+	ErrGrantNotFound = errors.New("holds: no such grant")                                          // 404
+	ErrGrantRevoked  = errors.New("holds: the grant is already revoked")                           // 409
+	ErrGrantTTL      = fmt.Errorf("holds: a grant lasts more than 0 and at most %s", MaxGrantTTL)  // 400
+	ErrGrantUses     = fmt.Errorf("holds: a grant's max_uses is 0 (no limit) to %d", MaxGrantUses) // 400
 )
 
 // Grant is an approver's "always allow this exact call": a later ask

@@ -26,23 +26,19 @@ type UsageWindows struct {
 
 // CountUsage counts one call of tool, adding amount to its sum, for each
 // scope (in order), and returns each scope's windows with this call in
-// them. The upsert and the read are one transaction and the upsert takes
+// them; with add false it counts nothing and only reads. The upsert and the read are one transaction and the upsert takes
 // the bucket's row first, so concurrent calls of the same tool by the same
 // caller are ordered: the n-th sees n, on SQLite and on PostgreSQL, on one
 // gateway or several. Buckets older than a day are removed on the way.
-func (s *Store) CountUsage(ctx context.Context, tool string, scopes []UsageScope, amount float64, now time.Time) ([]UsageWindows, error) {
+func (s *Store) CountUsage(ctx context.Context, tool string, scopes []UsageScope, amount float64, add bool, now time.Time) ([]UsageWindows, error) {
 	out := make([]UsageWindows, len(scopes))
 	minute := now.Unix() / 60
 	err := s.db.inTx(ctx, func(tx *txn) error {
 		for i, sc := range scopes {
-			if _, err := tx.exec(`INSERT INTO usage_windows (scope, who, tool, minute, count, total) VALUES (?, ?, ?, ?, 1, ?)
-				ON CONFLICT (scope, who, tool, minute) DO UPDATE SET count = usage_windows.count + 1, total = usage_windows.total + excluded.total`,
-				sc.Scope, sc.Who, tool, minute, amount); err != nil {
-				return err
-			}
-			if _, err := tx.exec(`DELETE FROM usage_windows WHERE scope = ? AND who = ? AND tool = ? AND minute <= ?`,
-				sc.Scope, sc.Who, tool, minute-1440); err != nil {
-				return err
+			if add {
+				if err := bumpUsage(tx, tool, sc, minute, amount); err != nil {
+					return err
+				}
 			}
 			w := &out[i]
 			if err := tx.queryRow(`SELECT
@@ -78,4 +74,23 @@ func (s *Store) ApprovedBefore(ctx context.Context, session, tool, sha string) (
 		return false, fmt.Errorf("store: approved before: %w", err)
 	}
 	return n > 0, nil
+}
+
+// bumpUsage counts one call in sc's current bucket and drops its buckets
+// older than a day. It first takes the key's anchor row (minute 0, never
+// in a window): every counter of the key passes that one row lock, so two
+// calls on either side of a minute's turn are ordered too.
+func bumpUsage(tx *txn, tool string, sc UsageScope, minute int64, amount float64) error {
+	if _, err := tx.exec(`INSERT INTO usage_windows (scope, who, tool, minute, count, total) VALUES (?, ?, ?, 0, 0, 0)
+		ON CONFLICT (scope, who, tool, minute) DO UPDATE SET count = usage_windows.count`, sc.Scope, sc.Who, tool); err != nil {
+		return err
+	}
+	if _, err := tx.exec(`INSERT INTO usage_windows (scope, who, tool, minute, count, total) VALUES (?, ?, ?, ?, 1, ?)
+		ON CONFLICT (scope, who, tool, minute) DO UPDATE SET count = usage_windows.count + 1, total = usage_windows.total + excluded.total`,
+		sc.Scope, sc.Who, tool, minute, amount); err != nil {
+		return err
+	}
+	_, err := tx.exec(`DELETE FROM usage_windows WHERE scope = ? AND who = ? AND tool = ? AND minute > 0 AND minute <= ?`,
+		sc.Scope, sc.Who, tool, minute-1440)
+	return err
 }

@@ -23,7 +23,7 @@ func TestCountUsageExact(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				w, err := s.CountUsage(ctx, "t.refund", scopes, 100, now)
+				w, err := s.CountUsage(ctx, "t.refund", scopes, 100, true, now)
 				if err != nil {
 					errs <- err
 					return
@@ -49,7 +49,7 @@ func TestCountUsageExact(t *testing.T) {
 			}
 		}
 		// Two hours later: out of the minute and hour windows, in the day.
-		w, err := s.CountUsage(ctx, "t.refund", scopes[:1], 1, now.Add(2*time.Hour))
+		w, err := s.CountUsage(ctx, "t.refund", scopes[:1], 1, true, now.Add(2*time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,11 +57,11 @@ func TestCountUsageExact(t *testing.T) {
 			t.Fatalf("windows %+v: want minute 1, hour 1, day 9 (sum 801)", w[0])
 		}
 		// Another tool or agent is counted apart.
-		if w, err = s.CountUsage(ctx, "t.other", scopes[:1], 0, now); err != nil || w[0].Day.Count != 1 {
+		if w, err = s.CountUsage(ctx, "t.other", scopes[:1], 0, true, now); err != nil || w[0].Day.Count != 1 {
 			t.Fatalf("another tool: %+v %v", w, err)
 		}
 		// A day and more later, the old buckets are gone.
-		if w, err = s.CountUsage(ctx, "t.refund", scopes[:1], 0, now.Add(26*time.Hour)); err != nil || w[0].Day.Count != 1 {
+		if w, err = s.CountUsage(ctx, "t.refund", scopes[:1], 0, true, now.Add(26*time.Hour)); err != nil || w[0].Day.Count != 1 {
 			t.Fatalf("a day later: %+v %v", w, err)
 		}
 	})
