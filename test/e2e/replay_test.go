@@ -5,6 +5,7 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/sluice-gw/sluice/gateway/replay"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // TestPolicyReplay records real traffic with the real binary (every
@@ -139,9 +141,14 @@ decisions contains {"action": "allow", "reason": "refunds are fine", "rule": "re
 			lines[i] = strings.Replace(l, `"amount":5000`, `"amount":5`, 1)
 			edited := filepath.Join(e.Dir, "edited-audit.log")
 			writeFile(t, edited, strings.Join(lines, ""))
-			out, err := e.CLI("", "policy", "replay", "--config", path, "--audit", edited, "--policy", dir)
-			if err == nil || !strings.Contains(out, "edited-audit.log line ") || !strings.Contains(out, "chain is broken") {
-				t.Fatalf("an edited log must be refused naming its line: %v\n%s", err, out)
+			c := casebook.Expect(t, "F15", "sluice policy replay of an audit log with one record's argument edited",
+				"exit 1, an error naming the file and the edited line, no report")
+			out, err := e.CLI("", "policy", "replay", "--config", path, "--audit", edited, "--policy", dir, "--json")
+			c.Observef("%v: %s", err, strings.TrimSpace(out))
+			var ee *exec.ExitError
+			want := fmt.Sprintf("edited-audit.log line %d: the audit chain is broken", i+1)
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, want) || strings.Contains(out, `"changes"`) {
+				t.Fatalf("an edited log must be refused naming its line (%q), with no report: %v\n%s", want, err, out)
 			}
 			return
 		}

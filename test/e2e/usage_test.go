@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
 
 // TestUsageWindowRule is issue 23's "the 4th refund today asks": a module
@@ -18,6 +20,8 @@ import (
 // sum past 1000 is blocked.
 func TestUsageWindowRule(t *testing.T) {
 	requireHost(t)
+	c := casebook.Expect(t, "E12", "8 concurrent refunds against \"the 4th refund today asks\", then a restart",
+		"exactly 3 sent (200) and 5 held (202); after a restart the 9th is held and one past 1000 in the day is 403 policy_block, audited with its input.usage")
 	e := newEnv(t)
 	d := e.BaseConfig("usage")
 	d["policies"] = []map[string]any{
@@ -57,6 +61,7 @@ decisions contains {"action": "block", "reason": "over 1000 refunded today", "ru
 		}()
 	}
 	wg.Wait()
+	c.Observef("statuses %v", statuses)
 	if statuses[http.StatusOK] != 3 || statuses[http.StatusAccepted] != 5 || len(statuses) != 2 {
 		t.Fatalf("8 concurrent refunds: statuses %v; want exactly 3 sent (200) and 5 held (202)", statuses)
 	}
@@ -89,6 +94,7 @@ decisions contains {"action": "block", "reason": "over 1000 refunded today", "ru
 	if sum := in["usage"].(map[string]any)["user"].(map[string]any)["day"].(map[string]any)["sum"].(float64); sum != 1040 {
 		t.Fatalf("the blocked refund's input.usage.user.day.sum is %v; want 1040 (8×10 + 10 + 950)", sum)
 	}
+	c.Observef("statuses %v; after restart 202, then 403 policy_block with input.usage.user.day.sum 1040", statuses)
 	// A tool that is not counted has no input.usage and is decided as before.
 	if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
 		t.Fatalf("an uncounted tool: %d %s", r.Status, r.Body)
