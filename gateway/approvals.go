@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 )
 
 // Holds returns the holds manager (the review UI decides through it).
@@ -107,6 +109,9 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	}
 	if event == "hold_created" {
 		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason
+		if id := tracing.TraceIDOf(h.TraceParent); id != "" {
+			f[call.KeyTraceID] = id // the held call's trace
+		}
 	}
 	for k, v := range extra {
 		f[k] = v

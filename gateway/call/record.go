@@ -64,6 +64,8 @@ const (
 	KeyInputSize      = "input_size"
 	KeyInputTruncated = "input_truncated"
 
+	KeyTraceID = "trace_id" // the call's OpenTelemetry trace, when tracing is on
+
 	// A DNS answer's record (EventDNSAnswered) adds these.
 	KeyAnswers = "answers"
 	KeyQType   = "qtype"
@@ -112,6 +114,7 @@ type Record struct {
 	User      string
 	Egress    string // the caller's egress narrowing, as in its preamble ("" when none)
 	Tool      string // tool calls: the tool's name (never its alias)
+	TraceID   string // the OpenTelemetry trace of the call ("" when tracing is off)
 
 	Decision Decision
 	Decided  bool // Decision holds the policy's decision
@@ -235,6 +238,9 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 	if !eg {
 		f = append(f, F(Field{KeyTool, r.Tool}))
 	}
+	if r.TraceID != "" {
+		f = append(f, F(Field{KeyTraceID, r.TraceID}))
+	}
 	if r.Transport != "" {
 		f = append(f, F(Field{KeyTransport, string(r.Transport)}))
 	}
@@ -256,7 +262,7 @@ func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.L
 }
 
 // LineAttrs is the most attributes a canonical line has.
-const LineAttrs = 18
+const LineAttrs = 19
 
 // AppendLine is Line appending the attributes to attrs: a writer that
 // hands them straight to the logger keeps them on its stack.
@@ -302,6 +308,9 @@ func (r *Record) AppendLine(attrs []slog.Attr, e *refusal.Error, reason string) 
 		attrs = append(attrs, slog.Int64(KeyBytesUp, r.BytesUp.Load()), slog.Int64(KeyBytesDown, r.BytesDown.Load()))
 	}
 	attrs = append(attrs, slog.Float64(KeyDurationMS, float64(time.Since(r.Start).Microseconds())/1000))
+	if r.TraceID != "" {
+		attrs = append(attrs, slog.String(KeyTraceID, r.TraceID))
+	}
 	return msg, level, attrs
 }
 

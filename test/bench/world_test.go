@@ -133,6 +133,9 @@ type gwOpts struct {
 	RegoExtra  string   // a second user module (source)
 	Store      string   // store: ("" = an SQLite file in the gateway's directory)
 	NoInputs   bool     // audit.record_inputs: false
+
+	Env []string // added to the gateway's environment (OTEL_*)
+	Bin string   // the sluice binary ("" = the one built from this tree)
 }
 
 // approverToken is the bench approver's API token (bob, group ops).
@@ -244,7 +247,15 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
 		}
 	}
-	p := start(t, w.ns, sluiceBin, "serve", "--config", cfg)
+	bin := sluiceBin
+	if o.Bin != "" {
+		bin = o.Bin
+	}
+	argv := []string{bin, "serve", "--config", cfg}
+	if len(o.Env) > 0 {
+		argv = append(append([]string{"env"}, o.Env...), argv...) // env execs: the pid is the gateway's
+	}
+	p := start(t, w.ns, argv...)
 	gwy := &gw{w: w, p: p, sock: filepath.Join(d, "gw.sock"), admin: admin, cfg: cfg}
 	if o.ExtAuthz {
 		gwy.authz = filepath.Join(d, "authz.sock")
