@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,7 @@ type Config struct {
 	Approvals  Approvals   `yaml:"approvals"`
 	Egress     Egress      `yaml:"egress"`
 	DNS        DNS         `yaml:"dns"`
+	Usage      Usage       `yaml:"usage"`
 
 	// Dir is the directory relative paths were resolved against.
 	Dir string `yaml:"-"`
@@ -136,7 +138,48 @@ type Audit struct {
 	// Checkpoint, when set, has the gateway append a signed statement of
 	// the log's head to a second file at an interval (THREATS G9).
 	Checkpoint *AuditCheckpoint `yaml:"checkpoint"`
+	// RecordInputs has every decision record carry the decision's full
+	// input document (arguments included; credentials never: they are
+	// attached after the decision), for `sluice policy replay`. Default
+	// on; false records none.
+	RecordInputs *bool `yaml:"record_inputs"`
+	// RecordInputMax caps the recorded input (bytes of JSON; default
+	// DefaultRecordInputMax, at most MaxRecordInputMax). A larger input
+	// is recorded without its bodies, or not at all, and the record says
+	// so (input_truncated, input_size, input_cut).
+	RecordInputMax int `yaml:"record_input_max"`
 }
+
+// Usage says which tools' calls are counted for input.usage: calls per
+// agent, user and session over 1 min / 1 h / 1 day, and the sum of one
+// numeric argument. A tool in neither list has no input.usage.
+type Usage struct {
+	// Tools are the tools (exact names) whose calls are counted.
+	Tools []string `yaml:"tools"`
+	// Sum maps a tool to the body argument summed ("amount", or a dotted
+	// path into the body such as "refund.amount"); the tool is counted
+	// too.
+	Sum map[string]string `yaml:"sum"`
+}
+
+// Counted reports whether tool's calls are counted, and the argument
+// summed ("" when none).
+func (u Usage) Counted(tool string) (bool, string) {
+	if arg, ok := u.Sum[tool]; ok {
+		return true, arg
+	}
+	return slices.Contains(u.Tools, tool), ""
+}
+
+// Recording inputs (audit.record_input_max): the default, and the most an
+// audit line (256 KiB) leaves room for beside the record's other fields.
+const (
+	DefaultRecordInputMax = 64 << 10
+	MaxRecordInputMax     = 192 << 10
+)
+
+// InputsRecorded reports audit.record_inputs (default on).
+func (a Audit) InputsRecorded() bool { return a.RecordInputs == nil || *a.RecordInputs }
 
 // AuditCheckpoint configures the signed checkpoints of the audit log's head.
 type AuditCheckpoint struct {
@@ -712,6 +755,22 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("audit.sync", "want always or interval, got %q", c.Audit.Sync)
+	}
+	for i, t := range c.Usage.Tools {
+		if !strings.Contains(t, ".") || strings.ContainsAny(t, "*?[ ") {
+			bad(fmt.Sprintf("usage.tools[%d]", i), "want an exact tool name <connector>.<operation>, got %q", t)
+		}
+	}
+	for t, arg := range c.Usage.Sum {
+		if !strings.Contains(t, ".") || strings.ContainsAny(t, "*?[ ") {
+			bad("usage.sum."+t, "want an exact tool name <connector>.<operation> as the key")
+		}
+		if arg == "" || strings.HasPrefix(arg, ".") || strings.HasSuffix(arg, ".") || strings.Contains(arg, "..") {
+			bad("usage.sum."+t, "want the body argument to sum (amount, or a dotted path like refund.amount), got %q", arg)
+		}
+	}
+	if m := c.Audit.RecordInputMax; m < 0 || m > MaxRecordInputMax {
+		bad("audit.record_input_max", "must be 0 (the default, %d) to %d bytes, got %d", DefaultRecordInputMax, MaxRecordInputMax, m)
 	}
 	if cp := c.Audit.Checkpoint; cp != nil {
 		if cp.Path == "" {
