@@ -144,6 +144,11 @@ var gatewayFloors = map[string][]string{
 	"gateway/oauth":           {"vault"},
 	"gateway/oauth/oauthtest": nil,
 
+	// Policy replay: reads audit files (verifying their chains) and decides
+	// each recorded input again with a candidate policy; it neither holds,
+	// sends nor attaches anything.
+	"gateway/replay": {"gateway/audit", "policy"},
+
 	// OTLP export from the OTEL_* environment and W3C trace context at
 	// the gateway's edges: OpenTelemetry only.
 	"gateway/tracing": nil,
@@ -156,6 +161,9 @@ var gatewayFloors = map[string][]string{
 // the socket's package (the identity reaches it as a hook).
 var gatewayTestFloors = map[string][]string{
 	"gateway/egress": {"gateway/ingress"},
+	// Replay's tests write decision records of the type the gateway
+	// writes, so what it replays is what the pipeline records.
+	"gateway/replay": {"gateway/call"},
 }
 
 // allowedInTest is allowed for an import of from's tests.
