@@ -155,7 +155,7 @@ var gatewayFloors = map[string][]string{
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond
-// its row of gatewayFloors. Only raw egress has one: its harness serves
+// its row of gatewayFloors. Raw egress has one: its harness serves
 // the proxy on the real sandbox socket (gateway/ingress, and ingresstest's
 // handoffs) exactly as the root wires it; egress's own code never imports
 // the socket's package (the identity reaches it as a hook).
