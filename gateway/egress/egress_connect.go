@@ -160,8 +160,9 @@ func runCleanup(fs []func()) {
 	}
 }
 
-// classify resolves host once and checks every address; one refused
-// address refuses the name. It returns the address to dial.
+// classify resolves host (or reuses its live answer) and checks every
+// address, on every tunnel; one refused address refuses the name. It
+// returns the address to dial.
 func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 	if c := guard.NameClass(host); c != guard.Public {
 		return netip.Addr{}, &guard.DeniedError{Host: host, Class: c}
@@ -170,13 +171,9 @@ func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 	if ip, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{ip}
 	} else {
-		var lookup guard.Resolver = net.DefaultResolver
-		if e.res != nil {
-			lookup = e.res
-		}
 		lctx, cancel := context.WithTimeout(ctx, e.d.Config.Gateway.UpstreamTimeout.Std())
 		defer cancel()
-		addrs, err = lookup.LookupNetIP(lctx, "ip", host)
+		addrs, err = e.lookupConnect(lctx, host) // once per answer TTL (connect_resolve.go)
 		if err != nil {
 			return netip.Addr{}, err
 		}
