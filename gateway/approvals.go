@@ -90,6 +90,9 @@ func (s *Server) newReviewUI() error {
 		opt.OIDC = &review.OIDC{Issuer: oc.Issuer, ClientID: oc.ClientID, ClientSecret: strings.TrimSpace(string(secret)),
 			RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/oidc/callback", GroupsClaim: oc.GroupsClaim}
 	}
+	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
+		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // oauthcreds.go
+	}
 	ui, err := review.New(opt)
 	if err != nil {
 		return fmt.Errorf("review UI: %w", err)

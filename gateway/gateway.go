@@ -37,6 +37,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
+	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -127,6 +128,8 @@ type Server struct {
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
+
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -144,6 +147,7 @@ type upstream struct {
 	allow     []netip.Prefix
 	transport *http.Transport
 	creds     *credPlan                  // how the credential is attached; nil without one
+	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (oauthcreds.go)
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
@@ -209,6 +213,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 				_ = closeCredentials(s.creds)
 			}
 		}()
+	}
+	if err := s.newOAuth(); err != nil { // oauthcreds.go
+		return nil, err
 	}
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
@@ -285,6 +292,13 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !plaintextOK(conn.BaseURL.Hostname(), u.allow) {
 			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
 			continue
+		}
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			var oerrs []error
+			if u.oauth, oerrs = oauthClient(key, cc, conn, u); len(oerrs) > 0 {
+				errs = append(errs, oerrs...)
+				continue
+			}
 		}
 		if cc.Credential != nil {
 			plan, perrs, pwarns := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))

@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/vault"
 )
 
 // sandboxHandler serves the sandbox side. Nothing else is routed here: the
@@ -253,6 +254,12 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		if sessErr != nil {
 			return call.Outcome{}, sessErr
 		}
+	}
+
+	// A person's OAuth connection missing, with on_missing: hold: held
+	// until they connect (oauthcreds.go).
+	if o, e, held := s.holdForConnection(ctx, c, tool, up, args, req); held {
+		return o, e
 	}
 
 	// Credential, attached here where the caller never sees it.
@@ -639,7 +646,17 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 		}
 		ref.RequestSHA256 = h
 	}
-	secret, err := s.creds.Credential(ctx, ref)
+	var secret vault.Secret
+	var err error
+	var conn string // an OAuth connection and its scopes, for the record
+	if cc.OAuth2 != nil {
+		var e *refusal.Error
+		if secret, conn, e = s.oauthToken(ctx, c, tool); e != nil { // oauthcreds.go
+			return nil, e
+		}
+	} else {
+		secret, err = s.creds.Credential(ctx, ref)
+	}
 	if err != nil {
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
 	}
@@ -648,6 +665,9 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
 	}
 	c.rec.Credential = att.where
+	if conn != "" {
+		c.rec.Credential += " (" + conn + ")"
+	}
 	scr := up.scrubber(att.forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse

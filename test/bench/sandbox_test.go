@@ -296,15 +296,3 @@ func benchSandboxBursts(t *testing.T, w *world, bw *probe) *section {
 		verdictP99("issue 24: warm pool ≤ 1.0× bwrap (p99)", pool, bwr, 1.0))
 	return sec
 }
-
-// verdictP99 is verdictLat on the p99.
-func verdictP99(goal string, r, base *row, limit float64) string {
-	if r == nil || base == nil || len(r.Lat) == 0 || len(base.Lat) == 0 {
-		return goal + ": not measured"
-	}
-	x := float64(pct(r.Lat, 99)) / float64(pct(base.Lat, 99))
-	if x <= limit {
-		return fmt.Sprintf("%s: **met** (%.2f×)", goal, x)
-	}
-	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, x)
-}

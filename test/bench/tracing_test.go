@@ -91,18 +91,6 @@ func benchTracing(t *testing.T, w *world) []*section {
 	return []*section{s}
 }
 
-// verdictP99 is verdictLat on the 99th percentiles.
-func verdictP99(goal string, row, base *row, max float64) string {
-	if row == nil || base == nil || len(row.Lat) == 0 || len(base.Lat) == 0 {
-		return goal + ": not measured"
-	}
-	r := float64(pct(row.Lat, 99)) / float64(pct(base.Lat, 99))
-	if r <= max {
-		return fmt.Sprintf("%s: **met** (%.2f×)", goal, r)
-	}
-	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, r)
-}
-
 // beforeBinary builds sluice from the parent of the commit that added
 // tracing (BENCH_BEFORE overrides the revision), exported with git
 // archive into the run's directory. A smoke run does not build it.

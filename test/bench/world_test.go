@@ -23,6 +23,7 @@ import (
 	mdns "github.com/miekg/dns"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
@@ -132,6 +133,9 @@ type gwOpts struct {
 	ExtAuthz   bool     // gateway.ext_authz on a Unix socket beside the sandbox socket
 	RegoExtra  string   // a second user module (source)
 	Store      string   // store: ("" = an SQLite file in the gateway's directory)
+	// OAuthTokenURL: the connector's credential is credential.oauth2
+	// (client_credentials, client sid1) against this token endpoint.
+	OAuthTokenURL string
 
 	Env []string // added to the gateway's environment (OTEL_*)
 	Bin string   // the sluice binary ("" = the one built from this tree)
@@ -175,6 +179,10 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 		"allow_private": []string{"127.0.0.0/8"}}
 	if o.Credential {
 		conn["credential"] = map[string]any{"secret": "bench-key"}
+	}
+	if o.OAuthTokenURL != "" {
+		conn["credential"] = map[string]any{"oauth2": map[string]any{"flow": "client_credentials", "client_id": oauthtest.ServiceID,
+			"client_secret": "bench-oauth-secret", "token_url": o.OAuthTokenURL, "scopes": []string{"openid"}}}
 	}
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort())
 	g := map[string]any{
@@ -242,6 +250,13 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	if o.Credential {
 		cmd := exec.Command(sluiceBin, "secrets", "set", "bench-key", "--scope", "project", "--config", cfg)
 		cmd.Stdin = strings.NewReader(w.secret + "\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
+		}
+	}
+	if o.OAuthTokenURL != "" {
+		cmd := exec.Command(sluiceBin, "secrets", "set", "bench-oauth-secret", "--scope", "project", "--config", cfg)
+		cmd.Stdin = strings.NewReader(oauthtest.ServiceSecret + "\n")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
 		}

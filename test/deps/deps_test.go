@@ -132,6 +132,12 @@ var gatewayFloors = map[string][]string{
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
 	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+	// The OAuth client: tokens per person or connector, kept in the local
+	// secret store (vault); the root hands it the guarded HTTP client and
+	// the client secrets. oauthtest is the real authorization server its
+	// tests and the end-to-end tests run.
+	"gateway/oauth":           {"vault"},
+	"gateway/oauth/oauthtest": nil,
 
 	// OTLP export from the OTEL_* environment and W3C trace context at
 	// the gateway's edges: OpenTelemetry only.
