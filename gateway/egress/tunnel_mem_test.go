@@ -123,6 +123,9 @@ func TestEgressHeldTunnelMemory(t *testing.T) {
 			if tc.copyLoop {
 				limit = 32
 			}
+			if raceEnabled {
+				t.Skipf("memory is not judged under the race detector (%.1f KiB per tunnel measured)", per/1024)
+			}
 			if per > limit*1024 {
 				t.Fatalf("a held tunnel costs %.1f KiB, want at most %.0f KiB (about half of 62)", per/1024, limit)
 			}
