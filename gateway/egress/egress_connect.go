@@ -139,8 +139,7 @@ func (e *Proxy) connect(w http.ResponseWriter, r *http.Request, c *egressCall, i
 	// the decision) is freed for as long as the tunnel is held.
 	owned := cleanup
 	cleanup = nil
-	br := brw.Reader
-	go func() {
+	go func(br *bufio.Reader) { // an argument, not a capture: not kept alive past its use
 		defer runCleanup(owned)
 		e.tunnel(conn, br, up, c)
 		ee := e.endedDuring(actx, c)
@@ -150,7 +149,7 @@ func (e *Proxy) connect(w http.ResponseWriter, r *http.Request, c *egressCall, i
 		}
 		_ = e.record(actx, c, call.EventResult, ref, false)
 		e.logLine(c, ee)
-	}()
+	}(brw.Reader)
 }
 
 // runCleanup runs fs last first, as defers would.
@@ -209,7 +208,13 @@ func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCa
 	}
 	upstream, _ = up.(*net.TCPConn)
 	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
-		splice(conn, br, up, e.idle, &c.BytesUp, &c.BytesDown)
+		// Past the server's reader once its bytes are taken, as interception
+		// does: a held tunnel does not keep its 4 KiB buffer.
+		var clientR io.Reader = conn
+		if pending, _ := br.Peek(br.Buffered()); len(pending) > 0 {
+			clientR = io.MultiReader(bytes.NewReader(bytes.Clone(pending)), conn)
+		}
+		splice(conn, clientR, up, e.idle, &c.BytesUp, &c.BytesDown)
 		return
 	}
 	// The server's reader first (after Hijack it holds every byte the
