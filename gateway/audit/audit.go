@@ -57,22 +57,16 @@
 package audit
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -107,6 +101,10 @@ type Options struct {
 	// SyncInterval is the longest a written record waits for its fsync in
 	// SyncInterval mode; it must be positive there.
 	SyncInterval time.Duration
+	// Replica, when set, is written into every record (Record.Replica):
+	// replicas sharing one store each write their own file, and a reader
+	// of several files sees which replica wrote a record.
+	Replica string
 }
 
 // Errors returned (wrapped) by Append.
@@ -119,13 +117,17 @@ var (
 
 // Record is one audit entry. The writer fills Seq, Time, Prev and Hash.
 type Record struct {
-	Seq       uint64         `json:"seq"`
-	Time      time.Time      `json:"time"`
-	Prev      string         `json:"prev"` // hex sha256 of the previous line; 64 zeros for the first
-	RequestID string         `json:"request_id"`
-	Event     string         `json:"event"` // "decision", "secret_reflected", ...
-	Fields    map[string]any `json:"fields,omitempty"`
-	Hash      string         `json:"hash"` // hex sha256 of this record with Hash empty
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	Prev      string    `json:"prev"` // hex sha256 of the previous line; 64 zeros for the first
+	RequestID string    `json:"request_id"`
+	Event     string    `json:"event"` // "decision", "secret_reflected", ...
+	// Replica is the id of the gateway replica that wrote the record
+	// (Options.Replica); omitted when none is set, so logs written before
+	// it existed verify unchanged.
+	Replica string         `json:"replica,omitempty"`
+	Fields  map[string]any `json:"fields,omitempty"`
+	Hash    string         `json:"hash"` // hex sha256 of this record with Hash empty
 
 	// Sorted is Fields as key/value pairs in increasing key order, no key
 	// twice: a caller that writes the same shape of record for every
@@ -166,6 +168,7 @@ type Log struct {
 	now      func() time.Time
 	wrap     func(*os.File) file
 	interval time.Duration // > 0: SyncInterval mode
+	replica  string        // Options.Replica
 
 	mu      sync.Mutex
 	pending []*request
@@ -278,7 +281,7 @@ func open(path string, o Options, wrap func(*os.File) file) (*Log, error) {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
 	l := &Log{
-		path: path, now: time.Now, wrap: wrap, interval: interval,
+		path: path, now: time.Now, wrap: wrap, interval: interval, replica: o.Replica,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		prev: ZeroHash,
 	}
@@ -293,74 +296,6 @@ func open(path string, o Options, wrap func(*os.File) file) (*Log, error) {
 	}
 	go l.run()
 	return l, nil
-}
-
-// adopt locks osf and reads its tail to continue the chain.
-func (l *Log) adopt(osf *os.File) error {
-	fi, err := osf.Stat()
-	if err != nil {
-		return fmt.Errorf("audit: open: %w", err)
-	}
-	l.f = l.wrap(osf)
-	if !fi.Mode().IsRegular() {
-		// A device (tests use /dev/full): nothing to read back or lock.
-		return nil
-	}
-	if err := syscall.Flock(int(osf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return fmt.Errorf("audit: open: %s is in use by another process: %w", l.path, err)
-	}
-	end, last, err := readTail(osf, fi.Size())
-	if err != nil {
-		return fmt.Errorf("audit: open %s: %w", l.path, err)
-	}
-	if end < fi.Size() {
-		if err := osf.Truncate(end); err != nil {
-			return fmt.Errorf("audit: open: truncate partial last line: %w", err)
-		}
-		if err := osf.Sync(); err != nil {
-			return fmt.Errorf("audit: open: %w", err)
-		}
-		l.truncatedTail = fi.Size() - end
-	}
-	l.off, l.syncedOff = end, end
-	if last != nil {
-		rec, reason := checkLine(last)
-		if reason != "" {
-			return fmt.Errorf("audit: open %s: last record is corrupt: %s", l.path, reason)
-		}
-		l.seq, l.prev = rec.Seq, rec.Hash
-	}
-	return nil
-}
-
-// readTail returns the offset just past the last complete line and that line
-// (without newline), or nil if there is none.
-func readTail(f *os.File, size int64) (end int64, last []byte, err error) {
-	if size == 0 {
-		return 0, nil, nil
-	}
-	start := max(0, size-2*MaxRecord)
-	buf := make([]byte, size-start)
-	if _, err := f.ReadAt(buf, start); err != nil {
-		return 0, nil, fmt.Errorf("read tail: %w", err)
-	}
-	n := len(buf)
-	if buf[n-1] != '\n' {
-		i := bytes.LastIndexByte(buf, '\n')
-		if i < 0 && start > 0 {
-			return 0, nil, errors.New("last line longer than MaxRecord")
-		}
-		n = i + 1 // 0 when the file holds only a partial first line
-	}
-	if n == 0 {
-		return 0, nil, nil
-	}
-	line := buf[:n-1]
-	j := bytes.LastIndexByte(line, '\n')
-	if j < 0 && start > 0 {
-		return 0, nil, errors.New("last line longer than MaxRecord")
-	}
-	return start + int64(n), line[j+1:], nil
 }
 
 // Append makes rec durable and returns it as written (with Seq and Hash).
@@ -390,6 +325,7 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	// Encode the caller's part of the line here, in parallel with other
 	// callers, so that the writer, which every record passes through in
 	// turn, only adds seq, time, prev and the hash.
+	rec.Replica = l.replica
 	if rec.Sorted != nil && (len(rec.Fields) > 0 || !sortedFields(rec.Sorted)) {
 		foldSorted(&rec)
 	}
@@ -572,7 +508,7 @@ func (l *Log) write(batch []*request) error {
 	written := make([]*request, 0, len(batch))
 	outs := make([]Record, 0, len(batch))
 	if l.needMarker {
-		rec := Record{Event: EventRecreated, Fields: map[string]any{
+		rec := Record{Event: EventRecreated, Replica: l.replica, Fields: map[string]any{
 			"reason":       "log file was deleted or rotated; this file continues the chain",
 			"previous_seq": seq,
 		}}
@@ -701,126 +637,6 @@ func (l *Log) appendLine(dst []byte, rec Record, body []byte, seq uint64, prev s
 	return b, rec, nil
 }
 
-// ready makes sure l.f is the file at l.path and ends at l.off.
-func (l *Log) ready() error {
-	if l.f == nil {
-		return l.recreate()
-	}
-	fi, err := l.f.Stat()
-	if err != nil {
-		return fmt.Errorf("audit: stat log: %w", err)
-	}
-	st, _ := fi.Sys().(*syscall.Stat_t)
-	if st != nil && st.Nlink == 0 {
-		// Deleted: records since the last export are lost. Fail this
-		// batch; the next one re-creates the file.
-		l.f.Close()
-		l.f, l.needMarker = nil, true
-		l.dropUnsynced()
-		return ErrUnlinked
-	}
-	// The path is looked up again only when the watch saw its name change.
-	if l.watch.changed() || !l.pathKnown {
-		if rotated, err := l.checkPath(fi); err != nil || rotated {
-			return err
-		}
-	}
-	if !fi.Mode().IsRegular() {
-		return nil
-	}
-	if fi.Size() != l.off {
-		if !l.broken {
-			return fmt.Errorf("%w: size %d, expected %d", ErrModified, fi.Size(), l.off)
-		}
-		// Drop the partial line a failed write left behind.
-		if err := l.f.Truncate(l.off); err != nil {
-			return fmt.Errorf("audit: truncate after failed write: %w", err)
-		}
-	}
-	if l.syncFailed {
-		return l.resync()
-	}
-	return nil
-}
-
-// checkPath makes sure l.path still names l.f, whose stat is fi; when the
-// name is gone (rotated) it starts a new file there and reports true.
-func (l *Log) checkPath(fi os.FileInfo) (rotated bool, _ error) {
-	l.pathKnown = false
-	pfi, err := os.Stat(l.path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		// Renamed away (rotated) with the records intact: make what this
-		// file holds durable, then start a new file.
-		if err := l.syncBeforeClose(); err != nil {
-			return false, err
-		}
-		l.f.Close()
-		l.f, l.needMarker = nil, true
-		return true, l.recreate()
-	case err != nil:
-		return false, fmt.Errorf("audit: stat log path: %w", err)
-	case !os.SameFile(fi, pfi):
-		return false, ErrReplaced
-	}
-	l.pathKnown = true
-	return false, nil
-}
-
-// syncBeforeClose makes the unsynced records of a SyncInterval log durable
-// before its file is let go.
-func (l *Log) syncBeforeClose() error {
-	if l.interval == 0 || len(l.unsynced) == 0 {
-		return nil
-	}
-	if l.syncFailed {
-		return l.resync()
-	}
-	if err := l.f.Sync(); err != nil {
-		l.syncFailed = true
-		return fmt.Errorf("audit: sync log: %w", err)
-	}
-	l.syncs.Add(1)
-	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
-	return nil
-}
-
-// dropUnsynced forgets the unsynced records of a deleted file.
-func (l *Log) dropUnsynced() {
-	l.unsynced, l.syncedOff, l.syncFailed = nil, 0, false
-}
-
-// recreate creates a new log file at l.path; the next write starts it with
-// the EventRecreated marker continuing the chain.
-func (l *Log) recreate() error {
-	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
-		return fmt.Errorf("audit: re-create log: %w", err)
-	}
-	osf, err := os.OpenFile(l.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return ErrReplaced
-	}
-	if err != nil {
-		return fmt.Errorf("audit: re-create log: %w", err)
-	}
-	if err := syscall.Flock(int(osf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		osf.Close()
-		return fmt.Errorf("audit: re-create log: lock: %w", err)
-	}
-	if d, err := os.Open(filepath.Dir(l.path)); err == nil {
-		err = d.Sync() // make the new directory entry durable
-		d.Close()
-		if err != nil {
-			osf.Close()
-			return fmt.Errorf("audit: re-create log: sync dir: %w", err)
-		}
-	}
-	l.f, l.off, l.broken, l.needMarker = l.wrap(osf), 0, false, true
-	l.pathKnown = false
-	l.unsynced, l.syncedOff, l.syncFailed = l.unsynced[:0], 0, false
-	return nil
-}
-
 // Close waits for queued records to be written, then closes the file.
 // Appends after Close return ErrClosed.
 func (l *Log) Close() error {
@@ -854,142 +670,4 @@ func (l *Log) Close() error {
 		return errors.Join(serr, fmt.Errorf("audit: close: %w", err))
 	}
 	return serr
-}
-
-// VerifyError says where the chain breaks.
-type VerifyError struct {
-	Line   int // 1-based
-	Reason string
-	// Unfinished is a last line without its newline that is the start of
-	// the record that was due next (its seq, and its prev when it got that
-	// far): a write cut short by a full disk or a crash, never acknowledged
-	// to any caller, not an edit. Open removes such a line (any partial
-	// last line) before it writes again; Bytes is its length.
-	Unfinished bool
-	Bytes      int
-}
-
-func (e *VerifyError) Error() string {
-	return fmt.Sprintf("audit: verify: line %d: %s", e.Line, e.Reason)
-}
-
-// Verify reads a whole log and checks every hash, link and sequence number.
-// It returns the number of records verified.
-func Verify(r io.Reader) (int, error) {
-	return VerifyFrom(r, 1, ZeroHash)
-}
-
-// VerifyFrom verifies a log whose first record has sequence number seq and
-// links to prev: a file re-created after deletion or rotation, or a segment
-// checked against an anchored hash. It returns the number of records
-// verified before the first error.
-func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
-	br := bufio.NewReaderSize(r, MaxRecord)
-	n := 0
-	for {
-		line, err := br.ReadSlice('\n')
-		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
-			return n, &VerifyError{Line: n + 1, Reason: fmt.Sprintf("line longer than %d bytes", MaxRecord)}
-		case errors.Is(err, io.EOF):
-			if len(line) > 0 {
-				if _, bad := checkLine(line); bad == "" && unfinishedRecord(line, seq, prev) {
-					// Whole but for its newline: the writer writes both
-					// at once, so either that write stopped one byte
-					// short (and was refused) or the newline was removed.
-					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
-						"unfinished write: the last line is record seq %d whole but for its newline (%d bytes): a write that stopped one byte short, never acknowledged, or a newline removed since; the chain is intact up to here",
-						seq, len(line))}
-				}
-				if unfinishedRecord(line, seq, prev) {
-					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
-						"unfinished write: the last %d bytes, without a newline, are the start of record seq %d, cut short (a full disk or a crash) and never acknowledged; not an edit of the chain, which is intact up to here",
-						len(line), seq)}
-				}
-				return n, &VerifyError{Line: n + 1, Bytes: len(line), Reason: fmt.Sprintf(
-					"partial last line without newline that is not the start of record seq %d (truncated or edited)", seq)}
-			}
-			return n, nil
-		case err != nil:
-			return n, fmt.Errorf("audit: verify: read: %w", err)
-		}
-		rec, reason := checkLine(line[:len(line)-1])
-		switch {
-		case reason != "":
-		case rec.Seq != seq:
-			reason = fmt.Sprintf("seq %d, want %d (record deleted, inserted, duplicated or reordered)", rec.Seq, seq)
-		case rec.Prev != prev:
-			reason = "prev does not match the previous record's hash (chain broken)"
-		}
-		if reason != "" {
-			return n, &VerifyError{Line: n + 1, Reason: reason}
-		}
-		n++
-		seq, prev = seq+1, rec.Hash
-	}
-}
-
-var hashSuffix = []byte(`,"hash":"`)
-
-// unfinishedRecord says whether line (the file's last bytes, with no
-// newline) is the start of the record with sequence number seq linking to
-// prev, as the writer encodes it (appendRecordHead): {"seq":N,"time":"T",
-// "prev":"P" and then anything. A line that stops inside that head must
-// be a prefix of it.
-func unfinishedRecord(line []byte, seq uint64, prev string) bool {
-	head := []byte(`{"seq":` + strconv.FormatUint(seq, 10) + `,"time":"`)
-	if len(line) <= len(head) {
-		return bytes.HasPrefix(head, line)
-	}
-	if !bytes.HasPrefix(line, head) {
-		return false
-	}
-	rest := line[len(head):]
-	q := bytes.IndexByte(rest, '"')
-	if q < 0 { // cut inside the time
-		return len(rest) <= len(time.RFC3339Nano) && len(bytes.Trim(rest, "0123456789-:.TZ+")) == 0
-	}
-	if _, err := time.Parse(time.RFC3339Nano, string(rest[:q])); err != nil {
-		return false
-	}
-	link := []byte(`","prev":"` + prev + `"`)
-	rest = rest[q:]
-	if len(rest) <= len(link) {
-		return bytes.HasPrefix(link, rest)
-	}
-	return bytes.HasPrefix(rest, link)
-}
-
-// checkLine decodes one line (without newline) and checks its own hash. It
-// returns a non-empty reason if the line is not a self-consistent record.
-func checkLine(line []byte) (Record, string) {
-	// The line must end with ,"hash":"<64 hex>"} ; the canonical form is the
-	// same bytes with the hash value emptied.
-	const tail = 64 + len(`"}`)
-	if len(line) < len(hashSuffix)+tail || !bytes.Equal(line[len(line)-tail-len(hashSuffix):len(line)-tail], hashSuffix) ||
-		!bytes.HasSuffix(line, []byte(`"}`)) {
-		return Record{}, "not a record: missing trailing hash field"
-	}
-	got := string(line[len(line)-tail : len(line)-2])
-	var rec Record
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
-	dec.UseNumber()
-	if err := dec.Decode(&rec); err != nil {
-		return Record{}, "invalid JSON: " + err.Error()
-	}
-	if dec.More() || dec.InputOffset() != int64(len(line)) {
-		return Record{}, "invalid JSON: trailing data"
-	}
-	if rec.Hash != got {
-		return Record{}, "hash field is not the last key"
-	}
-	canon := make([]byte, 0, len(line)-tail+2)
-	canon = append(canon, line[:len(line)-tail]...) // ends with "hash":"
-	canon = append(canon, `"}`...)
-	sum := sha256.Sum256(canon)
-	if hex.EncodeToString(sum[:]) != got {
-		return Record{}, "hash mismatch (record edited)"
-	}
-	return rec, ""
 }

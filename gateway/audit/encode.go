@@ -47,6 +47,10 @@ func appendRecordBody(dst []byte, rec *Record) ([]byte, bool) {
 	dst = appendJSONString(dst, rec.RequestID)
 	dst = append(dst, `,"event":`...)
 	dst = appendJSONString(dst, rec.Event)
+	if rec.Replica != "" {
+		dst = append(dst, `,"replica":`...)
+		dst = appendJSONString(dst, rec.Replica)
+	}
 	if len(rec.Fields) == 0 && len(rec.Sorted) > 0 {
 		dst = append(dst, `,"fields":{`...)
 		for i, f := range rec.Sorted {

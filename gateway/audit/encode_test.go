@@ -40,6 +40,7 @@ func TestAppendRecordMatchesEncodingJSON(t *testing.T) {
 			"port": 80, "resolved_ip": "93.184.216.34", "decision": "allow", "rule": "egress", "reason": "", "status": 200,
 			"bytes_up": int64(0), "bytes_down": int64(1) << 40, "duration_ms": int64(3)}}, true},
 		{"no fields", Record{Seq: 1, Time: at, Prev: ZeroHash, Event: "x"}, true},
+		{"replica", Record{Seq: 2, Time: at, Prev: ZeroHash, Event: "x", Replica: "gw-1<&>", Fields: map[string]any{"a": 1}}, true},
 		{"empty fields map is omitted", Record{Time: at, Fields: map[string]any{}}, true},
 		{"escapes", Record{Time: at, RequestID: "a\"b\\c\n\r\t\b\f\x00\x1f\x7f<>&", Event: "\u2028\u2029é😀", Fields: map[string]any{
 			"bad utf8": "\xff\xfe ok \xc3", "<key>": "&", "nil": nil, "t": true, "f": false, "u": uint64(1) << 63, "neg": -5}}, true},

@@ -210,6 +210,8 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	store := o.Store
 	if store == "" {
 		store = "sqlite:" + filepath.Join(d, "store.db")
+	} else {
+		g["replica_id"] = o.Name // replicas on one host sharing the database: one audit head each
 	}
 	doc := map[string]any{
 		"gateway": g,
