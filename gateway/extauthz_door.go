@@ -240,7 +240,7 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 	}
 	if e == nil && narrowedOut(callerOf(id), r.Host) { // narrow.go: the sandbox's narrowing, before policy
 		d := narrowDecision
-		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
 		e = refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", r.Host, id.Sandbox))
 	}
 	if e == nil {
@@ -256,7 +256,7 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 			in.Request.Body = string(r.Body)
 		}
 		d := s.Decide(ctx, in)
-		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
 		switch d.Action {
 		case policy.Allow:
 		case policy.Ask:

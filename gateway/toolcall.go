@@ -70,7 +70,7 @@ type toolCall struct {
 // decide sets the call's decision and its recorded form.
 func (c *toolCall) decide(d policy.Decision) {
 	c.decision, c.rec.Decided = d, true
-	c.rec.Decision = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}
+	c.rec.Decision = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}
 }
 
 // Call runs one tool call through the pipeline, whatever door it came
@@ -187,7 +187,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
-	c.decide(s.Decide(dctx, in))
+	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in)) // the decision log names the call (policylife.go)
 	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
 	dspan.End()
 	if c.held == nil { // an approved hold's ask was counted when it was held

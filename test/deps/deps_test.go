@@ -130,6 +130,10 @@ var gatewayFloors = map[string][]string{
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
 	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+
+	// Approval receipts: signing and offline verification (cmd/sluice
+	// receipts verify), standard library only.
+	"gateway/receipts": nil,
 }
 
 // allowedInGateway is the rule for a package under gateway/ (§4.3 of the
