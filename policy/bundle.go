@@ -161,6 +161,16 @@ func readBundleFile(path string, v *Verification) (*Bundle, error) {
 	return ReadBundle(f, v)
 }
 
+// refusedError is a bundle the server sent that did not load or verify;
+// etag is the server's ETag for it.
+type refusedError struct {
+	err  error
+	etag string
+}
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
 // errNotModified is fetchBundle's answer to a 304.
 var errNotModified = errors.New("policy: bundle: not modified")
 
@@ -188,7 +198,7 @@ func fetchBundle(ctx context.Context, c *http.Client, url, etag string, v *Verif
 	}
 	b, err := ReadBundle(resp.Body, v)
 	if err != nil {
-		return nil, err
+		return nil, &refusedError{err: err, etag: resp.Header.Get("ETag")}
 	}
 	b.ETag = resp.Header.Get("ETag")
 	return b, nil
@@ -233,6 +243,10 @@ func (e *Engine) PollBundle(ctx context.Context) error {
 	c := bc.client()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	// refused is the ETag of the last bundle refused: asked with
+	// If-None-Match, an unchanged bad bundle is a 304, not a new error
+	// logged and counted at every poll.
+	refused := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -240,8 +254,8 @@ func (e *Engine) PollBundle(ctx context.Context) error {
 		case <-t.C:
 		}
 		e.reloadMu.Lock()
-		etag := ""
-		if e.bundle != nil {
+		etag := refused
+		if etag == "" && e.bundle != nil {
 			etag = e.bundle.ETag
 		}
 		e.reloadMu.Unlock()
@@ -253,10 +267,17 @@ func (e *Engine) PollBundle(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			var re *refusedError
+			if errors.As(err, &re) {
+				refused = re.etag
+			}
 			e.bundleFailed(err)
 			continue
 		}
-		_ = e.install(ctx, b) // logs and reports its own failure
+		refused = ""
+		if err := e.install(ctx, b); err != nil { // logs and reports its own failure
+			refused = b.ETag
+		}
 	}
 }
 

@@ -262,6 +262,12 @@ func TestBundleServer(t *testing.T) {
 			if d := e.Decide(ctx, toolCall("billing-api.get_invoice")); d.Action != Block || d.Revision != "r1" {
 				t.Fatalf("after a refused bundle: %+v, want r1 still deciding", d)
 			}
+			// Still served, it is asked for with its ETag: a 304, not an
+			// error logged and counted at every poll.
+			time.Sleep(10 * 20 * time.Millisecond)
+			if n := nfails(); n != before+1 {
+				t.Errorf("failures = %d after 10 more polls of the same bad bundle, want %d", n, before+1)
+			}
 		})
 	}
 

@@ -153,6 +153,9 @@ type Input struct {
 	// through Envoy's ext_authz; absent otherwise. A policy written for
 	// opa-envoy-plugin reads it with `with input as input.envoy`.
 	Envoy map[string]any `json:"envoy,omitempty"`
+	// Findings are the suspected credentials in what the call would send
+	// (policy/findings): Decide fills them in when nil, before deciding.
+	Findings []Finding `json:"findings"`
 }
 
 // Decision is the policy's answer.
@@ -290,6 +293,9 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	}
 	if !validKind(in.Kind) {
 		return policyError(fmt.Sprintf("policy: unknown input kind %q", in.Kind))
+	}
+	if in.Findings == nil {
+		in.Findings = scanInput(in) // scan.go: before the decision, on what is sent
 	}
 	val, err := inputValue(in)
 	if err != nil {
