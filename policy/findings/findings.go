@@ -100,11 +100,22 @@ type Scanner struct {
 	stopped bool
 }
 
-// Findings returns what was found, in the order found.
+// Findings returns what was found, ordered by location (then kind), the
+// unscanned marker last.
 func (s *Scanner) Findings() []Finding {
 	if s.out == nil {
 		return []Finding{}
 	}
+	sort.SliceStable(s.out, func(i, j int) bool {
+		a, b := s.out[i], s.out[j]
+		if (a.Kind == Unscanned) != (b.Kind == Unscanned) {
+			return b.Kind == Unscanned
+		}
+		if a.Location != b.Location {
+			return a.Location < b.Location
+		}
+		return a.Kind < b.Kind
+	})
 	return s.out
 }
 
@@ -115,15 +126,16 @@ func (s *Scanner) Value(ptr string, v any) {
 	case string:
 		s.String(ptr, x)
 	case map[string]any:
+		// Keys in order: where the bounds stop the scan must not depend
+		// on map order, or one input could be decided two ways.
 		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
+		for k, e := range x {
+			if !short(e) { // saves sorting it and building its pointer
+				keys = append(keys, k)
+			}
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if short(x[k]) {
-				continue // saves building its pointer
-			}
 			s.Value(ptr+"/"+Escape(k), x[k])
 		}
 	case []any:
@@ -140,9 +152,10 @@ func (s *Scanner) Value(ptr string, v any) {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			for i, e := range x[k] {
+			vs := x[k]
+			for i, e := range vs {
 				p := ptr + "/" + Escape(k)
-				if len(x[k]) > 1 {
+				if len(vs) > 1 {
 					p += "/" + strconv.Itoa(i)
 				}
 				s.String(p, e)

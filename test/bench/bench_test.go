@@ -50,6 +50,7 @@ func TestBench(t *testing.T) {
 		{"extauthz", benchExtAuthz},
 		{"store", benchStore},
 		{"mcp", benchMCP},
+		{"policylife", benchPolicyLife},
 	}
 	var secs []*section
 	for _, sec := range all {
