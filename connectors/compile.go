@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,9 @@ func (e ecmaRegexp) MatchString(s string) bool {
 }
 
 func compileECMA(pattern string) (jsonschema.Regexp, error) {
+	if re := re2Pattern(pattern); re != nil {
+		return re, nil
+	}
 	re, err := regexp2.Compile(pattern, regexp2.ECMAScript|regexp2.Unicode)
 	if err != nil {
 		// Some vendor patterns use escapes that the Unicode flag forbids
@@ -44,6 +48,48 @@ func compileECMA(pattern string) (jsonschema.Regexp, error) {
 	}
 	re.MatchTimeout = patternTimeout
 	return ecmaRegexp{re}, nil
+}
+
+// re2Pattern compiles pattern with Go's RE2 engine when it is written in
+// a subset of ECMA-262 that RE2 reads the same way, else it returns nil
+// and the pattern goes to regexp2. RE2 matches in linear time, so it
+// needs no timeout; regexp2's does not hold under load: its deadline is
+// read from a clock a background goroutine updates every 100 ms, and when
+// that goroutine runs late (a busy host, many concurrent calls) every
+// match started meanwhile is past its deadline at once and fails. Since a
+// timeout fails closed, valid arguments ("EUR" for ^[A-Z]{3}$) were then
+// refused as schema violations (seen in test/bench at 64 callers).
+//
+// The subset is ASCII literals and the escapes \d \D \w \W (ASCII in both
+// engines), escaped punctuation, \t \n \r \f, classes and ranges, groups
+// (capturing or "(?:"), alternation, the quantifiers and anchors. It leaves
+// out, because the engines differ on them or RE2 lacks them: "." (ECMA
+// excludes \r and U+2028/9 too), \s and \S (ECMA's are Unicode), \b and
+// \B, \p, \u, \x, \c, back-references, lookaround and inline flags,
+// "[]" and "[^]" (an empty class in ECMA, a "]" in RE2) and any non-ASCII
+// character. FuzzRE2SubsetMatchesECMA holds the two engines equal on it.
+func re2Pattern(pattern string) *regexp.Regexp {
+	for i := 0; i < len(pattern); i++ {
+		c := pattern[i]
+		switch {
+		case c >= 0x80 || c < 0x20 || c == '.':
+			return nil
+		case c == '\\':
+			if i+1 >= len(pattern) || !strings.ContainsRune(`dDwWtnrf.-/\[](){}*+?|^$`, rune(pattern[i+1])) {
+				return nil
+			}
+			i++
+		case c == '(' && strings.HasPrefix(pattern[i:], "(?") && !strings.HasPrefix(pattern[i:], "(?:"):
+			return nil
+		case c == '[' && (strings.HasPrefix(pattern[i:], "[]") || strings.HasPrefix(pattern[i:], "[^]")):
+			return nil
+		}
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil
+	}
+	return re
 }
 
 // toolSchemaURL is the location the compiler files a tool's schema under.

@@ -166,6 +166,18 @@ type SecurityScheme struct {
 	In     string // apiKey: "header", "query" or "cookie"
 	Param  string // apiKey: the header, query or cookie name
 	Scheme string // http: "bearer" or "basic" (lower case)
+	// Flows are an oauth2 scheme's flows by their OpenAPI name
+	// ("authorizationCode", "clientCredentials"): where the gateway, as
+	// the OAuth client, sends the person and exchanges tokens.
+	Flows map[string]OAuthFlow
+}
+
+// OAuthFlow is one flow of an oauth2 securityScheme.
+type OAuthFlow struct {
+	AuthorizationURL string
+	TokenURL         string
+	RefreshURL       string
+	Scopes           []string // the scope names the spec lists, sorted
 }
 
 // Args is a decoded tool-call arguments document.

@@ -383,8 +383,30 @@ func securitySchemes(doc *openapi3.T) map[string]*SecurityScheme {
 			s.In, s.Param = v.In, v.Name
 		case "http":
 			s.Scheme = strings.ToLower(v.Scheme)
+		case "oauth2":
+			s.Flows = oauthFlows(v.Flows)
 		}
 		out[name] = s
+	}
+	return out
+}
+
+// oauthFlows keeps the flows an OAuth client can run.
+func oauthFlows(f *openapi3.OAuthFlows) map[string]OAuthFlow {
+	if f == nil {
+		return nil
+	}
+	out := map[string]OAuthFlow{}
+	for name, fl := range map[string]*openapi3.OAuthFlow{"authorizationCode": f.AuthorizationCode, "clientCredentials": f.ClientCredentials} {
+		if fl == nil {
+			continue
+		}
+		of := OAuthFlow{AuthorizationURL: fl.AuthorizationURL, TokenURL: fl.TokenURL, RefreshURL: fl.RefreshURL}
+		for sc := range fl.Scopes {
+			of.Scopes = append(of.Scopes, sc)
+		}
+		sort.Strings(of.Scopes)
+		out[name] = of
 	}
 	return out
 }

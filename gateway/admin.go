@@ -156,13 +156,13 @@ func (s *Server) adminIntercept(mux *http.ServeMux) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-pem-file")
-		_, _ = w.Write(s.icpt.caCertPEM())
+		_, _ = w.Write(s.icpt.CACertPEM())
 	})
 	mux.HandleFunc("GET /api/v1/placeholders", func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := s.sessionCaller(r); !ok {
 			refusal.WriteUnauthenticated(w, "an approver token or a session token is required", refusal.NewRequestID())
 			return
 		}
-		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": s.icpt.placeholders()})
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{"placeholders": s.icpt.Placeholders()})
 	})
 }

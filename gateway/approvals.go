@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 )
 
 // Holds returns the holds manager (the review UI decides through it).
@@ -88,6 +90,9 @@ func (s *Server) newReviewUI() error {
 		opt.OIDC = &review.OIDC{Issuer: oc.Issuer, ClientID: oc.ClientID, ClientSecret: strings.TrimSpace(string(secret)),
 			RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/oidc/callback", GroupsClaim: oc.GroupsClaim}
 	}
+	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
+		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // oauthcreds.go
+	}
 	ui, err := review.New(opt)
 	if err != nil {
 		return fmt.Errorf("review UI: %w", err)
@@ -107,6 +112,9 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	}
 	if event == "hold_created" {
 		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason
+		if id := tracing.TraceIDOf(h.TraceParent); id != "" {
+			f[call.KeyTraceID] = id // the held call's trace
+		}
 	}
 	for k, v := range extra {
 		f[k] = v

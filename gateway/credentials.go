@@ -60,6 +60,9 @@ func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
 		if c.Credential != nil && c.Credential.Secret != "" {
 			refs = append(refs, ref{fmt.Sprintf("connectors[%d].credential.secret", i), c.Credential.Secret})
 		}
+		if c.Credential != nil && c.Credential.OAuth2 != nil && c.Credential.OAuth2.ClientSecret != "" {
+			refs = append(refs, ref{fmt.Sprintf("connectors[%d].credential.oauth2.client_secret", i), c.Credential.OAuth2.ClientSecret})
+		}
 	}
 	for i, p := range cfg.Egress.Placeholders {
 		refs = append(refs, ref{fmt.Sprintf("egress.placeholders[%d].secret", i), p.Secret})
@@ -509,6 +512,9 @@ func newCredPlan(key string, cc config.Connector, conn *connectors.Connector, s 
 		}
 	}
 	switch {
+	case cr.OAuth2 != nil:
+		p.fixed = oauthScheme // oauthcreds.go
+		return p, nil, nil
 	case cr.Header != "":
 		p.fixed, p.explicit, p.prefix = &connectors.SecurityScheme{Name: "credential.header", Type: "apiKey", In: "header", Param: cr.Header}, true, cr.Prefix
 		return p, nil, nil

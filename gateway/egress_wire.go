@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
@@ -11,11 +12,11 @@ import (
 // The root's side of the seam with raw egress: what egress is given.
 
 // newRawEgress provisions raw egress for this server.
-func (s *Server) newRawEgress() *rawEgress { return newRawEgress(s.egressDeps()) }
+func (s *Server) newRawEgress() *egress.Proxy { return egress.New(s.egressDeps()) }
 
 // egressDeps wires raw egress to this server.
-func (s *Server) egressDeps() egressDeps {
-	return egressDeps{
+func (s *Server) egressDeps() egress.Deps {
+	return egress.Deps{
 		Config:   s.cfg,
 		Log:      s.log,
 		Dialer:   s.dialer,
@@ -27,8 +28,8 @@ func (s *Server) egressDeps() egressDeps {
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
 		},
 		Track:            s.sessConns.add,
-		OnStop:           s.stop.onStop,
-		AtClose:          s.stop.atClose,
+		OnStop:           s.stop.OnStop,
+		AtClose:          s.stop.AtClose,
 		Repeats:          s.repeats.allow,
 		Interceptor:      s.icpt,
 		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),

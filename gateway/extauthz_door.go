@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
@@ -104,8 +105,8 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
 		Match:      s.matchTool,
-		Call:       s.envoyCall,
-		Egress:     s.envoyEgress,
+		Call:       s.tracedCheck(s.envoyCall), // calltrace.go
+		Egress:     s.tracedEgressCheck(s.envoyEgress),
 		Refused:    s.envoyRefused,
 	}
 }
@@ -185,7 +186,7 @@ func (s *Server) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.
 	}
 	o := s.Call(ctx, call.Request{
 		Identity: r.Identity, Tool: m.Tool, Transport: call.Envoy, Mode: call.Decide,
-		HTTP: req, HoldWait: hw, Envoy: r.Envoy,
+		HTTP: req, HoldWait: hw, Envoy: r.Envoy, TraceParent: r.Headers.Get("traceparent"),
 	})
 	return verdict(o)
 }
@@ -238,15 +239,15 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 	if e == nil {
 		e = s.sessionRefusal(ctx, id.Session) // unknown state refuses too: raw egress is never held to re-check
 	}
-	if e == nil && narrowedOut(callerOf(id), r.Host) { // narrow.go: the sandbox's narrowing, before policy
-		d := narrowDecision
+	if e == nil && egress.NarrowedOut(egress.CallerOf(id), r.Host) { // egress/narrow.go: the sandbox's narrowing, before policy
+		d := egress.NarrowDecision
 		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
 		e = refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", r.Host, id.Sandbox))
 	}
 	if e == nil {
 		in := &policy.Input{
 			Version: policy.InputVersion, Kind: string(rec.Kind),
-			Caller:  callerOf(id),
+			Caller:  egress.CallerOf(id),
 			Request: policy.Request{Method: r.Method, Host: r.Host, Port: r.Port, Path: r.Path, Query: r.Query, Headers: r.Headers},
 			Envoy:   r.Envoy, Time: time.Now().UTC(),
 		}

@@ -30,15 +30,18 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
+	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Decider decides a call. Implementations never return Allow on error.
@@ -79,6 +82,9 @@ type Options struct {
 	Resolver interface {
 		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 	}
+	// Tracing is where the gateway's spans go (package tracing builds it
+	// from the OTEL_* environment); nil: tracing is off.
+	Tracing trace.TracerProvider
 }
 
 // Server is a provisioned gateway.
@@ -94,7 +100,7 @@ type Server struct {
 	heads   auditHeads // audithead.go
 	tel     *telemetry
 	holds   *holds.Manager
-	icpt    *interceptor // nil without egress.intercept / egress.placeholders (intercept.go)
+	icpt    *egress.Interceptor // nil without egress.intercept / egress.placeholders
 
 	adminAuth func(*http.Request) (holds.Person, bool) // the review UI's sessions
 	reviewUI  http.Handler
@@ -114,7 +120,7 @@ type Server struct {
 	limits    callLimits             // agents[].rate_limit buckets (ratelimit.go)
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
-	stop stopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
+	stop egress.StopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	// sharedLimits: agents[].rate_limit across the replicas of a shared
 	// store (ratelimit_shared.go).
@@ -125,6 +131,8 @@ type Server struct {
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
+
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -142,6 +150,7 @@ type upstream struct {
 	allow     []netip.Prefix
 	transport *http.Transport
 	creds     *credPlan                  // how the credential is attached; nil without one
+	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (oauthcreds.go)
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
@@ -164,7 +173,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if log == nil {
 		log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
-	tel, err := newTelemetry()
+	tel, err := newTelemetry(opts.Tracing)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +220,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if s.icpt, err = newInterceptor(cfg); err != nil {
+	if err := s.newOAuth(); err != nil { // oauthcreds.go
+		return nil, err
+	}
+	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
 	if s.audit, err = audit.OpenWith(cfg.Audit.Path, auditOptions(cfg.Audit)); err != nil { // egress_audit.go
@@ -287,6 +299,13 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
 			continue
 		}
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			var oerrs []error
+			if u.oauth, oerrs = oauthClient(key, cc, conn, u); len(oerrs) > 0 {
+				errs = append(errs, oerrs...)
+				continue
+			}
+		}
 		if cc.Credential != nil {
 			plan, perrs, pwarns := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))
 			warns = append(warns, pwarns...)
@@ -296,7 +315,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			}
 			u.creds = plan
 		}
-		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std())
+		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
 			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
@@ -330,15 +349,25 @@ func plaintextOK(host string, allow []netip.Prefix) bool {
 // newTransport builds a connector's transport. Every dial goes through the
 // guard with this connector's allow list; no proxy from the environment is
 // ever used; redirects are not followed because callers use RoundTrip.
-func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration) *http.Transport {
+//
+// The idle pool is sized to the load the gateway admits: each sandbox
+// socket connection carries one call at a time, so at most
+// gateway.max_connections calls are in flight, and every upstream
+// connection they used can wait for the next call instead of being closed
+// and dialled again (a fixed 64 made 71% of calls at 1,000 callers dial;
+// issue 22). Only connections a load actually opened are kept, and each
+// for IdleConnTimeout.
+func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, maxIdle int) *http.Transport {
+	maxIdle = max(maxIdle, 2) // http.Transport's own default per host
+
 	return &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return d.DialContext(ctx, network, addr, allow)
 		},
 		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           256,
-		MaxIdleConnsPerHost:    64,
+		MaxIdleConns:           maxIdle,
+		MaxIdleConnsPerHost:    maxIdle,
 		IdleConnTimeout:        90 * time.Second,
 		TLSHandshakeTimeout:    10 * time.Second,
 		ResponseHeaderTimeout:  timeout,
@@ -564,7 +593,7 @@ func (s *Server) Close() error {
 	for _, u := range s.catalog.connectors {
 		u.transport.CloseIdleConnections()
 	}
-	s.stop.closeAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
+	s.stop.CloseAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
 	s.repeats.stop()
 	return err
 }

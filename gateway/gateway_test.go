@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
 )
@@ -152,7 +153,7 @@ func startGateway(t testing.TB, upstreamURL, extra string, edit func(*config.Con
 	}
 	logBuf := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv, err := New(context.Background(), cfg, Options{Logger: log})
+	srv, err := New(context.Background(), cfg, Options{Logger: log, Tracing: testTracing})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,22 +225,7 @@ func doCall(t testing.TB, c *http.Client, tool, args string) reply {
 
 func auditEvents(t testing.TB, g *testGateway) []audit.Record {
 	t.Helper()
-	data, err := os.ReadFile(g.cfg.Audit.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(data), testSecret) {
-		t.Error("audit log contains the secret")
-	}
-	var recs []audit.Record
-	for l := range strings.Lines(string(data)) {
-		var r audit.Record
-		if err := json.Unmarshal([]byte(l), &r); err != nil {
-			t.Fatalf("audit line %q: %v", l, err)
-		}
-		recs = append(recs, r)
-	}
-	return recs
+	return egresstest.AuditRecords(t, g.cfg.Audit.Path, testSecret)
 }
 
 func eventsFor(recs []audit.Record, rid string) []string {

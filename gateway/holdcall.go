@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -33,6 +34,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 	if !s.approvalsEnabled() {
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
 	}
+	hctx := s.stage(c, stageHold) // the hold's creation and its wait (calltrace.go)
 	if len(c.decision.Approvers) == 0 {
 		// Nobody could approve it: holding it would only make it expire.
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")
@@ -55,6 +57,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		if h.SHA256 != hr.Hash() {
 			return call.Outcome{}, refusal.New(http.StatusConflict, refusal.ArgsMismatch, "the arguments differ from the held call's; the approval covers only the request it was given for")
 		}
+		c.holdID = h.ID
 		return s.awaitHold(ctx, c, h.ID)
 	}
 	// The hold_created record carries the decision; a failure to hold is
@@ -69,6 +72,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rec.RequestID,
 		IdempotencyHeader: tool.IdempotencyHeader, Deferred: c.req.Mode == call.Decide,
+		TraceParent: tracing.Traceparent(hctx),
 	})
 	switch {
 	case errors.Is(err, holds.ErrTooManyForSandbox):
@@ -82,6 +86,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 	case err != nil:
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held for approval; it was not sent").Wrap(err)
 	}
+	c.holdID = h.ID
 	return s.awaitHold(ctx, c, h.ID)
 }
 

@@ -8,11 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,86 +19,14 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/ingress/ingresstest"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
-// handoffDialer hands connections to a gateway socket as sandboxd's relay
-// does: the server end of a fresh loopback TCP (or Unix) connection is
-// passed with wire.Handoff, the relay's copy is kept until the gateway
-// closes the lease, and the client end is what the caller speaks on, as
-// the sandbox does.
-type handoffDialer struct {
-	sock   string
-	id     wire.Identity
-	family string // "tcp" (the proxy port) or "unix" (the per-sandbox socket)
-	unix   string // listening path for "unix"
-
-	mu     sync.Mutex
-	leases []*net.UnixConn
-}
-
-func newHandoffDialer(t testing.TB, sock string, id wire.Identity, family string) *handoffDialer {
-	d := &handoffDialer{sock: sock, id: id, family: family}
-	if family == "unix" {
-		dir, err := os.MkdirTemp("", "hand")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		d.unix = dir + "/sbx.sock"
-	}
-	t.Cleanup(func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, l := range d.leases {
-			l.Close()
-		}
-	})
-	return d
-}
-
-func (d *handoffDialer) DialContext(ctx context.Context, _, _ string) (net.Conn, error) {
-	network, addr := "tcp", "127.0.0.1:0"
-	if d.family == "unix" {
-		network, addr = "unix", d.unix
-		_ = os.Remove(addr)
-	}
-	l, err := net.Listen(network, addr)
-	if err != nil {
-		return nil, err
-	}
-	defer l.Close()
-	client, err := net.Dial(network, l.Addr().String())
-	if err != nil {
-		return nil, err
-	}
-	server, err := l.Accept()
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	lease, err := wire.Handoff(ctx, d.sock, d.id, server.(syscall.Conn))
-	if err != nil {
-		client.Close()
-		server.Close()
-		return nil, err
-	}
-	d.mu.Lock()
-	d.leases = append(d.leases, lease)
-	d.mu.Unlock()
-	go func() {
-		// As the relay: hold the copy until the gateway is done.
-		_, _ = lease.Read(make([]byte, 1))
-		server.Close()
-		lease.Close()
-	}()
-	return client, nil
-}
-
 // handoffClient is an HTTP client whose connections are handed off.
 func handoffClient(t testing.TB, sock string, id wire.Identity, family string) *http.Client {
-	return &http.Client{Transport: &http.Transport{DialContext: newHandoffDialer(t, sock, id, family).DialContext}}
+	return &http.Client{Transport: &http.Transport{DialContext: ingresstest.NewHandoffDialer(t, sock, id, family).DialContext}}
 }
 
 // TestHandoffServesIdentity: a handed-off connection (TCP from the proxy
@@ -126,36 +52,6 @@ func TestHandoffServesIdentity(t *testing.T) {
 				t.Fatalf("tool call over a handoff: %d %s", r.status, r.raw)
 			}
 		})
-	}
-}
-
-// TestHandoffEgress: the forward proxy and a CONNECT tunnel work over a
-// handed-off *net.TCPConn (Hijack, CloseWrite and the splice use the real
-// socket), with the caller's identity.
-func TestHandoffEgress(t *testing.T) {
-	be := startBenchEgress(t, "", nil)
-	proxyURL, _ := url.Parse("http://sluice-proxy")
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		Proxy:           http.ProxyURL(proxyURL),
-		TLSClientConfig: be.direct().Transport.(*http.Transport).TLSClientConfig.Clone(),
-		DialContext:     newHandoffDialer(t, be.sock, agentA, "tcp").DialContext,
-	}}
-	c.Transport.(*http.Transport).TLSClientConfig.ServerName = ""
-	c.Transport.(*http.Transport).TLSClientConfig.InsecureSkipVerify = true
-	for _, u := range []string{"http://pkg.example/plain", "https://pkg.example/tunnel", "https://pkg.example/again"} {
-		resp, err := c.Get(u)
-		if err != nil {
-			t.Fatalf("GET %s over a handoff: %v", u, err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		want := "hello " + strings.TrimPrefix(u[strings.Index(u, "//")+2:], "pkg.example")
-		if resp.StatusCode != http.StatusOK || string(b) != want {
-			t.Fatalf("GET %s: %d %q, want 200 %q", u, resp.StatusCode, b, want)
-		}
-	}
-	if !hasEvent(t, be.g, "result", "pkg.example") {
-		t.Fatal("no audited result for pkg.example")
 	}
 }
 
@@ -445,7 +341,7 @@ func TestHandoffPreambleInStream(t *testing.T) {
 				if mode == "copied" {
 					c, err = wire.Dial(context.Background(), g.cfg.Gateway.SandboxSocket, agentA)
 				} else {
-					c, err = newHandoffDialer(t, g.cfg.Gateway.SandboxSocket, agentA, "tcp").DialContext(context.Background(), "", "")
+					c, err = ingresstest.NewHandoffDialer(t, g.cfg.Gateway.SandboxSocket, agentA, "tcp").DialContext(context.Background(), "", "")
 				}
 				if err != nil {
 					t.Fatal(err)
@@ -495,7 +391,7 @@ func TestHandoffIdle(t *testing.T) {
 	go func() { _ = srv.Serve(ingress.StrictHeads(sl)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	dial := func(t *testing.T) net.Conn {
-		c, err := newHandoffDialer(t, sock, agentA, "tcp").DialContext(context.Background(), "", "")
+		c, err := ingresstest.NewHandoffDialer(t, sock, agentA, "tcp").DialContext(context.Background(), "", "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,58 +8,12 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/refusal"
-	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
-// A sandbox's egress narrowing (sandboxd create/run --egress) arrives in
-// its identity (wire.Identity.Egress) and rides in policy.Caller wherever
-// the caller goes. It only ever removes hosts: the gateway allows raw
-// egress (http, connect, dns) to a host when policy allows it for the
-// agent AND the narrowing lists it. The narrowing gate runs before policy
-// in decide and allowDNS, the decision points of every proxied request,
-// CONNECT, in-tunnel request and DNS question, so no module's allow can
-// reach past it. Whether a narrowing is inside the agent's allowlist is
-// checked when sandboxd asks for the tools at create (GET /v1/tools
-// answers 403 egress_not_granted); at run time the intersection holds
-// whatever the list says, also after a reload shrinks the agent's list.
-
-// narrowRule is the rule name of a refusal by the narrowing.
-const narrowRule = "sandbox_egress"
-
-var narrowDecision = policy.Decision{Action: policy.Block, Rule: narrowRule,
-	Reason: "host is not on the sandbox's egress list (sandboxd --egress)"}
-
-// callerOf is the policy caller of a relayed identity, narrowing included.
-func callerOf(id wire.Identity) policy.Caller {
-	return policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User, Egress: id.Egress}
-}
-
-// narrowedOut reports whether c's narrowing leaves host out. A narrowing
-// that does not parse (wire.Read checked it on arrival, so a bug) leaves
-// every host out: fail closed.
-func narrowedOut(c policy.Caller, host string) bool {
-	if c.Egress == "" {
-		return false
-	}
-	hosts, err := wire.ParseEgress(c.Egress)
-	if err != nil {
-		return true
-	}
-	return !wire.EgressAllows(hosts, host)
-}
-
-// narrowGate refuses host for c when the sandbox's narrowing leaves it
-// out, recording the decision on c for the audit record.
-func (e *rawEgress) narrowGate(ctx context.Context, c *egressCall, host string) *egressError {
-	if !narrowedOut(c.caller, host) {
-		return nil
-	}
-	c.decide(narrowDecision)
-	e.d.Decisions.Add(ctx, 1, e.decisionAttrs.get(narrowDecision.Action.String(), e.d.RuleLabel(narrowRule)))
-	return egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied,
-		fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", host, c.caller.Sandbox))
-}
+// A sandbox's narrowing is checked against its agent's allowlist here, when
+// sandboxd asks for the tools at create; at run time egress.NarrowedOut
+// holds each raw-egress request to it (gateway/egress/narrow.go).
 
 // checkNarrowing refuses (and audits) an identity whose narrowing names a
 // host the agent's allowlist does not cover: a narrowing never widens.
@@ -85,12 +39,4 @@ func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identit
 	}
 	return refusal.New(http.StatusForbidden, refusal.EgressNotGranted,
 		fmt.Sprintf("egress %s is not on agent %q's egress allowlist (agents[].egress): a sandbox's --egress may only narrow it", strings.Join(wider, ", "), id.Agent))
-}
-
-// withEgress adds c's narrowing to audit fields f, when it has one.
-func withEgress(f map[string]any, c policy.Caller) map[string]any {
-	if c.Egress != "" {
-		f["egress"] = c.Egress
-	}
-	return f
 }

@@ -12,6 +12,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -25,7 +26,7 @@ import (
 // caller, narrowing included); every record of the narrowed caller
 // carries its egress.
 func TestEgressNarrowing(t *testing.T) {
-	up := newDNSUpstream(t, map[string]string{"a.allowed.test": "93.184.216.34", "pkg.example": "93.184.216.34"})
+	up := egresstest.NewDNSUpstream(t, map[string]string{"a.allowed.test": "93.184.216.34", "pkg.example": "93.184.216.34"})
 	g := startEgressGateway(t, up, nil)
 	withEgress := func(sandbox, egress string) wire.Identity {
 		id := agentA

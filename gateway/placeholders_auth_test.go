@@ -21,10 +21,10 @@ func TestPlaceholdersAuth(t *testing.T) {
 		c.Egress.Intercept = config.Intercept{Hosts: []string{"api.example.com"}, CADir: t.TempDir()}
 		c.Egress.Placeholders = []config.Placeholder{{Secret: "tickets-key", Hosts: []string{"api.example.com"}, Header: "Authorization", Prefix: "Bearer "}}
 	})
-	if g.icpt == nil || len(g.icpt.phs) != 1 {
+	if g.icpt == nil || len(g.icpt.Placeholders()) != 1 {
 		t.Fatal("bug: the test gateway has no placeholder")
 	}
-	placeholder := g.icpt.phs[0].token
+	placeholder := g.icpt.Placeholders()[0].Placeholder
 
 	cases := []struct {
 		name, token string

@@ -15,7 +15,7 @@ import (
 // that opened it. Ending a session closes them all at once (THREATS C12):
 // a tunnel or a keep-alive connection opened before the end carries
 // nothing after it, and whatever the sandbox opens afterwards is refused
-// where every egress is decided (rawEgress.sessionGate).
+// where every egress is decided (egress.Proxy.sessionGate).
 //
 // Registration comes before any request is read from the connection and
 // the end is recorded in the store before closeSession runs, so a

@@ -17,7 +17,10 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress"
+	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ingress/ingresstest"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -259,7 +262,7 @@ func TestEndSessionClosesHandoffs(t *testing.T) {
 	otherID := agentA
 	otherID.Session = "s-2"
 	open := func(id wire.Identity) (net.Conn, *bufio.Reader) {
-		c, err := newHandoffDialer(t, g.cfg.Gateway.SandboxSocket, id, "tcp").DialContext(context.Background(), "", "")
+		c, err := ingresstest.NewHandoffDialer(t, g.cfg.Gateway.SandboxSocket, id, "tcp").DialContext(context.Background(), "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +319,7 @@ func TestEndSessionClosesHandoffs(t *testing.T) {
 // dial, and a DNS question whose allow decision is cached is REFUSED,
 // both audited with code session_ended (THREATS C12).
 func TestSessionGateOnOpenConnection(t *testing.T) {
-	up := newDNSUpstream(t, map[string]string{"a.allowed.test": "93.184.216.34"})
+	up := egresstest.NewDNSUpstream(t, map[string]string{"a.allowed.test": "93.184.216.34"})
 	g := startEgressGateway(t, up, nil)
 	question := func(qtype uint16) []byte {
 		m := new(mdns.Msg)
@@ -356,7 +359,7 @@ func TestSessionGateOnOpenConnection(t *testing.T) {
 	sc := rawConn(t, g, agentA)
 	q := question(mdns.TypeMX)
 	frame := append(binary.BigEndian.AppendUint16(nil, uint16(len(q))), q...)
-	fmt.Fprintf(sc, "POST /v1/dns HTTP/1.1\r\nHost: sluice\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s", DNSStreamType, len(frame), frame)
+	fmt.Fprintf(sc, "POST /v1/dns HTTP/1.1\r\nHost: sluice\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s", egress.DNSStreamType, len(frame), frame)
 	sresp, err := http.ReadResponse(bufio.NewReader(sc), nil)
 	if err != nil || sresp.StatusCode != 200 {
 		t.Fatalf("stream: %v %v", sresp, err)

@@ -15,7 +15,7 @@ import (
 // a spec URL (or a redirect) that resolves to a loopback, private or
 // metadata address is refused exactly as an upstream call to it would be.
 func specClient(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration) *http.Client {
-	t := newTransport(d, allow, timeout)
+	t := newTransport(d, allow, timeout, 0)
 	t.DisableKeepAlives = true // a load fetches each URL once; keep no idle connection
 	return &http.Client{Transport: t}
 }

@@ -138,3 +138,45 @@ func logged(g *testGateway, parts ...string) bool {
 	}
 	return false
 }
+
+// TestStrictAfterUpgrade: a request that names Upgrade is answered as
+// plain HTTP (nothing on the sandbox socket switches protocols), so the
+// next request on the same connection is still checked byte for byte. Go's
+// server alone would join the obs-fold and serve it.
+func TestStrictAfterUpgrade(t *testing.T) {
+	g := startGateway(t, "http://127.0.0.1:1", "", nil)
+	tests := []struct{ name, first string }{
+		{"Upgrade websocket", "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"},
+		{"Upgrade h2c", "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nUpgrade: h2c\r\n\r\n"},
+		{"PRI method", "PRI /v1/tools HTTP/1.1\r\nHost: sluice\r\n\r\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, g, agentA)
+			br := bufio.NewReader(c)
+			if _, err := io.WriteString(c, tc.first); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("first response: %v", err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusSwitchingProtocols || resp.Close {
+				t.Fatalf("first response %d (close=%v): want a kept-alive HTTP answer", resp.StatusCode, resp.Close)
+			}
+			if _, err := io.WriteString(c, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nX-A: a\r\n b\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("second response: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadRequest || errCode(body) != string(refusal.SchemaViolation) || !strings.Contains(string(body), "obs-fold") {
+				t.Fatalf("second request: %d %s, want 400 schema_violation naming obs-fold", resp.StatusCode, body)
+			}
+		})
+	}
+}

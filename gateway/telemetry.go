@@ -12,17 +12,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // telemetry holds the gateway's OpenTelemetry instruments. Metrics are
 // exported in Prometheus format on the admin listener's /metrics; spans go
-// to the process's global TracerProvider (a no-op unless one is installed).
+// to Options.Tracing's provider (none: tracing is off and no span is made).
 type telemetry struct {
 	provider  *sdkmetric.MeterProvider
 	handler   http.Handler
@@ -44,6 +44,14 @@ type telemetry struct {
 	// to its metric label, made of the rule's own match and action, so a
 	// reordered config keeps its series (setRules).
 	rules map[string]string
+	hot   hotMetrics // label sets built once (hotpath.go)
+
+	// tracing: spans are exported (an SDK provider was given); off, the
+	// pipeline starts none (calltrace.go).
+	tracing bool
+	// serverDuration is OTel's standard http.server.request.duration of
+	// the sandbox socket (seconds, the convention's buckets).
+	serverDuration metric.Float64Histogram
 }
 
 // setRules names each of the config's simple rules for the rule label:
@@ -71,7 +79,9 @@ func (t *telemetry) ruleLabel(rule string) string {
 	return rule
 }
 
-func newTelemetry() (*telemetry, error) {
+// newTelemetry builds the instruments; tp is the provider spans go to,
+// nil when tracing is off.
+func newTelemetry(tp trace.TracerProvider) (*telemetry, error) {
 	reg := prometheus.NewRegistry()
 	// Go runtime (goroutines, heap, GC) and process (open fds, RSS, CPU)
 	// families on the same registry: what an operator checks first.
@@ -90,8 +100,11 @@ func newTelemetry() (*telemetry, error) {
 	t := &telemetry{
 		provider: mp,
 		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		tracer:   otel.Tracer("sluice/gateway"),
+		tracer:   noop.NewTracerProvider().Tracer("sluice/gateway"),
 		reg:      reg,
+	}
+	if tp != nil {
+		t.tracer, t.tracing = tp.Tracer("sluice/gateway"), true
 	}
 	t.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_request_duration_seconds",
@@ -108,13 +121,16 @@ func newTelemetry() (*telemetry, error) {
 			return nil, fmt.Errorf("gateway: metric: %w", err)
 		}
 	}
-	var errs [6]error
+	var errs [7]error
 	t.decisions, errs[0] = m.Int64Counter("sluice.decisions", metric.WithDescription("Policy decisions by action and rule."))
 	t.reloads, errs[1] = m.Int64Counter("sluice.policy.reloads", metric.WithDescription("Policy reload attempts by result (ok, error)."))
 	t.refusals, errs[2] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
 	t.audits, errs[3] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
 	t.reflected, errs[4] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
 	t.upstream, errs[5] = m.Int64Counter("sluice.upstream.responses", metric.WithDescription("Upstream answers by connector (empty for raw egress), path (tool_call, proxy, intercept) and status class (2xx … 5xx); a relayed 401 is counted here as 4xx whatever the gateway answered."))
+	t.serverDuration, errs[6] = m.Float64Histogram("http.server.request.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of HTTP server requests."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
 	for _, e := range errs {
 		if e != nil {
 			return nil, fmt.Errorf("gateway: metric: %w", e)
@@ -185,8 +201,7 @@ func (t *telemetry) refused(code refusal.Code) {
 // proxy, intercept) for connector ("" on raw egress: a host is not a label,
 // its cardinality is the agent's to choose).
 func (t *telemetry) upstreamAnswered(connector, path string, status int) {
-	t.upstream.Add(context.Background(), 1, metric.WithAttributes(
-		attribute.String("connector", connector), attribute.String("path", path), attribute.String("class", statusClass(status))))
+	t.upstream.Add(context.Background(), 1, t.upstreamAttrs(connector, path, statusClass(status)))
 }
 
 // statusClass is the class of an HTTP status: "2xx" … "5xx", or "other"

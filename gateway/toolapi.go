@@ -46,7 +46,7 @@ func (s *Server) handleToolCall(w http.ResponseWriter, r *http.Request) {
 	}
 	writeOutcome(w, s.Call(r.Context(), call.Request{
 		Identity: id, Tool: r.PathValue("tool"), Body: r.Body, Transport: call.HTTP,
-		HoldID: r.Header.Get("Sluice-Hold"),
+		HoldID: r.Header.Get("Sluice-Hold"), TraceParent: r.Header.Get("traceparent"),
 	}))
 }
 
@@ -87,6 +87,10 @@ func writeOutcome(w http.ResponseWriter, o call.Outcome) {
 			"request_id": o.Hold.RequestID,
 		})
 	default:
+		if b, ok := appendResult(make([]byte, 0, 256), o.Reply, o.RequestID); ok {
+			writeRaw(w, http.StatusOK, b) // json.Marshal(replyBody(o)), without its second pass over the body
+			return
+		}
 		refusal.WriteJSON(w, http.StatusOK, replyBody(o))
 	}
 }

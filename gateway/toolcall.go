@@ -15,13 +15,12 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -29,6 +28,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/vault"
 )
 
 // sandboxHandler serves the sandbox side. Nothing else is routed here: the
@@ -39,18 +39,18 @@ func (s *Server) sandboxHandler() http.Handler {
 	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
 	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
 	mux.Handle("/mcp", s.newMCPDoor()) // mcp_door.go: the same listing and pipeline over MCP
-	eg := s.newRawEgress()             // proxy.go, dnsanswer.go
-	mux.HandleFunc("POST /v1/dns", eg.serveDNS)
+	eg := s.newRawEgress()             // egress_wire.go: package egress
+	mux.HandleFunc("POST /v1/dns", eg.ServeDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
 	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s.httpServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // calltrace.go
 		if r.Method == http.MethodConnect || r.URL.IsAbs() {
-			eg.serveProxy(w, r) // raw egress: forward proxy and CONNECT
+			eg.ServeProxy(w, r) // raw egress: forward proxy and CONNECT
 			return
 		}
 		mux.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // toolCall is one call's state as it moves through the pipeline; its
@@ -65,6 +65,9 @@ type toolCall struct {
 	audited   bool   // the outcome is already in the audit log
 	presync   bool   // the next record need only reach the file; a later one syncs
 	answered  bool   // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
+
+	holdID string    // the hold this call made or names (calltrace.go)
+	trace  callTrace // the call's root and running stage spans (calltrace.go)
 }
 
 // decide sets the call's decision and its recorded form.
@@ -100,8 +103,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	} else if c.rec.Transport == "" {
 		c.rec.Transport = call.HTTP
 	}
-	ctx, span := s.tel.tracer.Start(ctx, "sluice.tool_call", trace.WithAttributes(attribute.String("request_id", c.rec.RequestID)))
-	defer span.End()
+	ctx = s.startCall(ctx, c)
 
 	o, e := s.pipeline(ctx, c)
 	if e != nil {
@@ -114,6 +116,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	} else {
 		c.rec.Status = o.Status
 	}
+	s.endCall(c, e)
 	s.logCall(c, e)
 	o.RequestID = c.rec.RequestID
 	if c.rec.Decided {
@@ -146,6 +149,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// call (one bucket across replicas on a shared store). An approved
 	// hold was limited when it was made.
 	agent := s.cfg.Agent(id.Agent)
+	s.stage(c, stageLimit)
 	if c.held == nil {
 		if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
 			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
@@ -160,6 +164,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// Resolve: the tool, and the agent's grant of its connector.
+	s.stage(c, stageResolve)
 	tool, ok := s.catalog.Tool(c.rec.Tool)
 	if !ok {
 		msg := fmt.Sprintf("no tool is named %q", c.rec.Tool)
@@ -177,6 +182,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Validate: the arguments, before any policy runs, and the request
 	// they make (an approved hold's is the stored one, exactly).
+	s.stage(c, stageValidate)
 	args, req, e := s.validate(ctx, c, tool, up)
 	if e != nil {
 		return call.Outcome{}, e
@@ -184,18 +190,20 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	c.rec.DestHost = req.URL.Hostname()
 
 	// Decide.
-	dctx, dspan := s.tel.tracer.Start(ctx, "sluice.decide")
+	dctx := s.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
 	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in)) // the decision log names the call (policylife.go)
-	dspan.SetAttributes(attribute.String("decision", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule)))
-	dspan.End()
+	if s.tel.tracing {
+		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
+	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
-		s.tel.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", c.rec.Decision.Action), attribute.String("rule", s.tel.ruleLabel(c.decision.Rule))))
+		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
 		s.count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
 	// Grant or hold.
+	s.stage(c, stageGrant)
 	switch {
 	case c.decision.Action == policy.Block:
 		msg := "blocked by policy"
@@ -248,13 +256,19 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		}
 	}
 
+	// A person's OAuth connection missing, with on_missing: hold: held
+	// until they connect (oauthcreds.go).
+	if o, e, held := s.holdForConnection(ctx, c, tool, up, args, req); held {
+		return o, e
+	}
+
 	// Credential, attached here where the caller never sees it.
 	var before http.Header
 	var query string
 	if c.req.Mode == call.Decide {
 		before, query = req.Header.Clone(), req.URL.RawQuery
 	}
-	scr, e := s.credential(ctx, c, tool, up, req)
+	scr, e := s.credential(s.stage(c, stageCredential), c, tool, up, req)
 	if e != nil {
 		return call.Outcome{}, e
 	}
@@ -304,8 +318,6 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 	if c.held != nil {
 		return storedRequest(ctx, c.held)
 	}
-	_, vspan := s.tel.tracer.Start(ctx, "sluice.validate")
-	defer vspan.End()
 	body := []byte(c.req.Args)
 	if c.req.Body != nil {
 		b, err := io.ReadAll(io.LimitReader(c.req.Body, connectors.MaxArgsBytes+1))
@@ -372,8 +384,7 @@ func (s *Server) send(ctx context.Context, c *toolCall, up *upstream, req *http.
 	}
 
 	// Upstream, through the guard.
-	uctx, uspan := s.tel.tracer.Start(ctx, "sluice.upstream")
-	defer uspan.End()
+	uctx := s.stage(c, stageSend)
 	res, e := s.roundTrip(uctx, c, up, req, scr)
 	if e != nil {
 		c.rec.Status = e.Status
@@ -429,9 +440,12 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	ctx, cspan := s.clientSpan(ctx, c, req)
+	defer cspan.End()
 	req = req.WithContext(httptraceDial(ctx, &c.rec))
 	resp, err := up.transport.RoundTrip(req)
 	if err != nil {
+		endClientSpan(cspan, 0, err)
 		var de *guard.DeniedError
 		if errors.As(err, &de) {
 			if de.Addr.IsValid() {
@@ -452,12 +466,14 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	}
 	limit := s.cfg.Gateway.MaxResponseBytes
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	endClientSpan(cspan, resp.StatusCode, err)
 	if err != nil {
 		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, "the upstream reply could not be read").Wrap(err)
 	}
 	if int64(len(raw)) > limit {
 		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
 	}
+	s.stage(c, stageScrub)
 	if scr != nil {
 		// The one check both tool calls and intercepted requests pass
 		// (THREATS D11): codings undone or refused, opaque bodies refused,
@@ -494,7 +510,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 		code = refused.Code
 	}
 	sorted := call.AppendFields(make([]audit.Field, 0, 20), &c.rec, event, code)
-	actx, span := s.tel.tracer.Start(ctx, "sluice.audit")
+	actx, span := s.span(ctx, "sluice.audit")
 	defer span.End()
 	written := c.presync
 	c.presync = false
@@ -509,7 +525,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 // logCall writes the one canonical decision line of a call.
 func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	reason := c.rec.Reason(refused)
-	s.tel.latency.WithLabelValues(c.rec.Decision.Action).Observe(time.Since(c.rec.Start).Seconds())
+	s.tel.observeLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
 	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.allow(call.LineToolCall, reason) {
 		return // the same refusal was logged in this interval: counted (logcap.go)
 	}
@@ -518,7 +534,7 @@ func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 }
 
 // stripHeaderArgs removes headers that only the gateway may set: identity,
-// client-address claims (isForwardingField, as on every egress path),
+// client-address claims (egress.IsForwardingField, as on every egress path),
 // hop-by-hop and framing headers, and content codings and ranges the
 // scrubber could not see through.
 func stripHeaderArgs(a *connectors.Args) {
@@ -526,10 +542,11 @@ func stripHeaderArgs(a *connectors.Args) {
 		lk := strings.ToLower(k)
 		switch {
 		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
-			isForwardingField(lk),
+			egress.IsForwardingField(lk),
 			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
 			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
-			lk == "range", lk == "if-range":
+			lk == "range", lk == "if-range",
+			lk == "traceparent", lk == "tracestate": // the gateway's own trace context is sent (calltrace.go)
 			delete(a.Headers, k)
 		}
 	}
@@ -629,9 +646,17 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 		}
 		ref.RequestSHA256 = h
 	}
-	cctx, cspan := s.tel.tracer.Start(ctx, "sluice.credential")
-	secret, err := s.creds.Credential(cctx, ref)
-	cspan.End()
+	var secret vault.Secret
+	var err error
+	var conn string // an OAuth connection and its scopes, for the record
+	if cc.OAuth2 != nil {
+		var e *refusal.Error
+		if secret, conn, e = s.oauthToken(ctx, c, tool); e != nil { // oauthcreds.go
+			return nil, e
+		}
+	} else {
+		secret, err = s.creds.Credential(ctx, ref)
+	}
 	if err != nil {
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
 	}
@@ -640,6 +665,9 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
 	}
 	c.rec.Credential = att.where
+	if conn != "" {
+		c.rec.Credential += " (" + conn + ")"
+	}
 	scr := up.scrubber(att.forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse

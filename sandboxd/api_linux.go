@@ -147,6 +147,7 @@ func (m *Manager) Handler() http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	m.podRoutes(mux)
 	return mux
 }
 

@@ -80,6 +80,53 @@ type Config struct {
 	// positive answer to an A or AAAA question, never past its TTL (the
 	// relay's DNSCacheFor); 0 asks the gateway every time. Default 1s.
 	DNSCache time.Duration `yaml:"dns_cache"`
+	// Pods maps Kubernetes pods that sluice-cni pins (POST /v1/pods) to
+	// the identity their connections carry, by the pod's namespace. A pod
+	// whose namespace no rule names is refused, so its ADD fails and it
+	// never starts: the mapping is an allow-list kept on the host, not
+	// something a pod's own spec can choose.
+	Pods []PodRule `yaml:"pods"`
+	// AdoptWait is how long a sandbox outlives a sandboxd that died
+	// (kill -9, a crash, an upgrade): its init waits that long for a new
+	// sandboxd to re-adopt it, then ends. 0: sandboxes die with sandboxd.
+	// A sandboxd that stops on SIGTERM destroys its sandboxes either way.
+	// Default 10m, at most 24h.
+	AdoptWait time.Duration `yaml:"adopt_wait"`
+	// OnStop is what SIGTERM does to live sandboxes: "destroy" (default)
+	// kills them and removes their state; "keep" (needs adopt_wait) leaves
+	// them running for the next sandboxd to re-adopt, so that an upgrade
+	// (systemctl restart with KillMode=process) keeps every sandbox.
+	OnStop string `yaml:"on_stop"`
+	// Pool is the warm pool: sandboxes built ahead with the default limits
+	// and no identity, each taken by one create (which binds its identity
+	// and opens its exits) and never reused. It is spares under its issue
+	// 24 name, with a refill rate; set one of pool.size and spares.
+	Pool Pool `yaml:"pool"`
+}
+
+// Pool sizes the warm pool and bounds how fast it refills.
+type Pool struct {
+	Size int `yaml:"size"`
+	// RefillPerSecond bounds how many pooled sandboxes are built per
+	// second in the background (a burst of creates then does not turn into
+	// a burst of forks competing with the sandboxes just handed out);
+	// 0 = as fast as one builder goes.
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+}
+
+// The values of on_stop.
+const (
+	OnStopDestroy = "destroy"
+	OnStopKeep    = "keep"
+)
+
+// PodRule gives the pods of one Kubernetes namespace their identity. The
+// session is the pod's own (namespace/name/uid), so ending it ends one pod.
+type PodRule struct {
+	Namespace string   `yaml:"namespace"` // the pod's namespace, exactly
+	Agent     string   `yaml:"agent"`
+	User      string   `yaml:"user"`
+	Egress    []string `yaml:"egress"` // narrows the agent's egress allowlist, as a pin's egress does
 }
 
 // relayDNSCache is DNSCache as relay.Options.DNSCacheFor says it (there 0
@@ -149,6 +196,8 @@ func Default() Config {
 		UIDs:         UIDRange{Base: 100000, Count: 256},
 		Limits:       DefaultLimits,
 		DNSCache:     time.Second,
+		AdoptWait:    10 * time.Minute,
+		OnStop:       OnStopDestroy,
 	}
 }
 
@@ -303,11 +352,45 @@ func (c Config) Validate() error {
 	if c.Spares < 0 || c.Spares > 64 || c.Spares >= c.UIDs.Count {
 		bad("config: spares: must be in 0..64 and below uids.count, got %d", c.Spares)
 	}
+	switch {
+	case c.Pool.Size < 0 || c.Pool.Size > 64 || (c.Pool.Size > 0 && c.Pool.Size >= c.UIDs.Count):
+		bad("config: pool.size: must be in 0..64 and below uids.count, got %d", c.Pool.Size)
+	case c.Pool.Size > 0 && c.Spares > 0:
+		bad("config: pool.size: set pool.size or spares, not both (spares is its older name)")
+	}
+	if c.Pool.RefillPerSecond < 0 || c.Pool.RefillPerSecond > 1000 {
+		bad("config: pool.refill_per_second: must be in 0..1000, got %g", c.Pool.RefillPerSecond)
+	}
 	if f := c.GatewaySessionTokenFile; f != "" {
 		if !filepath.IsAbs(f) {
 			bad("config: gateway_session_token_file: must be an absolute path, got %q", f)
 		} else if c.GatewayAdmin == "" {
 			bad("config: gateway_session_token_file: needs gateway_admin (where sessions are ended)")
+		}
+	}
+	if c.AdoptWait < 0 || c.AdoptWait > 24*time.Hour {
+		bad("config: adopt_wait: must be in 0s..24h, got %s", c.AdoptWait)
+	}
+	switch c.OnStop {
+	case OnStopDestroy:
+	case OnStopKeep:
+		if c.AdoptWait <= 0 {
+			bad("config: on_stop: keep needs adopt_wait above 0s (a kept sandbox waits that long for the next sandboxd)")
+		}
+	default:
+		bad("config: on_stop: must be destroy or keep, got %q", c.OnStop)
+	}
+	seen := map[string]bool{}
+	for i, r := range c.Pods {
+		switch {
+		case r.Namespace == "":
+			bad("config: pods[%d].namespace: is required", i)
+		case seen[r.Namespace]:
+			bad("config: pods[%d].namespace: %q is mapped twice", i, r.Namespace)
+		}
+		seen[r.Namespace] = true
+		if r.Agent == "" {
+			bad("config: pods[%d].agent: is required", i)
 		}
 	}
 	errs = append(errs, checkGatewayAdmin(c.GatewayAdmin), c.GatewayTLS.validate(c.Host), c.Limits.Validate("limits"))

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
@@ -54,6 +55,15 @@ func RunInit() {
 	if _, err := c.recv(&s); err != nil {
 		os.Exit(121)
 	}
+	// The re-adoption socket, bound while the init may still make files
+	// (before its root and Landlock): after confinement it only accepts.
+	ln := -1
+	if s.CtlSock != "" {
+		if ln, err = listenCtl(s.CtlSock); err != nil {
+			_ = c.send(replyMsg{Error: err.Error()})
+			os.Exit(122)
+		}
+	}
 	// The network first: once lo is up sandboxd opens the sandbox's
 	// listeners in its namespace while this process builds the root.
 	if err := setupNet(s); err != nil {
@@ -82,7 +92,11 @@ func RunInit() {
 		var m execMsg
 		fds, err := c.recv(&m)
 		if err != nil {
-			os.Exit(0)
+			// sandboxd is gone: wait for the next one, or end.
+			if c = reattach(c, ln, s.AdoptWaitMS); c == nil {
+				os.Exit(0)
+			}
+			continue
 		}
 		pid, err := startChild(m, fds, s.UID, s.GID)
 		for _, fd := range fds {
@@ -99,8 +113,72 @@ func RunInit() {
 			rep.Code, rep.Signal = 128+int(ws.Signal()), int(ws.Signal())
 		}
 		if err := c.send(rep); err != nil {
-			os.Exit(0)
+			if c = reattach(c, ln, s.AdoptWaitMS); c == nil {
+				os.Exit(0)
+			}
 		}
+	}
+}
+
+// listenCtl binds the re-adoption socket at path.
+func listenCtl(path string) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("init: control socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("init: control socket: bind %s: %w", path, err)
+	}
+	if err := unix.Listen(fd, 4); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("init: control socket: %w", err)
+	}
+	return fd, nil
+}
+
+// reattach closes the dead control connection and waits up to waitMS for
+// a new sandboxd on ln; nil when none came (or there is no ln). Only a
+// peer outside this pid namespace is taken (SO_PEERCRED reports pid 0 for
+// a process this namespace cannot see): no process of the sandbox, which
+// can reach the same socket only if it could reach the host path, is ever
+// a control peer. What a control peer can ask is no more than a confined
+// process may do anyway (see ctlConn).
+func reattach(c *ctlConn, ln int, waitMS int64) *ctlConn {
+	unix.Close(c.fd)
+	if ln < 0 || waitMS <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(time.Duration(waitMS) * time.Millisecond)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil
+		}
+		pfd := []unix.PollFd{{Fd: int32(ln), Events: unix.POLLIN}}
+		ts := unix.NsecToTimespec(left.Nanoseconds())
+		n, err := unix.Ppoll(pfd, &ts, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil, n == 0: // timed out
+			return nil
+		}
+		nfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+		if err != nil {
+			continue
+		}
+		cred, err := unix.GetsockoptUcred(nfd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if err != nil || cred.Pid != 0 {
+			unix.Close(nfd)
+			continue
+		}
+		nc, err := newInitCtlConn(nfd)
+		if err != nil {
+			unix.Close(nfd)
+			continue
+		}
+		return nc
 	}
 }
 

@@ -25,6 +25,7 @@ func (m *Manager) watchInit(sb *sandbox) error {
 		return fmt.Errorf("sandboxd: start: watch init: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "init-pidfd")
+	sb.watch = f
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
@@ -62,6 +63,11 @@ func (m *Manager) initDied(sb *sandbox, ws syscall.WaitStatus) {
 	if ws.Signaled() {
 		why = fmt.Sprintf("init killed by signal %d (%s)", int(ws.Signal()), ws.Signal())
 	}
+	m.initGone(sb, why)
+}
+
+// initGone marks sb failed because its init ended, for the reason why.
+func (m *Manager) initGone(sb *sandbox, why string) {
 	m.mu.Lock()
 	info := sb.info
 	live := m.boxes[info.ID] == sb

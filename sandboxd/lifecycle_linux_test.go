@@ -30,6 +30,12 @@ func TestMain(m *testing.M) {
 // binary as init (or $SANDBOXD_INIT, a built sandboxd), no exits.
 func realManager(t testing.TB, spares int) *Manager {
 	t.Helper()
+	return realManagerWith(t, func(c *Config) { c.Spares = spares })
+}
+
+// realManagerWith is realManager with the configuration changed by set.
+func realManagerWith(t testing.TB, set func(*Config)) *Manager {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (user namespaces with an id map, cgroups)")
 	}
@@ -61,7 +67,7 @@ func realManager(t testing.TB, spares int) *Manager {
 	cfg := Default()
 	cfg.StateDir = filepath.Join(base, "state")
 	cfg.CgroupParent = "sluice-test-sandboxd"
-	cfg.Spares = spares
+	set(&cfg)
 	m, err := New(Options{Config: cfg, InitPath: init})
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 )
 
 // Ports inside every sandbox's network namespace.
@@ -180,6 +181,9 @@ type Manager struct {
 	refills  sync.WaitGroup
 	// refillDone is closed when the running refill ends (nil: none runs).
 	refillDone chan struct{}
+	// refillRate bounds pool refills (config pool.refill_per_second);
+	// nil: unbounded.
+	refillRate *rate.Limiter
 
 	tmplMu sync.Mutex
 	tmpl   *mountTemplate // built by the first fork
@@ -217,6 +221,13 @@ type sandbox struct {
 	// ending: teardown has begun, so the init's exit is no death.
 	ending atomic.Bool
 	failed string // why the init died (initwatch_linux.go); under Manager.mu
+	// pidfd is set for an init a previous sandboxd started (re-adopted,
+	// adopt_linux.go): not this process's child, so it is killed and
+	// waited for through its pidfd; cmd is nil.
+	pidfd *os.File
+	// watch is the pidfd file the init's watcher waits on; release closes
+	// it to end the watcher without ending the init.
+	watch *os.File
 }
 
 // New prepares the state directory and returns a Manager.
@@ -229,6 +240,9 @@ func New(opts Options) (*Manager, error) {
 	}
 	if opts.InitPath == "" {
 		opts.InitPath = "/proc/self/exe"
+	}
+	if opts.Config.Pool.Size > 0 { // pool.size is spares' newer name
+		opts.Config.Spares = opts.Config.Pool.Size
 	}
 	// 0711: a sandbox's init (an unmapped uid on the host) must be able to
 	// reach its own directory, but not list the others.
@@ -251,7 +265,13 @@ func New(opts Options) (*Manager, error) {
 			return nil, fmt.Errorf("sandboxd: %w", err)
 		}
 	}
-	sd, err := openStateDir(opts.Config.StateDir, opts.Logger)
+	// Sandboxes a previous sandboxd left running keep their directories.
+	recs, badRecs := loadBoxRecords(opts.Config.StateDir)
+	keep := map[string]bool{}
+	for _, r := range recs {
+		keep[filepath.Base(r.Dir)] = true
+	}
+	sd, err := openStateDir(opts.Config.StateDir, opts.Logger, keep)
 	if err != nil {
 		return nil, err
 	}
@@ -275,9 +295,14 @@ func New(opts Options) (*Manager, error) {
 		reports: make(chan struct{}, maxReports),
 		cgs:     &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
 	}
+	if r := opts.Config.Pool.RefillPerSecond; r > 0 {
+		m.refillRate = rate.NewLimiter(rate.Limit(r), 1)
+	}
 	m.nss = newNSPool(m.template, home)
 	m.forks = newForkThreads(2)
 	m.startRefill()
+	m.readoptBoxes(context.Background(), recs, badRecs)
+	m.readoptPins(context.Background())
 	return m, nil
 }
 
@@ -503,6 +528,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		sb.timer = time.AfterFunc(lim.Lifetime, func() { _ = m.Destroy(id) })
 	}
 	m.mu.Unlock()
+	// Not re-adoptable without it, but it runs as well: reported, not fatal.
+	if err := m.saveBox(sb, ident); err != nil {
+		m.log.Warn("sandbox state not saved: a restarted sandboxd cannot re-adopt it", "sandbox", id, "err", err)
+		m.events.write(event{Event: "state_not_saved", Sandbox: id, Agent: req.Agent, Error: err.Error()})
+	}
 	m.events.write(event{Event: "created", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
 	m.log.Info("sandbox created", "sandbox", id, "agent", req.Agent, "pid", sb.info.Pid)
 	return sb.info, nil
@@ -545,6 +575,19 @@ func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
 			return nil, fmt.Errorf("sandboxd: create: %w", err)
 		}
 	}
+	// Where the init listens for a sandboxd that re-adopts it: owned by
+	// the init's own host uid (its root inside), outside the sandbox's
+	// root and run/, so nothing inside the sandbox ever sees it.
+	if m.cfg.AdoptWait > 0 {
+		d := filepath.Dir(ctlSock(sb.dir))
+		host := m.cfg.UIDs.Base + sb.slot*65536
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, fmt.Errorf("sandboxd: create: %w", err)
+		}
+		if err := os.Chown(d, host, host+SandboxUID); err != nil {
+			return nil, fmt.Errorf("sandboxd: create: %w", err)
+		}
+	}
 	// The sandbox's /etc/hosts, /etc/hostname, /etc/passwd and
 	// /etc/group, bound in by its init. Owned by the host's root (nobody
 	// inside), mode 0644: read-only to the sandbox. passwd and group name
@@ -574,6 +617,14 @@ var (
 		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", SandboxUser, SandboxUID, InitUID)
 	etcGroup = fmt.Sprintf("root:x:0:\n%[1]s:x:%[2]d:\nnogroup:x:65534:\n", SandboxUser, SandboxUID)
 )
+
+// ctlSockFor is the re-adoption socket setupMsg names ("" with adopt_wait 0).
+func (m *Manager) ctlSockFor(sb *sandbox) string {
+	if m.cfg.AdoptWait <= 0 {
+		return ""
+	}
+	return ctlSock(sb.dir)
+}
 
 // hostname is the host name of sandbox id.
 func hostname(id string) string { return "sandbox-" + id[:8] }
@@ -675,19 +726,47 @@ func (m *Manager) refill() {
 		if closed {
 			return
 		}
-		sb, err := m.fork(m.cfg.Limits)
-		if err == nil {
-			if err = m.setup(sb, nil); err != nil {
-				m.teardown(sb, false)
+		// Two at a time (sandboxd forks from two threads): a pool emptied
+		// by a burst is back in half the time.
+		k := min(refillBuilders, cap(m.spares)-len(m.spares))
+		built := make(chan *sandbox, k)
+		errs := make(chan error, k)
+		for range k {
+			if m.refillRate != nil {
+				_ = m.refillRate.Wait(context.Background())
+			}
+			go func() {
+				sb, err := m.fork(m.cfg.Limits)
+				if err == nil {
+					if err = m.setup(sb, nil); err != nil {
+						m.teardown(sb, false)
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				built <- sb
+			}()
+		}
+		var failed error
+		for range k {
+			select {
+			case sb := <-built:
+				m.spares <- sb // only this goroutine adds, and there is room
+			case err := <-errs:
+				failed = err
 			}
 		}
-		if err != nil {
-			m.log.Warn("sandboxd: spare", "err", err)
+		if failed != nil {
+			m.log.Warn("sandboxd: spare", "err", failed)
 			return
 		}
-		m.spares <- sb // only this goroutine adds, and there is room
 	}
 }
+
+// refillBuilders is how many pooled sandboxes refill builds at once.
+const refillBuilders = 2
 
 // start re-executes the binary as the sandbox's init in fresh namespaces,
 // born in the sandbox's cgroup, so nothing of the sandbox ever runs
@@ -826,7 +905,7 @@ func (m *Manager) setup(sb *sandbox, onNet func() error) (err error) {
 		Hostname: hostname(sb.info.ID), Template: sb.tmpl, RootDir: filepath.Join(sb.dir, "root"),
 		RunDir: filepath.Join(sb.dir, "run"), EtcDir: filepath.Join(sb.dir, "etc"), WorkspaceBytes: sb.info.Limits.WorkspaceBytes,
 		TmpBytes: sb.info.Limits.TmpBytes, UID: SandboxUID, GID: SandboxUID, InitUID: InitUID, ProxyPort: ProxyPort, DNSPort: DNSPort,
-		Affinity: sb.affinity,
+		Affinity: sb.affinity, CtlSock: m.ctlSockFor(sb), AdoptWaitMS: m.cfg.AdoptWait.Milliseconds(),
 	})
 	if err != nil {
 		return fmt.Errorf("sandboxd: start: %w", err)
@@ -981,10 +1060,14 @@ func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 	sb.ending.Store(true)
 	if sb.cmd != nil && sb.cmd.Process != nil {
 		_ = sb.cmd.Process.Kill()
+	} else if sb.pidfd != nil {
+		sb.killAdopted()
 	}
 	finish := func() error {
 		if sb.cmd != nil && sb.cmd.Process != nil {
 			_ = sb.cmd.Wait()
+		} else if sb.pidfd != nil {
+			sb.reapAdopted()
 		}
 		if sb.ctl != nil {
 			sb.ctl.Close()
@@ -1011,6 +1094,7 @@ func (m *Manager) teardown(sb *sandbox, async bool, done ...func(error)) error {
 // cleanup removes the cgroup and the state directory and frees the slot.
 func (m *Manager) cleanup(sb *sandbox) error {
 	var errs []error
+	m.forgetBox(sb.info.ID)
 	if sb.cg != nil {
 		// Its init has been reaped (or never started): the group is
 		// empty and may serve another sandbox.
@@ -1041,12 +1125,21 @@ func (m *Manager) Close() error {
 	for len(m.spares) > 0 {
 		errs = append(errs, m.teardown(<-m.spares, false))
 	}
+	kept := m.cfg.OnStop == OnStopKeep && m.cfg.AdoptWait > 0
 	for _, in := range m.List() {
+		if kept && in.Failed == "" {
+			errs = append(errs, m.release(in.ID))
+			continue
+		}
 		if err := m.Destroy(in.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, err)
 		}
 	}
 	for _, p := range m.Pins() {
+		if p.Pod != nil || kept { // the next sandboxd re-adopts it
+			errs = append(errs, m.releasePin(p.ID))
+			continue
+		}
 		if err := m.Unpin(p.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, err)
 		}
@@ -1065,7 +1158,7 @@ func (m *Manager) Close() error {
 	m.tmplMu.Unlock()
 	errs = append(errs, m.events.close())
 	if m.state != nil {
-		errs = append(errs, m.state.close())
+		errs = append(errs, m.state.closeKeeping(kept))
 	}
 	return errors.Join(errs...)
 }

@@ -265,12 +265,12 @@ func TestStateDir(t *testing.T) {
 	if err := os.MkdirAll(stale, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sd, err := openStateDir(dir, log)
+	sd, err := openStateDir(dir, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Run("second holder refused", func(t *testing.T) {
-		if _, err := openStateDir(dir, log); err == nil || !strings.Contains(err.Error(), "in use by another sandboxd") {
+		if _, err := openStateDir(dir, log, nil); err == nil || !strings.Contains(err.Error(), "in use by another sandboxd") {
 			t.Fatalf("second open: %v, want in use", err)
 		}
 	})
@@ -299,7 +299,7 @@ func TestStateDir(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, boxesDir)); !os.IsNotExist(err) {
 			t.Errorf("sandboxes/ after close: %v", err)
 		}
-		sd2, err := openStateDir(dir, log)
+		sd2, err := openStateDir(dir, log, nil)
 		if err != nil {
 			t.Fatalf("reopen after close: %v", err)
 		}

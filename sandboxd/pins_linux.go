@@ -43,6 +43,8 @@ type PinInfo struct {
 	User    string    `json:"user,omitempty"`
 	Egress  []string  `json:"egress,omitempty"`
 	Created time.Time `json:"created"`
+	// Pod is set for a pin sluice-cni asked for (POST /v1/pods).
+	Pod *PodRef `json:"pod,omitempty"`
 }
 
 // nsKey identifies a namespace by its nsfs inode, so the same namespace
@@ -66,11 +68,27 @@ var pinWatchInterval = time.Second
 // between the checks and the pin cannot redirect it. Pinning sandboxd's
 // own namespace is ErrInvalid; pinning a pinned namespace is ErrConflict.
 func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
+	return m.pin(ctx, req, pinAs{})
+}
+
+// pinAs is what a pin carries besides its request: a pod's reference,
+// and for a pin re-adopted after a restart its id and creation time.
+type pinAs struct {
+	id      string
+	created time.Time
+	pod     *PodRef
+	key     *nsKey // re-adoption: the namespace the pin was made on
+}
+
+func (m *Manager) pin(ctx context.Context, req PinRequest, as pinAs) (PinInfo, error) {
 	path, err := req.path()
 	if err != nil {
 		return PinInfo{}, err
 	}
-	id := "pin-" + newID()
+	id := as.id
+	if id == "" {
+		id = "pin-" + newID()
+	}
 	if req.Agent == "" {
 		return PinInfo{}, fmt.Errorf("%w: agent is required", ErrInvalid)
 	}
@@ -85,7 +103,9 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 	if err := ident.Validate(); err != nil {
 		return PinInfo{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	if ident.Egress != "" {
+	// A re-adopted pin's egress was checked when it was made; asking the
+	// gateway again would leave the namespace without exits while it is down.
+	if ident.Egress != "" && as.id == "" {
 		if err := m.checkEgress(ctx, ident); err != nil {
 			m.events.write(event{Event: "egress_refused", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Egress: ident.Egress, Error: err.Error()})
 			return PinInfo{}, fmt.Errorf("sandboxd: pin: %w", err)
@@ -99,6 +119,9 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 	key, err := checkPinTarget(ns)
 	if err != nil {
 		return PinInfo{}, fmt.Errorf("%w: %s: %w", ErrInvalid, req.field(), err)
+	}
+	if as.key != nil && *as.key != key {
+		return PinInfo{}, fmt.Errorf("%w: %s %s names another namespace than the one pinned", ErrNotFound, req.field(), path)
 	}
 
 	// Reserve the namespace before the slow part, so two concurrent pins
@@ -131,11 +154,21 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 	if err != nil {
 		return PinInfo{}, fmt.Errorf("sandboxd: pin %s: %w", path, err)
 	}
-	info := PinInfo{ID: id, NetNS: path, Agent: req.Agent, Session: req.Session, User: req.User, Egress: egress, Created: time.Now().UTC()}
+	info := PinInfo{ID: id, NetNS: path, Agent: req.Agent, Session: req.Session, User: req.User, Egress: egress, Created: time.Now().UTC(), Pod: as.pod}
+	if !as.created.IsZero() {
+		info.Created = as.created
+	}
+	// Written before the pin is announced: a sandboxd killed from here on
+	// finds it in state_dir and opens its listeners again (pinstate_linux.go).
+	if err := m.savePin(info, key, req.Egress); err != nil {
+		_ = p.Close()
+		return PinInfo{}, fmt.Errorf("sandboxd: pin %s: %w", path, err)
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		_ = p.Close()
+		m.forgetPin(id)
 		return PinInfo{}, errors.New("sandboxd: pin: manager closed")
 	}
 	e := &pinEntry{info: info, key: key, p: p, stop: make(chan struct{})}
@@ -143,7 +176,11 @@ func (m *Manager) Pin(ctx context.Context, req PinRequest) (PinInfo, error) {
 	m.pending.Add(1) // under mu: Close waits for the watcher
 	m.mu.Unlock()
 	ok = true
-	m.events.write(event{Event: "pinned", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, NetNS: path})
+	ev := "pinned"
+	if as.id != "" {
+		ev = "pin_readopted"
+	}
+	m.events.write(event{Event: ev, Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, NetNS: path})
 	go m.watchPin(id, path, e)
 	m.log.Info("namespace pinned", "sandbox", id, "netns", path, "agent", req.Agent)
 	return info, nil
@@ -226,6 +263,7 @@ func (m *Manager) Unpin(id string) error {
 	}
 	close(e.stop)
 	err := e.p.Close()
+	m.forgetPin(id)
 	// Only once the listeners are closed may the namespace be pinned again.
 	m.mu.Lock()
 	delete(m.pinning, e.key)

@@ -45,6 +45,14 @@ type setupMsg struct {
 	// wire form (encodeSeccomp): one base64 string in the JSON, which the
 	// init decodes far faster than an array of instruction objects.
 	Seccomp []byte `json:"seccomp"`
+	// CtlSock, when set, is where the init listens (SOCK_SEQPACKET) for a
+	// new sandboxd once its control socket closes: a sandboxd killed or
+	// restarted leaves the sandbox running, and the next one re-adopts
+	// it there (adopt_linux.go). A host path outside the sandbox's root;
+	// the init accepts only peers outside its pid namespace. AdoptWaitMS
+	// is how long it waits before it exits (and with it the sandbox).
+	CtlSock     string `json:"ctl_sock,omitempty"`
+	AdoptWaitMS int64  `json:"adopt_wait_ms,omitempty"`
 }
 
 // execMsg asks init to start argv with fds 0-2 attached (SCM_RIGHTS).

@@ -34,7 +34,7 @@ type stateDir struct {
 
 // openStateDir locks dir and prepares its sandbox directory: an empty
 // tmpfs, or, where mounting is not allowed, a plain directory.
-func openStateDir(dir string, log *slog.Logger) (_ *stateDir, err error) {
+func openStateDir(dir string, log *slog.Logger, keep map[string]bool) (_ *stateDir, err error) {
 	f, err := os.OpenFile(filepath.Join(dir, stateLock), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("sandboxd: state dir: %w", err)
@@ -54,14 +54,17 @@ func openStateDir(dir string, log *slog.Logger) (_ *stateDir, err error) {
 	if err := os.Mkdir(sd.boxes, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("sandboxd: state dir: %w", err)
 	}
-	// Entries left by a sandboxd that died go first (their sandboxes died
-	// with it), from the disk or from the tmpfs it left mounted.
+	// Entries left by a sandboxd that died go first, from the disk or from
+	// the tmpfs it left mounted, except those of sandboxes it left
+	// running for re-adoption (keep, by directory name).
 	ents, err := os.ReadDir(sd.boxes)
 	if err != nil {
 		return nil, fmt.Errorf("sandboxd: state dir: %w", err)
 	}
 	for _, e := range ents {
-		_ = os.RemoveAll(filepath.Join(sd.boxes, e.Name()))
+		if !keep[e.Name()] {
+			_ = os.RemoveAll(filepath.Join(sd.boxes, e.Name()))
+		}
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(sd.boxes, &st); err != nil {
@@ -86,6 +89,16 @@ func openStateDir(dir string, log *slog.Logger) (_ *stateDir, err error) {
 // close unmounts the sandbox directory's tmpfs (after every sandbox is
 // gone), removes the directory and releases the lock.
 func (sd *stateDir) close() error {
+	return sd.closeKeeping(false)
+}
+
+// closeKeeping is close; with kept, sandboxes were left running for the
+// next sandboxd, so their directories stay (mounted) and only the lock is
+// released.
+func (sd *stateDir) closeKeeping(kept bool) error {
+	if kept {
+		return sd.lock.Close()
+	}
 	var errs []error
 	if sd.mounted {
 		if err := unix.Unmount(sd.boxes, unix.MNT_DETACH); err != nil {

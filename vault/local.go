@@ -307,6 +307,12 @@ func (l *Local) Resolve(ctx context.Context, name string, scopes ...Scope) (Secr
 		return Secret{}, "", err
 	}
 	for _, sc := range scopes {
+		if _, ok := sf.Secrets[entryKey(name, sc)]; !ok {
+			// Not in this scope: try the next without building the
+			// not-found error open would make (a tool call with a
+			// project-scope secret looks in two scopes first).
+			continue
+		}
 		s, err := l.open(sf, name, sc)
 		if err == nil {
 			return s, sc, nil
@@ -358,8 +364,16 @@ func (l *Local) Delete(ctx context.Context, name string, scope Scope) error {
 
 // load returns the current file contents, re-reading the file when it changed.
 func (l *Local) load() (*storeFile, error) {
+	// The common case, an unchanged file, stats outside the lock: every
+	// tool call with a local credential comes here, and none should queue
+	// behind another's system call. A change after this stat is seen by
+	// the next call, as it would be had it come after the lock.
+	fi, err := os.Stat(l.path)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if err == nil && l.cache != nil && statKey(fi) == l.cacheKey {
+		return l.cache, nil
+	}
 	return l.loadLocked(false)
 }
 

@@ -42,6 +42,25 @@ const MaxValue = 64 << 10
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
+// validName is nameRE.MatchString without the regexp machine: every
+// credential lookup checks its name and scope, so it is on the tool-call
+// path (TestValidNameMatchesRE holds the two equal).
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case i > 0 && (c == '_' || c == '.' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // ValidateName checks a secret name (also used for the NAME and SLUG of a
 // scope): a letter or digit, then up to 127 letters, digits, '_', '.' or '-'.
 func ValidateName(name string) error {
@@ -52,7 +71,7 @@ func ValidateName(name string) error {
 }
 
 func validateName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !validName(name) {
 		return fmt.Errorf("invalid secret name %q: want %s", clip(name), nameRE)
 	}
 	return nil
@@ -73,7 +92,7 @@ func (s Scope) validate() error {
 	}
 	for _, kind := range []string{"user:", "connector:"} {
 		if rest, ok := strings.CutPrefix(str, kind); ok {
-			if !nameRE.MatchString(rest) {
+			if !validName(rest) {
 				return fmt.Errorf("invalid scope %q: bad %s", clip(str), strings.TrimSuffix(kind, ":"))
 			}
 			return nil

@@ -163,6 +163,8 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 					return err
 				}
 			}
+			// A one-shot run's sandbox ends with it, killed or not.
+			cfg.AdoptWait, cfg.OnStop = 0, sandboxd.OnStopDestroy
 			m, err := sandboxd.New(sandboxd.Options{Config: cfg, Logger: log, Exits: exits(log)})
 			if err != nil {
 				return err

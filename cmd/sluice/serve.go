@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/internal/buildinfo"
 )
 
@@ -65,7 +66,25 @@ func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Du
 	}
 	version, commit := buildinfo.Version()
 	log.Info("starting", "config", lc.Source, "version", version, "commit", commit)
-	srv, err := gateway.New(ctx, lc.Config, gateway.Options{Logger: log})
+	opts := gateway.Options{Logger: log}
+	// Spans are exported when the OTEL_* environment asks for it; off,
+	// the gateway makes none (package tracing).
+	tp, err := tracing.FromEnv(ctx, os.Getenv, version)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if tp != nil {
+		opts.Tracing = tp.TracerProvider()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("tracing: spans not exported at shutdown", "err", err)
+			}
+		}()
+		log.Info("tracing: exporting spans over OTLP")
+	}
+	srv, err := gateway.New(ctx, lc.Config, opts)
 	if err != nil {
 		return fmt.Errorf("serve (%s): %w", lc.Source, err)
 	}

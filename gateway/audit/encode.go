@@ -175,3 +175,8 @@ func appendJSONString(dst []byte, s string) []byte {
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }
+
+// AppendJSONString appends s as encoding/json encodes a string (HTML
+// escaping on, invalid UTF-8 replaced), for encoders on the hot path that
+// must produce exactly what json.Marshal would.
+func AppendJSONString(dst []byte, s string) []byte { return appendJSONString(dst, s) }

@@ -118,6 +118,10 @@ type Request struct {
 	// Envoy is the request in opa-envoy-plugin's input shape (the
 	// ext_authz door's), shown to policy as input.envoy; nil otherwise.
 	Envoy map[string]any
+	// TraceParent is the W3C traceparent the caller sent ("" when none).
+	// The pipeline records it only as a link of the call's span, never as
+	// its parent: the caller does not place the decision in its trace.
+	TraceParent string
 }
 
 // Progress is one report of a held call's wait.

@@ -56,6 +56,8 @@ const (
 	// revision or a digest of the Rego and data files.
 	KeyPolicyRevision = "policy_revision"
 
+	KeyTraceID = "trace_id" // the call's OpenTelemetry trace, when tracing is on
+
 	// A DNS answer's record (EventDNSAnswered) adds these.
 	KeyAnswers = "answers"
 	KeyQType   = "qtype"
@@ -106,6 +108,7 @@ type Record struct {
 	User      string
 	Egress    string // the caller's egress narrowing, as in its preamble ("" when none)
 	Tool      string // tool calls: the tool's name (never its alias)
+	TraceID   string // the OpenTelemetry trace of the call ("" when tracing is off)
 
 	Decision Decision
 	Decided  bool // Decision holds the policy's decision
@@ -215,6 +218,9 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 	if !eg {
 		f = append(f, F(Field{KeyTool, r.Tool}))
 	}
+	if r.TraceID != "" {
+		f = append(f, F(Field{KeyTraceID, r.TraceID}))
+	}
 	if r.Transport != "" {
 		f = append(f, F(Field{KeyTransport, string(r.Transport)}))
 	}
@@ -236,7 +242,7 @@ func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.L
 }
 
 // LineAttrs is the most attributes a canonical line has.
-const LineAttrs = 18
+const LineAttrs = 19
 
 // AppendLine is Line appending the attributes to attrs: a writer that
 // hands them straight to the logger keeps them on its stack.
@@ -282,6 +288,9 @@ func (r *Record) AppendLine(attrs []slog.Attr, e *refusal.Error, reason string) 
 		attrs = append(attrs, slog.Int64(KeyBytesUp, r.BytesUp.Load()), slog.Int64(KeyBytesDown, r.BytesDown.Load()))
 	}
 	attrs = append(attrs, slog.Float64(KeyDurationMS, float64(time.Since(r.Start).Microseconds())/1000))
+	if r.TraceID != "" {
+		attrs = append(attrs, slog.String(KeyTraceID, r.TraceID))
+	}
 	return msg, level, attrs
 }
 

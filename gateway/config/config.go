@@ -247,6 +247,32 @@ type Credential struct {
 	Header string `yaml:"header"`
 	Query  string `yaml:"query"`
 	Prefix string `yaml:"prefix"`
+	// OAuth2 makes the gateway an OAuth 2.0 client of the connector's API
+	// (package gateway/oauth): per person (authorization_code, connected
+	// on the review UI's Connections page) or per connector
+	// (client_credentials). The access token goes in Authorization: Bearer.
+	OAuth2 *OAuth2 `yaml:"oauth2"`
+}
+
+// OAuth2 is a connector's OAuth 2.0 client. The URLs default to the spec's
+// oauth2 securityScheme flow (Scheme names it when there are several).
+type OAuth2 struct {
+	Flow     string `yaml:"flow"` // authorization_code | client_credentials
+	ClientID string `yaml:"client_id"`
+	// ClientSecret names a secret in the configured store (local or
+	// Vault), looked up at the connector's scope, then the project's.
+	ClientSecret     string   `yaml:"client_secret"`
+	Scopes           []string `yaml:"scopes"`
+	Scheme           string   `yaml:"scheme"`
+	AuthorizationURL string   `yaml:"authorization_url"`
+	TokenURL         string   `yaml:"token_url"`
+	// RevocationURL (RFC 7009) is where Disconnect revokes the tokens;
+	// without it they are only deleted here.
+	RevocationURL string `yaml:"revocation_url"`
+	// OnMissing is what a call for a person without a usable connection
+	// gets: "refuse" (default: 403 connection_required) or "hold" (held
+	// like an ask until the person connects, then sent once).
+	OnMissing string `yaml:"on_missing"`
 }
 
 // VaultRef is a Vault-backed credential: exactly one of KV, Dynamic,
@@ -760,10 +786,12 @@ func (c *Config) Validate() error {
 		if cr := cn.Credential; cr != nil {
 			ck := k + ".credential"
 			switch {
-			case cr.Secret == "" && cr.Vault == nil:
-				bad(ck, "needs secret or vault")
+			case cr.Secret == "" && cr.Vault == nil && cr.OAuth2 == nil:
+				bad(ck, "needs secret, vault or oauth2")
 			case cr.Secret != "" && cr.Vault != nil:
 				bad(ck, "secret and vault are exclusive")
+			case cr.OAuth2 != nil && (cr.Secret != "" || cr.Vault != nil || cr.Header != "" || cr.Query != "" || cr.Scheme != ""):
+				bad(ck+".oauth2", "is exclusive with secret, vault, header, query and scheme (the access token goes in Authorization: Bearer)")
 			case cr.Secret != "" && !nameRE.MatchString(cr.Secret):
 				bad(ck+".secret", "not a secret name: %q", cr.Secret)
 			}
@@ -800,6 +828,9 @@ func (c *Config) Validate() error {
 				if v.TTL != 0 && (v.TransitKey == "" || v.TTL.Std() < time.Second || v.TTL.Std() > time.Hour) {
 					bad(ck+".vault.ttl", "only with transit_key, between 1s and 1h")
 				}
+			}
+			if o := cr.OAuth2; o != nil {
+				validateOAuth2(ck+".oauth2", o, c, bad)
 			}
 			if cr.Header != "" && cr.Query != "" {
 				bad(ck, "header and query are exclusive")
@@ -972,6 +1003,62 @@ func ParseAllowPrivate(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("want a CIDR like 10.0.0.0/8 or an address like 10.0.0.5, got %q", s)
 	}
 	return p.Masked(), nil
+}
+
+// validateOAuth2 checks a connector's oauth2 client. URLs left empty
+// come from the spec (checked when it is loaded).
+func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string, args ...any)) {
+	switch o.Flow {
+	case "authorization_code":
+		if c.Approvals.PublicURL == "" {
+			bad("approvals.public_url", "must be set with %s.flow: authorization_code: the redirect URL is built from it", k)
+		}
+		if c.Secrets.Backend != "local" {
+			bad(k+".flow", "authorization_code keeps each person's tokens in the local store (scope user:NAME); it needs secrets.backend: local in this build")
+		}
+	case "client_credentials":
+		if o.ClientSecret == "" {
+			bad(k+".client_secret", "is required with flow: client_credentials")
+		}
+	case "":
+		bad(k+".flow", "must be set: authorization_code (per person) or client_credentials (per connector)")
+	default:
+		bad(k+".flow", "want authorization_code or client_credentials, got %q", o.Flow)
+	}
+	if o.ClientID == "" {
+		bad(k+".client_id", "must be set")
+	} else if strings.ContainsAny(o.ClientID, "\r\n\x00") {
+		bad(k+".client_id", "must not contain CR, LF or NUL")
+	}
+	if o.ClientSecret != "" && !nameRE.MatchString(o.ClientSecret) {
+		bad(k+".client_secret", "not a secret name: %q (name a secret in the store; the value never goes in sluice.yaml)", o.ClientSecret)
+	}
+	for i, sc := range o.Scopes {
+		if sc == "" || strings.ContainsAny(sc, " \t\r\n\x00\"\\") {
+			bad(fmt.Sprintf("%s.scopes[%d]", k, i), "not a scope token: %q", sc)
+		}
+	}
+	for key, v := range map[string]string{"authorization_url": o.AuthorizationURL, "token_url": o.TokenURL, "revocation_url": o.RevocationURL} {
+		if v == "" {
+			continue
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.Fragment != "" {
+			bad(k+"."+key, "want an absolute http(s) URL without user info or fragment, got %q", RedactURL(v))
+		}
+	}
+	switch o.OnMissing {
+	case "", "refuse":
+	case "hold":
+		if o.Flow != "authorization_code" {
+			bad(k+".on_missing", "hold is for flow: authorization_code (a person connects)")
+		}
+	default:
+		bad(k+".on_missing", "want refuse or hold, got %q", o.OnMissing)
+	}
+	if o.AuthorizationURL != "" && o.Flow == "client_credentials" {
+		bad(k+".authorization_url", "is not used with flow: client_credentials")
+	}
 }
 
 // RedactURL is s fit for an error message: a URL can carry a credential

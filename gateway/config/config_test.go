@@ -216,3 +216,36 @@ func TestAuditCheckpointDefaults(t *testing.T) {
 		t.Fatalf("checkpoint = %+v", *cp)
 	}
 }
+
+func TestOAuth2KeysNameTheirKey(t *testing.T) {
+	const conn = "connectors: [{ slug: a, spec: a.yaml, credential: { oauth2: %s } }]\n"
+	const pub = "approvals: { public_url: 'https://sluice.example' }\n"
+	cases := []struct{ name, yaml, key string }{
+		{"no flow", fmt.Sprintf(conn, "{ client_id: c }"), "connectors[0].credential.oauth2.flow: must be set"},
+		{"unknown flow", fmt.Sprintf(conn, "{ flow: implicit, client_id: c }"), "connectors[0].credential.oauth2.flow: want authorization_code or client_credentials"},
+		{"no client id", pub + fmt.Sprintf(conn, "{ flow: authorization_code }"), "connectors[0].credential.oauth2.client_id: must be set"},
+		{"client credentials without secret", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c }"), "connectors[0].credential.oauth2.client_secret: is required"},
+		{"secret value instead of a name", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: 'sk live/123' }"), "connectors[0].credential.oauth2.client_secret: not a secret name"},
+		{"authorization code without public url", fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }"), "approvals.public_url: must be set with connectors[0].credential.oauth2.flow"},
+		{"authorization code with vault", pub + "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\n" + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }"), "connectors[0].credential.oauth2.flow: authorization_code keeps each person's tokens in the local store"},
+		{"token url", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, token_url: 'ftp://x/t' }"), "connectors[0].credential.oauth2.token_url"},
+		{"revocation url with user", pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, revocation_url: 'https://u:p@x/r' }"), "connectors[0].credential.oauth2.revocation_url"},
+		{"scope with a space", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, scopes: ['a b'] }"), "connectors[0].credential.oauth2.scopes[0]"},
+		{"with secret", "connectors: [{ slug: a, spec: a.yaml, credential: { secret: k, oauth2: { flow: client_credentials, client_id: c, client_secret: s } } }]\n", "connectors[0].credential.oauth2: is exclusive"},
+		{"on_missing unknown", pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, on_missing: wait }"), "connectors[0].credential.oauth2.on_missing: want refuse or hold"},
+		{"hold with client credentials", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, on_missing: hold }"), "connectors[0].credential.oauth2.on_missing: hold is for flow: authorization_code"},
+		{"authorization url with client credentials", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, authorization_url: 'https://x/a' }"), "connectors[0].credential.oauth2.authorization_url: is not used"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), "/x")
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("err = %v, want it to name %s", err, tc.key)
+			}
+		})
+	}
+	ok := pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, client_secret: s, scopes: [repo, 'read:user'] }")
+	if _, err := Parse([]byte(ok), "/x"); err != nil {
+		t.Fatalf("a valid oauth2 credential: %v", err)
+	}
+}

@@ -86,6 +86,9 @@ type Hold struct {
 	// request with the same hash is let through once (Release), after
 	// which it is Done.
 	Deferred bool `json:"deferred,omitempty"`
+	// TraceParent is the W3C traceparent of the span that created the
+	// hold ("" when tracing was off): its execution links to it.
+	TraceParent string `json:"trace_parent,omitempty"`
 	// Version is the stored hold's change count when it was read: a
 	// decision applies only to the version its decider saw.
 	Version int64 `json:"-"`

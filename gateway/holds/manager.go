@@ -114,6 +114,7 @@ type doc struct {
 	// are therefore never re-sent.
 	IdempotencyHeader string `json:"idempotency_header,omitempty"`
 	Deferred          bool   `json:"deferred,omitempty"`
+	TraceParent       string `json:"trace_parent,omitempty"`
 }
 
 func fromRow(r store.HoldRow) (Hold, error) {
@@ -124,7 +125,7 @@ func fromRow(r store.HoldRow) (Hold, error) {
 	h := Hold{ID: r.ID, Status: Status(r.Status), Tool: d.Tool, OpSummary: d.OpSummary, Args: d.Args, Request: d.Request, SHA256: r.SHA256,
 		Credential: d.Credential, Caller: d.Caller, Approvers: d.Approvers, Rule: d.Rule, Reason: d.Reason,
 		Created: r.Created, Expires: r.Expires, DecidedBy: r.DecidedBy, DecisionReason: r.DecisionReason, Decided: r.Decided,
-		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader, Deferred: d.Deferred, Version: r.Version}
+		RequestID: d.RequestID, IdempotencyHeader: d.IdempotencyHeader, Deferred: d.Deferred, TraceParent: d.TraceParent, Version: r.Version}
 	if r.Result != nil {
 		h.Result = &Result{}
 		if err := json.Unmarshal(r.Result, h.Result); err != nil {
@@ -154,7 +155,7 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 	h.ID, h.Status, h.Created = newID(), Pending, m.now().UTC()
 	d, err := json.Marshal(doc{Tool: h.Tool, OpSummary: h.OpSummary, Args: h.Args, Request: h.Request, Credential: h.Credential, Caller: c,
 		Approvers: h.Approvers, Rule: h.Rule, Reason: h.Reason, RequestID: h.RequestID, IdempotencyHeader: h.IdempotencyHeader,
-		Deferred: h.Deferred})
+		Deferred: h.Deferred, TraceParent: h.TraceParent})
 	if err != nil {
 		return Hold{}, false, fmt.Errorf("holds: create: %w", err)
 	}

@@ -42,6 +42,12 @@ const (
 	ApprovalUnavailable   Code = "approval_unavailable"
 	UpstreamError         Code = "upstream_error"
 	RateLimited           Code = "rate_limited"
+	// ConnectionRequired is a call to a connector that acts with a
+	// person's own OAuth account (credential.oauth2, authorization_code)
+	// for a person who has not connected it, or whose connection the
+	// provider stopped honouring (403). The message names the review UI's
+	// Connections page, for the agent to show its user.
+	ConnectionRequired Code = "connection_required"
 	// TooManyHolds is a sandbox with its share of its agent's pending
 	// holds (gateway.max_pending_holds_per_sandbox) asking again (429).
 	TooManyHolds Code = "too_many_holds"

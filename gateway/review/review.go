@@ -85,6 +85,9 @@ type Options struct {
 	// it for everyone (defaults 5, 15m).
 	LoginFailures int
 	LoginWindow   time.Duration
+	// Connections, when set, serves the Connections page (connections.go):
+	// a person connects the connectors that act with their own account.
+	Connections Connections
 }
 
 // UI is the review web UI; mount it at "/" on the admin listener.
@@ -191,7 +194,7 @@ func New(opt Options) (*UI, error) {
 		"argsum":        func(doc []byte) string { return argSummary(doc) },
 		"pathesc":       url.PathEscape,
 	}
-	for _, name := range []string{"login", "queue", "hold", "history", "audit", "timeline", "error", "redirect", "queuefrag"} {
+	for _, name := range []string{"login", "queue", "hold", "history", "audit", "timeline", "error", "redirect", "queuefrag", "connections"} {
 		t, err := template.New("base.html").Funcs(funcs).ParseFS(templateFS, "templates/base.html", "templates/queuelist.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("review: template %s: %w", name, err)
@@ -220,6 +223,12 @@ func New(opt Options) (*UI, error) {
 	m.HandleFunc("GET /history", u.authed(u.handleHistory))
 	m.HandleFunc("GET /audit", u.authed(u.handleAudit))
 	m.HandleFunc("GET /sessions/{session}", u.authed(u.handleTimeline))
+	if opt.Connections != nil {
+		m.HandleFunc("GET /connections", u.authed(u.handleConnections))
+		m.HandleFunc("GET /connections/callback", u.authed(u.handleConnectCallback))
+		m.HandleFunc("GET /connections/{connector}/connect", u.authed(u.handleConnect))
+		m.HandleFunc("POST /connections/{connector}/disconnect", u.authed(u.handleDisconnect))
+	}
 	u.mux = m
 	return u, nil
 }
@@ -293,6 +302,7 @@ type page struct {
 	Me      *holds.Person
 	CSRF    string
 	Nav     string
+	Conns   bool // the Connections page exists
 	OIDC    bool
 	Message string
 	Data    any
@@ -320,7 +330,7 @@ func (u *UI) fail(w http.ResponseWriter, r *http.Request, s *session, status int
 }
 
 func (u *UI) page(s *session, title, nav string, data any) page {
-	return page{Title: title, Me: &s.person, CSRF: s.csrf, Nav: nav, Data: data}
+	return page{Title: title, Me: &s.person, CSRF: s.csrf, Nav: nav, Data: data, Conns: u.opt.Connections != nil}
 }
 
 // --- sign-in ---

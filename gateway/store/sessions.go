@@ -93,7 +93,7 @@ const endedSharedTTL = 500 * time.Millisecond
 // keeps its database answer only if no end happened while it asked, so an
 // answer read just before an end's commit can never overwrite it.
 type endedCache struct {
-	mu     sync.Mutex
+	mu     sync.RWMutex // every tool call reads; only puts and ends write
 	gen    uint64
 	m      map[string]endedEntry
 	shared bool // set at Open: "not ended" answers expire after endedSharedTTL
@@ -105,8 +105,8 @@ type endedEntry struct {
 }
 
 func (c *endedCache) get(session string) (ended, ok bool, gen uint64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	e, ok := c.m[session]
 	if ok && !e.ended && c.shared && time.Since(e.at) >= endedSharedTTL {
 		ok = false

@@ -247,6 +247,11 @@ func (p *Pinned) removeLinks(ctx context.Context, log *slog.Logger) error {
 			continue
 		}
 		if err := p.run(ctx, nil, "ip", "link", "del", "dev", l.Name); err != nil {
+			// Deleting one end of a veth pair deletes the other: a
+			// link that is gone by now needs nothing more.
+			if now, lerr := p.links(ctx); lerr == nil && !hasLink(now, l.Name) {
+				continue
+			}
 			log.Warn("pin: cannot delete link, taking it down", "link", l.Name, "err", err)
 			if err := p.run(ctx, nil, "ip", "link", "set", "dev", l.Name, "down"); err != nil {
 				return fmt.Errorf("pin: link %s: %w", l.Name, err)
@@ -266,6 +271,15 @@ func (p *Pinned) removeLinks(ctx context.Context, log *slog.Logger) error {
 		}
 	}
 	return nil
+}
+
+func hasLink(ls []link, name string) bool {
+	for _, l := range ls {
+		if l.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 func contains(s []string, v string) bool {
@@ -350,6 +364,59 @@ func (p *Pinned) routes(ctx context.Context, fam string) ([]route, error) {
 		}
 	}
 	return rs, nil
+}
+
+// Reseal closes the pinned namespace again as Pin did (the ruleset
+// reloaded, every interface but lo removed, every route off lo removed),
+// keeping the listeners: a runtime that repeats a pod's network set-up
+// may have put an interface back.
+func (p *Pinned) Reseal(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := p.run(ctx, bytes.NewReader([]byte(Ruleset)), "nft", "-f", "-"); err != nil {
+		return fmt.Errorf("pin: reseal: load ruleset: %w", err)
+	}
+	if err := p.removeLinks(ctx, log); err != nil {
+		return err
+	}
+	return p.removeRoutes(ctx)
+}
+
+// Verify checks that the namespace is still as Pin left it: the ruleset
+// loaded with its three drop policies, no interface but lo up, and no
+// route that leaves lo. It changes nothing (CNI CHECK asks it: a runtime
+// or a process with CAP_NET_ADMIN inside may have added a link or route
+// since). The first difference found is the error.
+func (p *Pinned) Verify(ctx context.Context) error {
+	out, err := p.output(ctx, nil, "nft", "list", "table", "inet", Table)
+	if err != nil {
+		return fmt.Errorf("pin: verify: ruleset: %w", err)
+	}
+	if n := strings.Count(string(out), "policy drop;"); n != 3 {
+		return fmt.Errorf("pin: verify: ruleset: table inet %s has %d drop policies, want 3", Table, n)
+	}
+	ls, err := p.links(ctx)
+	if err != nil {
+		return fmt.Errorf("pin: verify: %w", err)
+	}
+	for _, l := range ls {
+		if l.Name != "lo" && contains(l.Flags, "UP") {
+			return fmt.Errorf("pin: verify: link %s is up", l.Name)
+		}
+	}
+	for _, fam := range []string{"-4", "-6"} {
+		rs, err := p.routes(ctx, fam)
+		if err != nil {
+			return fmt.Errorf("pin: verify: %w", err)
+		}
+		for _, r := range rs {
+			if !r.keep() {
+				return fmt.Errorf("pin: verify: route %s %s dev %q table %s", r.Type, r.Dst, r.Dev, r.Table)
+			}
+		}
+	}
+	return nil
 }
 
 // Close unpins: it closes the relay's listeners and every relayed

@@ -115,7 +115,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	warm := 20
 	apiURL := fmt.Sprintf("http://127.0.0.1:%d", w.apiPort)
 
-	direct := &http.Client{Transport: w.ns.transport(), Timeout: 30 * time.Second}
+	direct := &http.Client{Transport: peerTransport(w), Timeout: 30 * time.Second}
 	post := func(c *http.Client, u string) func() error {
 		return func() error {
 			req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(itemBody))
@@ -138,7 +138,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	// A bare Go reverse proxy in the namespace.
 	target, _ := url.Parse(apiURL)
 	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport = w.ns.transport()
+	rp.Transport = peerTransport(w)
 	rpl := w.ns.listen(t, "tcp", "127.0.0.1:0")
 	rps := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = rps.Serve(rpl) }()
@@ -148,12 +148,13 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	// The do-it-yourself stack: the same reverse proxy asking an OPA REST
 	// sidecar per request.
 	const opaRow = "ReverseProxy + OPA sidecar"
+	var opaURL string // the do-it-yourself stack's address, for the throughput rows
 	if bin, err := opaBinary(); err != nil {
 		ps = append(ps, &probe{name: opaRow, err: err})
-	} else if opaURL, err := startOPA(t, w, bin); err != nil {
+	} else if sidecar, err := startOPA(t, w, bin); err != nil {
 		ps = append(ps, &probe{name: opaRow, err: err})
 	} else {
-		oc := &http.Client{Transport: w.ns.transport(), Timeout: 10 * time.Second}
+		oc := &http.Client{Transport: peerTransport(w), Timeout: 10 * time.Second}
 		h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			body, err := io.ReadAll(r.Body)
 			if err != nil {
@@ -161,7 +162,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 				return
 			}
 			in, _ := json.Marshal(map[string]any{"input": map[string]any{"method": r.Method, "path": r.URL.Path, "body": json.RawMessage(body)}})
-			resp, err := oc.Post(opaURL+"/v1/data/bench/allow", "application/json", bytes.NewReader(in))
+			resp, err := oc.Post(sidecar+"/v1/data/bench/allow", "application/json", bytes.NewReader(in))
 			if err != nil {
 				http.Error(rw, "policy", http.StatusBadGateway)
 				return
@@ -183,6 +184,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		go func() { _ = osrv.Serve(ol) }()
 		t.Cleanup(func() { _ = osrv.Close() })
 		ps = append(ps, &probe{name: opaRow, note: "opa run --server " + opaVersion + ", one REST query per request", fn: post(direct, "http://"+ol.Addr().String()+"/items")})
+		opaURL = "http://" + ol.Addr().String() + "/items"
 	}
 
 	stages := []struct {
@@ -205,6 +207,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	}
 	// Every stage's gateway runs at once; the rows are sampled in turns.
 	clients := map[*probe]*http.Client{}
+	socks := map[string]string{} // stage → its gateway's sandbox socket
 	for i, st := range stages {
 		s.Notes = append(s.Notes, fmt.Sprintf("row 1.%d, %s", 4+i, st.what))
 		g, err := w.startGateway(t, st.o)
@@ -213,6 +216,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 			continue
 		}
 		t.Cleanup(g.p.stop)
+		socks[st.o.Name] = g.sock
 		c := sandboxClient(g.sock, benchAgent)
 		p := &probe{name: st.name, fn: func() error { _, err := toolCall(c, st.tool, st.args, 200); return err }}
 		clients[p] = c
@@ -236,7 +240,98 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	s.Notes = append(s.Notes[len(s.Notes)-3:], s.Notes[:len(s.Notes)-3]...)
 	s.Verdicts = append(s.Verdicts, addedP50("issue 2: an allowed call adds ≤ 0.25 ms at p50 over a direct call (full pipeline, audit on tmpfs: row 1.7)", s.find("sluice: + cached credential"), s.find("direct call"), 250*time.Microsecond),
 		addedP50("the same with the audit log on the disk (row 1.8; one fsync per call, not a goal)", s.find("sluice: + audit on disk"), s.find("direct call"), 0))
-	return []*section{s}
+	return []*section{s, benchToolThroughput(w, post, direct, apiURL, opaURL, socks)}
+}
+
+// toolConc are the concurrent callers of the tool-call throughput rows.
+var toolConc = []int{8, 64}
+
+// benchToolThroughput is section 1's throughput table: the same calls as
+// the latency rows from 8 and 64 concurrent callers, each on its own
+// kept-alive connection, the rows taking turns. The do-it-yourself stack
+// at the same number of callers is each sluice row's peer.
+func benchToolThroughput(w *world, post func(*http.Client, string) func() error, direct *http.Client, apiURL, opaURL string, socks map[string]string) *section {
+	dur := 5 * time.Second
+	if smoke() {
+		dur = 500 * time.Millisecond
+	}
+	s := &section{Title: "Tool-call throughput: concurrent kept-alive callers", Baseline: fmt.Sprintf("direct call, %d callers", toolConc[0]), Rate: "calls/s",
+		Intro: fmt.Sprintf("The calls of section 1 (the same body, upstream and configurations) from %d and from 64 concurrent callers, each on its own kept-alive connection (its own sandbox socket connection for sluice), for %s per row in %d turns. "+
+			"Ratios are to the direct call at %d callers; compare a row with its peer at the same number of callers (the verdicts do). "+
+			"The audit-on-disk row waits, as every call does with audit.sync: always, for the fsync that covers its records: concurrent calls share one fsync (group commit).",
+			toolConc[0], dur, turns(), toolConc[0])}
+	post1 := func(u string) func() (func() error, func()) {
+		return func() (func() error, func()) {
+			tr := peerTransport(w)
+			c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+			return post(c, u), tr.CloseIdleConnections
+		}
+	}
+	gwCall := func(sock, tool string) func() (func() error, func()) {
+		return func() (func() error, func()) {
+			c := sandboxClient(sock, benchAgent)
+			args := `{"body":` + itemBody + `}`
+			return func() error { _, err := toolCall(c, tool, args, 200); return err }, c.CloseIdleConnections
+		}
+	}
+	type rowDef struct {
+		name string
+		mk   func() (func() error, func())
+		why  string // not measured
+	}
+	for _, conc := range toolConc {
+		defs := []rowDef{{name: "direct call", mk: post1(apiURL + "/items")}, {name: "ReverseProxy + OPA sidecar"}, {name: "sluice: full pipeline, audit on tmpfs"}, {name: "sluice: full pipeline, audit on disk (fsync per batch)"}}
+		if opaURL != "" {
+			defs[1].mk = post1(opaURL)
+		} else {
+			defs[1].why = "the OPA sidecar did not start (see section 1)"
+		}
+		for i, stage := range []string{"stage4", "stage5"} {
+			if sock := socks[stage]; sock != "" {
+				defs[2+i].mk = gwCall(sock, "bench.create_item")
+			} else {
+				defs[2+i].why = "the gateway did not start (see section 1)"
+			}
+		}
+		var round []*tput
+		for _, d := range defs {
+			name := fmt.Sprintf("%s, %d callers", d.name, conc)
+			if d.mk == nil {
+				s.skip(name, d.why)
+				continue
+			}
+			round = append(round, &tput{row: s.add(&row{Name: name}), mk: d.mk})
+		}
+		throughputRounds(round, conc, dur, turns())
+		for _, tp := range round {
+			if tp.err != nil && tp.row.QPS == 0 {
+				tp.row.Reason = "not measured: " + oneLine(tp.err.Error())
+			}
+		}
+	}
+	for _, conc := range toolConc {
+		peer := s.find(fmt.Sprintf("ReverseProxy + OPA sidecar, %d callers", conc))
+		if conc == toolConc[0] {
+			s.Verdicts = append(s.Verdicts,
+				verdictRatio(fmt.Sprintf("issue 22: full pipeline (audit on tmpfs) calls/s ≥ 1.5× ReverseProxy + OPA sidecar at %d callers", conc), s.find(fmt.Sprintf("sluice: full pipeline, audit on tmpfs, %d callers", conc)), peer, 1.5),
+				verdictRatio(fmt.Sprintf("issue 22: with the audit log on disk (fsync per batch) ≥ 1.0× ReverseProxy + OPA sidecar at %d callers", conc), s.find(fmt.Sprintf("sluice: full pipeline, audit on disk (fsync per batch), %d callers", conc)), peer, 1.0))
+			continue
+		}
+		s.Verdicts = append(s.Verdicts,
+			verdictRatio(fmt.Sprintf("at %d callers (not a goal): full pipeline, audit on tmpfs, against ReverseProxy + OPA sidecar", conc), s.find(fmt.Sprintf("sluice: full pipeline, audit on tmpfs, %d callers", conc)), peer, 1.0),
+			verdictRatio(fmt.Sprintf("at %d callers (not a goal): audit on disk, against ReverseProxy + OPA sidecar", conc), s.find(fmt.Sprintf("sluice: full pipeline, audit on disk (fsync per batch), %d callers", conc)), peer, 1.0))
+	}
+	s.Notes = append(s.Notes, "the sluice rows are section 1's gateways for rows \"+ cached credential\" (audit on /dev/shm) and \"+ audit on disk\": Rego with the user module, the credential attached and scrubbed, two audit records per call",
+		"the peers' HTTP clients keep up to 128 idle connections per host, so that no row opens connections under load that another keeps")
+	return s
+}
+
+// peerTransport is the test's HTTP transport in the namespace with room
+// for every concurrent caller's idle connection.
+func peerTransport(w *world) *http.Transport {
+	tr := w.ns.transport()
+	tr.MaxIdleConnsPerHost = 128
+	return tr
 }
 
 // startOPA runs the OPA REST server in the namespace with the sidecar

@@ -23,6 +23,7 @@ import (
 	mdns "github.com/miekg/dns"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
@@ -134,6 +135,13 @@ type gwOpts struct {
 	Store      string   // store: ("" = an SQLite file in the gateway's directory)
 	Data       string   // a data.json beside the user module (with Rego)
 	Bundle     string   // policy.bundle.url (polled every 100ms)
+
+	// OAuthTokenURL: the connector's credential is credential.oauth2
+	// (client_credentials, client sid1) against this token endpoint.
+	OAuthTokenURL string
+
+	Env []string // added to the gateway's environment (OTEL_*)
+	Bin string   // the sluice binary ("" = the one built from this tree)
 }
 
 // approverToken is the bench approver's API token (bob, group ops).
@@ -174,6 +182,10 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 		"allow_private": []string{"127.0.0.0/8"}}
 	if o.Credential {
 		conn["credential"] = map[string]any{"secret": "bench-key"}
+	}
+	if o.OAuthTokenURL != "" {
+		conn["credential"] = map[string]any{"oauth2": map[string]any{"flow": "client_credentials", "client_id": oauthtest.ServiceID,
+			"client_secret": "bench-oauth-secret", "token_url": o.OAuthTokenURL, "scopes": []string{"openid"}}}
 	}
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort())
 	g := map[string]any{
@@ -254,7 +266,22 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
 		}
 	}
-	p := start(t, w.ns, sluiceBin, "serve", "--config", cfg)
+	if o.OAuthTokenURL != "" {
+		cmd := exec.Command(sluiceBin, "secrets", "set", "bench-oauth-secret", "--scope", "project", "--config", cfg)
+		cmd.Stdin = strings.NewReader(oauthtest.ServiceSecret + "\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
+		}
+	}
+	bin := sluiceBin
+	if o.Bin != "" {
+		bin = o.Bin
+	}
+	argv := []string{bin, "serve", "--config", cfg}
+	if len(o.Env) > 0 {
+		argv = append(append([]string{"env"}, o.Env...), argv...) // env execs: the pid is the gateway's
+	}
+	p := start(t, w.ns, argv...)
 	gwy := &gw{w: w, p: p, sock: filepath.Join(d, "gw.sock"), admin: admin, cfg: cfg}
 	if o.ExtAuthz {
 		gwy.authz = filepath.Join(d, "authz.sock")

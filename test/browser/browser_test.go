@@ -154,6 +154,14 @@ func newRig(t *testing.T) *rig {
 	r.ui = ui
 	gw.SetReviewUI(ui)
 	gw.SetAdminAuth(ui.Person)
+	r.base, r.browser = serveWithBrowser(t, gw)
+	return r
+}
+
+// serveWithBrowser serves gw until the test ends and starts a Chromium;
+// it returns the admin listener's URL and the browser.
+func serveWithBrowser(t *testing.T, gw *gateway.Server) (string, context.Context) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- gw.Serve(ctx) }()
@@ -165,7 +173,6 @@ func newRig(t *testing.T) *rig {
 		t.Fatal("gateway not ready")
 	}
 	t.Cleanup(func() { cancel(); <-done; gw.Close() })
-	r.base = "http://" + gw.AdminAddr()
 
 	// chromedp's defaults (headless, no first run, no background networking,
 	// no sync, and disable-dev-shm-usage, without which pages never load in a
@@ -179,8 +186,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatalf("start chromium: %v", err)
 	}
 	t.Cleanup(func() { bcancel(); acancel() })
-	r.browser = bctx
-	return r
+	return "http://" + gw.AdminAddr(), bctx
 }
 
 func tailAudit(path string, n int) ([]json.RawMessage, error) {

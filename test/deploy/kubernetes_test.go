@@ -205,10 +205,17 @@ func TestInitContainerRendersHost(t *testing.T) {
 	if !strings.Contains(cm.Data["sandboxd.yaml"], "host: \""+nodePlaceholder+"\"") {
 		t.Errorf("%s: data.sandboxd.yaml: host is not %q", cm.where(), nodePlaceholder)
 	}
-	if len(p.InitContainers) != 1 {
-		t.Fatalf("%s: want one init container, got %d", ds.where(), len(p.InitContainers))
+	// Two init containers: config (checked here) and install-cni
+	// (sluice-cni onto the node, cmd/sluice-cni's install).
+	var ic *container
+	for i := range p.InitContainers {
+		if p.InitContainers[i].Name == "config" {
+			ic = &p.InitContainers[i]
+		}
 	}
-	ic := &p.InitContainers[0]
+	if ic == nil || len(p.InitContainers) != 2 {
+		t.Fatalf("%s: want init containers config and install-cni, got %d", ds.where(), len(p.InitContainers))
+	}
 	script := strings.Join(ic.Command, " ")
 	if !strings.Contains(script, nodePlaceholder) || !strings.Contains(script, "${NODE_NAME}") {
 		t.Errorf("%s: initContainers[%s].command does not replace %s with ${NODE_NAME}: %q", ds.where(), ic.Name, nodePlaceholder, script)

@@ -479,6 +479,9 @@ type Env struct {
 	// Spec is the tickets connector's OpenAPI document for BaseConfig:
 	// New points it at gwenv's own; a suite may point it at a larger one.
 	Spec string
+	// Environ, when set, is added to the environment of every gateway
+	// launched after (OTEL_* for the tracing tests).
+	Environ []string
 
 	mu   sync.Mutex
 	kept [][]byte
@@ -732,6 +735,9 @@ func (e *Env) Launch(d Doc, path string) *Gateway {
 		Audit: d["audit"].(map[string]any)["path"].(string), stderr: &syncBuffer{}, exited: make(chan struct{})}}
 	g.cmd = exec.Command("ip", "netns", "exec", e.NS.Name, e.Bin, "serve", "--config", path)
 	g.cmd.Stderr, g.cmd.Stdout = g.stderr, g.stderr
+	if len(e.Environ) > 0 {
+		g.cmd.Env = append(os.Environ(), e.Environ...)
+	}
 	if err := g.cmd.Start(); err != nil {
 		e.T.Fatalf("start gateway: %v", err)
 	}

@@ -1,0 +1,362 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/sluice-gw/sluice/gateway/extauthz"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/tracing"
+)
+
+// A tool call's trace: one root span per call (a child of the sandbox
+// socket's HTTP server span when it came over HTTP), and one child span
+// per pipeline stage, in order. What the sandbox sent as its trace
+// context is a link on the root, never its parent (THREATS F13); no span
+// carries an argument value, a header value or a secret, only names the
+// gateway chose (THREATS F14). With tracing off nothing here allocates.
+
+// The stages of the pipeline, as span names.
+const (
+	stageLimit      = "sluice.limit"
+	stageResolve    = "sluice.resolve"
+	stageValidate   = "sluice.validate"
+	stageDecide     = "sluice.decide"
+	stageGrant      = "sluice.grant"
+	stageHold       = "sluice.hold"
+	stageCredential = "sluice.credential"
+	stageSend       = "sluice.send"
+	stageScrub      = "sluice.scrub"
+)
+
+// sluice's own span attributes.
+const (
+	attrTool      = attribute.Key("sluice.tool")
+	attrDecision  = attribute.Key("sluice.decision")
+	attrRule      = attribute.Key("sluice.rule")
+	attrHoldID    = attribute.Key("sluice.hold_id")
+	attrTransport = attribute.Key("sluice.transport")
+	attrRequestID = attribute.Key("sluice.request_id")
+	attrCode      = attribute.Key("sluice.code")
+)
+
+// noSpan is the span of a stage when tracing is off.
+var noSpan trace.Span = noop.Span{}
+
+// callTrace is a call's open spans: its root's context and the stage now
+// running.
+type callTrace struct {
+	root  context.Context
+	span  trace.Span
+	stage trace.Span
+}
+
+// startCall starts the call's root span and records its trace ID. The
+// sandbox's traceparent is a link when the root has no parent in this
+// process (the HTTP server span carries it otherwise); an approved hold's
+// execution links to the span that created the hold.
+func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
+	if !s.tel.tracing {
+		c.trace = callTrace{root: ctx, span: noSpan, stage: noSpan}
+		return ctx
+	}
+	var links []trace.Link
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		if l, ok := tracing.SandboxLink(c.req.TraceParent); ok {
+			links = append(links, l)
+		}
+	}
+	if c.held != nil {
+		if l, ok := tracing.HoldLink(c.held.TraceParent); ok {
+			links = append(links, l)
+		}
+	}
+	ctx, span := s.tel.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
+		trace.WithAttributes(attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport))))
+	c.trace = callTrace{root: ctx, span: span, stage: noSpan}
+	c.rec.TraceID = tracing.TraceID(ctx)
+	return ctx
+}
+
+// stage ends the call's running stage span and starts the next, a child
+// of the root; the context it returns is the new stage's, for the work
+// done in it.
+func (s *Server) stage(c *toolCall, name string) context.Context {
+	c.trace.stage.End()
+	if !s.tel.tracing {
+		return c.trace.root
+	}
+	ctx, span := s.tel.tracer.Start(c.trace.root, name)
+	c.trace.stage = span
+	return ctx
+}
+
+// span starts a span that is not a stage (an audit write), a child of
+// ctx's; none with tracing off.
+func (s *Server) span(ctx context.Context, name string) (context.Context, trace.Span) {
+	if !s.tel.tracing {
+		return ctx, noSpan
+	}
+	return s.tel.tracer.Start(ctx, name)
+}
+
+// endCall ends the running stage and the root, with the outcome: the
+// decision, its rule, the hold, the status and the refusal's code. Only
+// names the gateway chose: the tool is named once it resolved (before, it
+// is the caller's text), a refusal by its code (its message may quote an
+// argument).
+func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
+	c.trace.stage.End()
+	c.trace.stage = noSpan
+	if !s.tel.tracing {
+		return
+	}
+	span := c.trace.span
+	attrs := make([]attribute.KeyValue, 0, 6)
+	if c.connector != "" {
+		attrs = append(attrs, attrTool.String(c.rec.Tool))
+	}
+	if c.rec.Decided {
+		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
+	}
+	if c.holdID != "" {
+		attrs = append(attrs, attrHoldID.String(c.holdID))
+	}
+	if c.held != nil {
+		attrs = append(attrs, attrHoldID.String(c.held.ID))
+	}
+	attrs = append(attrs, attribute.Int("sluice.status", c.rec.Status))
+	if refused != nil {
+		attrs = append(attrs, attrCode.String(string(refused.Code)))
+		span.SetStatus(codes.Error, string(refused.Code))
+	}
+	span.SetAttributes(attrs...)
+	span.End()
+}
+
+// clientSpan starts the HTTP client span of the request to the upstream
+// (OTel HTTP client conventions: named by its method, the operation's
+// path template as url.template, never the URL filled in with the
+// arguments) and puts its context on the request's headers in place of
+// anything the sandbox set.
+func (s *Server) clientSpan(ctx context.Context, c *toolCall, req *http.Request) (context.Context, trace.Span) {
+	if !s.tel.tracing {
+		tracing.Inject(ctx, req.Header) // removes a sandbox's
+		return ctx, noSpan
+	}
+	var template string
+	if t, ok := s.catalog.Tool(c.rec.Tool); ok {
+		template = t.PathTemplate
+	}
+	attrs := []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(req.Method), semconv.ServerAddressKey.String(req.URL.Hostname())}
+	if p := req.URL.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err == nil {
+			attrs = append(attrs, semconv.ServerPortKey.Int(n))
+		}
+	}
+	if template != "" {
+		attrs = append(attrs, semconv.URLTemplateKey.String(template))
+	}
+	ctx, span := s.tel.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	tracing.Inject(ctx, req.Header)
+	return ctx, span
+}
+
+// endClientSpan records the upstream's status (0: no answer) and ends
+// the client span.
+func endClientSpan(span trace.Span, status int, err error) {
+	if status != 0 {
+		span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
+	}
+	switch {
+	case err != nil:
+		span.SetStatus(codes.Error, "no answer")
+	case status >= 500:
+		span.SetStatus(codes.Error, "")
+	}
+	span.End()
+}
+
+// httpServer wraps the sandbox socket's handler: every request the mux
+// routes is timed into http.server.request.duration (method, route,
+// status), and with tracing on gets an HTTP server span named by its
+// route ("POST /v1/tools/{tool}"), the sandbox's traceparent as a link.
+// Raw egress (CONNECT, absolute URLs) is not timed: a tunnel's lifetime
+// is not a request's duration; it is traced when tracing is on.
+func (s *Server) httpServer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		egress := r.Method == http.MethodConnect || r.URL.IsAbs()
+		if egress && !s.tel.tracing {
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		var span trace.Span = noSpan
+		if s.tel.tracing {
+			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer),
+				trace.WithAttributes(semconv.HTTPRequestMethodKey.String(method(r.Method)))}
+			if l, ok := tracing.SandboxLink(r.Header.Get(tracing.HeaderTraceparent)); ok {
+				opts = append(opts, trace.WithLinks(l))
+			}
+			var ctx context.Context
+			// A new root by design: nothing the sandbox sent is a parent.
+			ctx, span = s.tel.tracer.Start(r.Context(), method(r.Method), append(opts, trace.WithNewRoot())...)
+			r = r.WithContext(ctx)
+		}
+		if egress { // traced only: the handler may hijack the connection
+			next.ServeHTTP(w, r)
+			span.End()
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		status := sw.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		route := r.Pattern // set by the mux on this request
+		m := method(r.Method)
+		s.tel.serverDuration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
+			semconv.HTTPRequestMethodKey.String(m), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status)))
+		if s.tel.tracing {
+			if rt := routeOf(route); rt != "" {
+				span.SetName(m + " " + rt)
+				span.SetAttributes(semconv.HTTPRouteKey.String(rt))
+			}
+			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
+			if status >= 500 {
+				span.SetStatus(codes.Error, "")
+			}
+			span.End()
+		}
+	})
+}
+
+// method is an HTTP method as a metric and span label: a known one, else
+// _OTHER (the caller chooses it; its cardinality must not be theirs).
+func method(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "_OTHER"
+}
+
+// routeOf is a mux pattern's path ("POST /v1/tools/{tool}" →
+// "/v1/tools/{tool}"), "" for the catch-all.
+func routeOf(pattern string) string {
+	for i := 0; i < len(pattern); i++ {
+		if pattern[i] == ' ' {
+			pattern = pattern[i+1:]
+			break
+		}
+	}
+	if pattern == "/" {
+		return ""
+	}
+	return pattern
+}
+
+// statusWriter notes the status a handler wrote. It passes Flush, Hijack
+// and Unwrap through, so streaming (MCP, DNS streams) and upgrades work
+// as without it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// checkMethod is the ext_authz RPC, as OTel's RPC conventions name it.
+const checkMethod = "envoy.service.auth.v3.Authorization/Check"
+
+// checkSpan starts the server span of one ext_authz Check (OTel RPC
+// conventions), a new root: the checked request's traceparent is a link
+// (THREATS F13), as on the sandbox socket. The pipeline's call span is
+// its child.
+func (s *Server) checkSpan(ctx context.Context, r *extauthz.Request) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(semconv.RPCSystemNameKey.String("grpc"), semconv.RPCMethodKey.String(checkMethod))}
+	if l, ok := tracing.SandboxLink(r.Headers.Get(tracing.HeaderTraceparent)); ok {
+		opts = append(opts, trace.WithLinks(l))
+	}
+	return s.tel.tracer.Start(ctx, checkMethod, opts...)
+}
+
+// endCheckSpan records the verdict: the HTTP status Envoy answers (or
+// lets through, 200) and the refusal's code.
+func endCheckSpan(span trace.Span, v extauthz.Verdict) {
+	attrs := []attribute.KeyValue{attribute.Int("sluice.status", v.Status), attribute.Bool("sluice.allow", v.Allow)}
+	if v.Code != "" {
+		attrs = append(attrs, attrCode.String(v.Code))
+	}
+	if v.HoldID != "" {
+		attrs = append(attrs, attrHoldID.String(v.HoldID))
+	}
+	span.SetAttributes(attrs...)
+	span.End()
+}
+
+// tracedCheck wraps the ext_authz door's tool-call hook in its Check
+// span; with tracing off it is the hook itself.
+func (s *Server) tracedCheck(call func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict {
+	if !s.tel.tracing {
+		return call
+	}
+	return func(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
+		ctx, span := s.checkSpan(ctx, r)
+		v := call(ctx, r, m, wait)
+		endCheckSpan(span, v)
+		return v
+	}
+}
+
+// tracedEgressCheck is tracedCheck for the door's raw-egress hook.
+func (s *Server) tracedEgressCheck(egress func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict {
+	if !s.tel.tracing {
+		return egress
+	}
+	return func(ctx context.Context, r *extauthz.Request, wait time.Duration) extauthz.Verdict {
+		ctx, span := s.checkSpan(ctx, r)
+		v := egress(ctx, r, wait)
+		endCheckSpan(span, v)
+		return v
+	}
+}

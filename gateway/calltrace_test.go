@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
+)
+
+// testTracing is the provider startGateway hands the gateway (nil: off).
+var testTracing trace.TracerProvider
+
+// withTracing makes the gateways the test starts export to an in-memory
+// exporter of the real SDK, synchronously, and returns it.
+func withTracing(t *testing.T) *tracetest.InMemoryExporter {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	testTracing = tp
+	t.Cleanup(func() { testTracing = nil; _ = tp.Shutdown(context.Background()) })
+	return exp
+}
+
+// TestTraceEnvoyCheck: an ext_authz Check is a server span of its own
+// (OTel RPC conventions), a new root whatever traceparent the checked
+// request carries, which is only its link (THREATS F13); the pipeline's
+// call span and stages are its children; the audit record carries the
+// trace ID.
+func TestTraceEnvoyCheck(t *testing.T) {
+	exp := withTracing(t)
+	g := startEnvoyGateway(t, nil)
+	const forgedTrace, forgedSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	res := g.check(t, g.checkRequest("HTTP/1.1", "GET", "/tickets?limit=5", nil, map[string]string{"traceparent": "00-" + forgedTrace + "-" + forgedSpan + "-01"}))
+	if res.GetOkResponse() == nil {
+		t.Fatalf("want OK, got %v", res)
+	}
+	spans := exp.GetSpans()
+	byName := map[string]tracetest.SpanStub{}
+	for _, s := range spans {
+		byName[s.Name] = s
+		if s.SpanContext.TraceID().String() == forgedTrace || s.Parent.SpanID().String() == forgedSpan {
+			t.Errorf("span %s is in the forged trace or under the forged span", s.Name)
+		}
+	}
+	check, ok := byName[checkMethod]
+	if !ok {
+		t.Fatalf("no %s span among %d", checkMethod, len(spans))
+	}
+	if check.Parent.IsValid() || check.SpanKind != trace.SpanKindServer || len(check.Links) != 1 ||
+		check.Links[0].SpanContext.TraceID().String() != forgedTrace || check.Links[0].SpanContext.SpanID().String() != forgedSpan {
+		t.Fatalf("Check span: parent %v kind %v links %+v", check.Parent, check.SpanKind, check.Links)
+	}
+	attrs := map[string]string{}
+	for _, a := range check.Attributes {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	if attrs["rpc.system.name"] != "grpc" || attrs["rpc.method"] != checkMethod || attrs["sluice.allow"] != "true" {
+		t.Errorf("Check span attributes %v", attrs)
+	}
+	call := byName["sluice.tool_call"]
+	if call.Parent.SpanID() != check.SpanContext.SpanID() || byName["sluice.decide"].Parent.SpanID() != call.SpanContext.SpanID() {
+		t.Errorf("call span's parent %v, decide's %v; want Check → call → stages", call.Parent.SpanID(), byName["sluice.decide"].Parent.SpanID())
+	}
+	if _, sent := byName["sluice.send"]; sent {
+		t.Error("a send stage on a decided-only call: Envoy sends, not the gateway")
+	}
+	recs := envoyRecords(t, g.testGateway)
+	if len(recs) != 1 || fieldsOf(recs[0])["trace_id"] != check.SpanContext.TraceID().String() {
+		t.Fatalf("audit records %v, want one with trace_id %s", recs, check.SpanContext.TraceID())
+	}
+	if !strings.Contains(g.logBuf.String(), `"trace_id":"`+check.SpanContext.TraceID().String()+`"`) {
+		t.Error("the canonical line has no trace_id")
+	}
+}
+
+// TestTraceEgressLinkOnly: a CONNECT and a plain proxied request over the
+// sandbox socket are server spans of their own, new roots, with the
+// sandbox's traceparent only a link (THREATS F13); a refused one is
+// still traced, by method only (never the target, which the sandbox
+// chose).
+func TestTraceEgressLinkOnly(t *testing.T) {
+	exp := withTracing(t)
+	up := egresstest.NewDNSUpstream(t, nil)
+	g := startEgressGateway(t, up, nil)
+	const forgedTrace, forgedSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	tp := "Traceparent: 00-" + forgedTrace + "-" + forgedSpan + "-01\r\n"
+	for _, req := range []string{
+		"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n" + tp + "\r\n",
+		"GET http://denied.test/secret-path HTTP/1.1\r\nHost: denied.test\r\n" + tp + "\r\n",
+	} {
+		resp, body, conn, _ := exchange(t, g, req)
+		conn.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("%q: %d %s, want 403", req, resp.StatusCode, body)
+		}
+	}
+	var names []string
+	for _, s := range exp.GetSpans() {
+		names = append(names, s.Name)
+		if s.Parent.IsValid() || s.SpanContext.TraceID().String() == forgedTrace {
+			t.Errorf("span %s: parent %v, trace %s; want a new root", s.Name, s.Parent, s.SpanContext.TraceID())
+		}
+		if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID().String() != forgedSpan {
+			t.Errorf("span %s: links %+v, want the sandbox's context", s.Name, s.Links)
+		}
+		for _, a := range s.Attributes {
+			if strings.Contains(a.Value.Emit(), "denied.test") || strings.Contains(a.Value.Emit(), "secret-path") {
+				t.Errorf("span %s carries the sandbox's target: %s=%s", s.Name, a.Key, a.Value.Emit())
+			}
+		}
+	}
+	if strings.Join(names, ",") != "CONNECT,GET" {
+		t.Fatalf("spans %v, want CONNECT and GET", names)
+	}
+}

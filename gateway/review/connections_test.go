@@ -1,0 +1,100 @@
+package review
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// conns records what the Connections page asked of the OAuth client.
+type conns struct {
+	mu                                  sync.Mutex
+	begun, completed, disconnected, ran []string
+}
+
+func (c *conns) note(l *[]string, s string) { c.mu.Lock(); *l = append(*l, s); c.mu.Unlock() }
+func (c *conns) List(context.Context, string) ([]Connection, error) {
+	return []Connection{{Connector: "docs", Status: "not_connected"}}, nil
+}
+func (c *conns) Begin(_ context.Context, connector, user, _ string) (string, error) {
+	c.note(&c.begun, connector+"/"+user)
+	return "https://idp.example/auth?state=s", nil
+}
+func (c *conns) Complete(_ context.Context, user, _, state, _ string) (Connection, error) {
+	if state != "good" {
+		return Connection{Connector: "docs"}, ErrConnectState
+	}
+	c.note(&c.completed, "docs/"+user)
+	return Connection{Connector: "docs", Status: "connected", Scopes: []string{"read"}}, nil
+}
+func (c *conns) Disconnect(_ context.Context, connector, user string) (bool, error) {
+	c.note(&c.disconnected, connector+"/"+user)
+	return true, nil
+}
+func (c *conns) Connected(connector, user string) { c.note(&c.ran, connector+"/"+user) }
+
+// TestConnectionsAuditFailsClosed: a connect the audit log cannot record
+// is not started, and a connection it cannot record is undone (revoked
+// and deleted) before anything may use it.
+func TestConnectionsAuditFailsClosed(t *testing.T) {
+	for _, failing := range []string{"connection_started", "connection_connected"} {
+		t.Run(failing, func(t *testing.T) {
+			c := &conns{}
+			e := newEnv(t, func(o *Options) {
+				o.Connections = c
+				o.Audit = func(_ context.Context, event string, _ map[string]any) error {
+					if event == failing {
+						return errors.New("disk full")
+					}
+					return nil
+				}
+			})
+			b := e.browser()
+			csrf := b.login("alice", "alice-pw")
+			path := "/connections/docs/connect?csrf=" + csrf
+			if failing == "connection_connected" {
+				path = "/connections/callback?state=good&code=x"
+			}
+			r, body := b.get(path)
+			if r.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "audit log cannot be written") {
+				t.Fatalf("%d %s", r.StatusCode, body)
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			switch failing {
+			case "connection_started":
+				if len(c.begun) != 0 {
+					t.Fatal("an unaudited connect was started")
+				}
+			case "connection_connected":
+				if len(c.completed) != 1 || len(c.disconnected) != 1 || len(c.ran) != 0 {
+					t.Fatalf("completed %v, undone %v, held calls released %v", c.completed, c.disconnected, c.ran)
+				}
+			}
+		})
+	}
+}
+
+// TestConnectNeedsCSRFAndStateRefusal: Connect is a GET that carries the
+// session's token; a callback with a state the client refuses is 400.
+func TestConnectNeedsCSRFAndStateRefusal(t *testing.T) {
+	c := &conns{}
+	e := newEnv(t, func(o *Options) { o.Connections = c })
+	b := e.browser()
+	csrf := b.login("alice", "alice-pw")
+	if r, _ := b.get("/connections/docs/connect"); r.StatusCode != http.StatusForbidden {
+		t.Fatalf("connect without the token: %d", r.StatusCode)
+	}
+	if r, _ := b.get("/connections/docs/connect?csrf=" + csrf); r.StatusCode != http.StatusSeeOther || !strings.HasPrefix(r.Header.Get("Location"), "https://idp.example/auth") {
+		t.Fatalf("connect: %d %s", r.StatusCode, r.Header.Get("Location"))
+	}
+	if r, body := b.get("/connections/callback?state=forged&code=x"); r.StatusCode != http.StatusBadRequest || !strings.Contains(body, "not valid for your session") {
+		t.Fatalf("forged state: %d", r.StatusCode)
+	}
+	if len(c.begun) != 1 || len(c.completed) != 0 {
+		t.Fatalf("begun %v completed %v", c.begun, c.completed)
+	}
+}
