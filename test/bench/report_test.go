@@ -383,3 +383,16 @@ func buildSource() string {
 	}
 	return "built from the working tree at " + head + dirty
 }
+
+// verdictP99 is verdictLat at the 99th percentile: the goal holds when the
+// row's p99 is at most max times the base's.
+func verdictP99(goal string, r, base *row, max float64) string {
+	if r == nil || base == nil || len(r.Lat) == 0 || len(base.Lat) == 0 {
+		return goal + ": not measured"
+	}
+	x := float64(pct(r.Lat, 99)) / float64(pct(base.Lat, 99))
+	if x <= max {
+		return fmt.Sprintf("%s: **met** (%.2f×)", goal, x)
+	}
+	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, x)
+}
