@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -177,15 +178,22 @@ func TestCollectorDownNeverBlocks(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { defer close(done); _ = x.Run(ctx) }()
-			var worst time.Duration
 			ev := event(1)
+			lat := make([]time.Duration, 0, 5000)
+			t0 := time.Now()
 			for range 5000 {
 				start := time.Now()
 				x.Log(ev)
-				worst = max(worst, time.Since(start))
+				lat = append(lat, time.Since(start))
 			}
-			if worst > 50*time.Millisecond {
-				t.Errorf("slowest Log = %v with the collector %s", worst, tc.name)
+			total := time.Since(t0)
+			slices.Sort(lat)
+			// Log takes a mutex and copies an event: microseconds. The
+			// bounds leave room for a loaded machine and -race, and are
+			// far below one delivery attempt (Timeout 2s, the slow
+			// collector's 3s).
+			if p99 := lat[len(lat)*99/100]; p99 > 5*time.Millisecond || total > 2*time.Second {
+				t.Errorf("Log with the collector %s: p99 %v, 5000 calls in %v", tc.name, p99, total)
 			}
 			st := x.Stats()
 			if st.Queued > 100 || st.Dropped < 5000-110 {
