@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,11 +40,15 @@ func benchTracing(t *testing.T, w *world) []*section {
 	sink := otlpsink.ServeCounting(t, w.ns.listen(t, "tcp", "127.0.0.1:0"))
 	on.Env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + sink.Addr, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
 		"OTEL_EXPORTER_OTLP_INSECURE=true", "OTEL_TRACES_SAMPLER=always_on", "OTEL_BSP_SCHEDULE_DELAY=100"}
+	tenth := on
+	tenth.Name = "trace-tenth"
+	tenth.Env = append(slices.Clone(on.Env[:3]), "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=0.1", "OTEL_BSP_SCHEDULE_DELAY=100")
 	before := base
 	before.Name = "trace-before"
 	vs := []variant{
 		{"sluice: tracing unset", "no OTEL_* variable: no provider, no span started", unset, ""},
 		{"sluice: tracing on, loopback collector", "OTLP/gRPC, every call sampled", on, ""},
+		{"sluice: tracing on, 10% sampled", "OTEL_TRACES_SAMPLER=traceidratio, _ARG=0.1: an unsampled call's spans are not recorded", tenth, ""},
 	}
 	if bin, rev, err := beforeBinary(w); err != nil {
 		vs = append(vs, variant{name: "sluice before tracing (unset)", skip: err.Error()})

@@ -1,0 +1,203 @@
+package audit
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// The file under the log: adopting an existing one at open, and checking
+// before each write that it is still the file at the path (rotated,
+// unlinked, recreated).
+
+// adopt locks osf and reads its tail to continue the chain.
+func (l *Log) adopt(osf *os.File) error {
+	fi, err := osf.Stat()
+	if err != nil {
+		return fmt.Errorf("audit: open: %w", err)
+	}
+	l.f = l.wrap(osf)
+	if !fi.Mode().IsRegular() {
+		// A device (tests use /dev/full): nothing to read back or lock.
+		return nil
+	}
+	if err := syscall.Flock(int(osf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("audit: open: %s is in use by another process: %w", l.path, err)
+	}
+	end, last, err := readTail(osf, fi.Size())
+	if err != nil {
+		return fmt.Errorf("audit: open %s: %w", l.path, err)
+	}
+	if end < fi.Size() {
+		if err := osf.Truncate(end); err != nil {
+			return fmt.Errorf("audit: open: truncate partial last line: %w", err)
+		}
+		if err := osf.Sync(); err != nil {
+			return fmt.Errorf("audit: open: %w", err)
+		}
+		l.truncatedTail = fi.Size() - end
+	}
+	l.off, l.syncedOff = end, end
+	if last != nil {
+		rec, reason := checkLine(last)
+		if reason != "" {
+			return fmt.Errorf("audit: open %s: last record is corrupt: %s", l.path, reason)
+		}
+		l.seq, l.prev = rec.Seq, rec.Hash
+	}
+	return nil
+}
+
+// readTail returns the offset just past the last complete line and that line
+// (without newline), or nil if there is none.
+func readTail(f *os.File, size int64) (end int64, last []byte, err error) {
+	if size == 0 {
+		return 0, nil, nil
+	}
+	start := max(0, size-2*MaxRecord)
+	buf := make([]byte, size-start)
+	if _, err := f.ReadAt(buf, start); err != nil {
+		return 0, nil, fmt.Errorf("read tail: %w", err)
+	}
+	n := len(buf)
+	if buf[n-1] != '\n' {
+		i := bytes.LastIndexByte(buf, '\n')
+		if i < 0 && start > 0 {
+			return 0, nil, errors.New("last line longer than MaxRecord")
+		}
+		n = i + 1 // 0 when the file holds only a partial first line
+	}
+	if n == 0 {
+		return 0, nil, nil
+	}
+	line := buf[:n-1]
+	j := bytes.LastIndexByte(line, '\n')
+	if j < 0 && start > 0 {
+		return 0, nil, errors.New("last line longer than MaxRecord")
+	}
+	return start + int64(n), line[j+1:], nil
+}
+
+// ready makes sure l.f is the file at l.path and ends at l.off.
+func (l *Log) ready() error {
+	if l.f == nil {
+		return l.recreate()
+	}
+	fi, err := l.f.Stat()
+	if err != nil {
+		return fmt.Errorf("audit: stat log: %w", err)
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if st != nil && st.Nlink == 0 {
+		// Deleted: records since the last export are lost. Fail this
+		// batch; the next one re-creates the file.
+		l.f.Close()
+		l.f, l.needMarker = nil, true
+		l.dropUnsynced()
+		return ErrUnlinked
+	}
+	// The path is looked up again only when the watch saw its name change.
+	if l.watch.changed() || !l.pathKnown {
+		if rotated, err := l.checkPath(fi); err != nil || rotated {
+			return err
+		}
+	}
+	if !fi.Mode().IsRegular() {
+		return nil
+	}
+	if fi.Size() != l.off {
+		if !l.broken {
+			return fmt.Errorf("%w: size %d, expected %d", ErrModified, fi.Size(), l.off)
+		}
+		// Drop the partial line a failed write left behind.
+		if err := l.f.Truncate(l.off); err != nil {
+			return fmt.Errorf("audit: truncate after failed write: %w", err)
+		}
+	}
+	if l.syncFailed {
+		return l.resync()
+	}
+	return nil
+}
+
+// checkPath makes sure l.path still names l.f, whose stat is fi; when the
+// name is gone (rotated) it starts a new file there and reports true.
+func (l *Log) checkPath(fi os.FileInfo) (rotated bool, _ error) {
+	l.pathKnown = false
+	pfi, err := os.Stat(l.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Renamed away (rotated) with the records intact: make what this
+		// file holds durable, then start a new file.
+		if err := l.syncBeforeClose(); err != nil {
+			return false, err
+		}
+		l.f.Close()
+		l.f, l.needMarker = nil, true
+		return true, l.recreate()
+	case err != nil:
+		return false, fmt.Errorf("audit: stat log path: %w", err)
+	case !os.SameFile(fi, pfi):
+		return false, ErrReplaced
+	}
+	l.pathKnown = true
+	return false, nil
+}
+
+// syncBeforeClose makes the unsynced records of a SyncInterval log durable
+// before its file is let go.
+func (l *Log) syncBeforeClose() error {
+	if l.interval == 0 || len(l.unsynced) == 0 {
+		return nil
+	}
+	if l.syncFailed {
+		return l.resync()
+	}
+	if err := l.f.Sync(); err != nil {
+		l.syncFailed = true
+		return fmt.Errorf("audit: sync log: %w", err)
+	}
+	l.syncs.Add(1)
+	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
+	return nil
+}
+
+// dropUnsynced forgets the unsynced records of a deleted file.
+func (l *Log) dropUnsynced() {
+	l.unsynced, l.syncedOff, l.syncFailed = nil, 0, false
+}
+
+// recreate creates a new log file at l.path; the next write starts it with
+// the EventRecreated marker continuing the chain.
+func (l *Log) recreate() error {
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
+		return fmt.Errorf("audit: re-create log: %w", err)
+	}
+	osf, err := os.OpenFile(l.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return ErrReplaced
+	}
+	if err != nil {
+		return fmt.Errorf("audit: re-create log: %w", err)
+	}
+	if err := syscall.Flock(int(osf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		osf.Close()
+		return fmt.Errorf("audit: re-create log: lock: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(l.path)); err == nil {
+		err = d.Sync() // make the new directory entry durable
+		d.Close()
+		if err != nil {
+			osf.Close()
+			return fmt.Errorf("audit: re-create log: sync dir: %w", err)
+		}
+	}
+	l.f, l.off, l.broken, l.needMarker = l.wrap(osf), 0, false, true
+	l.pathKnown = false
+	l.unsynced, l.syncedOff, l.syncFailed = l.unsynced[:0], 0, false
+	return nil
+}
