@@ -80,3 +80,15 @@ func aliasFor(name string) string {
 
 // aliasRE is the shape of a function name OpenAI and Anthropic accept.
 var aliasRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// ToolName is the name an operation with operationID gets in connector
+// slug: "<slug>.<operationID in snake_case>", or "" when operationID has
+// no ASCII letter or digit. A connector built from a generated document
+// (a remote MCP server's tools) names its tools ahead with it.
+func ToolName(slug, operationID string) string {
+	s := snakeCase(operationID)
+	if s == "" {
+		return ""
+	}
+	return slug + "." + s
+}

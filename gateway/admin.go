@@ -137,7 +137,7 @@ func (s *Server) handleIndex(w http.ResponseWriter, r *http.Request) {
 	if err := indexPage.Execute(w, struct {
 		Tools   int
 		Version int64
-	}{len(s.catalog.list), v}); err != nil {
+	}{len(s.catalog.Tools()), v}); err != nil {
 		s.log.Warn("admin: index page", "err", fmt.Sprint(err))
 	}
 }

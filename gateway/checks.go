@@ -75,12 +75,22 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 		f.Errors = append(f.Errors, err)
 	}
 	f.Warnings = append(f.Warnings, warns...)
+	listed, rwarns := checkRemotes(ctx, cfg, cat) // mcp_remote.go: remote MCP servers' tools
+	f.Warnings = append(f.Warnings, rwarns...)
 	for _, cc := range cfg.Connectors {
-		if up := cat.connectors[cc.Slug]; up != nil {
+		if conn := listed[cc.Slug]; conn != nil {
+			f.Connectors = append(f.Connectors, conn)
+		} else if up := cat.connectors[cc.Slug]; up != nil {
 			f.Connectors = append(f.Connectors, up.conn)
 		}
 	}
 	for i, p := range cfg.Policies {
+		if slug, _, _ := strings.Cut(p.Match, "."); cat.remotes[slug] != nil {
+			if conn := listed[slug]; conn != nil && !strings.ContainsAny(p.Match, "*?") && !slices.ContainsFunc(conn.Tools, func(t *connectors.Tool) bool { return t.Name == p.Match }) {
+				f.Warnings = append(f.Warnings, warnf("policies[%d].match: the remote MCP server %s lists no tool named %q now", i, slug, p.Match))
+			}
+			continue // a remote's tools are known only once it is listed
+		}
 		if !strings.ContainsAny(p.Match, "*?") {
 			if _, ok := cat.tools[p.Match]; !ok && err == nil {
 				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
@@ -155,7 +165,10 @@ func upstreamProblems(cfg *config.Config, cat *catalog) []error {
 		}
 		k := fmt.Sprintf("connectors[%d]", i)
 		where := k + ".base_url"
-		if cc.BaseURL == "" {
+		switch {
+		case cc.Provider == "mcp":
+			where = k + ".url"
+		case cc.BaseURL == "":
 			where = k + ".spec (its servers' first url)"
 		}
 		host := up.conn.BaseURL.Hostname()

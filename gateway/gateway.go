@@ -37,6 +37,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
+	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
@@ -131,6 +132,7 @@ type Server struct {
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
+	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
 	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
 }
@@ -141,6 +143,7 @@ type catalog struct {
 	aliases    map[string]*connectors.Tool // Tool.Alias → tool
 	list       []*connectors.Tool
 	connectors map[string]*upstream
+	remotes    map[string]*mcpremote.Remote // provider: mcp connectors by slug; their tools change (mcp_remote.go)
 }
 
 // upstream is one connector's provisioned destination.
@@ -148,7 +151,7 @@ type upstream struct {
 	cfg       config.Connector
 	conn      *connectors.Connector
 	allow     []netip.Prefix
-	transport *http.Transport
+	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
 	creds     *credPlan                  // how the credential is attached; nil without one
 	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (oauthcreds.go)
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
@@ -159,10 +162,12 @@ func (c *catalog) Tool(name string) (*connectors.Tool, bool) {
 	if t, ok := c.tools[name]; ok {
 		return t, true
 	}
-	t, ok := c.aliases[name]
-	return t, ok
+	if t, ok := c.aliases[name]; ok {
+		return t, true
+	}
+	return c.remoteTool(name)
 }
-func (c *catalog) Tools() []*connectors.Tool { return c.list }
+func (c *catalog) Tools() []*connectors.Tool { return c.withRemotes() }
 
 // New provisions a gateway from cfg: loads every connector's spec, compiles
 // the policy (a policy that fails to compile is reported and the server
@@ -270,6 +275,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, err
 	}
+	s.startRemotes(ctx) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
 	built = true
 	return s, nil
 }
@@ -284,6 +290,10 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 	for i, cc := range cfg.Connectors {
 		key := fmt.Sprintf("connectors[%d]", i)
 		allow := allowPrivate(cc)
+		if cc.Provider == "mcp" {
+			errs = append(errs, c.addRemote(ctx, key, cc, d, allow, cfg, local)...) // mcp_remote.go
+			continue
+		}
 		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
 		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
 		if err != nil {
@@ -485,7 +495,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()
 	}
-	s.log.Info("sluice gateway serving", "sandbox_socket", s.cfg.Gateway.SandboxSocket, "relay_tls", s.RelayAddr(), "admin", s.AdminAddr(), "tools", len(s.catalog.list))
+	s.log.Info("sluice gateway serving", "sandbox_socket", s.cfg.Gateway.SandboxSocket, "relay_tls", s.RelayAddr(), "admin", s.AdminAddr(), "tools", len(s.catalog.Tools()))
 	close(s.ready)
 	var first error
 	select {
@@ -590,8 +600,11 @@ func (s *Server) Close() error {
 	s.closeHeads()
 	err := errors.Join(s.audit.Close(), s.store.Close(), closeCredentials(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
+	s.stopRemotes()
 	for _, u := range s.catalog.connectors {
-		u.transport.CloseIdleConnections()
+		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {
+			t.CloseIdleConnections()
+		}
 	}
 	s.stop.CloseAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
 	s.repeats.stop()

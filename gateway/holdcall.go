@@ -185,7 +185,7 @@ func (s *Server) waitHold(ctx context.Context, id string, bound time.Duration, p
 // holdOutcome is what a call gets for a hold in its state: the pending
 // hold, the stored answer once it ran, or the refusal it ended in.
 func holdOutcome(h holds.Hold) call.Outcome {
-	o := call.Outcome{Hold: &call.Hold{ID: h.ID, State: string(h.Status), Expires: h.Expires, Poll: "/v1/holds/" + h.ID, RequestID: h.RequestID}}
+	o := call.Outcome{Hold: &call.Hold{ID: h.ID, State: string(h.Status), Expires: h.Expires, Poll: "/v1/holds/" + h.ID, RequestID: h.RequestID, Tool: h.Tool}}
 	refused := func(status int, code refusal.Code, msg string) call.Outcome {
 		o.Status, o.Refusal = status, refusal.New(status, code, msg)
 		return o

@@ -21,6 +21,7 @@ func (s *Server) newMCPDoor() *mcp.Door {
 		Tools:    s.Tools,
 		Call:     s.Call,
 		Poll:     s.Poll,
+		Remote:   s.mcpRemote, // mcp_remote.go
 		Title: func(name string) string {
 			if t, ok := s.catalog.Tool(name); ok {
 				return t.Summary

@@ -33,7 +33,13 @@ func (s *Server) handleListTools(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, e, rid)
 		return
 	}
-	refusal.WriteJSON(w, http.StatusOK, map[string]any{"tools": tools, "request_id": rid})
+	out := map[string]any{"tools": tools, "request_id": rid}
+	if agent := s.cfg.Agent(id.Agent); agent != nil {
+		if un := s.Unavailable(agent.Connectors); len(un) > 0 {
+			out["unavailable"] = un // remote MCP servers that cannot be listed now (mcp_remote.go)
+		}
+	}
+	refusal.WriteJSON(w, http.StatusOK, out)
 }
 
 // handleToolCall is POST /v1/tools/{tool}: the body is the arguments
@@ -133,7 +139,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 	}
 	views := []call.Tool{}
 	now := time.Now().UTC()
-	for _, t := range s.catalog.list {
+	for _, t := range s.catalog.Tools() {
 		if !slices.Contains(agent.Connectors, t.Connector) {
 			continue
 		}

@@ -178,6 +178,9 @@ type Hold struct {
 	// RequestID is the request ID the hold was created under; the
 	// answers a hold gives carry it.
 	RequestID string
+	// Tool is the held call's tool (the MCP door answers a remote MCP
+	// server's tool with that server's result).
+	Tool string
 }
 
 // Tool is a tool as an agent sees it in its list (GET /v1/tools, MCP

@@ -228,6 +228,13 @@ type Connector struct {
 	// services) become dialable.
 	AllowPrivateCoversMetadata bool        `yaml:"allow_private_covers_metadata"`
 	Credential                 *Credential `yaml:"credential"`
+	// URL is a remote MCP server's streamable HTTP endpoint (provider:
+	// mcp): the gateway is its MCP client and re-exposes its tools.
+	URL string `yaml:"url"`
+	// Refresh is how often a remote MCP server's tool list is fetched
+	// again besides its notifications/tools/list_changed (provider: mcp;
+	// default 5m).
+	Refresh Duration `yaml:"refresh"`
 	// Strict refuses the connector when any operation of its spec is
 	// skipped or any defect is found, instead of loading what can be.
 	Strict bool `yaml:"strict"`
@@ -750,17 +757,28 @@ func (c *Config) Validate() error {
 			bad(k+".slug", "%q is used twice", cn.Slug)
 		}
 		slugs[cn.Slug] = true
-		if cn.Provider != "" && cn.Provider != "openapi" {
-			bad(k+".provider", "want openapi, got %q", cn.Provider)
+		mcp := cn.Provider == "mcp"
+		switch {
+		case cn.Provider != "" && cn.Provider != "openapi" && !mcp:
+			bad(k+".provider", "want openapi or mcp, got %q", cn.Provider)
+		case mcp:
+			mcpConnectorProblems(k, cn, bad)
+		case cn.URL != "":
+			bad(k+".url", "only with provider: mcp (an OpenAPI connector has spec and base_url)")
+		case cn.Refresh != 0:
+			bad(k+".refresh", "only with provider: mcp")
 		}
-		if cn.Spec == "" {
+		switch { // a provider: mcp connector has no spec (mcpConnectorProblems)
+		case mcp:
+		case cn.Spec == "":
 			bad(k+".spec", "must be set (a file or an https URL)")
-		} else if strings.HasPrefix(cn.Spec, "http://") {
+		case strings.HasPrefix(cn.Spec, "http://"):
 			bad(k+".spec", "a spec URL must be https")
-		} else if u, err := url.Parse(cn.Spec); err == nil && u.Scheme == "https" && u.User != nil {
+		}
+		if u, err := url.Parse(cn.Spec); !mcp && err == nil && u.Scheme == "https" && u.User != nil {
 			bad(k+".spec", "a spec URL must not carry user info (got %q): a credential does not belong in sluice.yaml", RedactURL(cn.Spec))
 		}
-		if cn.BaseURL != "" {
+		if cn.BaseURL != "" && !mcp {
 			u, err := url.Parse(cn.BaseURL)
 			if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 				bad(k+".base_url", "want http(s)://host[:port][/path] without user, query or fragment, got %q", RedactURL(cn.BaseURL))
@@ -1155,4 +1173,50 @@ func vaultPathOK(p string) bool {
 	}
 	rest := strings.NewReplacer("{user}", "", "{connector}", "").Replace(p)
 	return !strings.ContainsAny(rest, "{}")
+}
+
+// DefaultMCPRefresh is how often a remote MCP server's tool list is
+// fetched again when connectors[].refresh is unset.
+const DefaultMCPRefresh = 5 * time.Minute
+
+// mcpConnectorProblems checks a provider: mcp connector: an https url
+// (http only to an address literal, which the guard then judges with
+// allow_private), no spec or base_url, a credential sent in a header.
+func mcpConnectorProblems(k string, cn Connector, bad func(key, format string, args ...any)) {
+	u, err := url.Parse(cn.URL)
+	switch {
+	case cn.URL == "":
+		bad(k+".url", "is required with provider: mcp (the remote server's streamable HTTP endpoint, https://…)")
+	case err != nil || u.Host == "" || u.User != nil || u.Fragment != "":
+		bad(k+".url", "want https://host[:port][/path] without user or fragment, got %q", RedactURL(cn.URL))
+	case u.Scheme == "http":
+		if _, err := netip.ParseAddr(u.Hostname()); err != nil {
+			bad(k+".url", "a remote MCP server by name must be https (plain http only to an address literal inside allow_private), got %q", RedactURL(cn.URL))
+		}
+	case u.Scheme != "https":
+		bad(k+".url", "want https://…, got %q", RedactURL(cn.URL))
+	}
+	if cn.Spec != "" {
+		bad(k+".spec", "not with provider: mcp (the tools are listed by the remote server)")
+	}
+	if cn.BaseURL != "" {
+		bad(k+".base_url", "not with provider: mcp (use url)")
+	}
+	if cn.Refresh != 0 && (cn.Refresh.Std() < 10*time.Second || cn.Refresh.Std() > 24*time.Hour) {
+		bad(k+".refresh", "want between 10s and 24h, got %s", cn.Refresh.Std())
+	}
+	if cr := cn.Credential; cr != nil {
+		if cr.Query != "" {
+			bad(k+".credential.query", "not with provider: mcp (an MCP request carries the credential in a header)")
+		}
+		if cr.Scheme != "" {
+			bad(k+".credential.scheme", "not with provider: mcp (there is no spec; use header and prefix, default Authorization: Bearer)")
+		}
+		if cr.Prefix != "" && cr.Header == "" {
+			bad(k+".credential.prefix", "needs credential.header with provider: mcp")
+		}
+		if cr.OAuth2 != nil {
+			bad(k+".credential.oauth2", "not with provider: mcp yet (use secret or vault)")
+		}
+	}
 }

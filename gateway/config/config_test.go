@@ -112,6 +112,19 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"base", "connectors: [{ slug: a, spec: a.yaml, base_url: 'https://u:p@x' }]\n", "connectors[0].base_url"},
 		{"cred", "connectors: [{ slug: a, spec: a.yaml, credential: {} }]\n", "connectors[0].credential"},
 		{"agent grant", "agents: [{ name: bot, connectors: [nope] }]\n", "agents[0].connectors[0]"},
+		{"provider", "connectors: [{ slug: a, provider: graphql, spec: a.yaml }]\n", "connectors[0].provider: want openapi or mcp"},
+		{"mcp without url", "connectors: [{ slug: a, provider: mcp }]\n", "connectors[0].url: is required with provider: mcp"},
+		{"mcp by name over http", "connectors: [{ slug: a, provider: mcp, url: 'http://tools.example.com/mcp' }]\n", "connectors[0].url: a remote MCP server by name must be https"},
+		{"mcp url scheme", "connectors: [{ slug: a, provider: mcp, url: 'ftp://x/mcp' }]\n", "connectors[0].url: want https"},
+		{"mcp url user", "connectors: [{ slug: a, provider: mcp, url: 'https://u:p@x/mcp' }]\n", "connectors[0].url: want https://host"},
+		{"mcp with spec", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', spec: a.yaml }]\n", "connectors[0].spec: not with provider: mcp"},
+		{"mcp with base_url", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', base_url: 'https://x' }]\n", "connectors[0].base_url: not with provider: mcp"},
+		{"mcp refresh too short", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', refresh: 1s }]\n", "connectors[0].refresh: want between 10s and 24h"},
+		{"mcp credential query", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { secret: k, query: key } }]\n", "connectors[0].credential.query: not with provider: mcp"},
+		{"mcp credential scheme", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { secret: k, scheme: bearer } }]\n", "connectors[0].credential.scheme: not with provider: mcp"},
+		{"mcp credential oauth2", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: {} } }]\n", "connectors[0].credential.oauth2: not with provider: mcp"},
+		{"url on openapi", "connectors: [{ slug: a, spec: a.yaml, url: 'https://x/mcp' }]\n", "connectors[0].url: only with provider: mcp"},
+		{"refresh on openapi", "connectors: [{ slug: a, spec: a.yaml, refresh: 1m }]\n", "connectors[0].refresh: only with provider: mcp"},
 		{"action", "policies: [{ match: '*', action: permit }]\n", "policies[0].action"},
 		{"approvers on allow", "policies: [{ match: '*', action: allow, approvers: [bob] }]\n", "policies[0].approvers"},
 		{"backend", "secrets: { backend: env }\n", "secrets.backend"},
@@ -134,6 +147,18 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 				t.Fatalf("err = %v, want it to name %s", err, tc.key)
 			}
 		})
+	}
+}
+
+// TestMCPConnectorParses: a remote MCP server as a connector needs only
+// its url; refresh and a header credential are optional.
+func TestMCPConnectorParses(t *testing.T) {
+	c, err := Parse([]byte("connectors:\n  - { slug: tools, provider: mcp, url: 'https://tools.example.com/mcp', refresh: 2m, credential: { secret: tools-key } }\n  - { slug: local, provider: mcp, url: 'http://10.1.2.3:8080/mcp', allow_private: [10.1.2.3/32] }\nagents: [{ name: bot, connectors: [tools, local] }]\n"), "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cn := c.Connectors[0]; cn.Provider != "mcp" || cn.URL != "https://tools.example.com/mcp" || cn.Refresh.Std() != 2*time.Minute || cn.Spec != "" {
+		t.Fatalf("connector %+v", cn)
 	}
 }
 

@@ -55,6 +55,11 @@ func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 		if len(args) == 0 {
 			args = json.RawMessage("{}")
 		}
+		_, remote := m.remote(req.Params.Name)
+		if remote {
+			// A remote tool's arguments are its request's body (mcpremote).
+			args = append(append(json.RawMessage(`{"body":`), args...), '}')
+		}
 		p := m.progress(ctx, req)
 		defer p.stop()
 		o := m.deps.Call(ctx, call.Request{
@@ -65,6 +70,9 @@ func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 			Progress:      p.report,
 			ProgressEvery: m.deps.Progress,
 		})
+		if remote {
+			return remoteResult(o), nil
+		}
 		res := toolResult(o)
 		if typed != "" {
 			m.structured(res, o, typed)
@@ -137,7 +145,13 @@ func (m *Door) awaitHandler(id wire.Identity) sdk.ToolHandler {
 				}
 			}()
 		}
-		return toolResult(m.deps.Poll(ctx, id, a.HoldID, wait)), nil
+		o := m.deps.Poll(ctx, id, a.HoldID, wait)
+		if o.Hold != nil {
+			if _, ok := m.remote(o.Hold.Tool); ok {
+				return remoteResult(o), nil
+			}
+		}
+		return toolResult(o), nil
 	}
 }
 
@@ -226,11 +240,11 @@ func toolResult(o call.Outcome) *sdk.CallToolResult {
 		}
 		return refused(string(o.Refusal.Code), o.Refusal.Message, rid)
 	case o.Reply != nil:
-		doc := map[string]any{"status": o.Reply.Status, "headers": o.Reply.Headers, "body": o.Reply.Body, "request_id": o.RequestID}
-		if o.Reply.BodyEncoding != "" {
-			doc["body_encoding"] = o.Reply.BodyEncoding
+		b, err := json.Marshal(resultDoc{Body: o.Reply.Body, BodyEncoding: o.Reply.BodyEncoding, Headers: o.Reply.Headers, RequestID: o.RequestID, Status: o.Reply.Status})
+		if err != nil {
+			return refused(string(refusal.UpstreamError), "bug: the reply could not be encoded", o.RequestID)
 		}
-		return replied(doc, o.Reply.Status)
+		return replied(b, o.Reply.Status)
 	case o.Hold != nil && o.Status == http.StatusAccepted:
 		text := fmt.Sprintf("approval_pending: the call is held for a person's approval as hold %s and is still pending; call %s with {\"hold_id\":%q} to keep waiting for its result",
 			o.Hold.ID, AwaitHoldTool, o.Hold.ID)
@@ -241,20 +255,58 @@ func toolResult(o call.Outcome) *sdk.CallToolResult {
 		}
 	case o.Answer != nil:
 		// A held call that already ran: its stored answer, as the HTTP
-		// door would write it.
-		var doc map[string]any
+		// door would write it, passed on as stored (read for its status
+		// or error only, not decoded and encoded again).
+		var doc struct {
+			Status int `json:"status"`
+			Error  *struct {
+				Code      string `json:"code"`
+				Message   string `json:"message"`
+				RequestID string `json:"request_id"`
+			} `json:"error"`
+		}
 		if json.Unmarshal(o.Answer, &doc) == nil {
-			if e, ok := doc["error"].(map[string]any); ok {
-				code, _ := e["code"].(string)
-				msg, _ := e["message"].(string)
-				rid, _ := e["request_id"].(string)
-				return refused(code, msg, rid)
+			if e := doc.Error; e != nil {
+				return refused(e.Code, e.Message, e.RequestID)
 			}
-			st, _ := doc["status"].(float64)
-			return replied(doc, int(st))
+			if a := bytes.TrimSpace(o.Answer); len(a) > 0 && a[0] == '{' {
+				return replied(a, doc.Status)
+			}
 		}
 	}
 	return refused(string(refusal.UpstreamError), "bug: the call's outcome could not be read", o.RequestID)
+}
+
+// remoteResult is a remote tool's outcome: the remote server's own
+// result (its reply body, scrubbed by the pipeline), or the pipeline's
+// refusal or pending hold as for any tool.
+func remoteResult(o call.Outcome) *sdk.CallToolResult {
+	var body json.RawMessage
+	switch {
+	case o.Refusal != nil:
+	case o.Reply != nil:
+		body, _ = o.Reply.Body.(json.RawMessage)
+	case o.Answer != nil:
+		var doc struct {
+			Body json.RawMessage `json:"body"`
+		}
+		if json.Unmarshal(o.Answer, &doc) == nil && len(doc.Body) > 0 && doc.Body[0] == '{' {
+			var e struct {
+				Error json.RawMessage `json:"error"`
+			}
+			if json.Unmarshal(o.Answer, &e) != nil || len(e.Error) == 0 {
+				body = doc.Body
+			}
+		}
+	}
+	if body == nil {
+		return toolResult(o)
+	}
+	var res sdk.CallToolResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return refused(string(refusal.UpstreamError), "the remote server's result could not be read", o.RequestID)
+	}
+	return &res
 }
 
 func refused(code, msg, rid string) *sdk.CallToolResult {
@@ -269,12 +321,24 @@ func refused(code, msg, rid string) *sdk.CallToolResult {
 	}
 }
 
-func replied(doc map[string]any, upstream int) *sdk.CallToolResult {
-	b, _ := json.Marshal(doc)
+// resultDoc is a sent call's result document, the HTTP door's 200 body;
+// its fields are in the order encoding/json writes a map's keys, so the
+// text is what it always was.
+type resultDoc struct {
+	Body         any                 `json:"body"`
+	BodyEncoding string              `json:"body_encoding,omitempty"`
+	Headers      map[string][]string `json:"headers"`
+	RequestID    string              `json:"request_id"`
+	Status       int                 `json:"status"`
+}
+
+// replied is a sent call's result: doc, the result document as JSON, is
+// both the text and the structuredContent (encoded once, sent as is).
+func replied(doc []byte, upstream int) *sdk.CallToolResult {
 	return &sdk.CallToolResult{
 		IsError:           upstream >= 400,
-		Content:           []sdk.Content{&sdk.TextContent{Text: string(b)}},
-		StructuredContent: doc,
+		Content:           []sdk.Content{&sdk.TextContent{Text: string(doc)}},
+		StructuredContent: json.RawMessage(doc),
 	}
 }
 

@@ -110,12 +110,10 @@ func check(body []byte) (status int, id json.RawMessage, code int, msg string) {
 	// Go's (and the SDK's) decoders match names case-insensitively and keep
 	// the last of duplicates, so "Method" or a second "method" could make
 	// the gate and the SDK read different methods.
-	if msg := members(body); msg != "" {
+	// One pass reads the names and the envelope's values together.
+	e, msg := members(body)
+	if msg != "" {
 		return http.StatusBadRequest, nil, codeInvalidRequest, msg
-	}
-	var e envelope
-	if err := json.Unmarshal(body, &e); err != nil {
-		return http.StatusBadRequest, nil, codeInvalidRequest, "the message is not a JSON-RPC 2.0 message: " + err.Error()
 	}
 	if e.ID != nil && !validID(e.ID) {
 		return http.StatusBadRequest, nil, codeInvalidRequest, "id: must be a string or an integer"
@@ -139,33 +137,57 @@ func check(body []byte) (status int, id json.RawMessage, code int, msg string) {
 // member names a JSON-RPC 2.0 message may have, exactly as spelt.
 var memberNames = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true, "error": true}
 
-// members checks the top-level member names of one JSON object: each one
-// of memberNames, none twice. It returns what is wrong, or "".
-func members(body []byte) string {
+// members checks the top-level member names of one JSON object (each one
+// of memberNames, none twice) and returns the envelope they make, as
+// encoding/json would decode it (a null id or result is kept as "null",
+// a null method or jsonrpc is absent), or what is wrong.
+func members(body []byte) (envelope, string) {
+	var e envelope
 	d := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
-		return "the message must be a JSON-RPC 2.0 object"
+		return e, "the message must be a JSON-RPC 2.0 object"
 	}
 	seen := map[string]bool{}
 	for d.More() {
 		tok, err := d.Token()
 		if err != nil {
-			return "the message is not a JSON-RPC 2.0 object"
+			return e, "the message is not a JSON-RPC 2.0 object"
 		}
 		name, _ := tok.(string)
 		switch {
 		case !memberNames[name]:
-			return fmt.Sprintf("member %q: not a JSON-RPC 2.0 member (jsonrpc, id, method, params, result, error; names are case-sensitive)", name)
+			return e, fmt.Sprintf("member %q: not a JSON-RPC 2.0 member (jsonrpc, id, method, params, result, error; names are case-sensitive)", name)
 		case seen[name]:
-			return fmt.Sprintf("member %q: given twice", name)
+			return e, fmt.Sprintf("member %q: given twice", name)
 		}
 		seen[name] = true
-		var skip json.RawMessage
-		if err := d.Decode(&skip); err != nil {
-			return "the message is not a JSON-RPC 2.0 object"
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return e, "the message is not a JSON-RPC 2.0 object"
+		}
+		switch name {
+		case "id":
+			e.ID = v
+		case "result":
+			e.Result = v
+		case "error":
+			e.Error = v
+		case "jsonrpc", "method":
+			if string(v) == "null" {
+				continue
+			}
+			var str string
+			if err := json.Unmarshal(v, &str); err != nil {
+				return e, "the message is not a JSON-RPC 2.0 message: " + name + ": must be a string"
+			}
+			if name == "jsonrpc" {
+				e.JSONRPC = str
+			} else {
+				e.Method = &str
+			}
 		}
 	}
-	return ""
+	return e, ""
 }
 
 func validID(id json.RawMessage) bool {

@@ -79,8 +79,14 @@ func FuzzCheck(f *testing.F) {
 		if e.Method != nil && !methods[*e.Method] {
 			t.Fatalf("let through method %q", *e.Method)
 		}
-		if members(bytes.TrimSpace(b)) != "" {
+		m, msg := members(bytes.TrimSpace(b))
+		if msg != "" {
 			t.Fatalf("let through members of %q", b)
+		}
+		// The one-pass envelope is what encoding/json decodes.
+		if m.JSONRPC != e.JSONRPC || (m.Method == nil) != (e.Method == nil) || (m.Method != nil && *m.Method != *e.Method) ||
+			!bytes.Equal(m.ID, e.ID) || (m.Result == nil) != (e.Result == nil) || (m.Error == nil) != (e.Error == nil) {
+			t.Fatalf("envelope of %q: one pass %+v, encoding/json %+v", b, m, e)
 		}
 	})
 }

@@ -62,6 +62,12 @@ type Deps struct {
 	// tool's OutputSchema (connectors.Tool.MatchesOutput); nil means no
 	// reply is ever sent as structuredContent of a tool with one.
 	Output func(tool string, body []byte) bool
+	// Remote says whether tool (a name or alias) is a remote MCP server's
+	// tool (a provider: mcp connector) and how that server describes it:
+	// it is listed with the remote's schemas and annotations, its
+	// arguments are passed to the pipeline as the body of its request,
+	// and its result is the remote's (scrubbed). nil: no tool is remote.
+	Remote func(tool string) (Remote, bool)
 	// HoldWait bounds one wait of sluice.await_hold (gateway.hold_wait);
 	// a tools/call waits gateway.hold_wait too (the pipeline's default).
 	HoldWait time.Duration
@@ -72,6 +78,24 @@ type Deps struct {
 	// Progress is how often a held call reports progress (0: 2s).
 	Progress time.Duration
 	Logger   *slog.Logger
+}
+
+// Remote is how a remote MCP server describes one of its tools.
+type Remote struct {
+	Name         string // the gateway's tool name
+	Title        string
+	Description  string
+	InputSchema  json.RawMessage
+	OutputSchema json.RawMessage
+	Annotations  *sdk.ToolAnnotations
+}
+
+// remote is Deps.Remote, false when unset.
+func (m *Door) remote(tool string) (Remote, bool) {
+	if m.deps.Remote == nil {
+		return Remote{}, false
+	}
+	return m.deps.Remote(tool)
 }
 
 // Door is the /mcp handler.
@@ -276,6 +300,9 @@ func (m *Door) refresh(ctx context.Context, c *caller) {
 // client then expects no structuredContent), its spec's summary as title,
 // and hints from its HTTP method.
 func (m *Door) sdkTool(t call.Tool) (*sdk.Tool, error) {
+	if rt, ok := m.remote(t.Name); ok {
+		return m.remoteTool(t, rt)
+	}
 	var schema map[string]any
 	if err := json.Unmarshal(t.Schema, &schema); err != nil {
 		return nil, fmt.Errorf("inputSchema is not a JSON object: %w", err)
@@ -314,6 +341,31 @@ func (m *Door) sdkTool(t call.Tool) (*sdk.Tool, error) {
 		a.IdempotentHint = true
 	}
 	st.Annotations = a
+	return st, nil
+}
+
+// remoteTool renders a remote MCP server's tool as that server lists it:
+// its inputSchema, outputSchema, title and annotations (a copy: the door
+// owns what it lists), under the gateway's name.
+func (m *Door) remoteTool(t call.Tool, rt Remote) (*sdk.Tool, error) {
+	var in, out map[string]any
+	if err := json.Unmarshal(rt.InputSchema, &in); err != nil || in["type"] != "object" {
+		return nil, fmt.Errorf(`the remote inputSchema must have type "object" (MCP)`)
+	}
+	name := t.Name
+	if m.deps.Aliases && t.Alias != "" {
+		name = t.Alias
+	}
+	st := &sdk.Tool{Name: name, Title: rt.Title, Description: rt.Description, InputSchema: in}
+	if len(rt.OutputSchema) > 0 {
+		if json.Unmarshal(rt.OutputSchema, &out) == nil && out["type"] == "object" {
+			st.OutputSchema = out
+		}
+	}
+	if rt.Annotations != nil {
+		a := *rt.Annotations
+		st.Annotations = &a
+	}
 	return st, nil
 }
 

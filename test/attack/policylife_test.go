@@ -56,7 +56,7 @@ decisions contains {"action": "block", "reason": "frozen by the bundle", "rule":
 	return buf.Bytes()
 }
 
-// TestBadlySignedBundleRefused is THREATS C16 through the real binary: a
+// TestBadlySignedBundleRefused is THREATS C20 (reserved as C16; renumbered: main's mcp19 took C16) through the real binary: a
 // bundle server (inside the test's namespace) that starts serving a bundle
 // signed by another key, or an unsigned one, does not change what decides.
 func TestBadlySignedBundleRefused(t *testing.T) {
@@ -109,7 +109,7 @@ func TestBadlySignedBundleRefused(t *testing.T) {
 		{"unsigned", signedBundle(t, "r-unsigned", "tickets.create_refund", nil)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := casebook.Expect(t, "C16", "the bundle server starts serving a bundle "+tc.name+" (revision that unfreezes tickets.list_tickets)",
+			c := casebook.Expect(t, "C20", "the bundle server starts serving a bundle "+tc.name+" (revision that unfreezes tickets.list_tickets)",
 				"refused: logged 'bundle rejected', counted in sluice_policy_bundle_loads_total{result=\"error\"}; revision r1 keeps deciding (list_tickets still 403 policy_block)")
 			before := bundleErrors(t, g)
 			mu.Lock()

@@ -121,6 +121,11 @@ var gatewayFloors = map[string][]string{
 	// The MCP front door: JSON-RPC in, a call.Request to Server.Call out;
 	// the root hands it hooks (its Deps), never the reverse.
 	"gateway/mcp": {"gateway/call", "gateway/refusal", "sandboxd/wire"},
+	// Remote MCP servers as connectors: an MCP client whose tools are
+	// connectors.Tool, so the root's one pipeline calls them; it dials
+	// only through the transport the root hands it (the guard), and it
+	// neither decides nor attaches credentials itself.
+	"gateway/mcpremote": {"connectors"},
 	// Raw egress: decided by policy, dialled through the guard, audited;
 	// never held (no holds, store or review), never the tool catalog (no
 	// connectors), and never the socket (the identity is a hook).

@@ -1,0 +1,283 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/mcp"
+	"github.com/sluice-gw/sluice/gateway/mcpremote"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/vault"
+)
+
+// EventMCPToolsChanged is the audit event of a remote MCP server's tool
+// list changing: the tools added, removed and changed (a changed tool is a
+// new tool: nothing granted for the old one applies).
+const EventMCPToolsChanged = "mcp_tools_changed"
+
+// mcpCredential is a provider: mcp connector's credential with its
+// default place: Authorization: Bearer <secret>.
+func mcpCredential(cc config.Connector) config.Connector {
+	if cc.Credential != nil && cc.Credential.Header == "" {
+		cr := *cc.Credential
+		cr.Header, cr.Prefix = "Authorization", "Bearer "
+		cc.Credential = &cr
+	}
+	return cc
+}
+
+// addRemote provisions a provider: mcp connector: its guarded transport,
+// its credential plan and the Remote that lists its tools (started by
+// startRemotes). Its upstream's transport is the Remote: a call's send is
+// a tools/call.
+func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector, d *guard.Dialer, allow []netip.Prefix, cfg *config.Config, local func() *vault.Local) []error {
+	cc = mcpCredential(cc)
+	u, err := url.Parse(cc.URL)
+	if err != nil || u.Host == "" {
+		return []error{fmt.Errorf("%s.url: not a URL", key)}
+	}
+	if cc.Credential != nil && u.Scheme == "http" && !plaintextOK(u.Hostname(), allow) {
+		return []error{fmt.Errorf("%s.url: a credential is sent over plain http only to an address inside allow_private; use https", key)}
+	}
+	conn := &connectors.Connector{Slug: cc.Slug, BaseURL: u}
+	up := &upstream{cfg: cc, conn: conn, allow: allow}
+	if cc.Credential != nil {
+		plan, perrs, _ := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))
+		if len(perrs) > 0 {
+			return perrs
+		}
+		up.creds = plan
+	}
+	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+	refresh := cc.Refresh.Std()
+	if refresh == 0 {
+		refresh = config.DefaultMCPRefresh
+	}
+	var header string
+	if cc.Credential != nil {
+		header = cc.Credential.Header
+	}
+	r := mcpremote.New(mcpremote.Options{Slug: cc.Slug, URL: u, Transport: guarded, CredHeader: header, Refresh: refresh, Timeout: cfg.Gateway.UpstreamTimeout.Std(),
+		MaxResponseBytes: cfg.Gateway.MaxResponseBytes})
+	up.transport = r
+	c.connectors[cc.Slug] = up
+	if c.remotes == nil {
+		c.remotes = map[string]*mcpremote.Remote{}
+	}
+	c.remotes[cc.Slug] = r
+	return nil
+}
+
+// remoteTool finds a remote MCP server's tool by name or alias.
+func (c *catalog) remoteTool(name string) (*connectors.Tool, bool) {
+	if len(c.remotes) == 0 {
+		return nil, false
+	}
+	// A tool's name and alias both start with its slug (then "." or "_").
+	for slug, r := range c.remotes {
+		if strings.HasPrefix(name, slug) {
+			if t, ok := r.Current().Tool(name); ok {
+				return t, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// withRemotes is the static tool list with the remote servers' current
+// tools, sorted by name.
+func (c *catalog) withRemotes() []*connectors.Tool {
+	if len(c.remotes) == 0 {
+		return c.list
+	}
+	all := slices.Clone(c.list)
+	for _, r := range c.remotes {
+		all = append(all, r.Current().List()...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
+	return all
+}
+
+// remoteInfo is the remote tool a gateway tool is, if it is one.
+func (c *catalog) remoteInfo(t *connectors.Tool) (*mcpremote.Tool, bool) {
+	r := c.remotes[t.Connector]
+	if r == nil {
+		return nil, false
+	}
+	rt, ok := r.Current().Tools[t.Name]
+	return rt, ok
+}
+
+// remoteRuns is the remote servers' listing loops.
+type remoteRuns struct {
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// startRemotes lists each remote MCP server once (bounded by
+// gateway.upstream_timeout; a server that is down leaves its tools
+// unavailable and the gateway serves the rest), then keeps each list
+// fresh until Close.
+func (s *Server) startRemotes(ctx context.Context) {
+	if len(s.catalog.remotes) == 0 {
+		return
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.remotes.mu.Lock()
+	s.remotes.cancel = cancel
+	s.remotes.mu.Unlock()
+	var first sync.WaitGroup
+	for slug, r := range s.catalog.remotes {
+		up := s.catalog.connectors[slug]
+		r.SetHooks(remoteHeader(s.creds, up), s.remoteChanged, s.log)
+		first.Add(1)
+		s.remotes.done.Add(1)
+		go func() {
+			defer s.remotes.done.Done()
+			r.Refresh(rctx)
+			first.Done()
+			r.Run(rctx)
+		}()
+	}
+	first.Wait()
+}
+
+// stopRemotes ends the listing loops and closes the remote sessions.
+func (s *Server) stopRemotes() {
+	s.remotes.mu.Lock()
+	cancel := s.remotes.cancel
+	s.remotes.cancel = nil
+	s.remotes.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		s.remotes.done.Wait()
+	}
+}
+
+// remoteHeader is how a remote server's listing requests carry the
+// connector's credential: fetched from creds as for a call (without a
+// caller, so a credential per user cannot list) and attached by the same
+// plan.
+func remoteHeader(creds CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
+	cc := up.cfg.Credential
+	if cc == nil {
+		return nil
+	}
+	return func(ctx context.Context) (http.Header, error) {
+		secret, err := creds.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
+		if err != nil {
+			return nil, fmt.Errorf("the credential for connector %s is unavailable", up.cfg.Slug)
+		}
+		req, _ := http.NewRequest(http.MethodPost, up.conn.BaseURL.String(), nil)
+		if _, err := attach(req, up.creds, &connectors.Tool{Connector: up.cfg.Slug}, secret); err != nil {
+			return nil, fmt.Errorf("the credential for connector %s cannot be attached: %v", up.cfg.Slug, err)
+		}
+		return http.Header{cc.Header: req.Header.Values(cc.Header)}, nil
+	}
+}
+
+// checkRemotes is validate's look at each remote MCP server: listed once
+// (with the credential from the local store; Vault is not logged in to),
+// its tools returned by slug for validate to show, and a remote that
+// cannot be listed or a tool it lists that cannot be re-exposed reported
+// as a warning: serve starts without them and keeps trying.
+func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[string]*connectors.Connector, []error) {
+	listed := map[string]*connectors.Connector{}
+	var warns []error
+	local := existingLocal(cfg)
+	for i, cc := range cfg.Connectors {
+		r := cat.remotes[cc.Slug]
+		if r == nil {
+			continue
+		}
+		key := fmt.Sprintf("connectors[%d]", i)
+		up := cat.connectors[cc.Slug]
+		var header func(context.Context) (http.Header, error)
+		if cc.Credential != nil {
+			st := local()
+			if cfg.Secrets.Backend != "local" || cc.Credential.Secret == "" || st == nil {
+				warns = append(warns, warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
+				continue
+			}
+			header = remoteHeader(localSource{store: st}, up)
+		}
+		r.SetHooks(header, nil, nil)
+		r.Refresh(ctx)
+		r.Close()
+		set := r.Current()
+		if set.Unavailable != "" {
+			warns = append(warns, warnf("%s.url: the remote MCP server cannot be listed: %s; serve starts without its tools and tries again", key, set.Unavailable))
+			continue
+		}
+		for _, sk := range set.Skipped {
+			warns = append(warns, warnf("%s: remote tool left out: %s", key, sk))
+		}
+		listed[cc.Slug] = set.Conn
+	}
+	return listed, warns
+}
+
+// remoteChanged audits a remote server's list change and tells the MCP
+// door, whose sessions then get notifications/tools/list_changed.
+func (s *Server) remoteChanged(ctx context.Context, c mcpremote.Change) {
+	if !c.Empty() {
+		f := map[string]any{"connector": c.Connector, "added": nonNil(c.Added), "removed": nonNil(c.Removed), "changed": nonNil(c.Changed), "fingerprints": c.Fingerprints}
+		if _, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPToolsChanged, Fields: f}, false); err != nil {
+			// The list is already swapped: a changed tool is refused its
+			// old grants whether or not this record was written.
+			s.log.Error("audit: the remote MCP server's tool change could not be recorded", "connector", c.Connector, "err", err)
+		}
+		s.log.Info("mcp remote: tools changed", "connector", c.Connector, "added", c.Added, "removed", c.Removed, "changed", c.Changed)
+	}
+	s.mcpChanged()
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// mcpRemote is the MCP door's view of a remote tool (mcp.Deps.Remote).
+func (s *Server) mcpRemote(name string) (mcp.Remote, bool) {
+	t, ok := s.catalog.Tool(name)
+	if !ok {
+		return mcp.Remote{}, false
+	}
+	rt, ok := s.catalog.remoteInfo(t)
+	if !ok {
+		return mcp.Remote{}, false
+	}
+	return mcp.Remote{Name: t.Name, Title: rt.Title, Description: rt.Description, InputSchema: rt.InputSchema, OutputSchema: rt.OutputSchema, Annotations: rt.Annotations}, true
+}
+
+// Unavailable lists the remote MCP servers among agentConnectors whose
+// tools cannot be listed now, each with why (GET /v1/tools shows it to agents granted the
+// connector; the log says it when it starts).
+func (s *Server) Unavailable(agentConnectors []string) []map[string]string {
+	var out []map[string]string
+	for _, slug := range slices.Sorted(maps.Keys(s.catalog.remotes)) {
+		if !slices.Contains(agentConnectors, slug) {
+			continue
+		}
+		if set := s.catalog.remotes[slug].Current(); set.Unavailable != "" {
+			out = append(out, map[string]string{"connector": slug, "reason": set.Unavailable, "since": set.When.UTC().Format(time.RFC3339)})
+		}
+	}
+	return out
+}
