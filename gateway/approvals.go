@@ -300,6 +300,8 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 			Reason string `json:"reason"`
 			Always bool   `json:"always"` // approve only: also grant "always allow this exact call"
 			TTL    string `json:"ttl"`    // the grant's lifetime (default 8h, at most 24h)
+			// MaxUses: how many calls the grant lets through (0: no limit).
+			MaxUses int `json:"max_uses"`
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 		if err == nil && len(bytes.TrimSpace(body)) > 0 {
@@ -309,8 +311,12 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, `want {"reason": "...", "always": false, "ttl": "8h"}`), refusal.NewRequestID())
 			return
 		}
-		if (in.Always || in.TTL != "") && !approve {
-			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "always and ttl apply only to approve"), refusal.NewRequestID())
+		if (in.Always || in.TTL != "" || in.MaxUses != 0) && !approve {
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "always, ttl and max_uses apply only to approve"), refusal.NewRequestID())
+			return
+		}
+		if in.MaxUses != 0 && !in.Always {
+			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, `max_uses needs "always": true`), refusal.NewRequestID())
 			return
 		}
 		var h holds.Hold
@@ -321,7 +327,7 @@ func (s *Server) handleDecide(approve bool) func(http.ResponseWriter, *http.Requ
 				return
 			}
 			var g holds.Grant
-			h, g, err = s.holds.ApproveAlways(r.Context(), r.PathValue("id"), p, in.Reason, ttl)
+			h, g, err = s.holds.ApproveGrant(r.Context(), r.PathValue("id"), p, in.Reason, holds.GrantTerms{TTL: ttl, MaxUses: in.MaxUses})
 			if err != nil {
 				s.holdsError(w, err)
 				return
@@ -360,6 +366,8 @@ func (s *Server) holdsError(w http.ResponseWriter, err error) {
 		e = refusal.New(http.StatusConflict, "conflict", "the hold is already decided")
 	case errors.Is(err, holds.ErrExpired):
 		e = refusal.New(http.StatusGone, "expired", "the hold has expired")
+	case errors.Is(err, holds.ErrGrantUses):
+		e = refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("max_uses must be 0 (no limit) to %d", holds.MaxGrantUses))
 	case errors.Is(err, holds.ErrGrantTTL):
 		e = refusal.New(http.StatusBadRequest, refusal.BadRequest, "ttl must be more than 0 and at most 24h")
 	case errors.Is(err, holds.ErrGrantNotFound):

@@ -231,7 +231,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
-	if s.audit, err = audit.OpenWith(cfg.Audit.Path, auditOptions(cfg.Audit)); err != nil { // egress_audit.go
+	aopts := auditOptions(cfg.Audit) // egress_audit.go
+	aopts.Replica = cfg.Gateway.ReplicaID
+	if s.audit, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
 	if n := s.audit.Stats().TruncatedTail; n > 0 {
@@ -241,7 +243,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		log.Warn("audit: removed an unfinished last line", "path", cfg.Audit.Path, "bytes", n,
 			"reason", "a write that did not complete before the last stop (full disk or crash); never acknowledged")
 	}
-	if s.store, err = store.OpenWith(ctx, cfg.Store, store.Options{AuditLog: cfg.Audit.Path}); err != nil {
+	if s.store, err = store.OpenWith(ctx, cfg.Store, store.Options{AuditLog: cfg.Audit.Path, Replica: cfg.Gateway.ReplicaID}); err != nil {
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}

@@ -72,6 +72,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		Approvers: slices.Clone(c.decision.Approvers), Rule: c.decision.Rule, Reason: c.decision.Reason,
 		Expires: time.Now().UTC().Add(s.holdTTL(c.decision.Rule)), RequestID: c.rec.RequestID,
 		IdempotencyHeader: tool.IdempotencyHeader, Deferred: c.req.Mode == call.Decide,
+		Recorded:    c.inputFields(), // recordinput.go
 		TraceParent: tracing.Traceparent(hctx),
 	})
 	switch {

@@ -1,7 +1,7 @@
 package gateway
 
 import (
-	"github.com/sluice-gw/sluice/gateway/refusal"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store/pgtest"
 )
 
@@ -23,9 +24,10 @@ func TestRateLimitAcrossReplicas(t *testing.T) {
 	dsn := srv.SuperURL(srv.NewDatabaseT(t))
 	up := newUpstream(t)
 	var gs []*testGateway
-	for range 3 {
+	for i := range 3 {
 		gs = append(gs, startGateway(t, up.URL, "", func(c *config.Config) {
 			c.Store = dsn
+			c.Gateway.ReplicaID = fmt.Sprintf("r%d", i) // one host: one audit head each
 			for i := range c.Agents {
 				if c.Agents[i].Name == "agent-a" {
 					c.Agents[i].RateLimit = &config.RateLimit{PerSecond: 20, Burst: 20}

@@ -193,7 +193,12 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	dctx := s.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
-	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in)) // the decision log names the call (policylife.go)
+	if e := s.usageInput(dctx, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
+		return call.Outcome{}, e
+	}
+	// withRequestID: the decision log names the call (policylife.go).
+	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in))
+	s.recordInput(c, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
 	}

@@ -48,7 +48,7 @@ func toolInput(sandbox, agent, session, user string, t *connectors.Tool, args *c
 		Caller:    policy.Caller{Sandbox: sandbox, Agent: agent, Session: session, User: user},
 		Connector: t.Connector,
 		Tool:      t.Name,
-		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: t.Tags},
+		Operation: policy.Operation{ID: t.OperationID, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Tags: orNone(t.Tags)},
 		Time:      now,
 	}
 	if args != nil {
@@ -127,4 +127,12 @@ func ToolCallInput(ctx context.Context, cfg *config.Config, call ToolCall) (*pol
 	}
 	c := call.Caller
 	return toolInput(c.Sandbox, c.Agent, c.Session, c.User, tool, &args, req, now.UTC()), nil
+}
+
+// orNone is tags as the input document states them: always an array.
+func orNone(tags []string) []string {
+	if tags == nil {
+		return []string{}
+	}
+	return tags
 }

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -55,7 +57,26 @@ func inputValue(in *Input) (ast.Value, error) {
 		}
 		items = append(items, item("envoy", ast.NewTerm(ev)))
 	}
+	if in.Usage != nil {
+		items = append(items, item("usage", usageTerm(in.Usage)))
+	}
 	return ast.NewObject(items...), nil
+}
+
+// usageTerm builds input.usage.
+func usageTerm(u *Usage) *ast.Term {
+	win := func(w UsageWindow) *ast.Term {
+		if math.IsNaN(w.Sum) || math.IsInf(w.Sum, 0) {
+			w.Sum = math.MaxFloat64 // over any limit a policy sets
+		}
+		return ast.ObjectTerm(item("count", ast.IntNumberTerm(int(w.Count))),
+			item("sum", ast.NumberTerm(json.Number(strconv.FormatFloat(w.Sum, 'g', -1, 64)))))
+	}
+	wins := func(w UsageWindows) *ast.Term {
+		return ast.ObjectTerm(item("minute", win(w.Minute)), item("hour", win(w.Hour)), item("day", win(w.Day)))
+	}
+	return ast.ObjectTerm(item("agent", wins(u.Agent)), item("user", wins(u.User)), item("session", wins(u.Session)),
+		item("approved_before", ast.BooleanTerm(u.ApprovedBefore)))
 }
 
 // requestTerm builds input.request; port is present only when set (raw egress).
@@ -194,6 +215,7 @@ func init() {
 		"version", "kind", "caller", "sandbox", "agent", "session", "user",
 		"connector", "tool", "operation", "id", "method", "path", "risk", "tags",
 		"args", "request", "host", "port", "query", "headers", "time", "body", "envoy",
+		"usage", "minute", "hour", "day", "count", "sum", "approved_before",
 	} {
 		keys[k] = ast.StringTerm(k)
 	}

@@ -156,6 +156,35 @@ type Input struct {
 	// Findings are the suspected credentials in what the call would send
 	// (policy/findings): Decide fills them in when nil, before deciding.
 	Findings []Finding `json:"findings"`
+	// Usage is what the gateway counted of this tool's calls for the
+	// caller (sluice.yaml usage:), this call included; absent for a tool
+	// that is not counted.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Usage is input.usage: the calls of this call's tool by its agent, its
+// user and its session over the last minute, hour and day (this call
+// included), and whether this exact call (the same tool and canonical
+// request hash) was approved by a person earlier in the session.
+type Usage struct {
+	Agent          UsageWindows `json:"agent"`
+	User           UsageWindows `json:"user"`
+	Session        UsageWindows `json:"session"`
+	ApprovedBefore bool         `json:"approved_before"`
+}
+
+// UsageWindows are one caller's windows.
+type UsageWindows struct {
+	Minute UsageWindow `json:"minute"`
+	Hour   UsageWindow `json:"hour"`
+	Day    UsageWindow `json:"day"`
+}
+
+// UsageWindow is a count of calls and the sum of the tool's counted
+// argument over them (0 when none is configured).
+type UsageWindow struct {
+	Count int64   `json:"count"`
+	Sum   float64 `json:"sum"`
 }
 
 // Decision is the policy's answer.

@@ -125,6 +125,7 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 
 	var reason, ttl string
 	var always bool
+	var maxUses int
 	decide := func(verb string) *cobra.Command {
 		dc := &cobra.Command{
 			Use:   verb + " ID",
@@ -141,11 +142,17 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 				if verb == "approve" && ttl != "" && !always {
 					return errors.New("approvals approve: --ttl needs --always")
 				}
+				if verb == "approve" && maxUses != 0 && !always {
+					return errors.New("approvals approve: --max-uses needs --always")
+				}
 				in := map[string]any{"reason": reason}
 				if verb == "approve" && always {
 					in["always"] = true
 					if ttl != "" {
 						in["ttl"] = ttl
+					}
+					if maxUses != 0 {
+						in["max_uses"] = maxUses
 					}
 				}
 				body, _ := json.Marshal(in)
@@ -163,6 +170,9 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 				if g := out.Grant; g != nil {
 					msg += fmt.Sprintf("\ngrant %s: exactly this call from agent %s for user %s is sent without asking until %s",
 						g.ID, clean(g.Agent), clean(g.User), g.Expires.Local().Format(time.RFC3339))
+					if g.MaxUses > 0 {
+						msg += fmt.Sprintf(", at most %d times", g.MaxUses)
+					}
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), msg)
 				return nil
@@ -172,6 +182,7 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 		if verb == "approve" {
 			dc.Flags().BoolVar(&always, "always", false, "also always allow this exact call (same agent, user, tool and request) until the grant expires or is revoked")
 			dc.Flags().StringVar(&ttl, "ttl", "", "how long --always lasts (default 8h, at most 24h)")
+			dc.Flags().IntVar(&maxUses, "max-uses", 0, "how many calls --always lets through (default: any number until it expires)")
 		}
 		return dc
 	}
@@ -193,10 +204,14 @@ The admin address is --admin, else http:// + gateway.admin_listen from the confi
 				return fmt.Errorf("approvals grants: %w", err)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTOOL\tAGENT\tUSER\tBY\tHOLD\tEXPIRES IN\tREVOKED BY")
+			fmt.Fprintln(tw, "ID\tTOOL\tAGENT\tUSER\tBY\tHOLD\tEXPIRES IN\tUSES\tREVOKED BY")
 			for _, g := range out.Grants {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, clean(g.Tool), clean(g.Agent), clean(g.User), clean(g.By), g.Hold,
-					time.Until(g.Expires).Round(time.Second), clean(g.RevokedBy))
+				uses := fmt.Sprintf("%d", g.Uses)
+				if g.MaxUses > 0 {
+					uses = fmt.Sprintf("%d of %d", g.Uses, g.MaxUses)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, clean(g.Tool), clean(g.Agent), clean(g.User), clean(g.By), g.Hold,
+					time.Until(g.Expires).Round(time.Second), uses, clean(g.RevokedBy))
 			}
 			return tw.Flush()
 		},
@@ -236,6 +251,8 @@ type apiGrant struct {
 	By        string    `json:"granted_by"`
 	Expires   time.Time `json:"expires"`
 	RevokedBy string    `json:"revoked_by"`
+	MaxUses   int       `json:"max_uses"`
+	Uses      int       `json:"uses"`
 }
 
 // apiHold is the part of the admin API's hold this command prints.

@@ -30,6 +30,8 @@ func auditCmd(g *globals) *cobra.Command {
 		expect      string
 		checkpoints string
 		pubkey      string
+		heads       string
+		asJSON      bool
 	)
 	verify := &cobra.Command{
 		Use:   "verify",
@@ -56,9 +58,28 @@ A log the gateway re-created after its file was deleted or rotated starts with a
 audit_log_recreated record that continues the old chain. Give the files in order
 (--file old --file new) to check that each continues the one before; a single
 re-created file is checked from its marker, and the output says that the records
-before it are not in that file.`,
+before it are not in that file.
+
+Several replicas (gateway.replica_id) each write their own file and record
+its head in the shared store. --heads postgres://…, sqlite:PATH or a SQLite
+file path, with every replica's files (--file, a replica's oldest first),
+groups the files by the replica id their records carry, verifies each
+replica's chain and checks that it holds the head that replica last recorded:
+a file cut or replaced behind it fails, naming the file, the recorded seq and
+the last seq found. A recorded head whose file is not given, and a file whose
+replica recorded none, fail too. One line per problem; --json prints the
+report as JSON. The store is only read (nothing migrated or locked).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if heads != "" {
+				if len(files) == 0 || expect != "" || checkpoints != "" {
+					return errors.New("audit verify: --heads: give every replica's log with --file (and no --expect-head or --checkpoints)")
+				}
+				return verifyHeads(cmd.Context(), cmd.OutOrStdout(), files, heads, asJSON)
+			}
+			if asJSON {
+				return errors.New("audit verify: --json: only with --heads")
+			}
 			var want audit.Head
 			if expect != "" {
 				var err error
@@ -138,7 +159,32 @@ before it are not in that file.`,
 	verify.Flags().StringVar(&expect, "expect-head", "", "SEQ:HASH the log must hold (a head printed or recorded earlier): fails when the log ends before SEQ or its record SEQ has another hash")
 	verify.Flags().StringVar(&checkpoints, "checkpoints", "", "a checkpoint file (audit.checkpoint.path): every signature must verify and the log must hold the newest checkpoint's head")
 	verify.Flags().StringVar(&pubkey, "public-key", "", "hex Ed25519 public key the checkpoints must be signed with (default: from audit.checkpoint.key_file)")
-	cmd.AddCommand(verify, acceptHeadCmd(g), auditSessionCmd(g))
+	verify.Flags().StringVar(&heads, "heads", "", "the store the replicas record their audit heads in (postgres://…, sqlite:PATH or a path): every file must hold its replica's recorded head")
+	verify.Flags().BoolVar(&asJSON, "json", false, "with --heads: print the report as JSON")
+	var holdFiles []string
+	hold := &cobra.Command{
+		Use:   "hold ID",
+		Short: "Print every record naming a hold, from every replica's file, in time order",
+		Long: `A hold made on one replica may be decided and executed on another: each writes
+its own audit file. This prints the records of the files given (--file, one
+or more; default audit.path from the config) that name the hold, in time
+order, each with its replica id, file and seq. It exits non-zero when no
+record names it. It does not verify the chains (audit verify does).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			paths := holdFiles
+			if len(paths) == 0 {
+				lc, err := g.loadConfig()
+				if err != nil {
+					return fmt.Errorf("audit hold: %w", err)
+				}
+				paths = []string{lc.Audit.Path}
+			}
+			return holdRecords(cmd.OutOrStdout(), paths, args[0])
+		},
+	}
+	hold.Flags().StringArrayVar(&holdFiles, "file", nil, "an audit file to read (repeat for every replica's)")
+	cmd.AddCommand(verify, hold, acceptHeadCmd(g), auditSessionCmd(g))
 	return cmd
 }
 
@@ -174,8 +220,8 @@ func holdsHead(out io.Writer, paths []string, want audit.Head, what string) erro
 
 // appendAccepted appends the audit_head_accepted record to the log at path
 // and returns the head it makes.
-func appendAccepted(ctx context.Context, path string, found audit.Head, was string) (audit.Head, error) {
-	l, err := audit.Open(path)
+func appendAccepted(ctx context.Context, path, replica string, found audit.Head, was string) (audit.Head, error) {
+	l, err := audit.OpenWith(path, audit.Options{Replica: replica})
 	if err != nil {
 		return audit.Head{}, err
 	}
@@ -247,7 +293,7 @@ the log changed: that is the refusal's whole point.`,
 			ctx := cmd.Context()
 			// The store is one gateway's (flock): a running gateway makes
 			// this fail here, before anything is written.
-			st, err := store.OpenWith(ctx, lc.Store, store.Options{AuditLog: path})
+			st, err := store.OpenWith(ctx, lc.Store, store.Options{AuditLog: path, Replica: lc.Gateway.ReplicaID})
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %w", err)
 			}
@@ -262,7 +308,7 @@ the log changed: that is the refusal's whole point.`,
 			}
 			// The acceptance is itself a record of the chain, so a reader of
 			// the log sees where a head was accepted and what was replaced.
-			head, err := appendAccepted(ctx, path, found, was)
+			head, err := appendAccepted(ctx, path, lc.Gateway.ReplicaID, found, was)
 			if err != nil {
 				return fmt.Errorf("audit accept-head: %w", err)
 			}

@@ -22,7 +22,7 @@ func policyCmd(g *globals) *cobra.Command {
 		Use:   "policy",
 		Short: "Test and evaluate the policy (shipped Rego library, simple rules, your rego: modules)",
 	}
-	cmd.AddCommand(policyTestCmd(g), policyEvalCmd(g))
+	cmd.AddCommand(policyTestCmd(g), policyEvalCmd(g), policyReplayCmd(g), policyInputCmd(g))
 	return cmd
 }
 

@@ -101,6 +101,10 @@ type Options struct {
 	// SyncInterval is the longest a written record waits for its fsync in
 	// SyncInterval mode; it must be positive there.
 	SyncInterval time.Duration
+	// Replica, when set, is written into every record (Record.Replica):
+	// replicas sharing one store each write their own file, and a reader
+	// of several files sees which replica wrote a record.
+	Replica string
 }
 
 // Errors returned (wrapped) by Append.
@@ -113,13 +117,17 @@ var (
 
 // Record is one audit entry. The writer fills Seq, Time, Prev and Hash.
 type Record struct {
-	Seq       uint64         `json:"seq"`
-	Time      time.Time      `json:"time"`
-	Prev      string         `json:"prev"` // hex sha256 of the previous line; 64 zeros for the first
-	RequestID string         `json:"request_id"`
-	Event     string         `json:"event"` // "decision", "secret_reflected", ...
-	Fields    map[string]any `json:"fields,omitempty"`
-	Hash      string         `json:"hash"` // hex sha256 of this record with Hash empty
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	Prev      string    `json:"prev"` // hex sha256 of the previous line; 64 zeros for the first
+	RequestID string    `json:"request_id"`
+	Event     string    `json:"event"` // "decision", "secret_reflected", ...
+	// Replica is the id of the gateway replica that wrote the record
+	// (Options.Replica); omitted when none is set, so logs written before
+	// it existed verify unchanged.
+	Replica string         `json:"replica,omitempty"`
+	Fields  map[string]any `json:"fields,omitempty"`
+	Hash    string         `json:"hash"` // hex sha256 of this record with Hash empty
 
 	// Sorted is Fields as key/value pairs in increasing key order, no key
 	// twice: a caller that writes the same shape of record for every
@@ -160,6 +168,7 @@ type Log struct {
 	now      func() time.Time
 	wrap     func(*os.File) file
 	interval time.Duration // > 0: SyncInterval mode
+	replica  string        // Options.Replica
 
 	mu      sync.Mutex
 	pending []*request
@@ -272,7 +281,7 @@ func open(path string, o Options, wrap func(*os.File) file) (*Log, error) {
 		return nil, fmt.Errorf("audit: open: %w", err)
 	}
 	l := &Log{
-		path: path, now: time.Now, wrap: wrap, interval: interval,
+		path: path, now: time.Now, wrap: wrap, interval: interval, replica: o.Replica,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		prev: ZeroHash,
 	}
@@ -316,6 +325,7 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	// Encode the caller's part of the line here, in parallel with other
 	// callers, so that the writer, which every record passes through in
 	// turn, only adds seq, time, prev and the hash.
+	rec.Replica = l.replica
 	if rec.Sorted != nil && (len(rec.Fields) > 0 || !sortedFields(rec.Sorted)) {
 		foldSorted(&rec)
 	}
@@ -498,7 +508,7 @@ func (l *Log) write(batch []*request) error {
 	written := make([]*request, 0, len(batch))
 	outs := make([]Record, 0, len(batch))
 	if l.needMarker {
-		rec := Record{Event: EventRecreated, Fields: map[string]any{
+		rec := Record{Event: EventRecreated, Replica: l.replica, Fields: map[string]any{
 			"reason":       "log file was deleted or rotated; this file continues the chain",
 			"previous_seq": seq,
 		}}

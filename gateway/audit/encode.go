@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"encoding/json"
 	"slices"
 	"strconv"
 	"time"
@@ -47,6 +48,10 @@ func appendRecordBody(dst []byte, rec *Record) ([]byte, bool) {
 	dst = appendJSONString(dst, rec.RequestID)
 	dst = append(dst, `,"event":`...)
 	dst = appendJSONString(dst, rec.Event)
+	if rec.Replica != "" {
+		dst = append(dst, `,"replica":`...)
+		dst = appendJSONString(dst, rec.Replica)
+	}
 	if len(rec.Fields) == 0 && len(rec.Sorted) > 0 {
 		dst = append(dst, `,"fields":{`...)
 		for i, f := range rec.Sorted {
@@ -100,8 +105,37 @@ func appendValue(dst []byte, v any) ([]byte, bool) {
 		return strconv.AppendBool(dst, v), true
 	case nil:
 		return append(dst, "null"...), true
+	case json.RawMessage:
+		// Taken as is only when it is already what encoding/json makes
+		// of it (compact, HTML-escaped): a decision's recorded input is
+		// json.Marshal output, so the common case costs one scan.
+		if v != nil && compactEscaped(v) && json.Valid(v) {
+			return append(dst, v...), true
+		}
 	}
 	return dst, false
+}
+
+// compactEscaped reports whether raw JSON has no whitespace outside its
+// strings and nothing json.Marshal would escape for HTML (<, >, &,
+// U+2028, U+2029): the bytes Marshal's compaction of it gives back.
+func compactEscaped(b []byte) bool {
+	in := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '<' || c == '>' || c == '&':
+			return false
+		case c == 0xe2 && i+2 < len(b) && b[i+1] == 0x80 && (b[i+2] == 0xa8 || b[i+2] == 0xa9):
+			return false
+		case in && c == '\\':
+			i++
+		case c == '"':
+			in = !in
+		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return false
+		}
+	}
+	return true
 }
 
 // sortedFields reports whether fs's keys increase strictly, as

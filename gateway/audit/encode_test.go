@@ -40,6 +40,7 @@ func TestAppendRecordMatchesEncodingJSON(t *testing.T) {
 			"port": 80, "resolved_ip": "93.184.216.34", "decision": "allow", "rule": "egress", "reason": "", "status": 200,
 			"bytes_up": int64(0), "bytes_down": int64(1) << 40, "duration_ms": int64(3)}}, true},
 		{"no fields", Record{Seq: 1, Time: at, Prev: ZeroHash, Event: "x"}, true},
+		{"replica", Record{Seq: 2, Time: at, Prev: ZeroHash, Event: "x", Replica: "gw-1<&>", Fields: map[string]any{"a": 1}}, true},
 		{"empty fields map is omitted", Record{Time: at, Fields: map[string]any{}}, true},
 		{"escapes", Record{Time: at, RequestID: "a\"b\\c\n\r\t\b\f\x00\x1f\x7f<>&", Event: "\u2028\u2029é😀", Fields: map[string]any{
 			"bad utf8": "\xff\xfe ok \xc3", "<key>": "&", "nil": nil, "t": true, "f": false, "u": uint64(1) << 63, "neg": -5}}, true},
@@ -178,5 +179,40 @@ func TestSortedFieldsAppend(t *testing.T) {
 				t.Fatalf("lines differ:\n sorted %s\n    map %s", lines["sorted"], lines["map"])
 			}
 		})
+	}
+}
+
+// A recorded input (json.RawMessage) is taken as is only when the bytes
+// are what json.Marshal makes of it; otherwise the record falls back to
+// json.Marshal. Either way the line is json.Marshal's.
+func FuzzAppendRawJSON(f *testing.F) {
+	f.Add(`{"a":1,"b":[true,null,"x y"]}`) // compact, a space inside a string
+	f.Add(`{"a": 1}`)                      // whitespace outside strings: Marshal compacts it
+	f.Add(`{"h":"<script>&"}`)             // HTML characters: Marshal escapes them
+	f.Add("{\"s\":\"\u2028\"}")            // U+2028: Marshal escapes it
+	f.Add(`{"s":"\"\\"}`)                  // escaped quote and backslash inside a string
+	f.Add(`{"a":`)                         // not JSON: Marshal refuses
+	f.Fuzz(func(t *testing.T, raw string) {
+		rec := Record{Seq: 1, Time: time.Unix(0, 0).UTC(), Prev: ZeroHash, Event: "decision",
+			Sorted: []Field{{"input", json.RawMessage(raw)}}}
+		want, err := json.Marshal(Record{Seq: 1, Time: rec.Time, Prev: ZeroHash, Event: "decision",
+			Fields: map[string]any{"input": json.RawMessage(raw)}})
+		got, ok := appendRecord(nil, &rec)
+		if err != nil {
+			if ok {
+				t.Fatalf("json.Marshal refuses (%v) but appendRecord encoded %s", err, got)
+			}
+			return
+		}
+		if ok && !bytes.Equal(got, want) {
+			t.Fatalf("differs:\n got %s\nwant %s", got, want)
+		}
+	})
+}
+
+func TestAppendRawJSONFastPath(t *testing.T) {
+	rec := Record{Time: time.Unix(0, 0).UTC(), Sorted: []Field{{"input", json.RawMessage(`{"args":{"body":{"reason":"a b"}}}`)}}}
+	if _, ok := appendRecord(nil, &rec); !ok {
+		t.Fatal("a compact recorded input should be appended as is, not re-encoded")
 	}
 }

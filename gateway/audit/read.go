@@ -48,35 +48,12 @@ type Chain struct {
 // never writes and takes no lock, so it reads a log the gateway is
 // appending to, up to where it was when Scan opened it.
 func Scan(path string, fn func(e Entry)) (Chain, error) {
-	f, err := os.Open(path)
+	f, size, ch, err := openVerified(path)
 	if err != nil {
-		return Chain{}, fmt.Errorf("audit: read: %w", err)
+		return Chain{}, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Chain{}, fmt.Errorf("audit: read: %w", err)
-	}
-	// Both passes read the same bytes, even while the gateway appends.
-	size := fi.Size()
-	seq, prev := uint64(1), ZeroHash
-	var ch Chain
-	br := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 64<<10)
-	if first, err := br.ReadSlice('\n'); err == nil || errors.Is(err, io.EOF) || errors.Is(err, bufio.ErrBufferFull) {
-		var head Record
-		if json.Unmarshal(bytes.TrimSuffix(first, []byte("\n")), &head) == nil && head.Event == EventRecreated && head.Seq > 1 {
-			seq, prev, ch.FromMarker = head.Seq, head.Prev, true
-		}
-	}
-	n, err := VerifyFrom(io.NewSectionReader(f, 0, size), seq, prev)
-	var ve *VerifyError
-	switch {
-	case errors.As(err, &ve):
-		ch.Break = ve
-	case err != nil:
-		return Chain{}, fmt.Errorf("audit: read: %w", err)
-	}
-	ch.Verified = n
+	n := ch.Verified
 	ch.Head = Head{Hash: ZeroHash}
 	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), MaxRecord)
 	for line := 1; ; line++ {
@@ -128,4 +105,69 @@ func (c Chain) String() string {
 		return fmt.Sprintf("BROKEN at line %d: %s; the %d records before it verify (head %s)", c.Break.Line, c.Break.Reason, c.Verified, c.Head)
 	}
 	return fmt.Sprintf("%d records verify, head %s", c.Verified, c.Head)
+}
+
+// Lines verifies the log at path as Scan does and then calls fn with each
+// line that verifies (without its newline; raw is valid only during the
+// call), in order, stopping at fn's first error. Nothing past the
+// verified part is passed: the caller reads Chain.Break to say why it
+// stopped; its Head is not filled in. It decodes nothing, so a reader that wants a few fields of
+// many records (`sluice policy replay`) pays only for those.
+func Lines(path string, fn func(line int, raw []byte) error) (Chain, error) {
+	f, size, ch, err := openVerified(path)
+	if err != nil {
+		return Chain{}, err
+	}
+	defer f.Close()
+	n := ch.Verified
+	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), MaxRecord)
+	for line := 1; line <= n; line++ {
+		raw, err := r.ReadSlice('\n')
+		if err != nil {
+			return ch, fmt.Errorf("audit: read line %d: %w", line, err)
+		}
+		raw = bytes.TrimSuffix(raw, []byte("\n"))
+		ch.Lines = line
+		if err := fn(line, raw); err != nil {
+			return ch, err
+		}
+	}
+	return ch, nil
+}
+
+// verifyFile opens the log at path and verifies its chain as Verify does
+// (from seq 1, or from a re-creation marker the file starts with). It
+// returns the open file and the size the chain was verified to: a reader's
+// second pass reads the same bytes, even while the gateway appends.
+func openVerified(path string) (*os.File, int64, Chain, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, Chain{}, fmt.Errorf("audit: read: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, Chain{}, fmt.Errorf("audit: read: %w", err)
+	}
+	size := fi.Size()
+	seq, prev := uint64(1), ZeroHash
+	var ch Chain
+	br := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 64<<10)
+	if first, err := br.ReadSlice('\n'); err == nil || errors.Is(err, io.EOF) || errors.Is(err, bufio.ErrBufferFull) {
+		var head Record
+		if json.Unmarshal(bytes.TrimSuffix(first, []byte("\n")), &head) == nil && head.Event == EventRecreated && head.Seq > 1 {
+			seq, prev, ch.FromMarker = head.Seq, head.Prev, true
+		}
+	}
+	n, err := VerifyFrom(io.NewSectionReader(f, 0, size), seq, prev)
+	var ve *VerifyError
+	switch {
+	case errors.As(err, &ve):
+		ch.Break = ve
+	case err != nil:
+		f.Close()
+		return nil, 0, Chain{}, fmt.Errorf("audit: read: %w", err)
+	}
+	ch.Verified = n
+	return f, size, ch, nil
 }

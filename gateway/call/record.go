@@ -1,6 +1,7 @@
 package call
 
 import (
+	"encoding/json"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,16 @@ const (
 	// KeyPolicyRevision names the policy that decided: an OPA bundle's
 	// revision or a digest of the Rego and data files.
 	KeyPolicyRevision = "policy_revision"
+
+	// A decision record carries its input document (audit.record_inputs):
+	// KeyInput is the document as JSON; when it was larger than
+	// audit.record_input_max, KeyInputTruncated is true, KeyInputSize its
+	// size before the cut and KeyInputCut what was left out ("args.body",
+	// "request.body", or "input" when nothing could be kept).
+	KeyInput          = "input"
+	KeyInputCut       = "input_cut"
+	KeyInputSize      = "input_size"
+	KeyInputTruncated = "input_truncated"
 
 	KeyTraceID = "trace_id" // the call's OpenTelemetry trace, when tracing is on
 
@@ -128,6 +139,15 @@ type Record struct {
 	Event     string
 	Reflected bool // the upstream echoed a credential (scrubbed)
 
+	// Input is the decision's input document as the decision record
+	// carries it (KeyInput): compact encoding/json output, taken before
+	// any credential is attached; nil when inputs are not recorded or it
+	// was cut whole. InputCut says what was cut, InputSize the size
+	// before the cut (both zero when nothing was).
+	Input     json.RawMessage
+	InputCut  string
+	InputSize int
+
 	BytesUp, BytesDown atomic.Int64 // raw egress
 }
 
@@ -185,6 +205,14 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 	}
 	if r.Egress != "" {
 		f = append(f, F(Field{KeyEgress, r.Egress}))
+	}
+	if event == EventDecision {
+		if r.Input != nil {
+			f = append(f, F(Field{KeyInput, r.Input}))
+		}
+		if r.InputCut != "" {
+			f = append(f, F(Field{KeyInputCut, r.InputCut}), F(Field{KeyInputSize, r.InputSize}), F(Field{KeyInputTruncated, true}))
+		}
 	}
 	if eg {
 		f = append(f, F(Field{KeyKind, string(r.Kind)}))

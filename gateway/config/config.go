@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,7 @@ type Config struct {
 	Approvals  Approvals   `yaml:"approvals"`
 	Egress     Egress      `yaml:"egress"`
 	DNS        DNS         `yaml:"dns"`
+	Usage      Usage       `yaml:"usage"`
 	// Policy, DecisionLogs and Receipts are the policy life cycle
 	// (policylife.go): bundles, decision-log export, approval receipts.
 	Policy       PolicySettings `yaml:"policy"`
@@ -70,6 +72,11 @@ type Gateway struct {
 	// max_pending_holds (at least 1).
 	MaxPendingHoldsPerSandbox int    `yaml:"max_pending_holds_per_sandbox"`
 	AdminListen               string `yaml:"admin_listen"`
+	// ReplicaID names this gateway among replicas sharing one store: it is
+	// written into every audit record and keys this replica's audit head
+	// in the store. Default: env POD_NAME, else HOSTNAME, else the host
+	// name (ReplicaRE).
+	ReplicaID string `yaml:"replica_id"`
 	// MaxConnections caps the sandbox socket's open connections; more are
 	// answered 503 gateway_busy at once (THREATS B10).
 	MaxConnections int `yaml:"max_connections"`
@@ -136,7 +143,48 @@ type Audit struct {
 	// Checkpoint, when set, has the gateway append a signed statement of
 	// the log's head to a second file at an interval (THREATS G9).
 	Checkpoint *AuditCheckpoint `yaml:"checkpoint"`
+	// RecordInputs has every decision record carry the decision's full
+	// input document (arguments included; credentials never: they are
+	// attached after the decision), for `sluice policy replay`. Default
+	// on; false records none.
+	RecordInputs *bool `yaml:"record_inputs"`
+	// RecordInputMax caps the recorded input (bytes of JSON; default
+	// DefaultRecordInputMax, at most MaxRecordInputMax). A larger input
+	// is recorded without its bodies, or not at all, and the record says
+	// so (input_truncated, input_size, input_cut).
+	RecordInputMax int `yaml:"record_input_max"`
 }
+
+// Usage says which tools' calls are counted for input.usage: calls per
+// agent, user and session over 1 min / 1 h / 1 day, and the sum of one
+// numeric argument. A tool in neither list has no input.usage.
+type Usage struct {
+	// Tools are the tools (exact names) whose calls are counted.
+	Tools []string `yaml:"tools"`
+	// Sum maps a tool to the body argument summed ("amount", or a dotted
+	// path into the body such as "refund.amount"); the tool is counted
+	// too.
+	Sum map[string]string `yaml:"sum"`
+}
+
+// Counted reports whether tool's calls are counted, and the argument
+// summed ("" when none).
+func (u Usage) Counted(tool string) (bool, string) {
+	if arg, ok := u.Sum[tool]; ok {
+		return true, arg
+	}
+	return slices.Contains(u.Tools, tool), ""
+}
+
+// Recording inputs (audit.record_input_max): the default, and the most an
+// audit line (256 KiB) leaves room for beside the record's other fields.
+const (
+	DefaultRecordInputMax = 64 << 10
+	MaxRecordInputMax     = 192 << 10
+)
+
+// InputsRecorded reports audit.record_inputs (default on).
+func (a Audit) InputsRecorded() bool { return a.RecordInputs == nil || *a.RecordInputs }
 
 // AuditCheckpoint configures the signed checkpoints of the audit log's head.
 type AuditCheckpoint struct {
@@ -523,10 +571,25 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	c.Dir = dir
 	c.resolvePaths()
+	if c.Gateway.ReplicaID == "" {
+		c.Gateway.ReplicaID = DefaultReplicaID()
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// DefaultReplicaID is gateway.replica_id when the file does not set it:
+// env POD_NAME (a Kubernetes pod), else HOSTNAME, else the host name.
+func DefaultReplicaID() string {
+	for _, env := range []string{"POD_NAME", "HOSTNAME"} {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+	}
+	host, _ := os.Hostname()
+	return host
 }
 
 // UnknownKeyError names a key that sluice.yaml does not have.
@@ -580,7 +643,10 @@ func (c *Config) resolvePaths() {
 }
 
 var (
-	sha256RE     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	// ReplicaRE is what gateway.replica_id may be: a short token safe in
+	// a file name, a log line and an SQL key.
+	ReplicaRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	slugRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 	headerNameRE = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,128}$`)
 	nameRE       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
@@ -595,6 +661,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
 	g := c.Gateway
+	if g.ReplicaID != "" && !ReplicaRE.MatchString(g.ReplicaID) {
+		bad("gateway.replica_id", "%q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit (the default is env POD_NAME, HOSTNAME or the host name: set it when that is not such a token)", g.ReplicaID)
+	}
 	if g.SandboxSocket == "" {
 		bad("gateway.sandbox_socket", "must be set")
 	}
@@ -693,6 +762,22 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("audit.sync", "want always or interval, got %q", c.Audit.Sync)
+	}
+	for i, t := range c.Usage.Tools {
+		if !strings.Contains(t, ".") || strings.ContainsAny(t, "*?[ ") {
+			bad(fmt.Sprintf("usage.tools[%d]", i), "want an exact tool name <connector>.<operation>, got %q", t)
+		}
+	}
+	for t, arg := range c.Usage.Sum {
+		if !strings.Contains(t, ".") || strings.ContainsAny(t, "*?[ ") {
+			bad("usage.sum."+t, "want an exact tool name <connector>.<operation> as the key")
+		}
+		if arg == "" || strings.HasPrefix(arg, ".") || strings.HasSuffix(arg, ".") || strings.Contains(arg, "..") {
+			bad("usage.sum."+t, "want the body argument to sum (amount, or a dotted path like refund.amount), got %q", arg)
+		}
+	}
+	if m := c.Audit.RecordInputMax; m < 0 || m > MaxRecordInputMax {
+		bad("audit.record_input_max", "must be 0 (the default, %d) to %d bytes, got %d", DefaultRecordInputMax, MaxRecordInputMax, m)
 	}
 	if cp := c.Audit.Checkpoint; cp != nil {
 		if cp.Path == "" {

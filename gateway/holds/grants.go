@@ -16,13 +16,17 @@ import (
 const (
 	DefaultGrantTTL = 8 * time.Hour
 	MaxGrantTTL     = 24 * time.Hour
+	// MaxGrantUses bounds a grant's max_uses (0 is no limit but its
+	// validity window).
+	MaxGrantUses = 10000
 )
 
 // Errors of the grant calls.
 var (
-	ErrGrantNotFound = errors.New("holds: no such grant")                                         // 404
-	ErrGrantRevoked  = errors.New("holds: the grant is already revoked")                          // 409
-	ErrGrantTTL      = fmt.Errorf("holds: a grant lasts more than 0 and at most %s", MaxGrantTTL) // 400
+	ErrGrantNotFound = errors.New("holds: no such grant")                                          // 404
+	ErrGrantRevoked  = errors.New("holds: the grant is already revoked")                           // 409
+	ErrGrantTTL      = fmt.Errorf("holds: a grant lasts more than 0 and at most %s", MaxGrantTTL)  // 400
+	ErrGrantUses     = fmt.Errorf("holds: a grant's max_uses is 0 (no limit) to %d", MaxGrantUses) // 400
 )
 
 // Grant is an approver's "always allow this exact call": a later ask
@@ -45,10 +49,26 @@ type Grant struct {
 	Expires   time.Time `json:"expires"`
 	Revoked   time.Time `json:"revoked,omitzero"`
 	RevokedBy string    `json:"revoked_by,omitempty"`
+	// MaxUses is how many calls the grant lets through (0: any number
+	// until Expires); Uses how many it has, UsesLeft what remains (absent
+	// without a limit).
+	MaxUses  int  `json:"max_uses"`
+	Uses     int  `json:"uses"`
+	UsesLeft *int `json:"uses_left,omitempty"`
 }
 
 // Active says whether g can be used at now.
-func (g Grant) Active(now time.Time) bool { return g.Revoked.IsZero() && now.Before(g.Expires) }
+func (g Grant) Active(now time.Time) bool {
+	return g.Revoked.IsZero() && now.Before(g.Expires) && (g.MaxUses == 0 || g.Uses < g.MaxUses)
+}
+
+// GrantTerms are what an approver sets on an "always allow": how long it
+// lasts (0 is DefaultGrantTTL, at most MaxGrantTTL) and how many calls it
+// lets through (0: no limit, at most MaxGrantUses).
+type GrantTerms struct {
+	TTL     time.Duration
+	MaxUses int
+}
 
 // GrantKey is what a grant is bound to.
 type GrantKey struct {
@@ -65,8 +85,19 @@ func grantFromRow(r store.GrantRow) (Grant, error) {
 	if err := json.Unmarshal(r.Doc, &d); err != nil {
 		return Grant{}, fmt.Errorf("holds: grant %s: stored document: %w", r.ID, err)
 	}
-	return Grant{ID: r.ID, Agent: r.Agent, User: r.User, Tool: r.Tool, SHA256: r.SHA256, Hold: r.Hold, By: r.GrantedBy,
-		ByGroups: d.ByGroups, Reason: d.Reason, Created: r.Created, Expires: r.Expires, Revoked: r.Revoked, RevokedBy: r.RevokedBy}, nil
+	g := Grant{ID: r.ID, Agent: r.Agent, User: r.User, Tool: r.Tool, SHA256: r.SHA256, Hold: r.Hold, By: r.GrantedBy,
+		ByGroups: d.ByGroups, Reason: d.Reason, Created: r.Created, Expires: r.Expires, Revoked: r.Revoked, RevokedBy: r.RevokedBy,
+		MaxUses: r.MaxUses, Uses: r.Uses}
+	g.setLeft()
+	return g, nil
+}
+
+func (g *Grant) setLeft() {
+	g.UsesLeft = nil
+	if g.MaxUses > 0 {
+		left := max(0, g.MaxUses-g.Uses)
+		g.UsesLeft = &left
+	}
 }
 
 // ApproveAlways is Approve that also grants "always allow this exact
@@ -75,13 +106,25 @@ func grantFromRow(r store.GrantRow) (Grant, error) {
 // is made for. The grant is stored in the same transaction as the
 // approval, so it exists only if this approval won.
 func (m *Manager) ApproveAlways(ctx context.Context, id string, p Person, reason string, ttl time.Duration) (Hold, Grant, error) {
+	return m.ApproveGrant(ctx, id, p, reason, GrantTerms{TTL: ttl})
+}
+
+// ApproveGrant is ApproveAlways with a use limit as well: a grant with
+// MaxUses n lets exactly n calls through (then the policy decides again,
+// and an ask asks again), however many arrive at once.
+func (m *Manager) ApproveGrant(ctx context.Context, id string, p Person, reason string, t GrantTerms) (Hold, Grant, error) {
+	ttl := t.TTL
 	if ttl == 0 {
 		ttl = DefaultGrantTTL
 	}
 	if ttl < 0 || ttl > MaxGrantTTL {
 		return Hold{}, Grant{}, ErrGrantTTL
 	}
-	g := Grant{ID: newID(), By: p.Name, ByGroups: slices.Clone(p.Groups), Reason: reason}
+	if t.MaxUses < 0 || t.MaxUses > MaxGrantUses {
+		return Hold{}, Grant{}, ErrGrantUses
+	}
+	g := Grant{ID: newID(), By: p.Name, ByGroups: slices.Clone(p.Groups), Reason: reason, MaxUses: t.MaxUses}
+	g.setLeft()
 	h, err := m.approve(ctx, id, p, reason, &g, ttl)
 	if err != nil {
 		return h, Grant{}, err
@@ -91,8 +134,9 @@ func (m *Manager) ApproveAlways(ctx context.Context, id string, p Person, reason
 
 // MatchGrant returns an active grant for exactly key whose granter could
 // still approve a call that the current decision asks approvers to decide
-// (a grant outlives no change of who may approve), and ok false when there
-// is none.
+// (a grant outlives no change of who may approve), having taken one use
+// of it (Store.UseGrant: a grant another call used up meanwhile is passed
+// over), and ok false when there is none.
 func (m *Manager) MatchGrant(ctx context.Context, key GrantKey, approvers []string) (Grant, bool, error) {
 	rows, err := m.o.Store.MatchGrants(ctx, key.Agent, key.User, key.Tool, key.SHA256, m.now().UTC())
 	if err != nil {
@@ -109,7 +153,16 @@ func (m *Manager) MatchGrant(ctx context.Context, key GrantKey, approvers []stri
 			return Grant{}, false, fmt.Errorf("bug: holds: grant %s matched another key", g.ID)
 		}
 		probe := Hold{Caller: Caller{Agent: key.Agent, User: key.User}, Approvers: approvers}
-		if m.CanApprove(probe, Person{Name: g.By, Groups: g.ByGroups}) == nil {
+		if m.CanApprove(probe, Person{Name: g.By, Groups: g.ByGroups}) != nil {
+			continue
+		}
+		used, err := m.o.Store.UseGrant(ctx, g.ID, m.now().UTC())
+		if err != nil {
+			return Grant{}, false, fmt.Errorf("holds: use grant: %w", err)
+		}
+		if used {
+			g.Uses++
+			g.setLeft()
 			return g, true, nil
 		}
 	}

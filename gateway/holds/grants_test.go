@@ -239,3 +239,52 @@ func BenchmarkMatchGrant(b *testing.B) {
 		})
 	}
 }
+
+// TestGrantMaxUses: a grant with max_uses 2 lets exactly two of eight
+// concurrent calls through, counts them (uses, uses_left), and then
+// matches no more: the policy decides again. A bad limit is refused.
+func TestGrantMaxUses(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := newManager(t, ok200)
+	h, _, err := m.Create(ctx, sample("7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.ApproveGrant(ctx, h.ID, Person{Name: "bob"}, "", GrantTerms{MaxUses: MaxGrantUses + 1}); !errors.Is(err, ErrGrantUses) {
+		t.Fatalf("max_uses over the bound: %v, want ErrGrantUses", err)
+	}
+	_, g, err := m.ApproveGrant(ctx, h.ID, Person{Name: "bob"}, "", GrantTerms{TTL: time.Hour, MaxUses: 2})
+	if err != nil || g.MaxUses != 2 || g.UsesLeft == nil || *g.UsesLeft != 2 {
+		t.Fatalf("ApproveGrant = %+v, %v; want max_uses 2, 2 left", g, err)
+	}
+	key := GrantKey{Agent: "a", User: "alice", Tool: "t.refund", SHA256: h.SHA256}
+	var mu sync.Mutex
+	var got []Grant
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u, ok, err := m.MatchGrant(ctx, key, []string{"bob"})
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				mu.Lock()
+				got = append(got, u)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(got) != 2 {
+		t.Fatalf("%d calls let through by a grant with max_uses 2", len(got))
+	}
+	stored, err := m.Grant(ctx, g.ID)
+	if err != nil || stored.Uses != 2 || stored.UsesLeft == nil || *stored.UsesLeft != 0 || stored.Active(time.Now()) {
+		t.Fatalf("stored %+v, %v: want 2 uses, 0 left, inactive", stored, err)
+	}
+	if active, err := m.Grants(ctx, false, 0); err != nil || len(active) != 0 {
+		t.Fatalf("a used-up grant is listed as active: %v %v", active, err)
+	}
+}

@@ -92,6 +92,10 @@ type Hold struct {
 	// Version is the stored hold's change count when it was read: a
 	// decision applies only to the version its decider saw.
 	Version int64 `json:"-"`
+	// Recorded are fields the hold_created audit record carries beside
+	// the hold's own: the decision's recorded input (audit.record_inputs).
+	// Never stored with the hold.
+	Recorded map[string]any `json:"-"`
 }
 
 // Terminal says whether the hold's state can no longer change.

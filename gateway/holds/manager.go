@@ -174,7 +174,12 @@ func (m *Manager) Create(ctx context.Context, h Hold) (Hold, bool, error) {
 		o, err := fromRow(row)
 		return o, false, err
 	}
-	if err := m.o.Audit(ctx, "hold_created", h, map[string]any{"expires": h.Expires.Format(time.RFC3339)}); err != nil {
+	extra := map[string]any{"expires": h.Expires.Format(time.RFC3339)}
+	for k, v := range h.Recorded {
+		extra[k] = v
+	}
+	h.Recorded = nil
+	if err := m.o.Audit(ctx, "hold_created", h, extra); err != nil {
 		_, _ = st.FinishHold(context.WithoutCancel(ctx), h.ID, string(Pending), string(Failed), nil)
 		return Hold{}, false, fmt.Errorf("holds: create: %w: %w", ErrAudit, err)
 	}
@@ -306,7 +311,7 @@ func (m *Manager) decideGrant(ctx context.Context, id string, p Person, reason s
 			return h, fmt.Errorf("holds: decide: grant: %w", merr)
 		}
 		dec.Grant = &store.GrantRow{ID: g.ID, Agent: g.Agent,
-			User: g.User, Tool: g.Tool, SHA256: g.SHA256, Hold: g.Hold, GrantedBy: g.By, Created: g.Created, Expires: g.Expires, Doc: d}
+			User: g.User, Tool: g.Tool, SHA256: g.SHA256, Hold: g.Hold, GrantedBy: g.By, Created: g.Created, Expires: g.Expires, Doc: d, MaxUses: g.MaxUses}
 	}
 	ok, err = m.o.Store.Decide(ctx, dec)
 	if err != nil {

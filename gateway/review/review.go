@@ -39,8 +39,9 @@ type Holds interface {
 	List(ctx context.Context, f holds.Filter) ([]holds.Hold, error)
 	Get(ctx context.Context, id string) (holds.Hold, error)
 	Approve(ctx context.Context, id string, by holds.Person, reason string) (holds.Hold, error)
-	// ApproveAlways approves and grants "always allow this exact call" for ttl.
-	ApproveAlways(ctx context.Context, id string, by holds.Person, reason string, ttl time.Duration) (holds.Hold, holds.Grant, error)
+	// ApproveGrant approves and grants "always allow this exact call" on
+	// the terms given (how long, how many calls).
+	ApproveGrant(ctx context.Context, id string, by holds.Person, reason string, t holds.GrantTerms) (holds.Hold, holds.Grant, error)
 	Deny(ctx context.Context, id string, by holds.Person, reason string) (holds.Hold, error)
 	Subscribe(ctx context.Context) <-chan holds.Event
 	CanApprove(h holds.Hold, p holds.Person) error
@@ -506,6 +507,10 @@ func (u *UI) handleHold(w http.ResponseWriter, r *http.Request, s *session) {
 // ("" when the select is missing: the default).
 var grantTTLs = map[string]time.Duration{"": holds.DefaultGrantTTL, "1h": time.Hour, "8h": 8 * time.Hour, "24h": holds.MaxGrantTTL}
 
+// grantUses are the use limits the approve form offers ("" and "any": no
+// limit but the lifetime).
+var grantUses = map[string]int{"": 0, "any": 0, "1": 1, "2": 2, "5": 5, "10": 10}
+
 func (u *UI) handleDecide(approve bool) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, s *session) {
 		id := r.PathValue("id")
@@ -527,7 +532,12 @@ func (u *UI) handleDecide(approve bool) func(http.ResponseWriter, *http.Request,
 				u.fail(w, r, s, http.StatusBadRequest, "Choose how long “always allow” lasts: 1h, 8h or 24h.")
 				return
 			}
-			_, _, err = u.opt.Holds.ApproveAlways(r.Context(), id, s.person, reason, ttl)
+			uses, ok := grantUses[r.PostForm.Get("uses")]
+			if !ok {
+				u.fail(w, r, s, http.StatusBadRequest, "Choose how many calls “always allow” lets through: any, 1, 2, 5 or 10.")
+				return
+			}
+			_, _, err = u.opt.Holds.ApproveGrant(r.Context(), id, s.person, reason, holds.GrantTerms{TTL: ttl, MaxUses: uses})
 		case approve:
 			_, err = u.opt.Holds.Approve(r.Context(), id, s.person, reason)
 		default:

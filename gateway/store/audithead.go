@@ -10,12 +10,16 @@ import (
 )
 
 // auditLogKey is the audit_heads row this store's gateway uses. SQLite:
-// ” (one gateway per store, as before the table was keyed). PostgreSQL:
-// the host name and Options.AuditLog, so each replica checks its own
-// file against its own head, never against another replica's.
+// the empty key (one gateway per store, as before the table was keyed).
+// PostgreSQL: Options.Replica, the replica id its records carry, or
+// without one the host name and Options.AuditLog; so each replica checks
+// its own file against its own head, never against another replica's.
 func (s *Store) auditLogKey() string {
 	if s.b.Kind() == SQLite {
 		return ""
+	}
+	if s.replica != "" {
+		return s.replica
 	}
 	host, _ := os.Hostname()
 	return host + ":" + s.auditLog
@@ -47,4 +51,35 @@ func (s *Store) SetAuditHead(ctx context.Context, seq uint64, hash string) error
 		return fmt.Errorf("store: set audit head: %w", err)
 	}
 	return nil
+}
+
+// AuditHeadRow is one recorded audit log head: Log is the replica id
+// (the empty key for a SQLite store's single gateway, host:path for a replica
+// that had none).
+type AuditHeadRow struct {
+	Log     string
+	Seq     uint64
+	Hash    string
+	Updated time.Time
+}
+
+// AuditHeads returns every recorded audit log head, by Log.
+func (s *Store) AuditHeads(ctx context.Context) ([]AuditHeadRow, error) {
+	var out []AuditHeadRow
+	err := s.db.each(ctx, `SELECT log, seq, hash, updated FROM audit_heads ORDER BY log`, nil, func(sc scanner) error {
+		var (
+			r       AuditHeadRow
+			n, unix int64
+		)
+		if err := sc.Scan(&r.Log, &n, &r.Hash, &unix); err != nil {
+			return err
+		}
+		r.Seq, r.Updated = uint64(n), time.Unix(0, unix).UTC()
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: audit heads: %w", err)
+	}
+	return out, nil
 }

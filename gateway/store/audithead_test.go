@@ -69,3 +69,26 @@ func TestAuditHeadPerReplica(t *testing.T) {
 		t.Fatalf("replica a reopened: %d %s %v %v; want 7 aa", seq, hash, ok, err)
 	}
 }
+
+// TestAuditHeadsByReplica: with a replica id the head is the row of that
+// name, and AuditHeads lists every replica's.
+func TestAuditHeadsByReplica(t *testing.T) {
+	ctx := context.Background()
+	srv := server(t)
+	dsn := srv.SuperURL(srv.NewDatabaseT(t))
+	a, err := OpenWith(ctx, dsn, Options{AuditLog: "/var/lib/sluice/audit.log", Replica: "gw-a"})
+	must(t, err)
+	defer a.Close()
+	b, err := OpenWith(ctx, dsn, Options{AuditLog: "/var/lib/sluice/audit.log", Replica: "gw-b"})
+	must(t, err)
+	defer b.Close()
+	must(t, a.SetAuditHead(ctx, 7, "aa"))
+	must(t, b.SetAuditHead(ctx, 2, "bb"))
+	must(t, b.SetAuditHead(ctx, 3, "cc"))
+	heads, err := a.AuditHeads(ctx)
+	must(t, err)
+	if len(heads) != 2 || heads[0].Log != "gw-a" || heads[0].Seq != 7 || heads[0].Hash != "aa" ||
+		heads[1].Log != "gw-b" || heads[1].Seq != 3 || heads[1].Hash != "cc" || heads[1].Updated.IsZero() {
+		t.Fatalf("AuditHeads = %+v, want gw-a 7:aa and gw-b 3:cc", heads)
+	}
+}

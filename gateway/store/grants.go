@@ -23,15 +23,17 @@ type GrantRow struct {
 	Doc       []byte
 	Revoked   time.Time // zero unless revoked
 	RevokedBy string
+	MaxUses   int // calls it may let through; 0 is no limit
+	Uses      int // calls it let through
 }
 
-const grantCols = `id, agent, "user", tool, sha256, hold, granted_by, created, expires, doc, revoked, revoked_by`
+const grantCols = `id, agent, "user", tool, sha256, hold, granted_by, created, expires, doc, revoked, revoked_by, max_uses, uses`
 
 func scanGrant(sc scanner) (GrantRow, error) {
 	var g GrantRow
 	var created, expires, revoked int64
 	if err := sc.Scan(&g.ID, &g.Agent, &g.User, &g.Tool, &g.SHA256, &g.Hold, &g.GrantedBy, &created, &expires, &g.Doc,
-		&revoked, &g.RevokedBy); err != nil {
+		&revoked, &g.RevokedBy, &g.MaxUses, &g.Uses); err != nil {
 		return GrantRow{}, err
 	}
 	g.Created, g.Expires = time.Unix(0, created).UTC(), time.Unix(0, expires).UTC()
@@ -48,10 +50,24 @@ func (s *Store) DecideHoldGrant(ctx context.Context, id, to, by, reason string, 
 }
 
 // MatchGrants returns the grants for exactly this agent, user, tool and
-// request hash that are neither revoked nor expired at now, newest first.
+// request hash that are neither revoked, expired at now nor used up,
+// newest first.
 func (s *Store) MatchGrants(ctx context.Context, agent, user, tool, sha string, now time.Time) ([]GrantRow, error) {
 	return s.grants(ctx, `SELECT `+grantCols+` FROM grants WHERE agent = ? AND "user" = ? AND tool = ? AND sha256 = ?
-		AND expires > ? AND revoked = 0 ORDER BY created DESC LIMIT 100`, agent, user, tool, sha, now.UnixNano())
+		AND expires > ? AND revoked = 0 AND (max_uses = 0 OR uses < max_uses) ORDER BY created DESC LIMIT 100`, agent, user, tool, sha, now.UnixNano())
+}
+
+// UseGrant takes one use of grant id at now: it reports whether the grant
+// was still active (unrevoked, unexpired, not used up) and counted this
+// use. One conditional UPDATE, so of any number of concurrent calls, on
+// any number of gateways, exactly max_uses get a use.
+func (s *Store) UseGrant(ctx context.Context, id string, now time.Time) (bool, error) {
+	n, err := s.db.exec(ctx, `UPDATE grants SET uses = uses + 1 WHERE id = ? AND revoked = 0 AND expires > ?
+		AND (max_uses = 0 OR uses < max_uses)`, id, now.UnixNano())
+	if err != nil {
+		return false, fmt.Errorf("store: use grant: %w", err)
+	}
+	return n == 1, nil
 }
 
 // ListGrants lists grants, newest first: with all false only those
@@ -63,7 +79,7 @@ func (s *Store) ListGrants(ctx context.Context, all bool, now time.Time, limit i
 	if all {
 		return s.grants(ctx, `SELECT `+grantCols+` FROM grants ORDER BY created DESC LIMIT ?`, limit)
 	}
-	return s.grants(ctx, `SELECT `+grantCols+` FROM grants WHERE expires > ? AND revoked = 0 ORDER BY created DESC LIMIT ?`,
+	return s.grants(ctx, `SELECT `+grantCols+` FROM grants WHERE expires > ? AND revoked = 0 AND (max_uses = 0 OR uses < max_uses) ORDER BY created DESC LIMIT ?`,
 		now.UnixNano(), limit)
 }
 

@@ -195,9 +195,9 @@ func (s *Store) Decide(ctx context.Context, d Decision) (bool, error) {
 			return errRollback
 		}
 		if g := d.Grant; g != nil {
-			if _, err := tx.exec(`INSERT INTO grants (id, agent, "user", tool, sha256, hold, granted_by, created, expires, doc)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, g.ID, g.Agent, g.User, g.Tool, g.SHA256, g.Hold, g.GrantedBy,
-				g.Created.UnixNano(), g.Expires.UnixNano(), g.Doc); err != nil {
+			if _, err := tx.exec(`INSERT INTO grants (id, agent, "user", tool, sha256, hold, granted_by, created, expires, doc, max_uses)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, g.ID, g.Agent, g.User, g.Tool, g.SHA256, g.Hold, g.GrantedBy,
+				g.Created.UnixNano(), g.Expires.UnixNano(), g.Doc, g.MaxUses); err != nil {
 				return fmt.Errorf("insert grant: %w", err)
 			}
 		}

@@ -112,8 +112,14 @@ type Options struct {
 	// the server's own timeout fires first).
 	QueryTimeout time.Duration
 	// AuditLog is the gateway's audit log path: on a shared store each
-	// replica's head is kept apart (host name and this path).
+	// replica's head is kept apart (host name and this path) when Replica
+	// is not set.
 	AuditLog string
+	// Replica is the gateway's gateway.replica_id: on a shared store its
+	// audit head is the row of that name, the name every record of its
+	// audit file carries (so `sluice audit verify --heads` finds the file
+	// of each head).
+	Replica string
 	// NoMigrate opens the database without creating or migrating the
 	// schema (sluice store status); the SQLite file is not locked.
 	NoMigrate bool
@@ -139,6 +145,7 @@ type Store struct {
 	// ~8% of a proxied request's CPU.
 	endedCache endedCache
 	auditLog   string // Options.AuditLog
+	replica    string // Options.Replica
 	origin     string // this Store in hold notifications (notify.go)
 }
 
@@ -168,7 +175,7 @@ func OpenWith(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog, origin: newOrigin()}
+	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog, replica: o.Replica, origin: newOrigin()}
 	s.endedCache.shared = b.shared()
 	fail := func(err error) (*Store, error) {
 		sdb.Close()

@@ -14,7 +14,7 @@ import (
 // writes the report. A full run writes test/report/bench.md and bench.png;
 // a -short run writes them with a smoke banner into BENCH_OUT, or a temp
 // dir. BENCH_SECTIONS (comma-separated: toolcall, egress, dns, sandbox,
-// holds, vault, connectors, store, mcp, tracing, oauth) limits the run to some sections.
+// holds, vault, connectors, store, mcp, tracing, oauth, policy) limits the run to some sections.
 //
 // The test asserts that every section produced a number or a stated
 // reason for each row; it asserts nothing about speed.
@@ -52,6 +52,7 @@ func TestBench(t *testing.T) {
 		{"mcp", benchMCP},
 		{"tracing", benchTracing},
 		{"oauth", benchOAuth},
+		{"policy", benchPolicy},
 		{"policylife", benchPolicyLife},
 	}
 	var secs []*section

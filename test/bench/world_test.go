@@ -133,6 +133,7 @@ type gwOpts struct {
 	ExtAuthz   bool     // gateway.ext_authz on a Unix socket beside the sandbox socket
 	RegoExtra  string   // a second user module (source)
 	Store      string   // store: ("" = an SQLite file in the gateway's directory)
+	NoInputs   bool     // audit.record_inputs: false
 	Data       string   // a data.json beside the user module (with Rego)
 	Bundle     string   // policy.bundle.url (polled every 100ms)
 
@@ -210,11 +211,13 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	store := o.Store
 	if store == "" {
 		store = "sqlite:" + filepath.Join(d, "store.db")
+	} else {
+		g["replica_id"] = o.Name // replicas on one host sharing the database: one audit head each
 	}
 	doc := map[string]any{
 		"gateway": g,
 		"store":   store,
-		"audit":   auditSection(audit, o.AuditSync),
+		"audit":   auditSection(audit, o.AuditSync, o.NoInputs),
 		"secrets": map[string]any{"backend": "local", "local": map[string]any{
 			"path": filepath.Join(d, "secrets.json"), "key_file": filepath.Join(d, "secrets.key")}},
 		"connectors": []any{conn},
@@ -395,10 +398,13 @@ func sha256Hex(s string) string {
 
 // auditSection is the config's audit section: the path, and audit.sync
 // when a row measures the interval mode.
-func auditSection(path, sync string) map[string]any {
+func auditSection(path, sync string, noInputs bool) map[string]any {
 	a := map[string]any{"path": path}
 	if sync != "" {
 		a["sync"] = sync
+	}
+	if noInputs {
+		a["record_inputs"] = false
 	}
 	return a
 }

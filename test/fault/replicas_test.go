@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -29,7 +31,10 @@ import (
 //   - B12: the agent's pending-hold cap holds across the replicas in total;
 //   - G14: with PostgreSQL stopped every replica refuses calls 503
 //     store_unavailable, sends nothing, audits the refusal and turns
-//     /readyz 503; with it back they serve again, no restart.
+//     /readyz 503; with it back they serve again, no restart;
+//   - G17: `sluice audit verify --heads` passes on the 3 replicas' files
+//     and fails, naming the file, when one is cut behind the head its
+//     replica recorded; `audit hold` traces the raced hold across them.
 func TestReplicasOnPostgres(t *testing.T) {
 	srv := pgtest.StartT(t, pgtest.Options{})
 	db := srv.NewDatabaseT(t)
@@ -40,6 +45,8 @@ func TestReplicasOnPostgres(t *testing.T) {
 	for i := range docs {
 		docs[i] = e.BaseConfig(fmt.Sprintf("r%d", i))
 		docs[i]["store"] = dsn
+		// One host: the default (the host name) would be the same for all.
+		docs[i].Gateway()["replica_id"] = fmt.Sprintf("r%d", i)
 		docs[i].Gateway()["max_pending_holds"] = 3
 		docs[i].Gateway()["max_pending_holds_per_sandbox"] = 3
 		docs[i].Gateway()["hold_wait"] = "50ms"
@@ -79,6 +86,7 @@ func TestReplicasOnPostgres(t *testing.T) {
 	}
 
 	a := gs[0]
+	var raced string // the hold of the approval race
 	t.Run("approval race", func(t *testing.T) {
 		c := casebook.Expect(t, "G15", "one hold asked on replica A, 50 concurrent approvals spread over the 3 replicas' admin APIs",
 			"one 200, 49 409 conflict; one upstream request; one hold_approved across the 3 audit logs; the agent's poll on A answers 200 with the result")
@@ -86,6 +94,7 @@ func TestReplicasOnPostgres(t *testing.T) {
 		if ask.Status != http.StatusAccepted || ask.HoldID == "" {
 			t.Fatalf("ask: %d %s", ask.Status, ask.Body)
 		}
+		raced = ask.HoldID
 		before := len(e.Up.Requests())
 		var mu sync.Mutex
 		statuses := map[int]int{}
@@ -236,6 +245,55 @@ func TestReplicasOnPostgres(t *testing.T) {
 		}
 		if sent != 0 {
 			t.Fatalf("%d upstream requests while PostgreSQL was down", sent)
+		}
+	})
+
+	t.Run("audit verify heads", func(t *testing.T) {
+		c := casebook.Expect(t, "G17", "replica r1's audit file cut behind the head r1 recorded in PostgreSQL, then `sluice audit verify --heads` over the 3 replicas' files",
+			"the intact files pass; the cut file fails naming it, the recorded seq and the last seq found; exit non-zero; no password shown")
+		heads := srv.SuperURL(db)
+		args := []string{"audit", "verify", "--heads", heads}
+		for _, g := range gs {
+			args = append(args, "--file", g.Audit)
+		}
+		out, err := e.CLI("", args...)
+		if err != nil || strings.Count(out, "ok: replica r") != 3 || strings.Contains(out, "FAIL") {
+			t.Fatalf("intact files: %v\n%s", err, out)
+		}
+		// A connection of its own: PostgreSQL was restarted above.
+		conn, err := pgx.Connect(ctx, heads)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var seq int64
+		if err := conn.QueryRow(ctx, `SELECT seq FROM audit_heads WHERE log = 'r1'`).Scan(&seq); err != nil || seq < 2 {
+			t.Fatalf("r1's head: %d %v", seq, err)
+		}
+		data, err := os.ReadFile(gs[1].Audit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.SplitAfter(string(data), "\n")
+		cut := filepath.Join(t.TempDir(), "r1-cut.log")
+		if err := os.WriteFile(cut, []byte(strings.Join(lines[:seq-1], "")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err = e.CLI("", "audit", "verify", "--heads", heads, "--file", gs[0].Audit, "--file", cut, "--file", gs[2].Audit)
+		want := fmt.Sprintf("FAIL: %s (replica r1): ends at seq %d, before the recorded head's seq %d", cut, seq-1, seq)
+		c.Observef("exit %v; %s", err, strings.TrimSpace(out))
+		if err == nil || !strings.Contains(out, want) || strings.Count(out, "FAIL: ") != 1 || strings.Count(out, "ok: replica r") != 2 {
+			t.Fatalf("cut file: %v; want exactly %q:\n%s", err, want, out)
+		}
+		if strings.Contains(out, srv.Password) {
+			t.Fatalf("verify shows the database password:\n%s", out)
+		}
+		if raced == "" {
+			t.Skip("no hold from the approval race")
+		}
+		out, err = e.CLI("", "audit", "hold", raced, "--file", gs[2].Audit, "--file", gs[1].Audit, "--file", gs[0].Audit)
+		if err != nil || !strings.Contains(strings.SplitN(out, "\n", 2)[0], " r0 "+gs[0].Audit) || !strings.Contains(out, " hold_created ") || strings.Count(out, " hold_approved ") != 1 {
+			t.Fatalf("audit hold %s: %v; want r0's hold_created first and one hold_approved:\n%s", raced, err, out)
 		}
 	})
 }

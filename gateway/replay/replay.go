@@ -1,0 +1,319 @@
+// Package replay decides recorded calls again with a candidate policy:
+// `sluice policy replay` answers "which of last week's real calls would
+// this change have decided differently?".
+//
+// It reads hash-chained audit logs (package audit), verifying each file's
+// chain before any of its records is used: a broken chain is an error
+// naming the file and line, never a partial answer. Every decision record
+// that carries its input (audit.record_inputs) is decided again by a
+// policy.Engine (prepared queries, several workers) and compared with the
+// recorded decision. A record that cannot be replayed is counted as
+// skipped with its reason, never dropped silently.
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// The reasons a decision record is skipped (Report.Skipped's keys).
+const (
+	SkipNoInput      = "no input recorded (audit.record_inputs off, or a record from before inputs were recorded)"
+	SkipTruncated    = "input cut to audit.record_input_max: deciding part of it could differ"
+	SkipBadInput     = "recorded input is not a valid input document"
+	SkipBadRecord    = "decision record is not readable"
+	SkipBadDecision  = "recorded decision is not allow, ask or block"
+	SkipUnfinished   = "unfinished last line (a write the gateway did not finish)"
+	maxExamples      = 3
+	eventDecision    = "decision"
+	eventHoldCreated = "hold_created"
+)
+
+// Options narrow a replay.
+type Options struct {
+	Since   time.Time // records before are not replayed (zero: all)
+	Workers int       // deciding goroutines; 0 is GOMAXPROCS
+}
+
+// Example names one record of a change: where it is and when it was.
+type Example struct {
+	File      string    `json:"file"`
+	Line      int       `json:"line"`
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	RequestID string    `json:"request_id"`
+}
+
+// Change is one row of the report: the calls of one tool whose decision
+// went from one action and rule to another.
+type Change struct {
+	Tool     string    `json:"tool"`
+	From     string    `json:"from"`
+	To       string    `json:"to"`
+	FromRule string    `json:"from_rule"`
+	ToRule   string    `json:"to_rule"`
+	Loosened bool      `json:"loosened"`  // To lets through what From did not (block→ask, block→allow, ask→allow)
+	RuleOnly bool      `json:"rule_only"` // the same action, decided by another rule
+	Count    int       `json:"count"`
+	Examples []Example `json:"examples"` // the first few, in log order
+}
+
+// File is what was read of one audit log.
+type File struct {
+	Path     string `json:"path"`
+	Lines    int    `json:"lines"`
+	Verified int    `json:"verified"`
+}
+
+// Report is a replay's answer.
+type Report struct {
+	Files     []File         `json:"files"`
+	Decisions int            `json:"decisions"` // decision records read (in --since)
+	Replayed  int            `json:"replayed"`  // of them decided again
+	Unchanged int            `json:"unchanged"`
+	Changed   int            `json:"changed"`      // another action
+	RuleOnly  int            `json:"rule_changed"` // the same action by another rule
+	Loosened  int            `json:"loosened"`
+	Changes   []Change       `json:"changes"`
+	Skipped   map[string]int `json:"skipped"` // reason → records
+	Seconds   float64        `json:"seconds"`
+}
+
+// BrokenChainError is a log whose chain does not verify.
+type BrokenChainError struct {
+	File   string
+	Line   int
+	Reason string
+}
+
+func (e *BrokenChainError) Error() string {
+	return fmt.Sprintf("replay: %s line %d: the audit chain is broken (%s); nothing was replayed", e.File, e.Line, e.Reason)
+}
+
+// recorded is the part of an audit line a replay reads.
+type recorded struct {
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	RequestID string    `json:"request_id"`
+	Event     string    `json:"event"`
+	Fields    struct {
+		Decision  string          `json:"decision"`
+		Rule      string          `json:"rule"`
+		Reason    string          `json:"reason"`
+		Tool      string          `json:"tool"`
+		Input     json.RawMessage `json:"input"`
+		Truncated bool            `json:"input_truncated"`
+	} `json:"fields"`
+}
+
+type job struct {
+	file int
+	line int
+	raw  []byte
+}
+
+type changeKey struct{ tool, from, to, fromRule, toRule string }
+
+// tally is one worker's counts, merged at the end.
+type tally struct {
+	decisions, replayed, unchanged int
+	skipped                        map[string]int
+	changes                        map[changeKey]*Change
+}
+
+// Run replays files, in order, with eng.
+func Run(ctx context.Context, eng *policy.Engine, files []string, o Options) (*Report, error) {
+	start := time.Now()
+	workers := o.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	rep := &Report{Skipped: map[string]int{}, Changes: []Change{}}
+	// Every chain is verified before any record is decided: a broken
+	// file anywhere is an error, not a partial report.
+	jobs := make(chan job, 256)
+	tallies := make([]*tally, workers)
+	var wg sync.WaitGroup
+	for i := range tallies {
+		t := &tally{skipped: map[string]int{}, changes: map[changeKey]*Change{}}
+		tallies[i] = t
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				t.decide(ctx, eng, files[j.file], j.line, j.raw, o.Since)
+			}
+		}()
+	}
+	var err error
+	for i, path := range files {
+		var ch audit.Chain
+		ch, err = audit.Lines(path, func(line int, raw []byte) error {
+			if !bytes.Contains(raw, []byte(`"event":"decision"`)) && !bytes.Contains(raw, []byte(`"event":"hold_created"`)) {
+				return nil
+			}
+			select {
+			case jobs <- job{file: i, line: line, raw: bytes.Clone(raw)}:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		if err != nil {
+			err = fmt.Errorf("replay: %s: %w", path, err)
+			break
+		}
+		if b := ch.Break; b != nil {
+			if !b.Unfinished {
+				err = &BrokenChainError{File: path, Line: b.Line, Reason: b.Reason}
+				break
+			}
+			rep.Skipped[SkipUnfinished]++
+		}
+		rep.Files = append(rep.Files, File{Path: path, Lines: ch.Lines, Verified: ch.Verified})
+	}
+	close(jobs)
+	wg.Wait()
+	if err != nil {
+		return nil, err
+	}
+	byKey := map[changeKey]*Change{}
+	for _, t := range tallies {
+		rep.Decisions += t.decisions
+		rep.Replayed += t.replayed
+		rep.Unchanged += t.unchanged
+		for k, n := range t.skipped {
+			rep.Skipped[k] += n
+		}
+		for k, c := range t.changes {
+			m, ok := byKey[k]
+			if !ok {
+				cc := *c
+				byKey[k] = &cc
+				continue
+			}
+			m.Count += c.Count
+			m.Examples = append(m.Examples, c.Examples...)
+		}
+	}
+	for _, c := range byKey {
+		slices.SortFunc(c.Examples, func(a, b Example) int { return cmpExample(files, a, b) })
+		c.Examples = c.Examples[:min(len(c.Examples), maxExamples)]
+		rep.Changes = append(rep.Changes, *c)
+		if c.RuleOnly {
+			rep.RuleOnly += c.Count
+		} else {
+			rep.Changed += c.Count
+		}
+		if c.Loosened {
+			rep.Loosened += c.Count
+		}
+	}
+	slices.SortFunc(rep.Changes, func(a, b Change) int {
+		if a.Loosened != b.Loosened { // loosenings first: they are what a reviewer must see
+			if a.Loosened {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Tool+"\x00"+a.From+"\x00"+a.To+"\x00"+a.FromRule+"\x00"+a.ToRule,
+			b.Tool+"\x00"+b.From+"\x00"+b.To+"\x00"+b.FromRule+"\x00"+b.ToRule)
+	})
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+func cmpExample(files []string, a, b Example) int {
+	ai, bi := slices.Index(files, a.File), slices.Index(files, b.File)
+	if ai != bi {
+		return ai - bi
+	}
+	return a.Line - b.Line
+}
+
+// decide replays one decision record into t.
+func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, line int, raw []byte, since time.Time) {
+	var r recorded
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.decisions++
+		t.skipped[SkipBadRecord]++
+		return
+	}
+	if r.Event != eventDecision && r.Event != eventHoldCreated {
+		return // the event string was inside another record's value
+	}
+	if r.Fields.Decision == "" {
+		return // refused before any decision (unknown tool, not granted …): nothing to replay
+	}
+	if !since.IsZero() && r.Time.Before(since) {
+		return
+	}
+	t.decisions++
+	from, fromRule, err := recordedDecision(r.Fields.Decision, r.Fields.Rule, r.Fields.Reason)
+	switch {
+	case err != nil:
+		t.skipped[SkipBadDecision]++
+		return
+	case r.Fields.Truncated:
+		t.skipped[SkipTruncated]++
+		return
+	case len(r.Fields.Input) == 0 || string(r.Fields.Input) == "null":
+		t.skipped[SkipNoInput]++
+		return
+	}
+	in, err := policy.DecodeInput(r.Fields.Input)
+	if err != nil {
+		t.skipped[SkipBadInput]++
+		return
+	}
+	d := eng.Decide(ctx, in)
+	t.replayed++
+	if d.Action == from && d.Rule == fromRule {
+		t.unchanged++
+		return
+	}
+	tool := r.Fields.Tool
+	if tool == "" {
+		tool = in.Tool
+	}
+	k := changeKey{tool, from.String(), d.Action.String(), fromRule, d.Rule}
+	c, ok := t.changes[k]
+	if !ok {
+		c = &Change{Tool: tool, From: k.from, To: k.to, FromRule: fromRule, ToRule: d.Rule, Loosened: d.Action > from, RuleOnly: d.Action == from}
+		t.changes[k] = c
+	}
+	c.Count++
+	if len(c.Examples) < maxExamples {
+		c.Examples = append(c.Examples, Example{File: file, Line: line, Seq: r.Seq, Time: r.Time, RequestID: r.RequestID})
+	}
+}
+
+// recordedDecision is the policy's decision a record states. A call an
+// "always allow" grant let through is recorded as allowed by rule
+// "grant:ID"; the policy had asked, under the rule its reason names.
+func recordedDecision(action, rule, reason string) (policy.Action, string, error) {
+	a, err := policy.ParseAction(action)
+	if err != nil {
+		return policy.Block, "", err
+	}
+	if strings.HasPrefix(rule, "grant:") && a == policy.Allow {
+		_, after, ok := strings.Cut(reason, "; policy ")
+		r, _, ok2 := strings.Cut(after, " asked")
+		if !ok || !ok2 {
+			return policy.Block, "", errors.New("replay: grant record without the policy's rule")
+		}
+		return policy.Ask, r, nil
+	}
+	return a, rule, nil
+}

@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/policy"
+)
+
+// usageInput sets input.usage for a tool sluice.yaml's usage: counts. The
+// call is counted before its decision, in the same store transaction that
+// reads the windows, so the count a decision sees is every call of the
+// tool by that agent (user, session) that reached its decision before it,
+// this one included, whatever the earlier ones were decided: the 4th
+// refund of the day sees count 4, on any number of gateways sharing the
+// store. An approved hold being executed is not counted again (it was
+// when it was held) but sees the windows as they are now. When the store
+// cannot count, nothing is decided and nothing is sent (503).
+func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.Tool, args *connectors.Args, req *http.Request, in *policy.Input) *refusal.Error {
+	counted, arg := s.cfg.Usage.Counted(tool.Name)
+	if !counted {
+		return nil
+	}
+	unavailable := func(err error) *refusal.Error {
+		if e := storeRefusal(err); e != nil {
+			return e
+		}
+		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the usage this call's policy reads cannot be counted; the call was not sent").Wrap(err)
+	}
+	if s.store == nil {
+		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "bug(): usage is counted but the gateway has no store; the call was not sent")
+	}
+	var amount float64
+	if arg != "" && args != nil {
+		amount = argNumber(args.Body, arg)
+	}
+	scopes := make([]store.UsageScope, 0, 3)
+	idx := [3]int{-1, -1, -1}
+	for i, sc := range []store.UsageScope{{Scope: "agent", Who: c.rec.Agent}, {Scope: "user", Who: c.rec.User}, {Scope: "session", Who: c.rec.Session}} {
+		if sc.Who != "" { // no user or no session: nothing to count it under
+			idx[i] = len(scopes)
+			scopes = append(scopes, sc)
+		}
+	}
+	ws, err := s.store.CountUsage(ctx, tool.Name, scopes, amount, c.held == nil, time.Now())
+	if err != nil {
+		return unavailable(err)
+	}
+	u := &policy.Usage{}
+	for i, dst := range []*policy.UsageWindows{&u.Agent, &u.User, &u.Session} {
+		if idx[i] >= 0 {
+			w := ws[idx[i]]
+			*dst = policy.UsageWindows{Minute: policy.UsageWindow(w.Minute), Hour: policy.UsageWindow(w.Hour), Day: policy.UsageWindow(w.Day)}
+		}
+	}
+	if req != nil && c.rec.Session != "" {
+		hr, err := c.holdRequest(req)
+		if err != nil {
+			return unavailable(err)
+		}
+		if u.ApprovedBefore, err = s.store.ApprovedBefore(ctx, c.rec.Session, tool.Name, hr.Hash()); err != nil {
+			return unavailable(err)
+		}
+	}
+	in.Usage = u
+	return nil
+}
+
+// argNumber is the magnitude of the number at the dotted path in a
+// decoded body, 0 when there is none (the schema decides whether the
+// argument is required). The magnitude, because a negative amount must
+// not lower a day's sum under a limit. One that is not finite is the
+// largest float: a policy that limits sums sees it over any limit.
+func argNumber(body any, path string) float64 {
+	v := body
+	for _, k := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return 0
+		}
+		v = m[k]
+	}
+	var f float64
+	switch n := v.(type) {
+	case json.Number:
+		f, _ = n.Float64()
+	case float64:
+		f = n
+	case int:
+		f = float64(n)
+	case int64:
+		f = float64(n)
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return math.MaxFloat64
+	}
+	return math.Abs(f)
+}

@@ -1,0 +1,173 @@
+//go:build linux
+
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-gw/sluice/gateway/replay"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
+)
+
+// TestPolicyReplay records real traffic with the real binary (every
+// decision record carrying its input), stops the gateway, and replays the
+// audit log with candidate policies: a tightening shows exactly the calls
+// it changes and none else, a loosening fails --fail-on loosened, and an
+// edited log is refused naming its line.
+func TestPolicyReplay(t *testing.T) {
+	requireHost(t)
+	e := newEnv(t)
+	d := e.BaseConfig("replay")
+	d["policies"] = []map[string]any{
+		{"match": "tickets.list_tickets", "action": "allow"},
+		{"match": "tickets.get_ticket", "action": "allow"},
+		{"match": "tickets.create_refund", "action": "ask", "approvers": []string{"group:finance"}},
+		{"match": "tickets.delete_ticket", "action": "block"},
+		{"match": "*", "action": "block"},
+	}
+	path := e.Write(d)
+	g := e.Start(d, path)
+	for _, c := range []struct{ tool, args string }{
+		{"tickets.list_tickets", `{}`},
+		{"tickets.get_ticket", `{"path":{"id":"1"}}`},
+		{"tickets.get_ticket", `{"path":{"id":"2"}}`},
+		{"tickets.get_ticket", `{"path":{"id":"2"}}`},
+		{"tickets.create_refund", `{"body":{"amount":5,"reason":"dup"}}`},
+		{"tickets.create_refund", `{"body":{"amount":5000,"reason":"big"}}`},
+		{"tickets.delete_ticket", `{"path":{"id":"3"}}`},
+	} {
+		if r := g.Call(agentA, c.tool, c.args); r.Status >= 500 {
+			t.Fatalf("%s: %d %s", c.tool, r.Status, r.Body)
+		}
+	}
+	// The decision record carries the input: arguments included, the
+	// credential never (D9's sweep at cleanup covers every file too).
+	var rec map[string]any
+	for _, r := range g.AuditEvent("hold_created", "") {
+		if in, ok := r["fields"].(map[string]any)["input"].(map[string]any); ok {
+			if body, _ := in["args"].(map[string]any)["body"].(map[string]any); body["amount"] == 5000.0 {
+				rec = r
+			}
+		}
+	}
+	if rec == nil {
+		t.Fatalf("no hold_created record carries the refund's input with its amount: %v", g.AuditEvent("hold_created", ""))
+	}
+	raw, _ := json.Marshal(rec)
+	if strings.Contains(string(raw), e.Secret) {
+		t.Fatal("the recorded input holds the connector's credential")
+	}
+	g.Stop()
+	audit := filepath.Join(e.Dir, "replay-audit.log")
+
+	// Tightening: a module asks for ticket 2 and blocks refunds over 1000.
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "tighten.rego"), `package sluice.policies.tighten
+
+decisions contains {"action": "ask", "reason": "ticket 2 is sensitive", "rule": "ticket2", "approvers": ["group:finance"]} if {
+	input.tool == "tickets.get_ticket"
+	input.args.path.id == "2"
+}
+
+decisions contains {"action": "block", "reason": "refunds over 1000", "rule": "big_refund"} if {
+	input.tool == "tickets.create_refund"
+	input.args.body.amount > 1000
+}
+`)
+	out, err := e.CLI("", "policy", "replay", "--config", path, "--audit", audit, "--policy", dir, "--json", "--fail-on", "loosened")
+	if err != nil {
+		t.Fatalf("a tightening must not fail --fail-on loosened: %v\n%s", err, out)
+	}
+	rep := decodeReport(t, out)
+	if rep.Replayed != 7 || rep.Decisions != 7 || len(rep.Skipped) != 0 {
+		t.Fatalf("replayed %d of %d decisions, skipped %v; want all 7 and none skipped\n%s", rep.Replayed, rep.Decisions, rep.Skipped, out)
+	}
+	want := map[string]int{
+		"tickets.get_ticket allow→ask policies[1]→ticket2":       2,
+		"tickets.create_refund ask→block policies[2]→big_refund": 1,
+	}
+	got := map[string]int{}
+	for _, c := range rep.Changes {
+		got[c.Tool+" "+c.From+"→"+c.To+" "+c.FromRule+"→"+c.ToRule] = c.Count
+		if c.Loosened || len(c.Examples) == 0 || c.Examples[0].Seq == 0 {
+			t.Errorf("change %+v: want not loosened, with examples naming their seq", c)
+		}
+	}
+	if len(got) != len(want) || got["tickets.get_ticket allow→ask policies[1]→ticket2"] != 2 || got["tickets.create_refund ask→block policies[2]→big_refund"] != 1 {
+		t.Fatalf("changes %v, want exactly %v", got, want)
+	}
+	if rep.Changed != 3 || rep.Unchanged != 4 || rep.Loosened != 0 {
+		t.Fatalf("changed %d unchanged %d loosened %d; want 3, 4, 0", rep.Changed, rep.Unchanged, rep.Loosened)
+	}
+
+	// Loosening: refunds allowed. --fail-on loosened exits 1.
+	loose := t.TempDir()
+	writeFile(t, filepath.Join(loose, "loose.rego"), `package sluice.policies.loose
+
+decisions contains {"action": "allow", "reason": "refunds are fine", "rule": "refunds_ok"} if input.tool == "tickets.create_refund"
+`)
+	d["policies"] = []map[string]any{
+		{"match": "tickets.list_tickets", "action": "allow"},
+		{"match": "tickets.get_ticket", "action": "allow"},
+		{"match": "tickets.delete_ticket", "action": "block"},
+	}
+	d.Gateway()["sandbox_socket"] = filepath.Join(e.Dir, "candidate.sock") // Write names the file after it
+	candidate := e.Write(d)
+	cmd := exec.Command(e.Bin, "policy", "replay", "--config", candidate, "--audit", audit, "--policy", loose, "--fail-on", "loosened")
+	text, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("a loosening must exit 1 with --fail-on loosened: %v\n%s", err, text)
+	}
+	if !strings.Contains(string(text), "ask → allow  LOOSENED") || !strings.Contains(string(text), "2 recorded calls would now be let through further") {
+		t.Fatalf("the table must name the loosened refunds:\n%s", text)
+	}
+
+	// An edited record breaks the chain: an error naming file and line.
+	b, err := os.ReadFile(audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	for i, l := range lines {
+		if strings.Contains(l, `"amount":5000`) {
+			lines[i] = strings.Replace(l, `"amount":5000`, `"amount":5`, 1)
+			edited := filepath.Join(e.Dir, "edited-audit.log")
+			writeFile(t, edited, strings.Join(lines, ""))
+			c := casebook.Expect(t, "F15", "sluice policy replay of an audit log with one record's argument edited",
+				"exit 1, an error naming the file and the edited line, no report")
+			out, err := e.CLI("", "policy", "replay", "--config", path, "--audit", edited, "--policy", dir, "--json")
+			c.Observef("%v: %s", err, strings.TrimSpace(out))
+			var ee *exec.ExitError
+			want := fmt.Sprintf("edited-audit.log line %d: the audit chain is broken", i+1)
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, want) || strings.Contains(out, `"changes"`) {
+				t.Fatalf("an edited log must be refused naming its line (%q), with no report: %v\n%s", want, err, out)
+			}
+			return
+		}
+	}
+	t.Fatal("no record of the 5000 refund to edit")
+}
+
+func decodeReport(t *testing.T, out string) replay.Report {
+	t.Helper()
+	var rep replay.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("replay --json: %v\n%s", err, out)
+	}
+	return rep
+}
+
+func writeFile(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
