@@ -46,7 +46,11 @@ func (e *Proxy) connect(w http.ResponseWriter, r *http.Request, c *egressCall, i
 		e.refuse(w, c, egressRefuse(http.StatusTooManyRequests, refusal.RateLimited, psDenied, "too many open tunnels for this sandbox"))
 		return
 	}
-	defer release()
+	// What the tunnel holds is released when connect returns, or by the
+	// relay once it has taken the tunnel over (below).
+	var cleanup []func()
+	defer func() { runCleanup(cleanup) }()
+	cleanup = append(cleanup, release)
 	if ee := e.decide(ctx, c, policy.Request{Method: http.MethodConnect, Host: host, Port: port}); ee != nil {
 		e.refuse(w, c, ee)
 		return
@@ -70,9 +74,9 @@ func (e *Proxy) connect(w http.ResponseWriter, r *http.Request, c *egressCall, i
 	if err != nil {
 		return
 	}
-	defer conn.Close()
+	cleanup = append(cleanup, func() { _ = conn.Close() })
 	lt := e.live.add(conn)
-	defer lt.done() // after the result record below
+	cleanup = append(cleanup, lt.done) // after the result record below
 	c.Status = http.StatusOK
 	_ = conn.SetDeadline(time.Now().Add(e.hello))
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
@@ -122,26 +126,42 @@ func (e *Proxy) connect(w http.ResponseWriter, r *http.Request, c *egressCall, i
 		e.logLine(c, ee)
 		return
 	}
-	defer up.Close()
+	cleanup = append(cleanup, func() { _ = up.Close() })
 	lt.dialled(up)
-	defer e.d.Track(c.caller.Session, up)() // the end of the session closes the upstream too
+	cleanup = append(cleanup, e.d.Track(c.caller.Session, up)) // the end of the session closes the upstream too
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := up.Write(hello); err != nil {
 		return
 	}
 	c.BytesUp.Add(int64(len(hello)))
-	e.tunnel(conn, brw.Reader, up, c)
-	ee := e.endedDuring(actx, c)
-	var ref *refusal.Error
-	if ee != nil {
-		ref = ee.Error
-	}
-	_ = e.record(actx, c, call.EventResult, ref, false)
-	e.logLine(c, ee)
+	// The relay runs on and the handler returns: what net/http holds for
+	// a connection it serves (its buffers, the request, a stack grown by
+	// the decision) is freed for as long as the tunnel is held.
+	owned := cleanup
+	cleanup = nil
+	go func(br *bufio.Reader) { // an argument, not a capture: not kept alive past its use
+		defer runCleanup(owned)
+		e.tunnel(conn, br, up, c)
+		ee := e.endedDuring(actx, c)
+		var ref *refusal.Error
+		if ee != nil {
+			ref = ee.Error
+		}
+		_ = e.record(actx, c, call.EventResult, ref, false)
+		e.logLine(c, ee)
+	}(brw.Reader)
 }
 
-// classify resolves host once and checks every address; one refused
-// address refuses the name. It returns the address to dial.
+// runCleanup runs fs last first, as defers would.
+func runCleanup(fs []func()) {
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
+// classify resolves host (or reuses its live answer) and checks every
+// address, on every tunnel; one refused address refuses the name. It
+// returns the address to dial.
 func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 	if c := guard.NameClass(host); c != guard.Public {
 		return netip.Addr{}, &guard.DeniedError{Host: host, Class: c}
@@ -150,13 +170,9 @@ func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 	if ip, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{ip}
 	} else {
-		var lookup guard.Resolver = net.DefaultResolver
-		if e.res != nil {
-			lookup = e.res
-		}
 		lctx, cancel := context.WithTimeout(ctx, e.d.Config.Gateway.UpstreamTimeout.Std())
 		defer cancel()
-		addrs, err = lookup.LookupNetIP(lctx, "ip", host)
+		addrs, err = e.lookupConnect(lctx, host) // once per answer TTL (connect_resolve.go)
 		if err != nil {
 			return netip.Addr{}, err
 		}
@@ -179,24 +195,34 @@ func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 }
 
 // tunnel relays an answered CONNECT's bytes until either side is done or
-// the tunnel idles out. A handed-off sandbox TCP socket and a TCP upstream
-// are relayed socket to socket (relayTCP) once the bytes already buffered
+// the tunnel idles out. A handed-off sandbox TCP socket (or a TCP
+// listener's own connection) and a TCP upstream are relayed socket to socket (relayTCP) once the bytes already buffered
 // above the sandbox's socket are sent; anything else by splice.
 func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCall) {
 	ic, _ := conn.(sandboxConn)
 	var client, upstream *net.TCPConn
 	if ic != nil {
 		client, _ = ic.Socket().(*net.TCPConn)
+	} else {
+		client, _ = conn.(*net.TCPConn) // a TCP listener's connection, taken over
 	}
 	upstream, _ = up.(*net.TCPConn)
 	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
-		splice(conn, br, up, e.idle, &c.BytesUp, &c.BytesDown)
+		// Past the server's reader once its bytes are taken, as interception
+		// does: a held tunnel does not keep its 4 KiB buffer.
+		var clientR io.Reader = conn
+		if pending, _ := br.Peek(br.Buffered()); len(pending) > 0 {
+			clientR = io.MultiReader(bytes.NewReader(bytes.Clone(pending)), conn)
+		}
+		splice(conn, clientR, up, e.idle, &c.BytesUp, &c.BytesDown)
 		return
 	}
 	// The server's reader first (after Hijack it holds every byte the
 	// server took off the connection), then the connection's own.
 	pending, _ := br.Peek(br.Buffered())
-	pending = append(pending[:len(pending):len(pending)], ic.Detach()...)
+	if ic != nil {
+		pending = append(pending[:len(pending):len(pending)], ic.Detach()...)
+	}
 	if len(pending) > 0 {
 		if _, err := upstream.Write(pending); err != nil {
 			return
@@ -204,5 +230,5 @@ func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCa
 		c.BytesUp.Add(int64(len(pending)))
 	}
 	e.direct.Add(1)
-	relayTCP(ic, client, upstream, e.idle, &c.BytesUp, &c.BytesDown, &e.bulk)
+	relayTCP(conn, client, upstream, e.idle, &c.BytesUp, &c.BytesDown, &e.bulk)
 }

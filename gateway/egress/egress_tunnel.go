@@ -3,7 +3,9 @@ package egress
 import (
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,10 +24,10 @@ type sandboxConn interface {
 // either direction for idle, when the watchdog closes both connections.
 func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration, upN, dnN *atomic.Int64) {
 	act := newActivity()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = copyCounted(up, clientR, upN, act.touch); closeWrite(up); done <- struct{}{} }()
-	go func() { _, _ = copyCounted(client, up, dnN, act.touch); closeWrite(client); done <- struct{}{} }()
-	awaitRelay(done, idle, func() bool { return act.idleFor(idle) }, func() { client.Close(); up.Close() }, false)
+	relayBoth(
+		func() { _, _ = copyCounted(up, clientR, upN, act.touch); closeWrite(up) },
+		func() { _, _ = copyCounted(client, up, dnN, act.touch); closeWrite(client) },
+		idle, func() bool { return act.idleFor(idle) }, func() { client.Close(); up.Close() })
 }
 
 // relayTCP is splice between two TCP sockets read and written directly.
@@ -44,20 +46,28 @@ func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN,
 	var kernelUp, kernelDn atomic.Bool
 	cp := func(dst, src *net.TCPConn, n *atomic.Int64, kernel *atomic.Bool) {
 		defer func() { _ = dst.CloseWrite() }()
-		buf := make([]byte, 32<<10)
 		for {
+			// An idle direction waits for data holding no buffer: a held
+			// tunnel costs its goroutines, not 2×32 KiB.
+			if waitReadable(src) != nil {
+				return
+			}
+			bp := relayBufs.Get().(*[]byte)
+			buf := *bp
 			k, err := src.Read(buf)
 			if k > 0 {
 				act.touch()
 				if _, werr := dst.Write(buf[:k]); werr != nil {
+					relayBufs.Put(bp)
 					return
 				}
 				n.Add(int64(k))
 			}
+			relayBufs.Put(bp)
 			if err != nil {
 				return
 			}
-			if k == len(buf) {
+			if k == relayBufSize {
 				kernel.Store(true)
 				bulk.Add(1)
 				m, _ := io.Copy(dst, src)
@@ -66,15 +76,13 @@ func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN,
 			}
 		}
 	}
-	done := make(chan struct{}, 2)
-	go func() { cp(up, client, upN, &kernelUp); done <- struct{}{} }()
-	go func() { cp(client, up, dnN, &kernelDn); done <- struct{}{} }()
 	stalled := func() bool {
 		return act.idleFor(idle) &&
 			(!kernelUp.Load() || recvIdle(client) >= idle) &&
 			(!kernelDn.Load() || recvIdle(up) >= idle)
 	}
-	awaitRelay(done, idle, stalled, func() { closer.Close(); up.Close() }, false)
+	relayBoth(func() { cp(up, client, upN, &kernelUp) }, func() { cp(client, up, dnN, &kernelDn) },
+		idle, stalled, func() { closer.Close(); up.Close() })
 }
 
 // recvIdle is how long ago c last received data, per the kernel. A socket
@@ -142,6 +150,39 @@ func (a *activity) idleFor(d time.Duration) bool {
 	return time.Since(time.Unix(0, a.last.Load())) >= d
 }
 
+// relayBoth runs a relay's two directions, down on the calling goroutine
+// and up on one of its own, and returns when both have ended. Its
+// watchdog is a timer, not a goroutine: every quarter of idle it asks
+// stalled, and calls cut (which must end both directions) when that says
+// nothing has moved for idle. A held tunnel so costs two goroutines.
+func relayBoth(up, down func(), idle time.Duration, stalled func() bool, cut func()) {
+	period := max(idle/4, time.Millisecond)
+	var mu sync.Mutex
+	ended := false
+	var t *time.Timer
+	t = time.AfterFunc(period, func() {
+		if stalled() {
+			cut()
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !ended {
+			t.Reset(period)
+		}
+	})
+	defer func() {
+		mu.Lock()
+		ended = true
+		mu.Unlock()
+		t.Stop()
+	}()
+	done := make(chan struct{})
+	go func() { up(); close(done) }()
+	down()
+	<-done
+}
+
 // awaitRelay returns once both directions of a relay have sent on done.
 // Every quarter of idle it asks stalled, and calls cut when that says
 // nothing has moved for idle; cut must make both directions end. With
@@ -167,10 +208,30 @@ func awaitRelay(done <-chan struct{}, idle time.Duration, stalled func() bool, c
 // copyCounted copies src to dst, adding what it wrote to n and calling
 // touch on every read that moved bytes. It returns at src's end (nil) or
 // the first read or write error.
+//
+// An idle direction holds no 32 KiB buffer: a socket read directly is
+// waited on with no buffer at all (waitReadable) and read into a pooled
+// one; any other reader blocks in a read of a small buffer, and only a
+// read that fills it (a bulk transfer) takes a pooled one for the next.
 func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (int64, error) {
-	buf := make([]byte, 32<<10)
 	var total int64
+	var small []byte
+	waitable := canWait(src)
+	if !waitable {
+		small = make([]byte, smallBufSize)
+	}
+	bulk := false
 	for {
+		if waitable {
+			if err := waitReadable(src); err != nil {
+				return total, err
+			}
+		}
+		buf, bp := small, (*[]byte)(nil)
+		if waitable || bulk {
+			bp = relayBufs.Get().(*[]byte)
+			buf = *bp
+		}
 		k, err := src.Read(buf)
 		if k > 0 {
 			touch()
@@ -178,8 +239,12 @@ func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (i
 			total += int64(m)
 			n.Add(int64(m))
 			if werr != nil {
-				return total, werr
+				err = werr
 			}
+		}
+		bulk = k == len(buf)
+		if bp != nil {
+			relayBufs.Put(bp)
 		}
 		if err != nil {
 			if err == io.EOF {
@@ -188,4 +253,55 @@ func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (i
 			return total, err
 		}
 	}
+}
+
+// relayBufSize is the buffer a relay reads into; a read that fills it
+// marks a bulk transfer (relayTCP).
+const relayBufSize = 32 << 10
+
+// smallBufSize is what a relay direction that cannot wait without a buffer
+// (canWait) holds while idle.
+const smallBufSize = 1 << 10
+
+// relayBufs are the relays' read buffers, taken only while bytes move.
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+
+// waitReadable returns once src, if it is a socket read directly (a
+// syscall.Conn: *net.TCPConn, *net.UnixConn), has a byte to read, has
+// reached its end or has failed — without reading and without a buffer
+// (a one-byte MSG_PEEK on the non-blocking socket, waited on by Go's
+// poller, so deadlines and Close end the wait). Any other reader returns
+// nil at once: its Read is the wait.
+func waitReadable(src io.Reader) error {
+	sc, ok := src.(syscall.Conn)
+	if !ok || !canWait(src) {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil // the Read that follows reports it
+	}
+	var one [1]byte
+	return rc.Read(func(fd uintptr) bool {
+		for {
+			_, _, perr := unix.Recvfrom(int(fd), one[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			switch perr {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false // not yet: the poller waits for readability
+			}
+			return true // data, end of stream or an error: Read reports it
+		}
+	})
+}
+
+// canWait says whether waitReadable can wait on src: a TCP or Unix stream
+// socket read directly, not through a wrapper that may hold bytes of its own.
+func canWait(src io.Reader) bool {
+	switch src.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		return true
+	}
+	return false
 }

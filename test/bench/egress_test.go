@@ -219,7 +219,11 @@ func benchEgress(t *testing.T, w *world) []*section {
 	tun.Verdicts = append(tun.Verdicts, verdictRatio("issue 6: CONNECT keep-alive requests/s ≥ 0.85× direct", tun.find("sluice (via sandbox relay)"), tun.find("direct"), 0.85))
 	plain.Notes = append(plain.Notes, "sluice decides each request with Rego (kind `http`), resolves through its DNS cache, dials through the guard and writes audit records (on /dev/shm here); squid and tinyproxy only forward.")
 	tun.Notes = append(tun.Notes, "For CONNECT the policy, resolution and audit happen once per tunnel; the rows measure the byte relay (client → relay → gateway → upstream and back for sluice, client → proxy → upstream for the peers).")
-	return []*section{plain, tun}
+	var bulk []bulkTarget
+	for _, tg := range targets {
+		bulk = append(bulk, bulkTarget{name: tg.name, mk: tg.mk, err: tg.err})
+	}
+	return []*section{plain, tun, benchBulk(bulk)}
 }
 
 // egressConc is the number of concurrent clients in a requests/s row.

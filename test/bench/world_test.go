@@ -67,6 +67,9 @@ func newWorld(t testing.TB) *world {
 	w.apiPort = al.Addr().(*net.TCPAddr).Port
 	startUpstream(t, al)
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if serveBulk(rw, r) { // bulk_test.go
+			return
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(rw, "hello from %s %s", r.Host, r.URL.Path)
 	})

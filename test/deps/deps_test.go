@@ -144,6 +144,11 @@ var gatewayFloors = map[string][]string{
 	"gateway/oauth":           {"vault"},
 	"gateway/oauth/oauthtest": nil,
 
+	// Policy replay: reads audit files (verifying their chains) and decides
+	// each recorded input again with a candidate policy; it neither holds,
+	// sends nor attaches anything.
+	"gateway/replay": {"gateway/audit", "policy"},
+
 	// OTLP export from the OTEL_* environment and W3C trace context at
 	// the gateway's edges: OpenTelemetry only.
 	"gateway/tracing": nil,
@@ -154,12 +159,15 @@ var gatewayFloors = map[string][]string{
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond
-// its row of gatewayFloors. Only raw egress has one: its harness serves
+// its row of gatewayFloors. Raw egress has one: its harness serves
 // the proxy on the real sandbox socket (gateway/ingress, and ingresstest's
 // handoffs) exactly as the root wires it; egress's own code never imports
 // the socket's package (the identity reaches it as a hook).
 var gatewayTestFloors = map[string][]string{
 	"gateway/egress": {"gateway/ingress"},
+	// Replay's tests write decision records of the type the gateway
+	// writes, so what it replays is what the pipeline records.
+	"gateway/replay": {"gateway/call"},
 }
 
 // allowedInTest is allowed for an import of from's tests.
