@@ -164,13 +164,22 @@ func TestCredentialInArgumentsBlocked(t *testing.T) {
 	g := e.Start(d, e.Write(d)).For(t)
 	const key = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
 	c := casebook.Expect(t, "D14", "agent-a calls tickets.create_refund (held for finance otherwise) with a Stripe live key in the body's reason",
-		"403 policy_block by findings.credential naming /args/body/reason; no hold, nothing reaches the upstream; the key in no audit record or log line")
+		"403 policy_block by findings.credential naming /args/body/reason; no hold, nothing reaches the upstream; the key in no finding, reason, audit field (beside the recorded input) or log line")
 	n := len(e.Up.Requests())
 	r := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":5,"reason":"use `+key+`"}}`)
 	sent := len(e.Up.Requests()) - n
 	rec := g.AwaitAuditFields("decision", map[string]any{"rule": "findings.credential", "code": "policy_block"})
 	f, _ := rec["fields"].(map[string]any)
-	audit, _ := json.Marshal(g.AuditRecords())
+	// The decision record's recorded input (audit.record_inputs) holds
+	// the agent's own arguments, as sent; everything the gateway derived
+	// — findings, reason, log lines — must not carry the value.
+	recs := g.AuditRecords()
+	for _, r := range recs {
+		if rf, ok := r["fields"].(map[string]any); ok {
+			delete(rf, "input")
+		}
+	}
+	audit, _ := json.Marshal(recs)
 	leaked := bytes.Contains(audit, []byte(key)) || bytes.Contains(g.Stderr(), []byte(key))
 	c.Observef("%d %s %q; upstream requests %d; audit decision record: decision %v rule %v code %v tool %v; key in audit or log %v",
 		r.Status, r.Code, r.Message, sent, f["decision"], f["rule"], f["code"], f["tool"], leaked)
