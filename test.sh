@@ -38,6 +38,10 @@ export SLUICE_VAULT_BIN SLUICE_REQUIRE_VAULT=1
 # PostgreSQL store tests fail, not skip, without a server: test.sh installs it.
 export SLUICE_REQUIRE_POSTGRES=1
 
+echo "== OPA for \`opa test\` on the same Rego and data (built once, cached)"
+SLUICE_OPA_BIN=$(test/tools/opa.sh)
+export SLUICE_OPA_BIN
+
 echo "== TypeScript MCP SDK for the MCP tests (npm, installed once under /opt)"
 SLUICE_MCP_TS_DIR=$(test/tools/mcp-ts.sh)
 export SLUICE_MCP_TS_DIR

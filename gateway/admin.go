@@ -35,6 +35,7 @@ func (s *Server) adminHandler() http.Handler {
 	s.adminSessions(mux)      // sessions.go
 	s.adminSandboxEvents(mux) // sandbox_events.go
 	s.adminIntercept(mux)     // below
+	s.adminReceipts(mux)      // policylife.go
 	if s.reviewUI != nil {
 		mux.Handle("/", s.reviewUI)
 	} else {

@@ -58,7 +58,8 @@ func PolicyConfig(cfg *config.Config, log *slog.Logger) policy.Config {
 	for i, p := range cfg.Policies {
 		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
 	}
-	return policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: log}
+	return policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: log,
+		Bundle: bundleConfig(cfg)} // policylife.go
 }
 
 // Check loads every spec (once), decides how each credential is attached,

@@ -241,7 +241,7 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 	}
 	if e == nil && egress.NarrowedOut(egress.CallerOf(id), r.Host) { // egress/narrow.go: the sandbox's narrowing, before policy
 		d := egress.NarrowDecision
-		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
 		e = refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", r.Host, id.Sandbox))
 	}
 	if e == nil {
@@ -257,7 +257,7 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 			in.Request.Body = string(r.Body)
 		}
 		d := s.Decide(ctx, in)
-		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
 		switch d.Action {
 		case policy.Allow:
 		case policy.Ask:

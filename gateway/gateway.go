@@ -107,6 +107,9 @@ type Server struct {
 	reviewUI  http.Handler
 	webhook   *http.Client
 
+	// life is the policy life cycle: bundles, decision logs, receipts (policylife.go).
+	life policyLife
+
 	policyMu  sync.Mutex // serialises reloads
 	engine    atomic.Pointer[policy.Engine]
 	policyErr atomic.Pointer[string] // last compile error, nil when healthy
@@ -202,6 +205,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			log.Warn("connector spec: operations skipped or defects found; `sluice validate` lists them", "connector", slug,
 				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
 		}
+	}
+	if err := s.initPolicyLife(); err != nil { // policylife.go
+		return nil, err
 	}
 	if err := s.loadPolicy(ctx); err != nil {
 		// Fail closed: serve, but block everything until a reload succeeds.
@@ -396,6 +402,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 			s.mcpChanged() // what a caller may list may have changed
 		}
 	}
+	s.policyHooks(&pc) // policylife.go
 	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
@@ -478,6 +485,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		listeners = append(listeners, al)
 	}
 	go s.watchPolicy(ctx)
+	go s.runPolicyLife(ctx) // policylife.go
 	go s.holds.Run(ctx)
 	headDone := make(chan struct{})
 	go func() { defer close(headDone); s.headLoop(ctx) }()
@@ -542,10 +550,11 @@ func (s *Server) Reload(ctx context.Context) error {
 // After a cold start whose policy failed to compile there is no engine to
 // watch with, so it polls the files' stamps until a load succeeds.
 func (s *Server) watchPolicy(ctx context.Context) {
-	if len(s.cfg.Rego) == 0 {
+	watched := policyFiles(s.cfg) // policylife.go: the rego paths and a bundle file
+	if len(watched) == 0 && s.cfg.Policy.Bundle == nil {
 		return
 	}
-	last := regoStamp(s.cfg.Rego)
+	last := regoStamp(watched)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for s.engine.Load() == nil {
@@ -554,11 +563,13 @@ func (s *Server) watchPolicy(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if st := regoStamp(s.cfg.Rego); st != last {
+		// A bundle server that was down at start is asked again every tick.
+		if st := regoStamp(watched); st != last || bundleURL(s.cfg) {
 			last = st
 			_ = s.loadPolicy(ctx) // logged and counted by loadPolicy
 		}
 	}
+	go func() { _ = s.engine.Load().PollBundle(ctx) }() // returns when ctx ends
 	if err := s.engine.Load().Watch(ctx); err != nil {
 		s.log.Error("policy: file watch stopped; reload with SIGHUP", "err", err)
 	}

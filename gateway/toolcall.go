@@ -73,7 +73,7 @@ type toolCall struct {
 // decide sets the call's decision and its recorded form.
 func (c *toolCall) decide(d policy.Decision) {
 	c.decision, c.rec.Decided = d, true
-	c.rec.Decision = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}
+	c.rec.Decision = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}
 }
 
 // Call runs one tool call through the pipeline, whatever door it came
@@ -196,7 +196,8 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if e := s.usageInput(dctx, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
 		return call.Outcome{}, e
 	}
-	c.decide(s.Decide(dctx, in))
+	// withRequestID: the decision log names the call (policylife.go).
+	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in))
 	s.recordInput(c, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))

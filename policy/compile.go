@@ -88,12 +88,16 @@ func Capabilities() *ast.Capabilities {
 // compile builds one generation: the library and modules (tests excluded),
 // the rules as data, the prepared ModuleCandidatesQuery and the rules as the
 // engine matches them in Go.
-func compile(ctx context.Context, cfg Config, log *slog.Logger) (*prepared, error) {
-	pq, err := prepare(ctx, ModuleCandidatesQuery, cfg, log)
+func compile(ctx context.Context, cfg Config, b *Bundle, log *slog.Logger) (*prepared, error) {
+	src, err := loadSources(cfg, b)
 	if err != nil {
 		return nil, err
 	}
-	pqTool, err := prepare(ctx, PolicyCandidatesQuery, cfg, nil)
+	pq, err := prepare(ctx, ModuleCandidatesQuery, cfg, src, log)
+	if err != nil {
+		return nil, err
+	}
+	pqTool, err := prepare(ctx, PolicyCandidatesQuery, cfg, src, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -105,18 +109,57 @@ func compile(ctx context.Context, cfg Config, log *slog.Logger) (*prepared, erro
 	if err != nil {
 		return nil, err
 	}
-	return &prepared{pq: pq, pqTool: pqTool, rules: table}, nil
+	return &prepared{pq: pq, pqTool: pqTool, rules: table, revision: src.revision}, nil
+}
+
+// sources is what one generation compiles besides the library: the
+// modules (the library's, the files' and the bundle's, tests excluded),
+// the data documents and bundle data merged into one object, and the
+// revision that names them.
+type sources struct {
+	mods     map[string]*ast.Module
+	data     map[string]any
+	revision string
+}
+
+// loadSources loads the modules and data documents under cfg.Paths and
+// adds the bundle's. The revision is the bundle's when there is one (with
+// "+files" when Rego files are loaded beside it), else the files' digest.
+func loadSources(cfg Config, b *Bundle) (*sources, error) {
+	mods, err := loadModules(cfg.Paths, false)
+	if err != nil {
+		return nil, err
+	}
+	data, err := loadData(cfg.Paths)
+	if err != nil {
+		return nil, err
+	}
+	rev, err := sourceRevision(cfg.Paths)
+	if err != nil {
+		return nil, err
+	}
+	if b != nil {
+		for name, m := range b.modules {
+			mods[name] = m
+		}
+		if err := mergeData(data, nil, b.data, "the bundle", map[string]string{}); err != nil {
+			return nil, &CompileError{Problems: []Problem{{File: "bundle", Row: 1, Col: 1, Code: CodeDataError, Message: err.Error()}}}
+		}
+		if len(cfg.Paths) > 0 {
+			rev = b.Revision + "+files:" + rev
+		} else {
+			rev = b.Revision
+		}
+	}
+	return &sources{mods: mods, data: data, revision: rev}, nil
 }
 
 // prepare compiles query against the library, the modules and the rules.
 // Results come back as AST terms (*ast.Term), not converted to Go values:
 // the engine reads the candidates where they are.
-func prepare(ctx context.Context, query string, cfg Config, log *slog.Logger) (rego.PreparedEvalQuery, error) {
-	mods, err := loadModules(cfg.Paths, false)
-	if err != nil {
-		return rego.PreparedEvalQuery{}, err
-	}
-	store, err := rulesStore(cfg)
+func prepare(ctx context.Context, query string, cfg Config, src *sources, log *slog.Logger) (rego.PreparedEvalQuery, error) {
+	mods := src.mods
+	store, err := rulesStore(cfg, src.data)
 	if err != nil {
 		return rego.PreparedEvalQuery{}, err
 	}
@@ -290,6 +333,9 @@ func regoFiles(paths []string) ([]string, error) {
 			return nil, fmt.Errorf("policy: load %s: %w", p, err)
 		}
 		if !fi.IsDir() {
+			if isDataFile(fi.Name()) {
+				continue // a data document listed by name: loadData's
+			}
 			if c := filepath.Clean(p); !seen[c] {
 				seen[c] = true
 				out = append(out, c)
@@ -450,7 +496,9 @@ func egressData(cfg Config) (map[string]any, error) {
 // rulesStore puts the compiled rules at data.sluice.config.rules and the
 // egress allowlists at data.sluice.config.egress. The store keeps AST values
 // so that reads per call convert nothing.
-func rulesStore(cfg Config) (storage.Store, error) {
+//
+// docs, the data documents and bundle data, are the rest of data.
+func rulesStore(cfg Config, docs map[string]any) (storage.Store, error) {
 	data, err := rulesData(cfg.Rules)
 	if err != nil {
 		return nil, err
@@ -459,8 +507,13 @@ func rulesStore(cfg Config) (storage.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	root := make(map[string]any, len(docs)+1)
+	for k, v := range docs {
+		root[k] = v
+	}
+	root["sluice"] = map[string]any{"config": map[string]any{"rules": data, "egress": egress}}
 	return inmem.NewFromObjectWithOpts(
-		map[string]any{"sluice": map[string]any{"config": map[string]any{"rules": data, "egress": egress}}},
+		root,
 		inmem.OptRoundTripOnWrite(false),
 		inmem.OptReturnASTValuesOnRead(true),
 	), nil

@@ -19,21 +19,27 @@ import (
 // way the engine decided before the combining moved to Go (combine). It is
 // the reference the differential tests hold the engine to.
 type regoDecider struct {
-	pq rego.PreparedEvalQuery
+	pq       rego.PreparedEvalQuery
+	revision string // the engine stamps every decision with it
 }
 
 func newRegoDecider(t testing.TB, cfg Config) *regoDecider {
 	t.Helper()
-	pq, err := prepare(context.Background(), Query, cfg, slog.New(slog.DiscardHandler))
+	src, err := loadSources(cfg, nil)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	pq, err := prepare(context.Background(), Query, cfg, src, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("prepare %s: %v", Query, err)
 	}
-	return &regoDecider{pq: pq}
+	return &regoDecider{pq: pq, revision: src.revision}
 }
 
 // Decide is Engine.Decide as it was, with the result converted by the rego
 // package's default (ast.JSON) and checked by decisionFrom.
-func (r *regoDecider) Decide(ctx context.Context, in *Input) Decision {
+func (r *regoDecider) Decide(ctx context.Context, in *Input) (d Decision) {
+	defer func() { d.Revision = r.revision }()
 	if in == nil {
 		return policyError("policy: no input")
 	}
@@ -51,7 +57,7 @@ func (r *regoDecider) Decide(ctx context.Context, in *Input) Decision {
 	if err != nil {
 		return policyError(evalReason(ctx, false, err))
 	}
-	d, err := decisionFrom(rs)
+	d, err = decisionFrom(rs)
 	if err != nil {
 		return policyError(err.Error())
 	}

@@ -48,6 +48,7 @@ func inputValue(in *Input) (ast.Value, error) {
 		item("args", args),
 		item("request", requestTerm(&in.Request)),
 		item("time", ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
+		item("findings", findingsTerm(in.Findings)),
 	}
 	if in.Envoy != nil {
 		ev, err := ast.InterfaceToValue(in.Envoy)

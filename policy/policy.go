@@ -153,6 +153,9 @@ type Input struct {
 	// through Envoy's ext_authz; absent otherwise. A policy written for
 	// opa-envoy-plugin reads it with `with input as input.envoy`.
 	Envoy map[string]any `json:"envoy,omitempty"`
+	// Findings are the suspected credentials in what the call would send
+	// (policy/findings): Decide fills them in when nil, before deciding.
+	Findings []Finding `json:"findings"`
 	// Usage is what the gateway counted of this tool's calls for the
 	// caller (sluice.yaml usage:), this call included; absent for a tool
 	// that is not counted.
@@ -191,6 +194,9 @@ type Decision struct {
 	Rule        string         `json:"rule"`
 	Approvers   []string       `json:"approvers,omitempty"`
 	Obligations map[string]any `json:"obligations,omitempty"`
+	// Revision names the policy generation that decided: the bundle's
+	// manifest revision, or a digest of the Rego and data files.
+	Revision string `json:"revision,omitempty"`
 }
 
 // Rule is one simple rule from sluice.yaml's policies list.
@@ -211,9 +217,20 @@ type Config struct {
 	Egress map[string][]string
 	// ConnectPorts are the ports CONNECT may reach besides 443.
 	ConnectPorts []int
+	// Bundle, if set, is an OPA bundle compiled with the modules and data
+	// under Paths (sluice.yaml policy.bundle).
+	Bundle *BundleConfig
 	// OnReload, if set, is called after every reload attempt (for metrics).
 	OnReload func(ok bool, err error)
-	Logger   *slog.Logger
+	// OnBundle, if set, is called after every attempt to install a new
+	// bundle (a file change, a poll that fetched one): ok false means it
+	// was refused and the previous policy keeps deciding.
+	OnBundle func(ok bool, err error)
+	// OnDecision, if set, is called with every decision the engine makes
+	// and the input it was made on (for the decision-log export). It runs
+	// on the caller's goroutine: it must not block.
+	OnDecision func(ctx context.Context, in *Input, d Decision)
+	Logger     *slog.Logger
 }
 
 // Engine evaluates decisions. It is safe for concurrent use. A nil *Engine
@@ -225,6 +242,7 @@ type Engine struct {
 	version  atomic.Int64
 	reloadMu sync.Mutex // serializes Reload so versions follow the swaps
 	blockAll string     // set by BlockAll: every decision blocks with this reason
+	bundle   *Bundle    // the bundle in force; guarded by reloadMu
 }
 
 // prepared is one compiled generation of the policy.
@@ -232,6 +250,8 @@ type prepared struct {
 	pq     rego.PreparedEvalQuery // ModuleCandidatesQuery
 	pqTool rego.PreparedEvalQuery // PolicyCandidatesQuery, for kind tool_call
 	rules  *simpleTable
+	// revision names this generation (Decision.Revision).
+	revision string
 }
 
 // New compiles the shipped library, the rules and the modules. On a compile
@@ -241,14 +261,22 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	cfg.Rules = append([]Rule(nil), cfg.Rules...)
 	cfg.Paths = append([]string(nil), cfg.Paths...)
 	cfg.ConnectPorts = append([]int(nil), cfg.ConnectPorts...)
+	if cfg.Bundle != nil && (cfg.Bundle.File == "") == (cfg.Bundle.URL == "") {
+		return nil, errors.New("policy: bundle: want exactly one of file and url")
+	}
 	e := &Engine{cfg: cfg, log: cfg.Logger}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
-	p, err := compile(ctx, cfg, e.log)
+	b, err := e.loadBundle(ctx)
 	if err != nil {
 		return nil, err
 	}
+	p, err := compile(ctx, cfg, b, e.log)
+	if err != nil {
+		return nil, err
+	}
+	e.bundle = b
 	e.cur.Store(p)
 	e.version.Store(1)
 	return e, nil
@@ -283,11 +311,20 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if p == nil {
 		return policyError("policy not loaded")
 	}
+	defer func() {
+		d.Revision = p.revision
+		if e.cfg.OnDecision != nil && in != nil {
+			e.cfg.OnDecision(ctx, in, d)
+		}
+	}()
 	if in == nil {
 		return policyError("policy: no input")
 	}
 	if !validKind(in.Kind) {
 		return policyError(fmt.Sprintf("policy: unknown input kind %q", in.Kind))
+	}
+	if in.Findings == nil {
+		in.Findings = scanInput(in) // scan.go: before the decision, on what is sent
 	}
 	val, err := inputValue(in)
 	if err != nil {
@@ -320,9 +357,21 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	d, err = decisionOf(rs, p.rules, in)
 	if err != nil {
 		e.log.Error("policy: malformed decision", "tool", in.Tool, "error", err)
-		return policyError(err.Error())
+		d = policyError(err.Error())
 	}
 	return d
+}
+
+// Revision names the policy in force (see Decision.Revision); "" when none
+// is loaded.
+func (e *Engine) Revision() string {
+	if e == nil {
+		return ""
+	}
+	if p := e.cur.Load(); p != nil {
+		return p.revision
+	}
+	return ""
 }
 
 // evalNoMetrics keeps the evaluation from allocating a metrics registry per call.
@@ -364,7 +413,37 @@ func (e *Engine) Reload(ctx context.Context) error {
 	}
 	e.reloadMu.Lock()
 	defer e.reloadMu.Unlock()
-	p, err := compile(ctx, e.cfg, e.log)
+	b, err := e.loadBundle(ctx)
+	if err != nil {
+		if e.cfg.Bundle != nil && e.cfg.OnBundle != nil {
+			e.cfg.OnBundle(false, err)
+		}
+		err = fmt.Errorf("policy: reload: %w", err)
+		e.log.Error("policy: reload rejected; previous policy keeps serving",
+			"version", e.version.Load(), "revision", e.Revision(), "error", err)
+		if e.cfg.OnReload != nil {
+			e.cfg.OnReload(false, err)
+		}
+		return err
+	}
+	return e.swap(ctx, b)
+}
+
+// install compiles the policy with a newly fetched bundle and puts it in
+// force; on failure the previous policy keeps deciding.
+func (e *Engine) install(ctx context.Context, b *Bundle) error {
+	e.reloadMu.Lock()
+	defer e.reloadMu.Unlock()
+	return e.swap(ctx, b)
+}
+
+// swap compiles a generation with bundle b and stores it. reloadMu is held.
+func (e *Engine) swap(ctx context.Context, b *Bundle) error {
+	newBundle := b != nil && b != e.bundle
+	p, err := compile(ctx, e.cfg, b, e.log)
+	if newBundle && e.cfg.OnBundle != nil {
+		e.cfg.OnBundle(err == nil, err)
+	}
 	if err != nil {
 		err = fmt.Errorf("policy: reload: %w", err)
 		e.log.Error("policy: reload rejected; previous policy keeps serving",
@@ -374,9 +453,10 @@ func (e *Engine) Reload(ctx context.Context) error {
 		}
 		return err
 	}
+	e.bundle = b
 	e.cur.Store(p)
 	v := e.version.Add(1)
-	e.log.Info("policy: reloaded", "version", v)
+	e.log.Info("policy: reloaded", "version", v, "revision", p.revision)
 	if e.cfg.OnReload != nil {
 		e.cfg.OnReload(true, nil)
 	}

@@ -59,7 +59,11 @@ func TestWith(ctx context.Context, paths []string, cfg Config) (*TestReport, err
 	if err != nil {
 		return nil, err
 	}
-	store, err := rulesStore(cfg)
+	docs, err := loadData(paths)
+	if err != nil {
+		return nil, err
+	}
+	store, err := rulesStore(cfg, docs)
 	if err != nil {
 		return nil, err
 	}

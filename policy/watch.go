@@ -17,7 +17,8 @@ import (
 // reloads, so an editor's write-rename-chmod burst is one reload.
 const WatchDebounce = 100 * time.Millisecond
 
-// Watch reloads on file changes under the configured paths until ctx ends,
+// Watch reloads on file changes under the configured paths (Rego, data
+// documents and the bundle file) until ctx ends,
 // then returns nil. It watches directories (recursively) and the parent
 // directory of each listed file, so editors that replace a file by renaming
 // a new one over it are seen. Reload failures are logged and reported to
@@ -26,7 +27,11 @@ func (e *Engine) Watch(ctx context.Context) error {
 	if e == nil || e.blockAll != "" {
 		return errors.New("policy: watch: engine was not built by New")
 	}
-	if len(e.cfg.Paths) == 0 {
+	watched := append([]string(nil), e.cfg.Paths...)
+	if bc := e.cfg.Bundle; bc != nil && bc.File != "" {
+		watched = append(watched, bc.File)
+	}
+	if len(watched) == 0 {
 		<-ctx.Done()
 		return nil
 	}
@@ -56,7 +61,7 @@ func (e *Engine) Watch(ctx context.Context) error {
 			return nil
 		})
 	}
-	for _, p := range e.cfg.Paths {
+	for _, p := range watched {
 		fi, err := os.Stat(p)
 		if err != nil {
 			return fmt.Errorf("policy: watch %s: %w", p, err)
@@ -89,7 +94,7 @@ func (e *Engine) Watch(ctx context.Context) error {
 			if ev.Op == fsnotify.Chmod {
 				continue
 			}
-			relevant := strings.HasSuffix(name, ".rego") || files[name] || dirs[name] ||
+			relevant := strings.HasSuffix(name, ".rego") || isDataFile(filepath.Base(name)) || files[name] || dirs[name] ||
 				strings.HasPrefix(filepath.Base(name), "..data") // Kubernetes ConfigMap swap
 			if ev.Has(fsnotify.Create) {
 				if fi, err := os.Stat(name); err == nil && fi.IsDir() && !strings.HasPrefix(fi.Name(), ".") {

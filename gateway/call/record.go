@@ -53,6 +53,9 @@ const (
 	KeyBytesDown       = "bytes_down"
 	KeyDurationMS      = "duration_ms"
 	KeyEgress          = "egress" // the sandbox's egress narrowing (sandboxd --egress), when it has one
+	// KeyPolicyRevision names the policy that decided: an OPA bundle's
+	// revision or a digest of the Rego and data files.
+	KeyPolicyRevision = "policy_revision"
 
 	// A decision record carries its input document (audit.record_inputs):
 	// KeyInput is the document as JSON; when it was larger than
@@ -91,6 +94,8 @@ type Decision struct {
 	Action string // allow, ask or block
 	Rule   string
 	Reason string
+	// Revision is the policy revision that decided (policy.Decision.Revision).
+	Revision string
 }
 
 // Field is one key and value of an audit record's fields.
@@ -214,6 +219,9 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 	}
 	if r.Port != 0 {
 		f = append(f, F(Field{KeyPort, r.Port}))
+	}
+	if r.Decided && r.Decision.Revision != "" {
+		f = append(f, F(Field{KeyPolicyRevision, r.Decision.Revision}))
 	}
 	switch {
 	case r.Decided:

@@ -46,6 +46,11 @@ type Config struct {
 	Egress     Egress      `yaml:"egress"`
 	DNS        DNS         `yaml:"dns"`
 	Usage      Usage       `yaml:"usage"`
+	// Policy, DecisionLogs and Receipts are the policy life cycle
+	// (policylife.go): bundles, decision-log export, approval receipts.
+	Policy       PolicySettings `yaml:"policy"`
+	DecisionLogs *DecisionLogs  `yaml:"decision_logs"`
+	Receipts     Receipts       `yaml:"receipts"`
 
 	// Dir is the directory relative paths were resolved against.
 	Dir string `yaml:"-"`
@@ -634,6 +639,7 @@ func (c *Config) resolvePaths() {
 	for i := range c.Rego {
 		c.Rego[i] = c.abs(c.Rego[i])
 	}
+	c.resolvePolicyLife()
 }
 
 var (
@@ -730,6 +736,7 @@ func (c *Config) Validate() error {
 		bad("gateway.relay_tls.listen", "must be set when the other gateway.relay_tls keys are")
 	}
 	c.validateExtAuthz(bad)
+	c.validatePolicyLife(bad)
 	switch {
 	case strings.HasPrefix(c.Store, "sqlite:"):
 		if strings.TrimPrefix(c.Store, "sqlite:") == "" {

@@ -50,7 +50,7 @@ func (c *egressCall) setCaller(caller policy.Caller) {
 // decide records policy's decision d, in c and in its record.
 func (c *egressCall) decide(d policy.Decision) {
 	c.decision = d
-	c.Decision, c.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason}, true
+	c.Decision, c.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
 }
 
 // egressError is a refusal of raw egress: the JSON error plus the RFC 9209

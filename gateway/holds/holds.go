@@ -131,6 +131,9 @@ type Result struct {
 	// that got no answer (never sent, network error, timeout) leaves the
 	// outcome unknown.
 	Answered bool `json:"-"`
+	// Receipt is the signed receipt of the execution (gateway/receipts),
+	// stored with the result it vouches for; absent when nothing was sent.
+	Receipt json.RawMessage `json:"receipt,omitempty"`
 }
 
 // Person is an authenticated approver (never anything from the sandbox socket).

@@ -53,6 +53,7 @@ func TestBench(t *testing.T) {
 		{"tracing", benchTracing},
 		{"oauth", benchOAuth},
 		{"policy", benchPolicy},
+		{"policylife", benchPolicyLife},
 	}
 	var secs []*section
 	for _, sec := range all {

@@ -137,6 +137,9 @@ type gwOpts struct {
 	RegoExtra  string   // a second user module (source)
 	Store      string   // store: ("" = an SQLite file in the gateway's directory)
 	NoInputs   bool     // audit.record_inputs: false
+	Data       string   // a data.json beside the user module (with Rego)
+	Bundle     string   // policy.bundle.url (polled every 100ms)
+
 	// OAuthTokenURL: the connector's credential is credential.oauth2
 	// (client_credentials, client sid1) against this token endpoint.
 	OAuthTokenURL string
@@ -241,6 +244,15 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 			}
 			doc["rego"] = []string{d} // both modules: the directory holds them
 		}
+	}
+	if o.Data != "" && o.Rego != "" {
+		if err := os.WriteFile(filepath.Join(d, "data.json"), []byte(o.Data), 0o644); err != nil {
+			return nil, err
+		}
+		doc["rego"] = []string{d} // the module and its data document
+	}
+	if o.Bundle != "" {
+		doc["policy"] = map[string]any{"bundle": map[string]any{"url": o.Bundle, "poll": "100ms"}}
 	}
 	if o.ExtAuthz {
 		g["ext_authz"] = map[string]any{"listen": "unix:" + filepath.Join(d, "authz.sock"), "trusted_uids": []int{0}}

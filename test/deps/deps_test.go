@@ -152,6 +152,10 @@ var gatewayFloors = map[string][]string{
 	// OTLP export from the OTEL_* environment and W3C trace context at
 	// the gateway's edges: OpenTelemetry only.
 	"gateway/tracing": nil,
+
+	// Approval receipts: signing and offline verification (cmd/sluice
+	// receipts verify), standard library only.
+	"gateway/receipts": nil,
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond

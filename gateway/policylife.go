@@ -1,0 +1,250 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/receipts"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/policy/decisionlog"
+)
+
+// policyLife is the policy life cycle around the engine: bundle loads and
+// the revision in force on /metrics, the decision-log export, and the
+// signer of approval receipts.
+type policyLife struct {
+	bundleLoads *prometheus.CounterVec
+	decisions   *decisionlog.Exporter // nil without decision_logs
+	receipts    *receipts.Signer      // nil with receipts.disabled
+}
+
+// DecisionLogPath is the decision logs' path, as OPA names the query.
+const DecisionLogPath = "sluice/main/decision"
+
+// bundleConfig is cfg's policy.bundle as the engine takes it.
+func bundleConfig(cfg *config.Config) *policy.BundleConfig {
+	b := cfg.Policy.Bundle
+	if b == nil {
+		return nil
+	}
+	bc := &policy.BundleConfig{File: b.File, URL: b.URL, Poll: b.Poll.Std()}
+	if v := b.Verification; v != nil {
+		bc.Verification = &policy.Verification{KeyFile: v.KeyFile, KeyID: v.KeyID, Scope: v.Scope, Algorithm: v.Algorithm}
+	}
+	return bc
+}
+
+// policyFiles are the files whose change reloads the policy: the rego
+// paths (Rego and data documents) and a bundle file.
+func policyFiles(cfg *config.Config) []string {
+	out := append([]string(nil), cfg.Rego...)
+	if b := cfg.Policy.Bundle; b != nil && b.File != "" {
+		out = append(out, b.File)
+	}
+	return out
+}
+
+// bundleURL says the policy comes (partly) from a bundle server: when it
+// was down at start, the load is retried on every tick.
+func bundleURL(cfg *config.Config) bool {
+	return cfg.Policy.Bundle != nil && cfg.Policy.Bundle.URL != ""
+}
+
+// initPolicyLife registers the metrics and makes the exporter and the
+// signer; New calls it before the policy is first loaded.
+func (s *Server) initPolicyLife() error {
+	l := &s.life
+	l.bundleLoads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_policy_bundle_loads_total",
+		Help: "OPA bundles read (from the file or the bundle server), by result: ok, or error (refused: the previous policy kept deciding).",
+	}, []string{"result"})
+	l.bundleLoads.WithLabelValues("ok")
+	l.bundleLoads.WithLabelValues("error")
+	revision := prometheus.NewDesc("sluice_policy_revision_info",
+		"The policy revision in force (the bundle's manifest revision, or a digest of the Rego and data files); always 1.", []string{"revision"}, nil)
+	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, s: s}}
+	if dl := s.cfg.DecisionLogs; dl != nil {
+		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: decisionLabels(dl.Labels),
+			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: s.log})
+		if err != nil {
+			return fmt.Errorf("decision_logs: %w", err)
+		}
+		l.decisions = x
+	}
+	// Zero without decision_logs: every family is there from the start.
+	stat := func(f func(decisionlog.Stats) int64) func() float64 {
+		return func() float64 {
+			if l.decisions == nil {
+				return 0
+			}
+			return float64(f(l.decisions.Stats()))
+		}
+	}
+	cs = append(cs,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_decision_logs_sent_total", Help: "Decision-log events delivered."},
+			stat(func(st decisionlog.Stats) int64 { return st.Sent })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_decision_logs_dropped_total", Help: "Decision-log events dropped because the bounded buffer was full (the collector was down or slow); the audit log still has every decision."},
+			stat(func(st decisionlog.Stats) int64 { return st.Dropped })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_decision_logs_failures_total", Help: "Decision-log deliveries that failed (each is retried)."},
+			stat(func(st decisionlog.Stats) int64 { return st.Failed })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_decision_logs_queued", Help: "Decision-log events waiting to be delivered."},
+			stat(func(st decisionlog.Stats) int64 { return int64(st.Queued) })),
+	)
+	for _, c := range cs {
+		if err := s.tel.reg.Register(c); err != nil {
+			return fmt.Errorf("gateway: metric: %w", err)
+		}
+	}
+	if !s.cfg.Receipts.Disabled {
+		key, err := receipts.LoadKey(s.cfg.ReceiptsKeyFile(), true)
+		if err != nil {
+			return fmt.Errorf("receipts.key_file: %w", err)
+		}
+		l.receipts = receipts.NewSigner(key)
+	}
+	return nil
+}
+
+// decisionLabels are OPA's labels (id: the host) and the configured ones.
+func decisionLabels(cfg map[string]string) map[string]string {
+	out := map[string]string{"app": "sluice"}
+	if h, err := os.Hostname(); err == nil {
+		out["id"] = h
+	}
+	for k, v := range cfg {
+		out[k] = v
+	}
+	return out
+}
+
+// revisionCollector reports the revision in force at each scrape.
+type revisionCollector struct {
+	desc *prometheus.Desc
+	s    *Server
+}
+
+func (c *revisionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
+	if e := c.s.engine.Load(); e != nil {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, e.Revision())
+	}
+}
+
+// policyHooks sets the engine's hooks for the life cycle.
+func (s *Server) policyHooks(pc *policy.Config) {
+	pc.OnBundle = s.bundleLoaded
+	if s.life.decisions != nil {
+		pc.OnDecision = s.logDecision
+	}
+}
+
+// runPolicyLife runs the decision-log export until ctx ends.
+func (s *Server) runPolicyLife(ctx context.Context) {
+	if s.life.decisions != nil {
+		_ = s.life.decisions.Run(ctx) // returns nil when ctx ends
+	}
+}
+
+func (s *Server) bundleLoaded(ok bool, _ error) {
+	if s.life.bundleLoads == nil {
+		return
+	}
+	r := "ok"
+	if !ok {
+		r = "error" // logged by the engine, with the reason
+	}
+	s.life.bundleLoads.WithLabelValues(r).Inc()
+}
+
+type requestIDKey struct{}
+
+// withRequestID carries a call's request ID to the decision log, so that
+// an event names the audit record of the same call.
+func withRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// logDecision queues one decision for export. It never blocks: the input
+// is encoded here (what was decided, exactly) and the rest is the
+// exporter's, off the call path.
+func (s *Server) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
+	b, err := json.Marshal(in)
+	if err != nil {
+		s.log.Error("decisionlog: input not encodable; event skipped", "tool", in.Tool, "error", err)
+		return
+	}
+	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Input: b, Result: d,
+		Revision: d.Revision, Timestamp: time.Now().UTC()}
+	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+		ev.RequestID = id
+	}
+	if s.cfg.Policy.Bundle != nil {
+		ev.Bundles = map[string]decisionlog.Bundle{"sluice": {Revision: d.Revision}}
+	}
+	s.life.decisions.Log(ev)
+}
+
+// receipt signs the receipt of an approved hold that was executed: c is
+// the execution. Nothing is signed for a hold that was not sent.
+func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
+	if s.life.receipts == nil || c == nil || !c.answered {
+		return nil
+	}
+	r := receipts.Receipt{
+		HoldID: h.ID, RequestID: h.RequestID, Tool: h.Tool,
+		Caller:   receipts.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User},
+		Approver: h.DecidedBy, ApprovedAt: h.Decided, ExecutedAt: time.Now(),
+		RequestSHA256: h.SHA256, PolicyRevision: c.decision.Revision, Decision: c.decision.Action.String(),
+		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential,
+	}
+	b, err := s.life.receipts.Sign(r)
+	if err != nil {
+		s.log.Error("bug(): receipts: sign", "hold", h.ID, "error", err)
+		return nil
+	}
+	return b
+}
+
+// adminReceipts serves GET /api/v1/holds/{id}/receipt (the signed receipt
+// of an executed hold, as a file) and GET /api/v1/receipts/key (the
+// verification key).
+func (s *Server) adminReceipts(mux *http.ServeMux) {
+	mux.HandleFunc("GET /api/v1/holds/{id}/receipt", s.withPerson(func(w http.ResponseWriter, r *http.Request, _ holds.Person) {
+		h, err := s.holds.Get(r.Context(), r.PathValue("id"))
+		if err != nil {
+			s.holdsError(w, err)
+			return
+		}
+		if h.Result == nil || len(h.Result.Receipt) == 0 {
+			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "this hold has no receipt: it has not been executed (or receipts are disabled)"), refusal.NewRequestID())
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Disposition", `attachment; filename="receipt-`+h.ID+`.json"`)
+		rc := h.Result.Receipt
+		if rc[len(rc)-1] != '\n' {
+			rc = append(rc, '\n') // the store keeps it compact; the file ends in a newline
+		}
+		_, _ = w.Write(rc)
+	}))
+	mux.HandleFunc("GET /api/v1/receipts/key", func(w http.ResponseWriter, r *http.Request) {
+		if s.life.receipts == nil {
+			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "receipts are disabled"), refusal.NewRequestID())
+			return
+		}
+		pub := s.life.receipts.Public()
+		refusal.WriteJSON(w, http.StatusOK, map[string]any{
+			"algorithm": "Ed25519", "key_id": s.life.receipts.KeyID(), "public_key_pem": string(receipts.PublicPEM(pub)),
+		})
+	})
+}

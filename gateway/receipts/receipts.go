@@ -1,0 +1,252 @@
+// Package receipts signs and verifies approval receipts: when a held call
+// that a person approved is executed, the gateway signs (Ed25519) a
+// receipt binding who approved it and when, the request's canonical hash,
+// the policy revision that decided it again at execution, the upstream's
+// status and where the credential went. Anyone with the public key can
+// check a receipt offline.
+//
+// A receipt file is canonical: Verify re-encodes what it parsed and
+// requires the very same bytes, so a receipt with any byte changed —
+// inside the signed fields, in the signature or in the framing — does not
+// verify.
+//
+// The package imports only the standard library.
+package receipts
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Version is the receipt format's version.
+const Version = 1
+
+// domain separates receipt signatures from any other use of the key.
+const domain = "sluice-receipt-v1\n"
+
+// Receipt is what a signature binds. Field order is the encoding's order.
+type Receipt struct {
+	Version   int    `json:"version"`
+	HoldID    string `json:"hold_id"`
+	RequestID string `json:"request_id"` // the agent's call that created the hold
+	Tool      string `json:"tool"`
+	Caller    Caller `json:"caller"`
+	// Approver is the person who approved, as authenticated by the review
+	// UI or the admin API; ApprovedAt is when.
+	Approver   string    `json:"approver"`
+	ApprovedAt time.Time `json:"approved_at"`
+	ExecutedAt time.Time `json:"executed_at"`
+	// RequestSHA256 is the hex SHA-256 of the canonical request encoding
+	// that was approved and sent (the hold's sha256).
+	RequestSHA256  string `json:"request_sha256"`
+	PolicyRevision string `json:"policy_revision"`
+	Decision       string `json:"decision"` // the policy's decision at execution (allow or ask)
+	UpstreamStatus int    `json:"upstream_status"`
+	// Credential says where the credential went ("header:Authorization"),
+	// never its value; LeaseID is its Vault lease, when it has one.
+	Credential string `json:"credential,omitempty"`
+	LeaseID    string `json:"lease_id,omitempty"`
+	KeyID      string `json:"key_id"`
+}
+
+// Caller is the identity the held call was made under.
+type Caller struct {
+	Sandbox string `json:"sandbox"`
+	Agent   string `json:"agent"`
+	Session string `json:"session"`
+	User    string `json:"user"`
+}
+
+// Signed is a receipt and its signature: the file format.
+type Signed struct {
+	Receipt   Receipt `json:"receipt"`
+	Algorithm string  `json:"alg"`       // "Ed25519"
+	Signature string  `json:"signature"` // base64url, unpadded, of Ed25519(domain + receipt JSON)
+}
+
+// KeyID is a public key's id: the first 16 hex digits of its SHA-256.
+func KeyID(pub ed25519.PublicKey) string {
+	h := sha256.Sum256(pub)
+	return hex.EncodeToString(h[:8])
+}
+
+// Signer signs receipts with one Ed25519 key.
+type Signer struct {
+	key ed25519.PrivateKey
+	id  string
+}
+
+// NewSigner wraps key.
+func NewSigner(key ed25519.PrivateKey) *Signer {
+	return &Signer{key: key, id: KeyID(key.Public().(ed25519.PublicKey))}
+}
+
+// Public returns the verification key.
+func (s *Signer) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+
+// KeyID returns the key's id.
+func (s *Signer) KeyID() string { return s.id }
+
+// Sign stamps r with the key's id and version and returns the receipt
+// file: canonical JSON and a newline.
+func (s *Signer) Sign(r Receipt) ([]byte, error) {
+	r.Version, r.KeyID = Version, s.id
+	r.ApprovedAt, r.ExecutedAt = r.ApprovedAt.UTC(), r.ExecutedAt.UTC()
+	msg, err := signedBytes(r)
+	if err != nil {
+		return nil, err
+	}
+	sig := ed25519.Sign(s.key, msg)
+	return encode(Signed{Receipt: r, Algorithm: "Ed25519", Signature: base64.RawURLEncoding.EncodeToString(sig)})
+}
+
+func signedBytes(r Receipt) ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: encode: %w", err)
+	}
+	return append([]byte(domain), b...), nil
+}
+
+func encode(s Signed) ([]byte, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: encode: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// Verify checks a receipt file against pub and returns the receipt. It
+// fails unless the file is exactly the canonical encoding of what it
+// holds and the signature verifies: no byte of it can change.
+func Verify(file []byte, pub ed25519.PublicKey) (Receipt, error) {
+	dec := json.NewDecoder(bytes.NewReader(file))
+	dec.DisallowUnknownFields()
+	var s Signed
+	if err := dec.Decode(&s); err != nil {
+		return Receipt{}, fmt.Errorf("receipts: not a receipt: %w", err)
+	}
+	canon, err := encode(s)
+	if err != nil {
+		return Receipt{}, err
+	}
+	if !bytes.Equal(canon, file) {
+		return Receipt{}, errors.New("receipts: not in canonical form: the file was changed after signing")
+	}
+	if s.Algorithm != "Ed25519" {
+		return Receipt{}, fmt.Errorf("receipts: algorithm %q: want Ed25519", s.Algorithm)
+	}
+	if s.Receipt.Version != Version {
+		return Receipt{}, fmt.Errorf("receipts: version %d: want %d", s.Receipt.Version, Version)
+	}
+	if want := KeyID(pub); s.Receipt.KeyID != want {
+		return Receipt{}, fmt.Errorf("receipts: signed by key %s, not by %s", s.Receipt.KeyID, want)
+	}
+	sig, err := base64.RawURLEncoding.Strict().DecodeString(s.Signature)
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return Receipt{}, errors.New("receipts: malformed signature")
+	}
+	msg, err := signedBytes(s.Receipt)
+	if err != nil {
+		return Receipt{}, err
+	}
+	if !ed25519.Verify(pub, msg, sig) {
+		return Receipt{}, errors.New("receipts: bad signature")
+	}
+	return s.Receipt, nil
+}
+
+// LoadKey reads the signing key's seed (hex) from path; with create, a
+// missing file is made with a fresh key (0600, never overwritten).
+func LoadKey(path string, create bool) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && create {
+		return createKey(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	seed, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(seed) != ed25519.SeedSize {
+		return nil, fmt.Errorf("receipts: key %s: want %d bytes of hex", path, ed25519.SeedSize)
+	}
+	return ed25519.NewKeyFromSeed(seed), nil
+}
+
+func createKey(path string) (ed25519.PrivateKey, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	seed := make([]byte, ed25519.SeedSize)
+	if _, err := rand.Read(seed); err != nil {
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return LoadKey(path, false) // another process made it first
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	if _, err := f.WriteString(hex.EncodeToString(seed) + "\n"); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("receipts: key: %w", err)
+	}
+	return ed25519.NewKeyFromSeed(seed), nil
+}
+
+// PublicPEM encodes pub as a PEM "PUBLIC KEY" (PKIX), what `openssl pkey
+// -pubin` and `sluice receipts verify --key` read.
+func PublicPEM(pub ed25519.PublicKey) []byte {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		panic("bug(): receipts: marshal ed25519 public key: " + err.Error())
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+}
+
+// ParsePublicKey reads a public key as PEM (PKIX), or as 64 hex digits or
+// base64 of the 32 raw bytes.
+func ParsePublicKey(b []byte) (ed25519.PublicKey, error) {
+	if blk, _ := pem.Decode(b); blk != nil {
+		k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("receipts: public key: %w", err)
+		}
+		pub, ok := k.(ed25519.PublicKey)
+		if !ok {
+			return nil, fmt.Errorf("receipts: public key is %T, want Ed25519", k)
+		}
+		return pub, nil
+	}
+	s := strings.TrimSpace(string(b))
+	if raw, err := hex.DecodeString(s); err == nil && len(raw) == ed25519.PublicKeySize {
+		return ed25519.PublicKey(raw), nil
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if raw, err := enc.DecodeString(s); err == nil && len(raw) == ed25519.PublicKeySize {
+			return ed25519.PublicKey(raw), nil
+		}
+	}
+	return nil, errors.New("receipts: public key: want PEM, 64 hex digits or base64 of 32 bytes")
+}
