@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 )
@@ -25,7 +26,7 @@ func (s *Server) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.tel.handler)
-	mux.HandleFunc("GET /.well-known/jwks.json", s.handleJWKS) // vaultcreds.go
+	mux.HandleFunc("GET /.well-known/jwks.json", creds.JWKS(s.creds, s.log))
 	// The audit tail names callers, tools and destinations: people only,
 	// authenticated like the holds API (an approver's token or UI session).
 	mux.HandleFunc("GET /api/v1/audit", s.withPerson(func(w http.ResponseWriter, r *http.Request, _ holds.Person) {

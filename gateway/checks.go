@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/ingress"
@@ -115,7 +116,7 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 			f.Errors = append(f.Errors, err)
 		}
 	}
-	f.Errors = append(f.Errors, checkSecretRefs(ctx, cfg)...)
+	f.Errors = append(f.Errors, creds.CheckRefs(ctx, cfg)...)
 	f.Errors = append(f.Errors, extAuthzProblems(cfg)...) // extauthz_door.go
 	f.Errors = append(f.Errors, egress.Validate(cfg)...)
 	f.add(upstreamProblems(cfg, cat))

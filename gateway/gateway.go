@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
@@ -41,7 +42,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
-	"github.com/sluice-gw/sluice/vault"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -51,23 +51,10 @@ type Decider interface {
 }
 
 // CredentialRef names the credential a connector's calls carry.
-type CredentialRef struct {
-	Connector string
-	Secret    string           // a named secret, or
-	Vault     *config.VaultRef // a Vault credential (secrets.backend: vault)
-	Caller    policy.Caller
-	// Tool and RequestSHA256 describe the call the credential is for
-	// (per-call tokens carry them as claims). RequestSHA256 is RequestHash
-	// of the request as it will be sent, before the credential is attached.
-	Tool          string
-	RequestSHA256 string
-}
+type CredentialRef = creds.Ref
 
-// CredentialSource fetches credentials. The returned secret lives only in
-// the gateway process; errors must not contain secret values.
-type CredentialSource interface {
-	Credential(ctx context.Context, ref CredentialRef) (vault.Secret, error)
-}
+// CredentialSource fetches credentials (package creds holds the stage).
+type CredentialSource = creds.Source
 
 // Catalog finds tools.
 type Catalog interface {
@@ -152,7 +139,7 @@ type upstream struct {
 	conn      *connectors.Connector
 	allow     []netip.Prefix
 	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
-	creds     *credPlan                  // how the credential is attached; nil without one
+	creds     *creds.Plan                // how the credential is attached; nil without one
 	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (oauthcreds.go)
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
@@ -215,13 +202,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	s.creds = opts.Credentials
 	if s.creds == nil {
-		if s.creds, err = openCredentials(ctx, cfg, log); err != nil {
+		if s.creds, err = creds.Open(ctx, cfg, log); err != nil {
 			return nil, err
 		}
 		// Ours to close (revoking what it leased) when New fails below.
 		defer func() {
 			if !built {
-				_ = closeCredentials(s.creds)
+				_ = creds.Close(s.creds)
 			}
 		}()
 	}
@@ -288,7 +275,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, sl specLoad) (c *catalog, warns []error, err error) {
 	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
 	var errs []error
-	local := existingLocal(cfg)
+	local := creds.ExistingLocal(cfg)
 	for i, cc := range cfg.Connectors {
 		key := fmt.Sprintf("connectors[%d]", i)
 		allow := allowPrivate(cc)
@@ -319,7 +306,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			}
 		}
 		if cc.Credential != nil {
-			plan, perrs, pwarns := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))
+			plan, perrs, pwarns := creds.NewPlan(key, cc, conn, creds.StoredShape(ctx, cfg, cc, local))
 			warns = append(warns, pwarns...)
 			if len(perrs) > 0 {
 				errs = append(errs, perrs...)
@@ -600,7 +587,7 @@ func (s *Server) Catalog() Catalog { return s.catalog }
 // Close releases the stores. Call it after Serve returns.
 func (s *Server) Close() error {
 	s.closeHeads()
-	err := errors.Join(s.audit.Close(), s.store.Close(), closeCredentials(s.creds))
+	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
 	s.stopRemotes()
 	for _, u := range s.catalog.connectors {

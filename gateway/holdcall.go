@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/tracing"
@@ -64,7 +65,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 	// audited as the call's decision with its refusal code.
 	cred := ""
 	if up := s.catalog.connectors[tool.Connector]; up != nil && up.cfg.Credential != nil {
-		cred = credentialLabel(up.cfg.Credential)
+		cred = creds.Label(up.cfg.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
 		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
@@ -55,7 +56,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 	conn := &connectors.Connector{Slug: cc.Slug, BaseURL: u}
 	up := &upstream{cfg: cc, conn: conn, allow: allow}
 	if cc.Credential != nil {
-		plan, perrs, _ := newCredPlan(key, cc, conn, storedShape(ctx, cfg, cc, local))
+		plan, perrs, _ := creds.NewPlan(key, cc, conn, creds.StoredShape(ctx, cfg, cc, local))
 		if len(perrs) > 0 {
 			return perrs
 		}
@@ -172,18 +173,18 @@ func (s *Server) stopRemotes() {
 // connector's credential: fetched from creds as for a call (without a
 // caller, so a credential per user cannot list) and attached by the same
 // plan.
-func remoteHeader(creds CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
+func remoteHeader(src CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
 	cc := up.cfg.Credential
 	if cc == nil {
 		return nil
 	}
 	return func(ctx context.Context) (http.Header, error) {
-		secret, err := creds.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
+		secret, err := src.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
 		if err != nil {
 			return nil, fmt.Errorf("the credential for connector %s is unavailable", up.cfg.Slug)
 		}
 		req, _ := http.NewRequest(http.MethodPost, up.conn.BaseURL.String(), nil)
-		if _, err := attach(req, up.creds, &connectors.Tool{Connector: up.cfg.Slug}, secret); err != nil {
+		if _, err := creds.Attach(req, up.creds, &connectors.Tool{Connector: up.cfg.Slug}, secret); err != nil {
 			return nil, fmt.Errorf("the credential for connector %s cannot be attached: %v", up.cfg.Slug, err)
 		}
 		return http.Header{cc.Header: req.Header.Values(cc.Header)}, nil
@@ -198,7 +199,7 @@ func remoteHeader(creds CredentialSource, up *upstream) func(ctx context.Context
 func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[string]*connectors.Connector, []error) {
 	listed := map[string]*connectors.Connector{}
 	var warns []error
-	local := existingLocal(cfg)
+	local := creds.ExistingLocal(cfg)
 	for i, cc := range cfg.Connectors {
 		r := cat.remotes[cc.Slug]
 		if r == nil {
@@ -213,7 +214,7 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 				warns = append(warns, warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
 				continue
 			}
-			header = remoteHeader(localSource{store: st}, up)
+			header = remoteHeader(creds.Local{Store: st}, up)
 		}
 		r.SetHooks(header, nil, nil)
 		r.Refresh(ctx)

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/oauth"
@@ -20,10 +21,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/review"
 	"github.com/sluice-gw/sluice/vault"
 )
-
-// oauthScheme is how an OAuth access token is attached: the Authorization
-// header, as every oauth2 securityScheme sends it (RFC 6750 2.1).
-var oauthScheme = &connectors.SecurityScheme{Name: "credential.oauth2", Type: "http", Scheme: "bearer"}
 
 // oauthClient resolves connector cc's credential.oauth2 against its spec:
 // the URLs the config leaves empty come from the spec's oauth2
@@ -141,11 +138,11 @@ func (s *Server) newOAuth() error {
 	opt := oauth.Options{Clients: clients, Log: s.log,
 		RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections/callback"}
 	if person {
-		ls, ok := s.creds.(localSource)
+		ls, ok := s.creds.(creds.Local)
 		if !ok {
 			return errors.New("credential.oauth2: flow authorization_code keeps tokens in the local store; it needs secrets.backend: local")
 		}
-		opt.Store = oauth.LocalStore{Local: ls.store}
+		opt.Store = oauth.LocalStore{Local: ls.Store}
 	}
 	m, err := oauth.New(opt)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
@@ -645,7 +646,7 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 	}
 	ref := CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Vault: cc.Vault, Caller: c.caller(), Tool: tool.Name}
 	if cc.Vault != nil && cc.Vault.TransitKey != "" {
-		h, err := RequestHash(req)
+		h, err := creds.RequestHash(req)
 		if err != nil {
 			return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the request cannot be hashed for its per-call token").Wrap(err)
 		}
@@ -665,15 +666,15 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 	if err != nil {
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
 	}
-	att, err := attach(req, up.creds, tool, secret)
+	att, err := creds.Attach(req, up.creds, tool, secret)
 	if err != nil {
 		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
 	}
-	c.rec.Credential = att.where
+	c.rec.Credential = att.Where
 	if conn != "" {
 		c.rec.Credential += " (" + conn + ")"
 	}
-	scr := up.scrubber(att.forms)
+	scr := up.scrubber(att.Forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse
 		// rather than risk reflecting it unscrubbed.

@@ -21,7 +21,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/sluice-gw/sluice/gateway/config"
-	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault/vaulttest"
 )
@@ -261,7 +261,7 @@ func TestVaultCredentials(t *testing.T) {
 	t.Cleanup(stop)
 	jwks := "http://" + gw.AdminAddr() + "/.well-known/jwks.json"
 	up.jwksURL.Store(&jwks)
-	src := gw.creds.(*vaultSource)
+	src := gw.creds.(*creds.Vault)
 
 	alice := g.client(wire.Identity{Sandbox: "sb-1", Agent: "agent-a", Session: "s-alice", User: "alice", Host: "h1"})
 	bob := g.client(wire.Identity{Sandbox: "sb-2", Agent: "agent-a", Session: "s-bob", User: "bob", Host: "h1"})
@@ -274,13 +274,13 @@ func TestVaultCredentials(t *testing.T) {
 		if r.status != 200 || !strings.Contains(r.raw, sha("kv-key-for-vaulted-0001")) {
 			t.Fatalf("%d %s: the upstream did not receive the KV value", r.status, r.raw)
 		}
-		before := src.v.Requests()
+		before := src.Client().Requests()
 		for i := 0; i < 20; i++ {
 			if r := doCall(t, alice, "kv.kv", `{}`); r.status != 200 {
 				t.Fatalf("%d %s", r.status, r.raw)
 			}
 		}
-		if n := src.v.Requests() - before; n != 0 {
+		if n := src.Client().Requests() - before; n != 0 {
 			t.Errorf("20 calls with a warm cache sent %d requests to Vault, want 0", n)
 		}
 	})
@@ -358,7 +358,7 @@ func TestVaultCredentials(t *testing.T) {
 		if pg.Super(t, "select count(*) from pg_roles where rolname = '"+pgUser+"'") != "0" {
 			t.Error("the dynamic user still exists after sessions end")
 		}
-		if len(src.v.Leases("s-bob")) != 1 {
+		if len(src.Client().Leases("s-bob")) != 1 {
 			t.Error("ending alice's session touched bob's lease")
 		}
 		if r := doCall(t, alice, "db.db", `{}`); r.status != 403 || r.code() != "session_ended" {
@@ -434,32 +434,5 @@ func TestVaultCredentials(t *testing.T) {
 				t.Errorf("%s contains a secret (%d bytes)", where, len(s))
 			}
 		}
-	}
-}
-
-// TestExpandPath: {user} takes only a name that stays one path segment;
-// anything else, or no user at all, is refused before Vault is asked.
-func TestExpandPath(t *testing.T) {
-	ref := func(user string) CredentialRef {
-		return CredentialRef{Connector: "billing", Caller: policy.Caller{User: user}}
-	}
-	for _, tc := range []struct {
-		name, path, user, want string
-		ok                     bool
-	}{
-		{"user and connector", "secret/data/{connector}/{user}", "alice", "secret/data/billing/alice", true},
-		{"no placeholder needs no user", "secret/data/shared", "", "secret/data/shared", true},
-		{"no user", "secret/data/{user}", "", "", false},
-		{"traversal", "secret/data/{user}", "../sys", "", false},
-		{"dot dot", "secret/data/{user}", "..", "", false},
-		{"query in a name", "secret/data/{user}", "a?list=true", "", false},
-		{"slash", "secret/data/{user}", "a/b", "", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := expandPath(tc.path, ref(tc.user))
-			if (err == nil) != tc.ok || got != tc.want {
-				t.Fatalf("expandPath(%q, %q) = %q, %v; want %q ok=%v", tc.path, tc.user, got, err, tc.want, tc.ok)
-			}
-		})
 	}
 }

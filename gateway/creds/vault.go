@@ -1,4 +1,4 @@
-package gateway
+package creds
 
 import (
 	"cmp"
@@ -20,19 +20,19 @@ import (
 	"github.com/sluice-gw/sluice/vault"
 )
 
-// vaultSource serves credentials from HashiCorp Vault: named secrets from
+// Vault serves credentials from HashiCorp Vault: named secrets from
 // KV (narrowest scope first, as the local store), KV paths, leased dynamic
 // secrets per session, per-call JWTs signed by the transit engine and
 // identity tokens. It ends sessions (revoking their leases) and publishes
 // the keys that verify its tokens.
-type vaultSource struct {
+type Vault struct {
 	v           *vault.Vault
 	issuer      string
 	transitKeys []string // every credential.vault.transit_key, for the JWKS
 	identity    bool     // some connector uses oidc_role
 }
 
-func openVault(ctx context.Context, cfg *config.Config, log *slog.Logger) (*vaultSource, error) {
+func openVault(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Vault, error) {
 	vc := cfg.Secrets.Vault
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -47,7 +47,7 @@ func openVault(ctx context.Context, cfg *config.Config, log *slog.Logger) (*vaul
 	if err != nil {
 		return nil, fmt.Errorf("secrets.vault: %w", err)
 	}
-	src := &vaultSource{v: v, issuer: vc.Issuer}
+	src := &Vault{v: v, issuer: vc.Issuer}
 	if src.issuer == "" {
 		src.issuer = "sluice"
 	}
@@ -72,7 +72,7 @@ var errNoUser = errors.New("the credential is per user ({user}) and this session
 // secret stores accept (vault.ValidateName: letters, digits, '_', '.', '-',
 // not starting with '.'), so it stays one path segment; the connector slug
 // is checked by the config.
-func expandPath(p string, ref CredentialRef) (string, error) {
+func expandPath(p string, ref Ref) (string, error) {
 	if strings.Contains(p, "{user}") {
 		if ref.Caller.User == "" {
 			return "", errNoUser
@@ -84,7 +84,7 @@ func expandPath(p string, ref CredentialRef) (string, error) {
 	return strings.NewReplacer("{user}", ref.Caller.User, "{connector}", ref.Connector).Replace(p), nil
 }
 
-func (s *vaultSource) Credential(ctx context.Context, ref CredentialRef) (vault.Secret, error) {
+func (s *Vault) Credential(ctx context.Context, ref Ref) (vault.Secret, error) {
 	r := ref.Vault
 	if r == nil {
 		scopes := []vault.Scope{vault.ConnectorScope(ref.Connector)}
@@ -148,30 +148,35 @@ func (s *vaultSource) Credential(ctx context.Context, ref CredentialRef) (vault.
 	return vault.Secret{}, errors.New("credential.vault names no kind")
 }
 
+// Client is the Vault client the source reads through (tests count its
+// requests and leases).
+func (s *Vault) Client() *vault.Vault { return s.v }
+
 func newJTI() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
 
-// EndSession revokes the session's leases (sessions.go calls it).
-func (s *vaultSource) EndSession(ctx context.Context, session string) error {
+// EndSession revokes the session's leases (the gateway calls it when a
+// session ends).
+func (s *Vault) EndSession(ctx context.Context, session string) error {
 	return s.v.EndSession(ctx, session)
 }
 
 // JWKS is the key set that verifies the tokens this source attaches.
-func (s *vaultSource) JWKS(ctx context.Context) ([]byte, error) {
+func (s *Vault) JWKS(ctx context.Context) ([]byte, error) {
 	return s.v.JWKS(ctx, s.transitKeys, s.identity)
 }
 
-func (s *vaultSource) Close() error {
+func (s *Vault) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	return s.v.Close(ctx)
 }
 
-// closeCredentials closes a credential source that holds resources.
-func closeCredentials(c CredentialSource) error {
+// Close closes a credential source that holds resources.
+func Close(c Source) error {
 	if cl, ok := c.(io.Closer); ok {
 		return cl.Close()
 	}
@@ -200,30 +205,33 @@ func RequestHash(req *http.Request) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// handleJWKS is GET /.well-known/jwks.json on the admin listener: public
-// keys only, so it is not authenticated.
-func (s *Server) handleJWKS(w http.ResponseWriter, r *http.Request) {
-	src, ok := s.creds.(interface {
-		JWKS(context.Context) ([]byte, error)
-	})
-	if !ok {
-		refusal.WriteJSON(w, http.StatusOK, map[string]any{"keys": []any{}})
-		return
+// JWKS is GET /.well-known/jwks.json on the admin listener: the public
+// keys that verify the tokens src attaches (none when src signs nothing),
+// so it is not authenticated.
+func JWKS(src Source, log *slog.Logger) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ks, ok := src.(interface {
+			JWKS(context.Context) ([]byte, error)
+		})
+		if !ok {
+			refusal.WriteJSON(w, http.StatusOK, map[string]any{"keys": []any{}})
+			return
+		}
+		b, err := ks.JWKS(r.Context())
+		if err != nil {
+			log.Error("jwks: keys unavailable", "err", err)
+			refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the signing keys are unavailable"), refusal.NewRequestID())
+			return
+		}
+		w.Header().Set("Content-Type", "application/jwk-set+json")
+		w.Header().Set("Cache-Control", "max-age=60")
+		_, _ = w.Write(b)
 	}
-	b, err := src.JWKS(r.Context())
-	if err != nil {
-		s.log.Error("jwks: keys unavailable", "err", err)
-		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the signing keys are unavailable"), refusal.NewRequestID())
-		return
-	}
-	w.Header().Set("Content-Type", "application/jwk-set+json")
-	w.Header().Set("Cache-Control", "max-age=60")
-	_, _ = w.Write(b)
 }
 
-// credentialLabel names a connector's credential for people (the hold
+// Label names a connector's credential for people (the hold
 // page): which secret, never its value.
-func credentialLabel(c *config.Credential) string {
+func Label(c *config.Credential) string {
 	if c.Vault == nil {
 		return c.Secret
 	}

@@ -1,4 +1,4 @@
-package gateway
+package creds
 
 import (
 	"context"
@@ -15,17 +15,37 @@ import (
 // TestCheckSecretRefs: `sluice validate` names every secret the
 // configuration refers to — a connector's credential or an egress
 // placeholder's — that the local store lacks.
-func TestCheckSecretRefs(t *testing.T) {
-	spec, _ := filepath.Abs("testdata/tickets.yaml")
-	extra := `
+// refsYAML names two secrets: a connector's credential and an egress
+// placeholder's; %s are the state dir, the relay's uid and the spec.
+const refsYAML = `
+gateway:
+  sandbox_socket: %[1]s/relay.sock
+  trusted_relay_uids: [%[2]d]
+  admin_listen: 127.0.0.1:0
+store: sqlite:%[1]s/sluice.db
+audit: { path: %[1]s/audit.log }
+secrets: { backend: local, local: { path: %[1]s/secrets.json, key_file: %[1]s/secrets.key } }
+connectors:
+  - slug: tickets
+    spec: %[3]s
+    base_url: http://127.0.0.1:1
+    allow_private: [127.0.0.0/8]
+    credential: { secret: tickets-key }
+agents:
+  - { name: agent-a, connectors: [tickets] }
+policies:
+  - { match: "*", action: block }
 egress:
   intercept: { hosts: [api.test], ca_dir: %[1]s/ca }
   placeholders:
     - { secret: gh-token, hosts: [api.test], header: Authorization, prefix: "Bearer " }
 `
+
+func TestCheckSecretRefs(t *testing.T) {
+	spec, _ := filepath.Abs("../testdata/tickets.yaml")
 	parse := func(t *testing.T, dir string) *config.Config {
 		t.Helper()
-		data := fmt.Sprintf(gatewayYAML, dir, "http://127.0.0.1:1", fmt.Sprintf(extra, dir), os.Getuid(), spec)
+		data := fmt.Sprintf(refsYAML, dir, os.Getuid(), spec)
 		cfg, err := config.Parse([]byte(data), dir)
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +84,7 @@ egress:
 			if tc.stored != nil {
 				set(t, cfg, tc.stored...)
 			}
-			errs := checkSecretRefs(context.Background(), cfg)
+			errs := CheckRefs(context.Background(), cfg)
 			if len(errs) != len(tc.want) {
 				t.Fatalf("errors %v, want %d", errs, len(tc.want))
 			}

@@ -1,4 +1,4 @@
-package gateway
+package creds
 
 import (
 	"encoding/base64"
@@ -93,18 +93,18 @@ func TestAttach(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// A sibling operation that requires the credential makes the
 			// spec one that declares security.
-			plan, errs, _ := newCredPlan("connectors[0]", config.Connector{Slug: "t", Credential: &tc.cred}, testConnector(tc.security, [][]string{{"hdr"}}), shapeUnknown)
+			plan, errs, _ := NewPlan("connectors[0]", config.Connector{Slug: "t", Credential: &tc.cred}, testConnector(tc.security, [][]string{{"hdr"}}), shapeUnknown)
 			if len(errs) > 0 {
 				t.Fatal(errs)
 			}
 			u, _ := url.Parse("https://api.example.test/v1/x?api_key=agent-supplied")
 			req := &http.Request{Method: "GET", URL: u, Header: http.Header{"Cookie": {"sid=agent-supplied; other=1"}}}
-			att, err := attach(req, plan, &connectors.Tool{Name: "t.op0", Security: tc.security}, vault.NewSecret([]byte(tc.value)))
+			att, err := Attach(req, plan, &connectors.Tool{Name: "t.op0", Security: tc.security}, vault.NewSecret([]byte(tc.value)))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if att.where != tc.where || !tc.check(req) {
-				t.Fatalf("attached at %q (want %q); request %v %v", att.where, tc.where, req.URL, req.Header)
+			if att.Where != tc.where || !tc.check(req) {
+				t.Fatalf("attached at %q (want %q); request %v %v", att.Where, tc.where, req.URL, req.Header)
 			}
 		})
 	}
@@ -112,14 +112,14 @@ func TestAttach(t *testing.T) {
 
 // TestPickScheme is the choice among an operation's security alternatives
 // (OpenAPI 3.0.3 §4.8.10: any one alternative, every scheme of it) by the
-// credential's shape and the config, made by newCredPlan for validate and
+// credential's shape and the config, made by NewPlan for validate and
 // serve and by attach per call.
 func TestPickScheme(t *testing.T) {
 	const token, pair = "tok-0123456789abcdef", "AC0123456789:authtoken-abcdef"
 	cases := []struct {
 		name     string
 		cred     config.Credential
-		shape    credShape // before the call (config, stored value)
+		shape    Shape // before the call (config, stored value)
 		security [][]string
 		value    string // at the call
 		where    string // attach's result
@@ -154,7 +154,7 @@ func TestPickScheme(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			conn := testConnector(tc.security)
-			plan, errs, _ := newCredPlan("connectors[0]", config.Connector{Slug: "t", Credential: &tc.cred}, conn, tc.shape)
+			plan, errs, _ := NewPlan("connectors[0]", config.Connector{Slug: "t", Credential: &tc.cred}, conn, tc.shape)
 			got := fmt.Sprint(errs)
 			for _, w := range tc.planErr {
 				if !strings.Contains(got, w) {
@@ -172,19 +172,19 @@ func TestPickScheme(t *testing.T) {
 					return
 				}
 				// The call decides the same way when the plan is bypassed.
-				plan = &credPlan{schemes: testSchemes, shape: tc.shape, declared: true}
+				plan = &Plan{schemes: testSchemes, shape: tc.shape, declared: true}
 			}
 			u, _ := url.Parse("https://api.example.test/x")
 			req := &http.Request{Method: "GET", URL: u, Header: http.Header{}}
-			att, err := attach(req, plan, conn.Tools[0], vault.NewSecret([]byte(tc.value)))
+			att, err := Attach(req, plan, conn.Tools[0], vault.NewSecret([]byte(tc.value)))
 			if tc.callErr != nil {
 				if !errors.Is(err, tc.callErr) || len(req.Header) != 0 || req.URL.RawQuery != "" {
 					t.Fatalf("attach = %v (request %v %v), want %v and nothing attached", err, req.URL, req.Header, tc.callErr)
 				}
 				return
 			}
-			if err != nil || att.where != tc.where {
-				t.Fatalf("attach = %q, %v; want %q", att.where, err, tc.where)
+			if err != nil || att.Where != tc.where {
+				t.Fatalf("attach = %q, %v; want %q", att.Where, err, tc.where)
 			}
 		})
 	}
@@ -195,7 +195,7 @@ func TestPickScheme(t *testing.T) {
 // error naming the keys that fix it, never a call sent without it.
 func TestCredPlanNowhere(t *testing.T) {
 	conn := &connectors.Connector{Slug: "t", Tools: []*connectors.Tool{{Name: "t.list", Security: [][]string{}}}}
-	_, errs, _ := newCredPlan("connectors[2]", config.Connector{Slug: "t", Credential: &config.Credential{Secret: "k"}}, conn, shapeToken)
+	_, errs, _ := NewPlan("connectors[2]", config.Connector{Slug: "t", Credential: &config.Credential{Secret: "k"}}, conn, shapeToken)
 	want := "connectors[2].credential: no operation of the spec declares a security requirement, so the credential would go nowhere; set credential.header or credential.query (with prefix), or credential.scheme (the spec defines no securitySchemes)"
 	if len(errs) != 1 || errs[0].Error() != want {
 		t.Fatalf("errs = %v\nwant %s", errs, want)
@@ -203,14 +203,14 @@ func TestCredPlanNowhere(t *testing.T) {
 	// What serve would do per call without the plan's refusal: refuse too.
 	u, _ := url.Parse("https://api.example.test/x")
 	req := &http.Request{URL: u, Header: http.Header{}}
-	if _, err := attach(req, &credPlan{}, conn.Tools[0], vault.NewSecret([]byte("tok-0123456789"))); !errors.Is(err, errNowhere) {
+	if _, err := Attach(req, &Plan{}, conn.Tools[0], vault.NewSecret([]byte("tok-0123456789"))); !errors.Is(err, errNowhere) {
 		t.Fatalf("attach = %v, want errNowhere", err)
 	}
 	for _, cr := range []config.Credential{{Secret: "k", Header: "X-Key"}, {Secret: "k", Query: "key"}} {
-		plan, errs, _ := newCredPlan("connectors[2]", config.Connector{Slug: "t", Credential: &cr}, conn, shapeToken)
+		plan, errs, _ := NewPlan("connectors[2]", config.Connector{Slug: "t", Credential: &cr}, conn, shapeToken)
 		req := &http.Request{URL: u, Header: http.Header{}}
-		if att, err := attach(req, plan, conn.Tools[0], vault.NewSecret([]byte("tok-0123456789"))); len(errs) > 0 || err != nil || att.where == "" {
-			t.Fatalf("%+v: errs %v, attach %q %v", cr, errs, att.where, err)
+		if att, err := Attach(req, plan, conn.Tools[0], vault.NewSecret([]byte("tok-0123456789"))); len(errs) > 0 || err != nil || att.Where == "" {
+			t.Fatalf("%+v: errs %v, attach %q %v", cr, errs, att.Where, err)
 		}
 	}
 }
@@ -219,7 +219,7 @@ func TestCredPlanNowhere(t *testing.T) {
 // are warnings naming them; the plan is made.
 func TestCredPlanWarnings(t *testing.T) {
 	conn := testConnector([][]string{{"hdr"}}, [][]string{{"oauth"}}, [][]string{{"hdr", "qry"}})
-	plan, errs, warns := newCredPlan("connectors[0]", config.Connector{Slug: "t", Credential: &config.Credential{Secret: "k"}}, conn, shapeToken)
+	plan, errs, warns := NewPlan("connectors[0]", config.Connector{Slug: "t", Credential: &config.Credential{Secret: "k"}}, conn, shapeToken)
 	if plan == nil || len(errs) > 0 {
 		t.Fatalf("plan %v, errs %v", plan, errs)
 	}
@@ -244,8 +244,8 @@ func TestAttachRefusesBadCredentials(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			u, _ := url.Parse("https://api.example.test/")
 			req := &http.Request{URL: u, Header: http.Header{}}
-			plan := &credPlan{schemes: testSchemes, declared: true}
-			_, err := attach(req, plan, &connectors.Tool{Security: [][]string{{tc.scheme}}}, vault.NewSecret([]byte(tc.value)))
+			plan := &Plan{schemes: testSchemes, declared: true}
+			_, err := Attach(req, plan, &connectors.Tool{Security: [][]string{{tc.scheme}}}, vault.NewSecret([]byte(tc.value)))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want it to say %q", err, tc.want)
 			}
@@ -259,58 +259,17 @@ func TestAttachRefusesBadCredentials(t *testing.T) {
 	}
 }
 
-// TestUpstreamScrubber checks the per-upstream scrubber cache: the same
-// credential reuses its scrubber, a changed one (rotated, or a basic-auth
-// password added) gets a new scrubber that finds the new secret.
-func TestUpstreamScrubber(t *testing.T) {
-	const first, rotated = "sk-first-0123456789", "sk-rotated-9876543210"
-	cases := []struct {
-		name      string
-		prev, now [][]byte
-		reuse     bool
-		find      string // a secret the scrubber in use must find
-	}{
-		{"same credential", [][]byte{[]byte(first)}, [][]byte{[]byte(first)}, true, first},
-		{"rotated", [][]byte{[]byte(first)}, [][]byte{[]byte(rotated)}, false, rotated},
-		{"same length, one byte differs", [][]byte{[]byte(first)}, [][]byte{[]byte(first[:len(first)-1] + "X")}, false, first[:len(first)-1] + "X"},
-		{"password form added", [][]byte{[]byte("user:pass-0123456")}, [][]byte{[]byte("user:pass-0123456"), []byte("pass-0123456")}, false, "pass-0123456"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			u := &upstream{}
-			a := u.scrubber(tc.prev)
-			b := u.scrubber(tc.now)
-			if (a == b) != tc.reuse {
-				t.Fatalf("scrubber reused = %v, want %v", a == b, tc.reuse)
-			}
-			out, found := b.String("reply " + tc.find + " end")
-			if !found || strings.Contains(out, tc.find) {
-				t.Fatalf("scrubber in use did not scrub %q: %q", tc.find, out)
-			}
-		})
-	}
-	t.Run("cached forms are copies", func(t *testing.T) {
-		u := &upstream{}
-		sec := []byte(first)
-		a := u.scrubber([][]byte{sec})
-		copy(sec, rotated) // the caller's buffer is reused for another secret
-		if b := u.scrubber([][]byte{[]byte(first)}); a != b {
-			t.Fatal("the cache followed a change to the caller's buffer")
-		}
-	})
-}
-
 // BenchmarkAttach is the per-call cost of deciding and attaching: an
 // operation with three alternatives (oauth2, basic, bearer) and a token.
 func BenchmarkAttach(b *testing.B) {
-	plan := &credPlan{schemes: testSchemes, declared: true}
+	plan := &Plan{schemes: testSchemes, declared: true}
 	tool := &connectors.Tool{Name: "t.op0", Security: [][]string{{"oauth"}, {"basic"}, {"bearer"}}}
 	sec := vault.NewSecret([]byte("tok-0123456789abcdef"))
 	u, _ := url.Parse("https://api.example.test/x")
 	b.ReportAllocs()
 	for b.Loop() {
 		req := &http.Request{URL: u, Header: http.Header{}}
-		if _, err := attach(req, plan, tool, sec); err != nil {
+		if _, err := Attach(req, plan, tool, sec); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,4 +1,4 @@
-package gateway
+package creds
 
 import (
 	"bytes"
@@ -19,41 +19,41 @@ import (
 	"github.com/sluice-gw/sluice/vault"
 )
 
-// localSource serves credentials from the embedded local store, trying the
+// Local serves credentials from the embedded local store, trying the
 // narrowest scope first: the connector's, then the calling user's, then the
 // project's.
-type localSource struct{ store *vault.Local }
+type Local struct{ Store *vault.Local }
 
-func (l localSource) Credential(ctx context.Context, ref CredentialRef) (vault.Secret, error) {
+func (l Local) Credential(ctx context.Context, ref Ref) (vault.Secret, error) {
 	scopes := []vault.Scope{vault.ConnectorScope(ref.Connector)}
 	if ref.Caller.User != "" {
 		scopes = append(scopes, vault.UserScope(ref.Caller.User))
 	}
 	scopes = append(scopes, vault.Scope("project"))
-	s, _, err := l.store.Resolve(ctx, ref.Secret, scopes...)
+	s, _, err := l.Store.Resolve(ctx, ref.Secret, scopes...)
 	return s, err
 }
 
-func openCredentials(ctx context.Context, cfg *config.Config, log *slog.Logger) (CredentialSource, error) {
+func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (Source, error) {
 	switch cfg.Secrets.Backend {
 	case "local":
 		st, err := vault.OpenLocal(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("secrets.local: %w", err)
 		}
-		return localSource{st}, nil
+		return Local{Store: st}, nil
 	case "vault":
-		return openVault(ctx, cfg, log) // vaultcreds.go
+		return openVault(ctx, cfg, log) // vault.go
 	default:
 		return nil, fmt.Errorf("secrets.backend: %q is not available in this build yet", cfg.Secrets.Backend)
 	}
 }
 
-// checkSecretRefs reports every named secret the configuration refers to
+// CheckRefs reports every named secret the configuration refers to
 // (a connector's credential.secret, an egress placeholder's secret) that
 // the local store does not hold at any scope. It creates nothing: without
 // a key file there can be no secrets yet.
-func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
+func CheckRefs(ctx context.Context, cfg *config.Config) []error {
 	type ref struct{ key, name string }
 	var refs []ref
 	for i, c := range cfg.Connectors {
@@ -107,11 +107,11 @@ func checkSecretRefs(ctx context.Context, cfg *config.Config) []error {
 	return errs
 }
 
-// attachment is how a credential was put on a request; forms lists the byte
+// Attachment is how a credential was put on a request; Forms lists the byte
 // strings a reflecting upstream might echo back, for the scrubber.
-type attachment struct {
-	where string // "header:X-Api-Key", "query:key", "cookie:sid", "basic", "bearer"; several joined by ","
-	forms [][]byte
+type Attachment struct {
+	Where string // "header:X-Api-Key", "query:key", "cookie:sid", "basic", "bearer"; several joined by ","
+	Forms [][]byte
 }
 
 var (
@@ -120,20 +120,20 @@ var (
 	errNowhere   = errors.New("the spec gives the credential no place on this operation")
 )
 
-// credShape is what a connector's credential can be, as far as the gateway
+// Shape is what a connector's credential can be, as far as the gateway
 // knows before it holds the value (from the config, or a stored value) or
 // once it does (per call, from the value). It decides which
 // securitySchemes the credential fits.
-type credShape int
+type Shape int
 
 const (
-	shapeUnknown credShape = iota // not known before a call: a Vault or per-user secret
-	shapeToken                    // no ':': it cannot be user:password, so never basic auth
-	shapePair                     // has a ':': user:password where an operation offers basic auth, else a token
+	shapeUnknown Shape = iota // not known before a call: a Vault or per-user secret
+	shapeToken                // no ':': it cannot be user:password, so never basic auth
+	shapePair                 // has a ':': user:password where an operation offers basic auth, else a token
 )
 
 // String says what the shape means, for error messages.
-func (s credShape) String() string {
+func (s Shape) String() string {
 	switch s {
 	case shapeToken:
 		return "a token (it has no ':', so it cannot be user:password)"
@@ -149,7 +149,7 @@ func (s credShape) String() string {
 // user:password is); per-
 // call JWTs and identity tokens are tokens; anything else is not known
 // until the value is.
-func configShape(cr *config.Credential) credShape {
+func configShape(cr *config.Credential) Shape {
 	if v := cr.Vault; v != nil {
 		switch {
 		case v.Dynamic != "" && v.Field == "":
@@ -162,7 +162,7 @@ func configShape(cr *config.Credential) credShape {
 }
 
 // of narrows s by the value itself.
-func (s credShape) of(v []byte) credShape {
+func (s Shape) of(v []byte) Shape {
 	switch {
 	case s != shapeUnknown:
 		return s
@@ -173,20 +173,20 @@ func (s credShape) of(v []byte) credShape {
 }
 
 // cases are the shapes a credential of shape s can have at a call.
-func (s credShape) cases() []credShape {
+func (s Shape) cases() []Shape {
 	if s == shapeUnknown {
-		return []credShape{shapeToken, shapePair}
+		return []Shape{shapeToken, shapePair}
 	}
-	return []credShape{s}
+	return []Shape{s}
 }
 
-// credPlan is how one connector's credential is attached. newCredPlan makes
+// Plan is how one connector's credential is attached. NewPlan makes
 // it once from the config and the spec (serve refuses to start, and
 // validate fails, on what it cannot decide); pick then decides each call
 // with the same rules and the shape of the value actually fetched.
-type credPlan struct {
+type Plan struct {
 	schemes  map[string]*connectors.SecurityScheme
-	shape    credShape                  // from the config and, where readable, the stored value
+	shape    Shape                      // from the config and, where readable, the stored value
 	declared bool                       // some operation declares a security requirement
 	fixed    *connectors.SecurityScheme // credential.scheme, or credential.header/query as a scheme; nil: per operation
 	explicit bool                       // fixed is credential.header/query: sent as configured, whatever the shape
@@ -195,7 +195,7 @@ type credPlan struct {
 
 // pick returns the schemes that carry the credential on tool (nil: the
 // operation is sent without it) for a credential of shape s.
-func (p *credPlan) pick(tool *connectors.Tool, s credShape) ([]*connectors.SecurityScheme, error) {
+func (p *Plan) pick(tool *connectors.Tool, s Shape) ([]*connectors.SecurityScheme, error) {
 	if !hasRequirement(tool) {
 		if p.declared {
 			// The spec says this operation needs no credential (security: [],
@@ -259,7 +259,7 @@ func (p *credPlan) pick(tool *connectors.Tool, s credShape) ([]*connectors.Secur
 // attachable and fit s, and no two may need the same header. Without
 // explain the reason is only non-empty (a call that finds a fitting
 // alternative formats nothing).
-func (p *credPlan) fit(names []string, s credShape, explain bool) ([]*connectors.SecurityScheme, string) {
+func (p *Plan) fit(names []string, s Shape, explain bool) ([]*connectors.SecurityScheme, string) {
 	ss := make([]*connectors.SecurityScheme, 0, len(names))
 	for _, n := range names {
 		sc := p.schemes[n]
@@ -297,7 +297,7 @@ func attachable(sc *connectors.SecurityScheme) bool {
 }
 
 // fitsShape says whether a credential of shape s can be sent as sc.
-func fitsShape(sc *connectors.SecurityScheme, s credShape) bool {
+func fitsShape(sc *connectors.SecurityScheme, s Shape) bool {
 	if sc.Type == "http" && sc.Scheme == "basic" {
 		return s != shapeToken
 	}
@@ -321,7 +321,7 @@ func unattachable(sc *connectors.SecurityScheme) string {
 }
 
 // misfit says why a credential of shape s does not fit sc, or "".
-func misfit(sc *connectors.SecurityScheme, s credShape) string {
+func misfit(sc *connectors.SecurityScheme, s Shape) string {
 	if fitsShape(sc, s) {
 		return ""
 	}
@@ -414,14 +414,14 @@ func (e *schemeError) Unwrap() error {
 
 // attach puts secret on req as plan decides for tool. The agent's own value
 // for the same header, query parameter or cookie is replaced, never merged.
-func attach(req *http.Request, plan *credPlan, tool *connectors.Tool, secret vault.Secret) (attachment, error) {
+func Attach(req *http.Request, plan *Plan, tool *connectors.Tool, secret vault.Secret) (Attachment, error) {
 	v := secret.Reveal()
 	if bytes.ContainsAny(v, "\r\n\x00") {
-		return attachment{}, errors.New("credential contains CR, LF or NUL")
+		return Attachment{}, errors.New("credential contains CR, LF or NUL")
 	}
 	ss, err := plan.pick(tool, plan.shape.of(v))
 	if err != nil || len(ss) == 0 {
-		return attachment{}, err
+		return Attachment{}, err
 	}
 	// Check every place before writing any, so that a refusal leaves req as it was.
 	for _, sc := range ss {
@@ -429,24 +429,24 @@ func attach(req *http.Request, plan *credPlan, tool *connectors.Tool, secret vau
 			break
 		}
 		if why := misfit(sc, plan.shape.of(v)); why != "" {
-			return attachment{}, errors.New(why)
+			return Attachment{}, errors.New(why)
 		}
 		if sc.Type == "http" && sc.Scheme == "basic" && bytes.IndexByte(v, ':') < 0 {
-			return attachment{}, errors.New("a basic-auth credential must be stored as user:password")
+			return Attachment{}, errors.New("a basic-auth credential must be stored as user:password")
 		}
 	}
-	att := attachment{forms: [][]byte{v}}
+	att := Attachment{Forms: [][]byte{v}}
 	var where []string
 	for _, sc := range ss {
 		w, extra := put(req, sc, plan.prefixFor(sc), string(v))
 		where = append(where, w)
-		att.forms = append(att.forms, extra...)
+		att.Forms = append(att.Forms, extra...)
 	}
-	att.where = strings.Join(where, ",")
+	att.Where = strings.Join(where, ",")
 	return att, nil
 }
 
-func (p *credPlan) prefixFor(sc *connectors.SecurityScheme) string {
+func (p *Plan) prefixFor(sc *connectors.SecurityScheme) string {
 	if p.explicit && sc == p.fixed {
 		return p.prefix
 	}
@@ -491,20 +491,20 @@ func dropCookie(req *http.Request, name string) {
 	}
 }
 
-// newCredPlan decides how connector key's credential is attached to conn's
+// NewPlan decides how connector key's credential is attached to conn's
 // operations, for a credential of shape s. errs are what make validate fail
 // and serve refuse to start (a credential with nowhere to go, an unknown or
 // unattachable credential.scheme, operations it fits in several ways, no
 // operation it fits); warns are operations that will be refused
 // credential_unavailable while the rest work, and operations that need
 // several schemes at once. It is the one place both decide.
-func newCredPlan(key string, cc config.Connector, conn *connectors.Connector, s credShape) (p *credPlan, errs, warns []error) {
+func NewPlan(key string, cc config.Connector, conn *connectors.Connector, s Shape) (p *Plan, errs, warns []error) {
 	cr := cc.Credential
 	if cr == nil {
 		return nil, nil, nil
 	}
 	key += ".credential"
-	p = &credPlan{schemes: conn.Schemes, shape: s}
+	p = &Plan{schemes: conn.Schemes, shape: s}
 	for _, t := range conn.Tools {
 		if hasRequirement(t) {
 			p.declared = true
@@ -513,7 +513,7 @@ func newCredPlan(key string, cc config.Connector, conn *connectors.Connector, s 
 	}
 	switch {
 	case cr.OAuth2 != nil:
-		p.fixed = oauthScheme // oauthcreds.go
+		p.fixed = OAuthScheme
 		return p, nil, nil
 	case cr.Header != "":
 		p.fixed, p.explicit, p.prefix = &connectors.SecurityScheme{Name: "credential.header", Type: "apiKey", In: "header", Param: cr.Header}, true, cr.Prefix
@@ -630,13 +630,13 @@ func count(n int, noun string) string {
 	return fmt.Sprintf("%d %ss", n, noun)
 }
 
-// storedShape is the shape of connector cc's credential as both serve and
+// StoredShape is the shape of connector cc's credential as both serve and
 // validate see it before any call: configShape, narrowed by the value a
 // named secret has in the local store at the connector's or the project's
 // scope when the store exists (a per-user value is only known per call).
 // It reads nothing from Vault (validate does not log in) and creates
 // nothing.
-func storedShape(ctx context.Context, cfg *config.Config, cc config.Connector, local func() *vault.Local) credShape {
+func StoredShape(ctx context.Context, cfg *config.Config, cc config.Connector, local func() *vault.Local) Shape {
 	s := configShape(cc.Credential)
 	if s != shapeUnknown || cc.Credential.Secret == "" || cfg.Secrets.Backend != "local" {
 		return s
@@ -652,10 +652,10 @@ func storedShape(ctx context.Context, cfg *config.Config, cc config.Connector, l
 	return s.of(sec.Reveal())
 }
 
-// existingLocal returns a func that opens the configured local store once,
+// ExistingLocal returns a func that opens the configured local store once,
 // only if its file and key already exist (nil otherwise), creating
 // nothing (not even the lock file).
-func existingLocal(cfg *config.Config) func() *vault.Local {
+func ExistingLocal(cfg *config.Config) func() *vault.Local {
 	var st *vault.Local
 	tried := false
 	return func() *vault.Local {
