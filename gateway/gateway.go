@@ -122,6 +122,8 @@ type Server struct {
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
 	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
+	// attacher is the pipeline's credential stage (package creds).
+	attacher *creds.Creds
 }
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -140,7 +142,7 @@ type upstream struct {
 	allow     []netip.Prefix
 	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
 	creds     *creds.Plan                // how the credential is attached; nil without one
-	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (oauthcreds.go)
+	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (creds.OAuthClient)
 	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
 }
 
@@ -215,6 +217,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if err := s.newOAuth(); err != nil { // oauthcreds.go
 		return nil, err
 	}
+	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: s.connectionsURL})
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
@@ -294,13 +297,13 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			continue
 		}
 		u := &upstream{cfg: cc, conn: conn, allow: allow}
-		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !plaintextOK(conn.BaseURL.Hostname(), u.allow) {
+		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !creds.PlaintextOK(conn.BaseURL.Hostname(), u.allow) {
 			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
 			continue
 		}
 		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
 			var oerrs []error
-			if u.oauth, oerrs = oauthClient(key, cc, conn, u); len(oerrs) > 0 {
+			if u.oauth, oerrs = creds.OAuthClient(key, cc, conn, u.allow); len(oerrs) > 0 {
 				errs = append(errs, oerrs...)
 				continue
 			}
@@ -328,21 +331,6 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 	}
 	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
 	return c, warns, errors.Join(errs...)
-}
-
-// plaintextOK says whether a credential may cross plain HTTP to host: only
-// when host is an address literal inside the connector's allow_private.
-func plaintextOK(host string, allow []netip.Prefix) bool {
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return false
-	}
-	for _, p := range allow {
-		if p.Contains(a.Unmap()) {
-			return true
-		}
-	}
-	return false
 }
 
 // newTransport builds a connector's transport. Every dial goes through the

@@ -50,7 +50,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 	if err != nil || u.Host == "" {
 		return []error{fmt.Errorf("%s.url: not a URL", key)}
 	}
-	if cc.Credential != nil && u.Scheme == "http" && !plaintextOK(u.Hostname(), allow) {
+	if cc.Credential != nil && u.Scheme == "http" && !creds.PlaintextOK(u.Hostname(), allow) {
 		return []error{fmt.Errorf("%s.url: a credential is sent over plain http only to an address inside allow_private; use https", key)}
 	}
 	conn := &connectors.Connector{Slug: cc.Slug, BaseURL: u}

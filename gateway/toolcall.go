@@ -29,7 +29,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
-	"github.com/sluice-gw/sluice/vault"
 )
 
 // sandboxHandler serves the sandbox side. Nothing else is routed here: the
@@ -644,36 +643,11 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 	if cc == nil {
 		return nil, nil
 	}
-	ref := CredentialRef{Connector: tool.Connector, Secret: cc.Secret, Vault: cc.Vault, Caller: c.caller(), Tool: tool.Name}
-	if cc.Vault != nil && cc.Vault.TransitKey != "" {
-		h, err := creds.RequestHash(req)
-		if err != nil {
-			return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the request cannot be hashed for its per-call token").Wrap(err)
-		}
-		ref.RequestSHA256 = h
-	}
-	var secret vault.Secret
-	var err error
-	var conn string // an OAuth connection and its scopes, for the record
-	if cc.OAuth2 != nil {
-		var e *refusal.Error
-		if secret, conn, e = s.oauthToken(ctx, c, tool); e != nil { // oauthcreds.go
-			return nil, e
-		}
-	} else {
-		secret, err = s.creds.Credential(ctx, ref)
-	}
-	if err != nil {
-		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential for this connector is unavailable").Wrap(err)
-	}
-	att, err := creds.Attach(req, up.creds, tool, secret)
-	if err != nil {
-		return nil, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the credential cannot be attached to this operation").Wrap(err)
+	att, e := s.attacher.Attach(ctx, creds.Call{Tool: tool, Caller: c.caller(), Cred: cc, Plan: up.creds}, req)
+	if e != nil {
+		return nil, e
 	}
 	c.rec.Credential = att.Where
-	if conn != "" {
-		c.rec.Credential += " (" + conn + ")"
-	}
 	scr := up.scrubber(att.Forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse

@@ -144,11 +144,11 @@ var gatewayFloors = map[string][]string{
 	"gateway/oauth":           {"vault"},
 	"gateway/oauth/oauthtest": nil,
 	// The credential stage: where a connector's credential comes from (the
-	// local store or Vault), how it is put on a request (from the spec's
-	// securitySchemes: connectors), and the JWKS reply (refusal). The root
-	// calls it with the caller (policy.Caller) per call; it neither
-	// decides, holds nor sends.
-	"gateway/creds": {"connectors", "gateway/config", "gateway/refusal", "policy", "vault"},
+	// local store, Vault, or an OAuth token: oauth), how it is put on a
+	// request (from the spec's securitySchemes: connectors), and its
+	// refusals. The root calls it with the caller (policy.Caller) per
+	// call; it neither decides, holds nor sends.
+	"gateway/creds": {"connectors", "gateway/config", "gateway/oauth", "gateway/refusal", "policy", "vault"},
 
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,

@@ -1,4 +1,4 @@
-package gateway
+package creds
 
 import (
 	"net/netip"
@@ -26,14 +26,14 @@ func TestOAuthClientFromSpec(t *testing.T) {
 		"b": {Name: "b", Type: "oauth2", Flows: flows("https://b/auth", "https://b/token")},
 	}}
 	none := &connectors.Connector{Schemes: map[string]*connectors.SecurityScheme{}}
-	loop := &upstream{allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	loop := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	cases := []struct {
-		name    string
-		o       config.OAuth2
-		conn    *connectors.Connector
-		want    string // an error naming this, or "" for none
-		check   func(*oauth.Client) bool
-		upAllow *upstream
+		name  string
+		o     config.OAuth2
+		conn  *connectors.Connector
+		want  string // an error naming this, or "" for none
+		check func(*oauth.Client) bool
+		allow []netip.Prefix // the connector's allow_private
 	}{
 		{name: "urls and scopes from the spec", o: config.OAuth2{Flow: "authorization_code", ClientID: "c"}, conn: spec,
 			check: func(c *oauth.Client) bool {
@@ -51,18 +51,14 @@ func TestOAuthClientFromSpec(t *testing.T) {
 		{name: "scheme not oauth2", o: config.OAuth2{Flow: "authorization_code", ClientID: "c", Scheme: "key"}, conn: spec, want: "connectors[0].credential.oauth2.scheme: the spec has no oauth2 securityScheme"},
 		{name: "plain http token url outside allow_private", o: config.OAuth2{Flow: "client_credentials", ClientID: "c", ClientSecret: "s", TokenURL: "http://idp.example/token"}, conn: none,
 			want: "connectors[0].credential.oauth2.token_url: tokens and the client secret cross plain http only"},
-		{name: "plain http token url inside allow_private", o: config.OAuth2{Flow: "client_credentials", ClientID: "c", ClientSecret: "s", TokenURL: "http://127.0.0.1:9/token"}, conn: none, upAllow: loop,
+		{name: "plain http token url inside allow_private", o: config.OAuth2{Flow: "client_credentials", ClientID: "c", ClientSecret: "s", TokenURL: "http://127.0.0.1:9/token"}, conn: none, allow: loop,
 			check: func(c *oauth.Client) bool { return c.Flow == oauth.ClientCredentials }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.o
 			cc := config.Connector{Slug: "docs", Credential: &config.Credential{OAuth2: &o}}
-			up := tc.upAllow
-			if up == nil {
-				up = &upstream{}
-			}
-			c, errs := oauthClient("connectors[0]", cc, tc.conn, up)
+			c, errs := OAuthClient("connectors[0]", cc, tc.conn, tc.allow)
 			if tc.want != "" {
 				if len(errs) == 0 || !strings.Contains(errs[0].Error(), tc.want) {
 					t.Fatalf("errs = %v, want one naming %q", errs, tc.want)
