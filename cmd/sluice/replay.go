@@ -24,10 +24,10 @@ func policyReplayCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	var workers int
 	cmd := &cobra.Command{
-		Use:   "replay --audit FILE… [--since T] [--policy DIR…] [--json] [--fail-on loosened|changed]",
+		Use:   "replay --audit FILE… [--since T] [--policy DIR…] [--bundle F] [--json] [--fail-on loosened|changed]",
 		Short: "Decide recorded calls again with a candidate policy and show what it would change",
-		Long: `Read hash-chained audit logs, verifying each file's chain first (a broken
-chain is an error naming the file and line, and nothing is replayed), take
+		Long: `Read hash-chained audit logs, verifying each file's chain as it is read (a
+broken chain is an error naming the file and line, and no report), take
 every decision record that carries its input (audit.record_inputs), decide it
 again with the candidate policy and print what changed: a table by tool and
 rule (allow → ask, ask → block, …) with counts and the first records of each
@@ -36,7 +36,11 @@ rule (allow → ask, ask → block, …) with counts and the first records of ea
 The candidate policy is built as serve builds it from the config (--config:
 the simple rules under policies:, the agents' egress allowlists), with the
 Rego modules of --policy (files or directories, repeatable) in place of the
-config's rego: paths when given.
+config's rego: paths when given, and the OPA bundle of --bundle (a .tar.gz:
+its modules and data, under its roots) in place of the config's
+policy.bundle; a signed bundle is checked with policy.bundle.verification
+when the config has one, and a bundle that does not load or verify is an
+error, nothing replayed.
 
 Records that cannot be replayed are counted as skipped with the reason: no
 input recorded (older records, or audit.record_inputs: false), an input cut
@@ -49,9 +53,6 @@ ask → allow); --fail-on changed when any call's action would change.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(files) == 0 {
 				return errors.New("policy replay: --audit FILE is required (repeat it, oldest file first)")
-			}
-			if bundle != "" {
-				return errors.New("policy replay: --bundle: this build loads policy from Rego files only; give --policy DIR")
 			}
 			switch failOn {
 			case "", "loosened", "changed":
@@ -76,6 +77,9 @@ ask → allow); --fail-on changed when any call's action would change.`,
 			pc := gateway.PolicyConfig(lc.Config, log)
 			if len(paths) > 0 {
 				pc.Paths = paths
+			}
+			if bundle != "" {
+				pc.Bundle = replayBundle(pc.Bundle, bundle)
 			}
 			eng, err := policy.New(ctx, pc)
 			if err != nil {
@@ -111,11 +115,23 @@ ask → allow); --fail-on changed when any call's action would change.`,
 	f.StringArrayVar(&files, "audit", nil, "an audit log to replay (repeatable; oldest first)")
 	f.StringVar(&since, "since", "", "replay only records from this time on: RFC 3339, or a duration before now (168h)")
 	f.StringArrayVar(&paths, "policy", nil, "the candidate's Rego modules, a file or directory (repeatable); default the config's rego:")
-	f.StringVar(&bundle, "bundle", "", "an OPA bundle as the candidate (not supported by this build)")
+	f.StringVar(&bundle, "bundle", "", "an OPA bundle (.tar.gz) as the candidate, in place of the config's policy.bundle (its verification key applies)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.StringVar(&failOn, "fail-on", "", "exit 1 when any call is: loosened (let through further) or changed (another action)")
 	f.IntVar(&workers, "workers", 0, "deciding goroutines (default: one per CPU)")
 	return cmd
+}
+
+// replayBundle is the candidate bundle: the file in place of the
+// config's policy.bundle file or URL, checked against the config's
+// verification key when it has one (a candidate is held to what the
+// gateway would require of it).
+func replayBundle(cfg *policy.BundleConfig, file string) *policy.BundleConfig {
+	b := &policy.BundleConfig{File: file}
+	if cfg != nil {
+		b.Verification = cfg.Verification
+	}
+	return b
 }
 
 // parseSince takes an RFC 3339 time or a duration before now.

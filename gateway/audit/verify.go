@@ -50,33 +50,15 @@ func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
 			return n, &VerifyError{Line: n + 1, Reason: fmt.Sprintf("line longer than %d bytes", MaxRecord)}
 		case errors.Is(err, io.EOF):
 			if len(line) > 0 {
-				if _, bad := checkLine(line); bad == "" && unfinishedRecord(line, seq, prev) {
-					// Whole but for its newline: the writer writes both
-					// at once, so either that write stopped one byte
-					// short (and was refused) or the newline was removed.
-					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
-						"unfinished write: the last line is record seq %d whole but for its newline (%d bytes): a write that stopped one byte short, never acknowledged, or a newline removed since; the chain is intact up to here",
-						seq, len(line))}
-				}
-				if unfinishedRecord(line, seq, prev) {
-					return n, &VerifyError{Line: n + 1, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
-						"unfinished write: the last %d bytes, without a newline, are the start of record seq %d, cut short (a full disk or a crash) and never acknowledged; not an edit of the chain, which is intact up to here",
-						len(line), seq)}
-				}
-				return n, &VerifyError{Line: n + 1, Bytes: len(line), Reason: fmt.Sprintf(
-					"partial last line without newline that is not the start of record seq %d (truncated or edited)", seq)}
+				return n, tailBreak(line, n+1, seq, prev)
 			}
 			return n, nil
 		case err != nil:
 			return n, fmt.Errorf("audit: verify: read: %w", err)
 		}
 		rec, reason := checkLine(line[:len(line)-1])
-		switch {
-		case reason != "":
-		case rec.Seq != seq:
-			reason = fmt.Sprintf("seq %d, want %d (record deleted, inserted, duplicated or reordered)", rec.Seq, seq)
-		case rec.Prev != prev:
-			reason = "prev does not match the previous record's hash (chain broken)"
+		if reason == "" {
+			reason = linkReason(rec.Seq, rec.Prev, seq, prev)
 		}
 		if reason != "" {
 			return n, &VerifyError{Line: n + 1, Reason: reason}
@@ -84,6 +66,26 @@ func VerifyFrom(r io.Reader, seq uint64, prev string) (int, error) {
 		n++
 		seq, prev = seq+1, rec.Hash
 	}
+}
+
+// tailBreak is why a last line without newline (line, the file's
+// lineNo-th) ends the chain that was due to continue at seq/prev.
+func tailBreak(line []byte, lineNo int, seq uint64, prev string) *VerifyError {
+	if _, bad := checkLine(line); bad == "" && unfinishedRecord(line, seq, prev) {
+		// Whole but for its newline: the writer writes both
+		// at once, so either that write stopped one byte
+		// short (and was refused) or the newline was removed.
+		return &VerifyError{Line: lineNo, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
+			"unfinished write: the last line is record seq %d whole but for its newline (%d bytes): a write that stopped one byte short, never acknowledged, or a newline removed since; the chain is intact up to here",
+			seq, len(line))}
+	}
+	if unfinishedRecord(line, seq, prev) {
+		return &VerifyError{Line: lineNo, Unfinished: true, Bytes: len(line), Reason: fmt.Sprintf(
+			"unfinished write: the last %d bytes, without a newline, are the start of record seq %d, cut short (a full disk or a crash) and never acknowledged; not an edit of the chain, which is intact up to here",
+			len(line), seq)}
+	}
+	return &VerifyError{Line: lineNo, Bytes: len(line), Reason: fmt.Sprintf(
+		"partial last line without newline that is not the start of record seq %d (truncated or edited)", seq)}
 }
 
 var hashSuffix = []byte(`,"hash":"`)

@@ -160,6 +160,9 @@ func relayBoth(up, down func(), idle time.Duration, stalled func() bool, cut fun
 	var mu sync.Mutex
 	ended := false
 	var t *time.Timer
+	// t is set under mu: the callback reads it under mu, and may run
+	// before AfterFunc's return is assigned.
+	mu.Lock()
 	t = time.AfterFunc(period, func() {
 		if stalled() {
 			cut()
@@ -171,6 +174,7 @@ func relayBoth(up, down func(), idle time.Duration, stalled func() bool, cut fun
 			t.Reset(period)
 		}
 	})
+	mu.Unlock()
 	defer func() {
 		mu.Lock()
 		ended = true

@@ -2,9 +2,10 @@
 // `sluice policy replay` answers "which of last week's real calls would
 // this change have decided differently?".
 //
-// It reads hash-chained audit logs (package audit), verifying each file's
-// chain before any of its records is used: a broken chain is an error
-// naming the file and line, never a partial answer. Every decision record
+// It reads hash-chained audit logs (package audit) in one pass per file,
+// verifying the chain as it goes (audit.Stream: each line checked on the
+// deciding workers, the links in order): a broken chain is an error naming
+// the file and line and no report at all, never a partial answer. Every decision record
 // that carries its input (audit.record_inputs) is decided again by a
 // policy.Engine (prepared queries, several workers) and compared with the
 // recorded decision. A record that cannot be replayed is counted as
@@ -12,7 +13,6 @@
 package replay
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,7 +20,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
@@ -101,26 +100,14 @@ func (e *BrokenChainError) Error() string {
 	return fmt.Sprintf("replay: %s line %d: the audit chain is broken (%s); nothing was replayed", e.File, e.Line, e.Reason)
 }
 
-// recorded is the part of an audit line a replay reads.
-type recorded struct {
-	Seq       uint64    `json:"seq"`
-	Time      time.Time `json:"time"`
-	RequestID string    `json:"request_id"`
-	Event     string    `json:"event"`
-	Fields    struct {
-		Decision  string          `json:"decision"`
-		Rule      string          `json:"rule"`
-		Reason    string          `json:"reason"`
-		Tool      string          `json:"tool"`
-		Input     json.RawMessage `json:"input"`
-		Truncated bool            `json:"input_truncated"`
-	} `json:"fields"`
-}
-
-type job struct {
-	file int
-	line int
-	raw  []byte
+// recordedFields is the part of a decision record's fields a replay reads.
+type recordedFields struct {
+	Decision  string          `json:"decision"`
+	Rule      string          `json:"rule"`
+	Reason    string          `json:"reason"`
+	Tool      string          `json:"tool"`
+	Input     json.RawMessage `json:"input"`
+	Truncated bool            `json:"input_truncated"`
 }
 
 type changeKey struct{ tool, from, to, fromRule, toRule string }
@@ -140,53 +127,30 @@ func Run(ctx context.Context, eng *policy.Engine, files []string, o Options) (*R
 		workers = runtime.GOMAXPROCS(0)
 	}
 	rep := &Report{Skipped: map[string]int{}, Changes: []Change{}}
-	// Every chain is verified before any record is decided: a broken
-	// file anywhere is an error, not a partial report.
-	jobs := make(chan job, 256)
 	tallies := make([]*tally, workers)
-	var wg sync.WaitGroup
 	for i := range tallies {
-		t := &tally{skipped: map[string]int{}, changes: map[changeKey]*Change{}}
-		tallies[i] = t
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range jobs {
-				t.decide(ctx, eng, files[j.file], j.line, j.raw, o.Since)
-			}
-		}()
+		tallies[i] = &tally{skipped: map[string]int{}, changes: map[changeKey]*Change{}}
 	}
-	var err error
-	for i, path := range files {
-		var ch audit.Chain
-		ch, err = audit.Lines(path, func(line int, raw []byte) error {
-			if !bytes.Contains(raw, []byte(`"event":"decision"`)) && !bytes.Contains(raw, []byte(`"event":"hold_created"`)) {
-				return nil
-			}
-			select {
-			case jobs <- job{file: i, line: line, raw: bytes.Clone(raw)}:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
+	// One pass per file: audit.Stream checks each line on the workers and
+	// the links in order, and hands every line that passes its own checks
+	// to decide. A break anywhere is an error and no report: what was
+	// decided before the break was found is dropped with the tallies.
+	for _, path := range files {
+		ch, err := audit.Stream(ctx, path, workers, func(w, line int, rec *audit.Line, _ []byte) {
+			if rec.Event == eventDecision || rec.Event == eventHoldCreated {
+				tallies[w].decide(ctx, eng, path, line, rec, o.Since)
 			}
 		})
 		if err != nil {
-			err = fmt.Errorf("replay: %s: %w", path, err)
-			break
+			return nil, fmt.Errorf("replay: %s: %w", path, err)
 		}
 		if b := ch.Break; b != nil {
 			if !b.Unfinished {
-				err = &BrokenChainError{File: path, Line: b.Line, Reason: b.Reason}
-				break
+				return nil, &BrokenChainError{File: path, Line: b.Line, Reason: b.Reason}
 			}
 			rep.Skipped[SkipUnfinished]++
 		}
 		rep.Files = append(rep.Files, File{Path: path, Lines: ch.Lines, Verified: ch.Verified})
-	}
-	close(jobs)
-	wg.Wait()
-	if err != nil {
-		return nil, err
 	}
 	byKey := map[changeKey]*Change{}
 	for _, t := range tallies {
@@ -243,36 +207,36 @@ func cmpExample(files []string, a, b Example) int {
 }
 
 // decide replays one decision record into t.
-func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, line int, raw []byte, since time.Time) {
-	var r recorded
-	if err := json.Unmarshal(raw, &r); err != nil {
+func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, line int, rec *audit.Line, since time.Time) {
+	var f recordedFields
+	if len(rec.Fields) == 0 {
+		return // no fields: not a decision
+	}
+	if err := json.Unmarshal(rec.Fields, &f); err != nil {
 		t.decisions++
 		t.skipped[SkipBadRecord]++
 		return
 	}
-	if r.Event != eventDecision && r.Event != eventHoldCreated {
-		return // the event string was inside another record's value
-	}
-	if r.Fields.Decision == "" {
+	if f.Decision == "" {
 		return // refused before any decision (unknown tool, not granted …): nothing to replay
 	}
-	if !since.IsZero() && r.Time.Before(since) {
+	if !since.IsZero() && rec.Time.Before(since) {
 		return
 	}
 	t.decisions++
-	from, fromRule, err := recordedDecision(r.Fields.Decision, r.Fields.Rule, r.Fields.Reason)
+	from, fromRule, err := recordedDecision(f.Decision, f.Rule, f.Reason)
 	switch {
 	case err != nil:
 		t.skipped[SkipBadDecision]++
 		return
-	case r.Fields.Truncated:
+	case f.Truncated:
 		t.skipped[SkipTruncated]++
 		return
-	case len(r.Fields.Input) == 0 || string(r.Fields.Input) == "null":
+	case len(f.Input) == 0 || string(f.Input) == "null":
 		t.skipped[SkipNoInput]++
 		return
 	}
-	in, err := policy.DecodeInput(r.Fields.Input)
+	in, err := policy.DecodeInput(f.Input)
 	if err != nil {
 		t.skipped[SkipBadInput]++
 		return
@@ -283,7 +247,7 @@ func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, lin
 		t.unchanged++
 		return
 	}
-	tool := r.Fields.Tool
+	tool := f.Tool
 	if tool == "" {
 		tool = in.Tool
 	}
@@ -295,7 +259,7 @@ func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, lin
 	}
 	c.Count++
 	if len(c.Examples) < maxExamples {
-		c.Examples = append(c.Examples, Example{File: file, Line: line, Seq: r.Seq, Time: r.Time, RequestID: r.RequestID})
+		c.Examples = append(c.Examples, Example{File: file, Line: line, Seq: rec.Seq, Time: rec.Time, RequestID: rec.RequestID})
 	}
 }
 

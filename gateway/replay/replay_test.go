@@ -3,8 +3,11 @@ package replay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,5 +97,45 @@ func TestRun(t *testing.T) {
 	// --since past the log: nothing read.
 	if rep, err = Run(ctx, tight, []string{path}, Options{Since: time.Now().Add(time.Hour)}); err != nil || rep.Decisions != 0 {
 		t.Fatalf("since after every record: %+v %v", rep, err)
+	}
+}
+
+// TestRunBrokenChain: an edited record is an error naming the file and
+// line, and no report, however many records the workers decided before
+// the break was found; an unfinished last write is only skipped.
+func TestRunBrokenChain(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.log")
+	writeLog(t, path, 600)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	eng, err := policy.New(ctx, policy.Config{Rules: []policy.Rule{{Match: "*", Action: "allow"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	lines[449] = strings.Replace(lines[449], `"decision":"allow"`, `"decision":"block"`, 1)
+	bad := filepath.Join(dir, "edited.log")
+	if err := os.WriteFile(bad, []byte(strings.Join(lines, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(ctx, eng, []string{path, bad}, Options{Workers: 2})
+	var be *BrokenChainError
+	if !errors.As(err, &be) || be.File != bad || be.Line != 450 || !strings.Contains(be.Reason, "hash mismatch") || rep != nil {
+		t.Fatalf("edited line 450: report %v, error %v", rep, err)
+	}
+	if !strings.Contains(err.Error(), bad+" line 450") || !strings.Contains(err.Error(), "nothing was replayed") {
+		t.Fatalf("error %q does not name the file and line", err)
+	}
+	cut := filepath.Join(dir, "cut.log")
+	if err := os.WriteFile(cut, data[:len(data)-30], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = Run(ctx, eng, []string{cut}, Options{}); err != nil || rep.Skipped[SkipUnfinished] != 1 ||
+		rep.Files[0].Verified != 602 || rep.Decisions != 602 {
+		t.Fatalf("unfinished last write: %+v, %v", rep, err)
 	}
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/open-policy-agent/opa/v1/bundle"
 
 	"github.com/sluice-gw/sluice/gateway/replay"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
@@ -128,6 +131,46 @@ decisions contains {"action": "allow", "reason": "refunds are fine", "rule": "re
 	}
 	if !strings.Contains(string(text), "ask → allow  LOOSENED") || !strings.Contains(string(text), "2 recorded calls would now be let through further") {
 		t.Fatalf("the table must name the loosened refunds:\n%s", text)
+	}
+
+	// The candidate as an OPA bundle (written by OPA's own bundle writer):
+	// its module reads the refund limit from the bundle's data, so only
+	// the 5000 refund changes, ask → block by the bundle's rule.
+	limit := `package sluice.policies.limits
+
+decisions contains {"action": "block", "reason": "over the bundle's refund limit", "rule": "refund_limit"} if {
+	input.tool == "tickets.create_refund"
+	input.args.body.amount > data.limits.refund
+}
+`
+	roots := []string{"sluice/policies/limits", "limits"}
+	bun := bundle.Bundle{
+		Manifest: bundle.Manifest{Revision: "r-limits-1", Roots: &roots},
+		Data:     map[string]any{"limits": map[string]any{"refund": 1000}},
+		Modules:  []bundle.ModuleFile{{URL: "/limits/limits.rego", Path: "/limits/limits.rego", Raw: []byte(limit)}},
+	}
+	var buf bytes.Buffer
+	if err := bundle.NewWriter(&buf).DisableFormat(true).Write(bun); err != nil {
+		t.Fatal(err)
+	}
+	bundlePath := filepath.Join(t.TempDir(), "limits.tar.gz")
+	writeFile(t, bundlePath, buf.String())
+	out, err = e.CLI("", "policy", "replay", "--config", path, "--audit", audit, "--bundle", bundlePath, "--json")
+	if err != nil {
+		t.Fatalf("replay --bundle: %v\n%s", err, out)
+	}
+	rep = decodeReport(t, out)
+	if rep.Replayed != 7 || rep.Changed != 1 || rep.Unchanged != 6 || len(rep.Changes) != 1 ||
+		rep.Changes[0].Tool != "tickets.create_refund" || rep.Changes[0].From != "ask" || rep.Changes[0].To != "block" ||
+		rep.Changes[0].ToRule != "refund_limit" || rep.Changes[0].Count != 1 {
+		t.Fatalf("replay --bundle: want exactly the 5000 refund ask → block by refund_limit:\n%s", out)
+	}
+	// A bundle that does not load: an error, no report.
+	broken := filepath.Join(t.TempDir(), "broken.tar.gz")
+	writeFile(t, broken, "not a gzip stream")
+	out, err = e.CLI("", "policy", "replay", "--config", path, "--audit", audit, "--bundle", broken, "--json")
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, "bundle") || strings.Contains(out, `"changes"`) {
+		t.Fatalf("a bundle that does not load must be an error with no report: %v\n%s", err, out)
 	}
 
 	// An edited record breaks the chain: an error naming file and line.
