@@ -173,6 +173,7 @@ type Manager struct {
 	state  *stateDir
 
 	pending sync.WaitGroup // background destroys, cleanups and reports
+	creates sync.WaitGroup // Creates past their closed check (Close waits)
 	// watchers wait for each init's exit (initwatch_linux.go); each
 	// ends once its init has exited.
 	watchers sync.WaitGroup
@@ -457,6 +458,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
 		}
 	}
+	// From here the create spends shared resources (the namespace sets,
+	// the fork threads, cgroups): Close waits for it before releasing them.
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return Info{}, fmt.Errorf("sandboxd: create: manager closed")
+	}
+	m.creates.Add(1)
+	m.mu.Unlock()
+	defer m.creates.Done()
 	sb := m.takeSpare(ctx, lim)
 	m.startRefill()
 	defer func() {
@@ -1121,6 +1132,7 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.mu.Unlock()
 	m.refills.Wait()
+	m.creates.Wait() // a create in flight ends (built, or torn down) first
 	var errs []error
 	for len(m.spares) > 0 {
 		errs = append(errs, m.teardown(<-m.spares, false))
@@ -1147,8 +1159,8 @@ func (m *Manager) Close() error {
 	m.pending.Wait()
 	m.watchers.Wait() // every init was killed above: their events are written
 	m.pending.Wait()  // and the reports they started are sent
+	m.forks.close()   // waits for a fork's thread to be back home: it still reads the sets below
 	errs = append(errs, m.cgs.close(), m.nss.close())
-	m.forks.close()
 	m.home.close()
 	m.tmplMu.Lock()
 	if m.tmpl != nil {

@@ -2,6 +2,7 @@ package sandboxd
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 )
 
@@ -17,6 +18,10 @@ import (
 type forkThreads struct {
 	idle   chan chan func() bool
 	closed atomic.Bool
+	// busy counts forks given to a thread and not yet back (leave included):
+	// close waits for them, so what they touch last (sandboxd's own
+	// namespaces) is not closed under them.
+	busy sync.WaitGroup
 }
 
 func newForkThreads(n int) *forkThreads {
@@ -33,13 +38,16 @@ func (p *forkThreads) run(fn func() (clean bool)) {
 		w = make(chan func() bool, 1)
 		go p.serve(w)
 	}
+	p.busy.Add(1)
 	w <- fn
 }
 
 func (p *forkThreads) serve(w chan func() bool) {
 	runtime.LockOSThread() // never unlocked: see forkThreads
 	for fn := range w {
-		if !fn() || p.closed.Load() {
+		clean := fn()
+		p.busy.Done()
+		if !clean || p.closed.Load() {
 			return
 		}
 		select {
@@ -50,7 +58,8 @@ func (p *forkThreads) serve(w chan func() bool) {
 	}
 }
 
-// close ends the idle threads; busy ones end after their fork.
+// close ends the idle threads and waits for the busy ones to finish their
+// fork (they end after it).
 func (p *forkThreads) close() {
 	p.closed.Store(true)
 	for {
@@ -58,6 +67,7 @@ func (p *forkThreads) close() {
 		case w := <-p.idle:
 			close(w)
 		default:
+			p.busy.Wait()
 			return
 		}
 	}
