@@ -361,14 +361,7 @@ func writeChart(path string, secs []*section) error {
 
 // verdictLat says whether row's median is at most max × base's median.
 func verdictLat(goal string, row, base *row, max float64) string {
-	if row == nil || base == nil || len(row.Lat) == 0 || len(base.Lat) == 0 {
-		return goal + ": not measured"
-	}
-	r := float64(pct(row.Lat, 50)) / float64(pct(base.Lat, 50))
-	if r <= max {
-		return fmt.Sprintf("%s: **met** (%.2f×)", goal, r)
-	}
-	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, r)
+	return verdictAt(50, goal, row, base, max)
 }
 
 // buildSource says which code the gateway binary was built from.
@@ -384,15 +377,20 @@ func buildSource() string {
 	return "built from the working tree at " + head + dirty
 }
 
-// verdictP99 is verdictLat at the 99th percentile: the goal holds when the
-// row's p99 is at most max times the base's.
-func verdictP99(goal string, r, base *row, max float64) string {
-	if r == nil || base == nil || len(r.Lat) == 0 || len(base.Lat) == 0 {
+// verdictP99 is verdictLat at the 99th percentile.
+func verdictP99(goal string, row, base *row, max float64) string {
+	return verdictAt(99, goal, row, base, max)
+}
+
+// verdictAt holds a latency goal at percentile p: met when the row's p-th
+// percentile is at most max times the base's.
+func verdictAt(p float64, goal string, row, base *row, max float64) string {
+	if row == nil || base == nil || len(row.Lat) == 0 || len(base.Lat) == 0 {
 		return goal + ": not measured"
 	}
-	x := float64(pct(r.Lat, 99)) / float64(pct(base.Lat, 99))
-	if x <= max {
-		return fmt.Sprintf("%s: **met** (%.2f×)", goal, x)
+	r := float64(pct(row.Lat, p)) / float64(pct(base.Lat, p))
+	if r <= max {
+		return fmt.Sprintf("%s: **met** (%.2f×)", goal, r)
 	}
-	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, x)
+	return fmt.Sprintf("%s: **not met** (%.2f×)", goal, r)
 }
