@@ -39,6 +39,12 @@ type BoundedBody struct {
 	start    time.Time
 	got      int64
 	timedOut atomic.Bool
+	// reading and deadline describe the Read in progress: the server
+	// may cancel the request's context (HTTP/1 does, on a failed read)
+	// before that Read returns, so a caller that sees the cancellation
+	// first still learns that the bound passed.
+	reading  atomic.Bool
+	deadline atomic.Int64 // unix nanoseconds
 }
 
 // Bound returns rc, the body of the request ctl controls, under lim.
@@ -49,8 +55,14 @@ func Bound(rc io.ReadCloser, ctl *http.ResponseController, lim BodyLimit) *Bound
 // Limit is the bound the body is under.
 func (b *BoundedBody) Limit() BodyLimit { return b.lim }
 
-// TimedOut reports whether a Read failed because the bound passed.
-func (b *BoundedBody) TimedOut() bool { return b.timedOut.Load() }
+// TimedOut reports whether a Read failed because the bound passed, or is
+// failing: a Read still waiting past its deadline counts.
+func (b *BoundedBody) TimedOut() bool {
+	if b.timedOut.Load() {
+		return true
+	}
+	return b.reading.Load() && !time.Now().Before(time.Unix(0, b.deadline.Load()))
+}
 
 // Read reads from the body under the deadline the bound leaves.
 func (b *BoundedBody) Read(p []byte) (int, error) {
@@ -67,6 +79,8 @@ func (b *BoundedBody) Read(p []byte) (int, error) {
 		dl = g
 	}
 	_ = b.ctl.SetReadDeadline(dl)
+	b.deadline.Store(dl.UnixNano())
+	b.reading.Store(true)
 	n, err := b.rc.Read(p)
 	b.got += int64(n)
 	if err != nil {
@@ -76,6 +90,7 @@ func (b *BoundedBody) Read(p []byte) (int, error) {
 			b.timedOut.Store(true)
 		}
 	}
+	b.reading.Store(false) // after timedOut: TimedOut never sees a gap
 	return n, err
 }
 

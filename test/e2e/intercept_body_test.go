@@ -46,11 +46,12 @@ func TestInterceptedStalledBody(t *testing.T) {
 	var eb struct{ Error struct{ Code string } }
 	_ = json.Unmarshal(b, &eb)
 	status, code := resp.StatusCode, eb.Error.Code
+	if status != http.StatusRequestTimeout || code != "request_timeout" {
+		// Before waiting for a record that cannot come.
+		t.Fatalf("after %v got %d %s, want 408 request_timeout\n%s", took, resp.StatusCode, b, w.g.Stderr())
+	}
 	rec := w.g.AwaitAuditFields("result", map[string]any{"dest_host": "other.test", "code": "request_timeout"})
 	cb.Observef("%d %s after %v; result record code %v", status, code, took.Round(100*time.Millisecond), rec["fields"].(map[string]any)["code"])
-	if status != http.StatusRequestTimeout || code != "request_timeout" {
-		t.Errorf("got %d %s, want 408 request_timeout", resp.StatusCode, b)
-	}
 	if took < 2*time.Second || took > 10*time.Second {
 		t.Errorf("cut after %v, want about the 2s bound", took)
 	}
