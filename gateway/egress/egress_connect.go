@@ -159,6 +159,17 @@ func runCleanup(fs []func()) {
 	}
 }
 
+// lookup resolves host, A and AAAA, with the gateway's resolver, which
+// caches answers (negative ones too) for their TTL and shares one query
+// among concurrent lookups of a name (dns.Resolver); without dns.upstreams
+// it asks the system resolver every time.
+func (e *Proxy) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	if e.res == nil {
+		return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	}
+	return e.res.LookupNetIP(ctx, "ip", host)
+}
+
 // classify resolves host (or reuses its live answer) and checks every
 // address, on every tunnel; one refused address refuses the name. It
 // returns the address to dial.
@@ -172,7 +183,7 @@ func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 	} else {
 		lctx, cancel := context.WithTimeout(ctx, e.d.Config.Gateway.UpstreamTimeout.Std())
 		defer cancel()
-		addrs, err = e.lookupConnect(lctx, host) // once per answer TTL (connect_resolve.go)
+		addrs, err = e.lookup(lctx, host)
 		if err != nil {
 			return netip.Addr{}, err
 		}

@@ -42,7 +42,6 @@ type Proxy struct {
 	mu      sync.Mutex
 	tunnels map[string]int // open tunnels and proxied requests per sandbox
 	live    liveTunnels    // egress_live.go: ended when the server stops
-	answers connectAnswers // connect_resolve.go: CONNECT's answers, per host, for their TTL
 
 	subs *subdomains
 
@@ -70,7 +69,6 @@ func New(d Deps) *Proxy {
 		idle:    cfg.Egress.IdleTimeout.Std(),
 		hello:   cfg.Egress.HandshakeTimeout.Std(),
 		tunnels: map[string]int{},
-		answers: connectAnswers{max: cfg.DNS.CacheMax},
 		subs:    newSubdomains(cfg.DNS.SubdomainThreshold, cfg.DNS.SubdomainWindow.Std()),
 	}
 	for _, p := range cfg.Egress.ConnectPorts {

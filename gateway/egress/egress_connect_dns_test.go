@@ -16,7 +16,9 @@ import (
 
 // ttlUpstream is a real miekg/dns server on loopback answering pkg.example
 // with an A record of the given TTL and NODATA for AAAA, counting the
-// questions of each type it receives.
+// questions of each type it receives. Its NODATA carries the zone's SOA
+// with the same TTL and MINIMUM, as an authoritative server's does, which
+// is what lets a resolver cache it (RFC 2308 section 5).
 type ttlUpstream struct {
 	addr     string
 	a, aaaa  atomic.Int64
@@ -48,6 +50,9 @@ func newTTLUpstream(t *testing.T, ttl uint32) *ttlUpstream {
 			m.Answer = append(m.Answer, rr)
 		case q.Question[0].Qtype == mdns.TypeAAAA:
 			u.aaaa.Add(1)
+			ttl := u.ttl.Load()
+			rr, _ := mdns.NewRR(fmt.Sprintf("example. %d IN SOA ns.example. host.example. 1 7200 900 1209600 %d", ttl, ttl))
+			m.Ns = append(m.Ns, rr)
 		}
 		_ = w.WriteMsg(m)
 	})}
