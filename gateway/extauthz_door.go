@@ -104,7 +104,7 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 		Log:        s.log,
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
-		Match:      s.matchTool,
+		Match:      s.envoyRoutes(), // extauthz_route.go
 		Call:       s.tracedCheck(s.envoyCall), // calltrace.go
 		Egress:     s.tracedEgressCheck(s.envoyEgress),
 		Refused:    s.envoyRefused,
@@ -113,14 +113,15 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 
 // matchTool maps a request to a connector's tool: the host (and port,
 // when the authority names one; port is 0 otherwise) of its base_url, and
-// the operation its spec has for method and path. Of two connectors on one
-// host, the one with the longer base path that matches wins; a tie is
-// ambiguous. A connector's host with no such operation is NoOperation,
-// never raw egress.
-func (s *Server) matchTool(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
+// the operation its spec has for method and path, among the connectors
+// slugs (those on host, envoyRoutes). Of two connectors on one host, the
+// one with the longer base path that matches wins; a tie is ambiguous. A
+// connector's host with no such operation is NoOperation, never raw
+// egress.
+func (s *Server) matchTool(slugs []string, host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
 	var best extauthz.Match
 	bestLen, found := -1, extauthz.NoConnector
-	for _, slug := range slices.Sorted(maps.Keys(s.catalog.connectors)) {
+	for _, slug := range slugs {
 		up := s.catalog.connectors[slug]
 		b := up.conn.BaseURL
 		if b == nil || !strings.EqualFold(b.Hostname(), host) {
