@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -104,7 +105,7 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 		Log:        s.log,
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
-		Match:      s.envoyRoutes(), // extauthz_route.go
+		Match:      s.envoyRoutes(),            // extauthz_route.go
 		Call:       s.tracedCheck(s.envoyCall), // calltrace.go
 		Egress:     s.tracedEgressCheck(s.envoyEgress),
 		Refused:    s.envoyRefused,
@@ -234,7 +235,7 @@ const holdRetryAfter = 5 * time.Second
 // the session's state, then policy (the agents' egress allowlists and the
 // modules), audited before the answer. Raw egress is never held.
 func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Duration) extauthz.Verdict {
-	rec := s.envoyRecord(r)
+	rec := s.envoyRecord(ctx, r)
 	id, e := canonicalCaller(r.Identity)
 	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
 	if e == nil {
@@ -292,7 +293,7 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 // envoyRefused audits a request the door refused before the pipeline.
 func (s *Server) envoyRefused(ctx context.Context, r *extauthz.Request, v extauthz.Verdict) string {
 	e := refusal.New(v.Status, refusal.Code(v.Code), v.Message)
-	rec := s.envoyRecord(r)
+	rec := s.envoyRecord(ctx, r)
 	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = r.Identity.Sandbox, r.Identity.Agent, r.Identity.Session, r.Identity.User, r.Identity.Egress
 	rec.Status = v.Status
 	if ae := s.auditRecord(ctx, rec, e); ae != nil {
@@ -309,8 +310,12 @@ func (s *Server) envoyRefuse(ctx context.Context, r *extauthz.Request, e *refusa
 	return v
 }
 
-func (s *Server) envoyRecord(r *extauthz.Request) *call.Record {
-	rec := &call.Record{RequestID: refusal.NewRequestID(), Start: time.Now(), Kind: call.KindHTTP, Transport: call.Envoy, DestHost: r.Host, Port: r.Port}
+// envoyRecord starts the record of a Check the pipeline does not run:
+// raw egress or a refusal before it. Its trace is ctx's (the Check's
+// server span, when tracing is on), as a tool call's is.
+func (s *Server) envoyRecord(ctx context.Context, r *extauthz.Request) *call.Record {
+	rec := &call.Record{RequestID: refusal.NewRequestID(), Start: time.Now(), Kind: call.KindHTTP, Transport: call.Envoy, DestHost: r.Host, Port: r.Port,
+		TraceID: tracing.TraceID(ctx)}
 	if r.Method == http.MethodConnect {
 		rec.Kind = call.KindConnect
 	}
