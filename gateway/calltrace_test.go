@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -175,6 +176,60 @@ func TestTraceEnvoyEgress(t *testing.T) {
 	for _, id := range checks {
 		if !strings.Contains(g.logBuf.String(), `"trace_id":"`+id+`"`) {
 			t.Errorf("no canonical line has trace_id %s", id)
+		}
+	}
+}
+
+// TestTraceMCPMetaTraceparent: an MCP tools/call's _meta.traceparent (the
+// MCP client's trace context) is a link of the call's span, as the HTTP
+// traceparent is of the server span, and never a parent: no span is in
+// the forged trace or under the forged span (THREATS F13, F17); the audit
+// records carry the gateway's own trace.
+func TestTraceMCPMetaTraceparent(t *testing.T) {
+	exp := withTracing(t)
+	up := newUpstream(t)
+	g := startGateway(t, up.URL, "", nil)
+	const forgedTrace, forgedSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	ctx := context.Background()
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "trace-test", Version: "1"}, nil).Connect(ctx,
+		&sdk.StreamableClientTransport{Endpoint: "http://sluice/mcp", HTTPClient: &http.Client{Transport: g.client(agentA).Transport}, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Meta: sdk.Meta{"traceparent": "00-" + forgedTrace + "-" + forgedSpan + "-01"},
+		Name: "tickets.list_tickets", Arguments: map[string]any{"query": map[string]any{"limit": 5}}})
+	if err != nil || res.IsError {
+		t.Fatalf("tools/call: %v %+v", err, res)
+	}
+	var call tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.SpanContext.TraceID().String() == forgedTrace || s.Parent.SpanID().String() == forgedSpan {
+			t.Errorf("span %s is in the forged trace or under the forged span", s.Name)
+		}
+		if s.Name == "sluice.tool_call" {
+			call = s
+		}
+	}
+	if !call.Parent.IsValid() {
+		t.Fatalf("no sluice.tool_call span under the POST /mcp server span (%d spans)", len(exp.GetSpans()))
+	}
+	linked := false
+	for _, l := range call.Links {
+		from := ""
+		for _, a := range l.Attributes {
+			if a.Key == "sluice.link.from" {
+				from = a.Value.Emit()
+			}
+		}
+		linked = linked || (l.SpanContext.TraceID().String() == forgedTrace && l.SpanContext.SpanID().String() == forgedSpan && from == "sandbox")
+	}
+	if !linked {
+		t.Fatalf("the call span's links %+v, want _meta.traceparent linked (sluice.link.from=sandbox)", call.Links)
+	}
+	for _, r := range auditEvents(t, g) {
+		if f := fieldsOf(r); f["transport"] == "mcp" && f["trace_id"] != call.SpanContext.TraceID().String() {
+			t.Errorf("MCP record %s trace_id %v, want the call's %s", r.Event, f["trace_id"], call.SpanContext.TraceID())
 		}
 	}
 }

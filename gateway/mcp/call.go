@@ -67,6 +67,7 @@ func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 			Tool:          req.Params.Name,
 			Args:          args,
 			Transport:     call.MCP,
+			TraceParent:   metaTraceparent(req.Params.GetMeta()), // trace.go
 			Progress:      p.report,
 			ProgressEvery: m.deps.Progress,
 		})
