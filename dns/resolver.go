@@ -92,8 +92,11 @@ func NewResolver(upstreams []string, timeout time.Duration, max int) *Resolver {
 // A lookup that misses the cache joins the one in flight for the same name
 // and type, if any, else starts it. The upstream query runs on its own,
 // bounded by the resolver's timeout per upstream, so that one caller
-// giving up (ctx) fails neither the others nor the cache; each caller
-// stops waiting when its own ctx ends.
+// giving up fails neither the others nor the cache. Each caller stops
+// waiting at its own ctx's deadline, but not at its cancellation, as the
+// miekg/dns exchange this wraps always did: a question in flight when the
+// gateway begins to stop is still answered (the DNS stream's shutdown
+// relies on it), and the wait is bounded by the query's own timeout.
 func (r *Resolver) Lookup(ctx context.Context, name string, qtype uint16) ([]netip.Addr, uint32, error) {
 	k := resolverKey{name, qtype}
 	now := time.Now()
@@ -122,11 +125,17 @@ func (r *Resolver) Lookup(ctx context.Context, name string, qtype uint16) ([]net
 		go r.fly(context.WithoutCancel(ctx), k, f)
 	}
 	r.mu.Unlock()
+	var expired <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		t := time.NewTimer(time.Until(dl))
+		defer t.Stop()
+		expired = t.C
+	}
 	select {
 	case <-f.done:
 		return f.addrs, f.ttl, f.err
-	case <-ctx.Done():
-		return nil, 0, fmt.Errorf("resolver: %s: %w", name, ctx.Err())
+	case <-expired:
+		return nil, 0, fmt.Errorf("resolver: %s: %w", name, context.DeadlineExceeded)
 	}
 }
 

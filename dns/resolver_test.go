@@ -249,9 +249,10 @@ func TestResolverNegativeCache(t *testing.T) {
 
 // TestResolverSharesConcurrentLookups: N concurrent lookups of one name
 // and type that miss the cache send one question upstream, and all get
-// its answer; a caller that gives up (its ctx ends) returns its ctx's
-// error without failing the others or keeping the answer out of the
-// cache.
+// its answer; a caller whose deadline passes returns DeadlineExceeded
+// without failing the others or keeping the answer out of the cache, and
+// a caller whose ctx is cancelled still gets the answer (as a miekg/dns
+// exchange did: a question in flight at shutdown is answered).
 func TestResolverSharesConcurrentLookups(t *testing.T) {
 	release := make(chan struct{})
 	u := newNegUpstream(t, release)
@@ -262,11 +263,18 @@ func TestResolverSharesConcurrentLookups(t *testing.T) {
 		err   error
 	}
 	results := make(chan result, n)
-	quitter, quit := context.WithCancel(context.Background())
+	quitter, quit := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer quit()
 	quitErr := make(chan error, 1)
 	go func() {
 		_, _, err := r.Lookup(quitter, "a.example", mdns.TypeA)
 		quitErr <- err
+	}()
+	stopping, stop := context.WithCancel(context.Background())
+	stoppingRes := make(chan result, 1)
+	go func() {
+		a, _, err := r.Lookup(stopping, "a.example", mdns.TypeA)
+		stoppingRes <- result{a, err}
 	}()
 	for range n {
 		go func() {
@@ -281,12 +289,15 @@ func TestResolverSharesConcurrentLookups(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond)
-	quit()
-	if err := <-quitErr; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the caller that gave up got %v, want context.Canceled", err)
+	if err := <-quitErr; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the caller whose deadline passed got %v, want context.DeadlineExceeded", err)
 	}
+	stop()
 	close(release)
 	want := []netip.Addr{netip.MustParseAddr("192.0.2.7")}
+	if res := <-stoppingRes; res.err != nil || !slices.Equal(res.addrs, want) {
+		t.Fatalf("the cancelled caller got %v, %v; want the answer", res.addrs, res.err)
+	}
 	for range n {
 		res := <-results
 		if res.err != nil || !slices.Equal(res.addrs, want) {
@@ -294,7 +305,7 @@ func TestResolverSharesConcurrentLookups(t *testing.T) {
 		}
 	}
 	if q, up := r.Queries(), u.asked("a.example."); q != 1 || up != 1 {
-		t.Fatalf("%d concurrent lookups: resolver sent %d queries, upstream got %d questions; want 1 and 1", n+1, q, up)
+		t.Fatalf("%d concurrent lookups: resolver sent %d queries, upstream got %d questions; want 1 and 1", n+2, q, up)
 	}
 	if _, _, ok := r.Cached("a.example", mdns.TypeA); !ok {
 		t.Fatal("the shared answer was not cached")
