@@ -330,6 +330,12 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if err != nil {
 		return policyError(fmt.Sprintf("policy: build input: %v", err))
 	}
+	return e.eval(ctx, p, in, val)
+}
+
+// eval decides val, the input document in's AST value (in: what the
+// simple rules and the log read of it).
+func (e *Engine) eval(ctx context.Context, p *prepared, in *Input, val ast.Value) (d Decision) {
 	// Cancel the evaluation at the caller's deadline or cancellation, or
 	// after DefaultTimeout when the context has no deadline. Done this way
 	// rather than with context.WithTimeout and OPA's own watcher goroutine:

@@ -142,7 +142,10 @@ func writeDecisionLog(path string, n int) ([]*policy.Input, error) {
 			Args:      map[string]any{"path": map[string]any{}, "query": map[string]any{}, "headers": map[string]any{}, "body": body},
 			Request: policy.Request{Method: "POST", Host: "127.0.0.1:9", Path: "/items", Query: map[string][]string{},
 				Headers: map[string][]string{"Content-Type": {"application/json"}}},
-			Time: start.Add(time.Duration(i) * time.Second)}
+			// The gateway records the input after the decision filled
+			// in its findings (none in this body).
+			Findings: []policy.Finding{},
+			Time:     start.Add(time.Duration(i) * time.Second)}
 		raw, err := json.Marshal(in)
 		if err != nil {
 			return nil, err
