@@ -226,11 +226,7 @@ type Config struct {
 	// bundle (a file change, a poll that fetched one): ok false means it
 	// was refused and the previous policy keeps deciding.
 	OnBundle func(ok bool, err error)
-	// OnDecision, if set, is called with every decision the engine makes
-	// and the input it was made on (for the decision-log export). It runs
-	// on the caller's goroutine: it must not block.
-	OnDecision func(ctx context.Context, in *Input, d Decision)
-	Logger     *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Engine evaluates decisions. It is safe for concurrent use. A nil *Engine
@@ -311,12 +307,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if p == nil {
 		return policyError("policy not loaded")
 	}
-	defer func() {
-		d.Revision = p.revision
-		if e.cfg.OnDecision != nil && in != nil {
-			e.cfg.OnDecision(ctx, in, d)
-		}
-	}()
+	defer func() { d.Revision = p.revision }()
 	if in == nil {
 		return policyError("policy: no input")
 	}

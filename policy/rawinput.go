@@ -807,9 +807,7 @@ func fieldOK(v *ast.Term, f shapeField) bool {
 	return false
 }
 
-// DecideParsed decides p as Decide decides the input it was parsed from,
-// without the OnDecision hook (it has no Input to give): replay's engine
-// has none, and the gateway decides with Decide.
+// DecideParsed decides p as Decide decides the input it was parsed from.
 func (e *Engine) DecideParsed(ctx context.Context, pi *ParsedInput) (d Decision) {
 	if e == nil {
 		return policyError("policy not loaded")
