@@ -132,7 +132,8 @@ type Request struct {
 	Query   map[string][]string `json:"query"`
 	Headers map[string][]string `json:"headers"`
 	// Body is the request body when the gateway has it but no tool
-	// arguments hold it (a raw-egress request Envoy sent with its body);
+	// arguments hold it (a forward-proxied request's, decoded from its
+	// content coding; a raw-egress request Envoy sent with its body);
 	// absent otherwise.
 	Body string `json:"body,omitempty"`
 }
