@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -63,7 +64,8 @@ func (e *Proxy) forward(w http.ResponseWriter, r *http.Request, c *egressCall, i
 	// it needs from it (Connection: close, Expect) when it read the head.
 	hdr := r.Header
 	stripRequestHeaders(hdr)
-	body, text, ee := proxiedBody(r) // forward_body.go: read, decoded and bounded before the decision
+	gc := e.d.Config.Gateway
+	body, text, ee := proxiedBody(w, r, h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate}) // forward_body.go: read, decoded and bounded before the decision
 	if ee != nil {
 		e.refuse(w, c, ee)
 		return

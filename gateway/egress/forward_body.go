@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy/findings"
 )
@@ -25,7 +26,11 @@ const maxProxiedBody = findings.MaxBytes
 // from its content coding). Content codings are an allow-list: none or
 // identity, or one layer of gzip; anything else is refused, since what
 // cannot be decoded cannot be scanned.
-func proxiedBody(r *http.Request) (raw []byte, text string, ee *egressError) {
+//
+// The body must arrive within gateway.request_body_timeout (extended by
+// its minimum rate), as an intercepted request's must (B10): a body that
+// stalls is refused 408 request_timeout, never waited for.
+func proxiedBody(w http.ResponseWriter, r *http.Request, lim h1.BodyLimit) (raw []byte, text string, ee *egressError) {
 	coding, err := contentCoding(r.Header)
 	if err != nil {
 		return nil, "", egressRefuse(http.StatusUnsupportedMediaType, refusal.SchemaViolation, psBadRequest, err.Error())
@@ -36,8 +41,14 @@ func proxiedBody(r *http.Request) (raw []byte, text string, ee *egressError) {
 	if r.ContentLength > maxProxiedBody {
 		return nil, "", tooLarge()
 	}
-	raw, err = io.ReadAll(io.LimitReader(r.Body, maxProxiedBody+1))
+	bb := h1.Bound(r.Body, http.NewResponseController(w), lim)
+	raw, err = io.ReadAll(io.LimitReader(bb, maxProxiedBody+1))
 	switch {
+	case err != nil && bb.TimedOut():
+		w.Header().Set("Connection", "close")
+		return nil, "", egressRefuse(http.StatusRequestTimeout, refusal.RequestTimeout, psBadRequest, fmt.Sprintf(
+			"the request body did not arrive in time: %s plus a second per %d bytes (gateway.request_body_timeout, gateway.request_body_min_rate)",
+			lim.Timeout, lim.MinRate))
 	case err != nil:
 		return nil, "", egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "the request body could not be read")
 	case len(raw) > maxProxiedBody:

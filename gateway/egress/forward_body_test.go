@@ -1,16 +1,20 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
 // TestProxiedBodyDecided: a forward-proxied request's body is in the
@@ -105,5 +109,38 @@ func TestProxiedBodyDecided(t *testing.T) {
 	}
 	if blocked != 2 {
 		t.Fatalf("decision records blocked by findings.credential: %d, want 2", blocked)
+	}
+}
+
+// TestProxiedBodyStalls: the body is read before the decision, so a body
+// that stops arriving is cut at gateway.request_body_timeout (B10) with
+// 408 request_timeout, not waited for; nothing is sent.
+func TestProxiedBodyStalls(t *testing.T) {
+	be := startBenchEgress(t, "", func(c *config.Config) {
+		c.Gateway.RequestBodyTimeout = config.Duration(300 * time.Millisecond)
+		c.Gateway.RequestBodyMinRate = 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := wire.Dial(ctx, be.sock, agentA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	if _, err := io.WriteString(conn, "POST http://pkg.example/upload HTTP/1.1\r\nHost: pkg.example\r\nContent-Length: 100\r\n\r\n0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || errCode(body) != "request_timeout" || time.Since(start) > 5*time.Second {
+		t.Fatalf("stalled body: %d %s after %v; want 408 request_timeout after about 300ms", resp.StatusCode, body, time.Since(start))
+	}
+	if n := be.requests.Load(); n != 0 {
+		t.Fatalf("the upstream got %d requests", n)
 	}
 }
