@@ -41,6 +41,14 @@ const (
 	eventHoldCreated = "hold_created"
 )
 
+// GCPercent is the garbage collector's target `sluice policy replay`
+// runs with (debug.SetGCPercent) unless GOGC is set: a replay is a batch
+// whose live heap is small (the lines in flight and the tallies) and
+// whose every record allocates its parse and evaluation, so collecting
+// four times less often costs little memory and about a fifth of the CPU
+// (BenchmarkRun: 186 → 151 cpu-µs a record).
+const GCPercent = 400
+
 // Options narrow a replay.
 type Options struct {
 	Since   time.Time // records before are not replayed (zero: all)

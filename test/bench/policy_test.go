@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,9 @@ func benchReplay(t *testing.T, _ *world) *section {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Both rows run with the collector's target `sluice policy replay`
+	// sets (replay.GCPercent), restored after the section.
+	defer debug.SetGCPercent(debug.SetGCPercent(replay.GCPercent))
 	workers := runtime.GOMAXPROCS(0)
 	t0 := time.Now()
 	var wg sync.WaitGroup
