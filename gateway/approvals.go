@@ -72,9 +72,10 @@ func (s *Server) newReviewUI() error {
 		return nil
 	}
 	opt := review.Options{
-		Holds: s.holds,
-		Users: users,
-		Log:   s.log,
+		Holds:  s.holds,
+		Grants: s.holds, // review/grants.go: the Grants page
+		Users:  users,
+		Log:    s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
 			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err

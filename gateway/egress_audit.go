@@ -33,8 +33,15 @@ const auditTimeout = 30 * time.Second
 func (s *Server) appendAudit(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 	defer cancel()
+	var out audit.Record
+	var err error
 	if written {
-		return s.audit.AppendWritten(ctx, rec)
+		out, err = s.audit.AppendWritten(ctx, rec)
+	} else {
+		out, err = s.audit.Append(ctx, rec)
 	}
-	return s.audit.Append(ctx, rec)
+	if err == nil {
+		s.exportDecision(rec, out.Time) // decisionexport.go: the decision log is fed from the record
+	}
+	return out, err
 }

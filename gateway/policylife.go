@@ -2,10 +2,10 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +25,10 @@ type policyLife struct {
 	bundleLoads *prometheus.CounterVec
 	decisions   *decisionlog.Exporter // nil without decision_logs
 	receipts    *receipts.Signer      // nil with receipts.disabled
+	// labels are the decision-log labels; byEntrance the same with each
+	// entrance's (decisionexport.go).
+	labels     map[string]string
+	byEntrance sync.Map
 }
 
 // DecisionLogPath is the decision logs' path, as OPA names the query.
@@ -73,7 +77,8 @@ func (s *Server) initPolicyLife() error {
 		"The policy revision in force (the bundle's manifest revision, or a digest of the Rego and data files); always 1.", []string{"revision"}, nil)
 	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, s: s}}
 	if dl := s.cfg.DecisionLogs; dl != nil {
-		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: decisionLabels(dl.Labels),
+		l.labels = decisionLabels(dl.Labels)
+		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: l.labels,
 			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: s.log})
 		if err != nil {
 			return fmt.Errorf("decision_logs: %w", err)
@@ -140,12 +145,11 @@ func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// policyHooks sets the engine's hooks for the life cycle.
+// policyHooks sets the engine's hooks for the life cycle. The decision
+// log is fed from the audit records of decisions (decisionexport.go),
+// not from the engine.
 func (s *Server) policyHooks(pc *policy.Config) {
 	pc.OnBundle = s.bundleLoaded
-	if s.life.decisions != nil {
-		pc.OnDecision = s.logDecision
-	}
 }
 
 // runPolicyLife runs the decision-log export until ctx ends.
@@ -164,34 +168,6 @@ func (s *Server) bundleLoaded(ok bool, _ error) {
 		r = "error" // logged by the engine, with the reason
 	}
 	s.life.bundleLoads.WithLabelValues(r).Inc()
-}
-
-type requestIDKey struct{}
-
-// withRequestID carries a call's request ID to the decision log, so that
-// an event names the audit record of the same call.
-func withRequestID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, requestIDKey{}, id)
-}
-
-// logDecision queues one decision for export. It never blocks: the input
-// is encoded here (what was decided, exactly) and the rest is the
-// exporter's, off the call path.
-func (s *Server) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
-	b, err := json.Marshal(in)
-	if err != nil {
-		s.log.Error("decisionlog: input not encodable; event skipped", "tool", in.Tool, "error", err)
-		return
-	}
-	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Input: b, Result: d,
-		Revision: d.Revision, Timestamp: time.Now().UTC()}
-	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
-		ev.RequestID = id
-	}
-	if s.cfg.Policy.Bundle != nil {
-		ev.Bundles = map[string]decisionlog.Bundle{"sluice": {Revision: d.Revision}}
-	}
-	s.life.decisions.Log(ev)
 }
 
 // receipt signs the receipt of an approved hold that was executed: c is

@@ -196,8 +196,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if e := s.usageInput(dctx, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
 		return call.Outcome{}, e
 	}
-	// withRequestID: the decision log names the call (policylife.go).
-	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in))
+	c.decide(s.Decide(dctx, in))
 	s.recordInput(c, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
