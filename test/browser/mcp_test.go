@@ -24,7 +24,7 @@ import (
 // reports progress; alice, signed in to the review UI in Chromium, opens
 // the hold from her queue and approves it; the same tools/call then
 // returns the upstream's result. The audit log has the hold (the ask's
-// decision), alice's approval and the result; the upstream got the call
+// decision, transport mcp), alice's approval and the result; the upstream got the call
 // once, with the credential the gateway attached.
 func TestMCPHoldApprovedInReviewUI(t *testing.T) {
 	r := newRig(t)
@@ -122,7 +122,7 @@ func TestMCPHoldApprovedInReviewUI(t *testing.T) {
 	}
 	// An ask's decision is its hold_created record (the "decision" record
 	// under the same id is the approved run's, which names no door).
-	if c := events["hold_created"]; c == nil || c["decision"] != "ask" || c["hold"] != h.ID {
+	if c := events["hold_created"]; c == nil || c["decision"] != "ask" || c["hold"] != h.ID || c["transport"] != "mcp" {
 		t.Errorf("hold_created record of %s: %v", h.RequestID, c)
 	}
 	if a := events["hold_approved"]; a == nil || a["by"] != "alice" {
