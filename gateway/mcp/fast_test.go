@@ -46,6 +46,7 @@ func newFastRig(t testing.TB) *fastRig {
 			return []call.Tool{
 				{Name: "t.get", Alias: "t_get", Method: "GET", Schema: schema},
 				{Name: "t.typed", Alias: "t_typed", Method: "POST", Schema: schema, OutputSchema: json.RawMessage(`{"type":"object"}`)},
+				{Name: "t.strict", Method: "POST", Schema: json.RawMessage(`{"type":"object","required":["x"],"additionalProperties":false,"properties":{"x":{"type":"integer"}}}`)},
 			}, nil
 		},
 		Call: func(_ context.Context, r call.Request) call.Outcome {
@@ -199,6 +200,7 @@ func TestFastPathAsSDK(t *testing.T) {
 		{"string id", h, `{"jsonrpc":"2.0","id":"abc-1","method":"tools/call","params":{"name":"t.get","arguments":{}}}`, true},
 		{"members in another order", h, `{"params":{"arguments":{},"name":"t.get"},"method":"tools/call","id":-3,"jsonrpc":"2.0"}`, true},
 		{"arguments with HTML and unicode", h, callOf(`{"name":"t.get","arguments":{"q":"<a&b> \u00e9 é"}}`), true},
+		{"arguments its inputSchema refuses (the SDK does not check them: the pipeline does)", h, callOf(`{"name":"t.strict","arguments":{"y":"z"}}`), true},
 		{"whitespace", h, "\n { \"jsonrpc\" : \"2.0\" , \"id\" : 8 , \"method\" : \"tools/call\" , \"params\" : { \"name\" : \"t.get\" } } \n", true},
 
 		{"a progress token (needs the SDK's stream)", h, callOf(`{"name":"t.get","arguments":{},"_meta":{"progressToken":"p"}}`), false},
