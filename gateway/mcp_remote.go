@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -170,16 +171,27 @@ func (s *Server) stopRemotes() {
 }
 
 // remoteHeader is how a remote server's listing requests carry the
-// connector's credential: fetched from creds as for a call (without a
-// caller, so a credential per user cannot list) and attached by the same
-// plan.
+// connector's credential: fetched from creds as for a call and attached by
+// the same plan. A listing has no caller: a per-user credential ({user})
+// is fetched for the connector's list_user, a service identity, and
+// without one the remote cannot be listed, which its unavailable reason
+// says.
 func remoteHeader(src CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
 	cc := up.cfg.Credential
 	if cc == nil {
 		return nil
 	}
+	var caller policy.Caller
+	if cc.PerUser() {
+		if up.cfg.ListUser == "" {
+			return func(context.Context) (http.Header, error) {
+				return nil, fmt.Errorf("the credential for connector %s is per user ({user} in its Vault path) and a listing acts for no user; set list_user to a service identity to list this server's tools", up.cfg.Slug)
+			}
+		}
+		caller.User = up.cfg.ListUser
+	}
 	return func(ctx context.Context) (http.Header, error) {
-		secret, err := src.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
+		secret, err := src.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault, Caller: caller})
 		if err != nil {
 			return nil, fmt.Errorf("the credential for connector %s is unavailable", up.cfg.Slug)
 		}

@@ -283,6 +283,11 @@ type Connector struct {
 	// again besides its notifications/tools/list_changed (provider: mcp;
 	// default 5m).
 	Refresh Duration `yaml:"refresh"`
+	// ListUser is the service identity a per-user credential ({user} in
+	// its Vault path) is fetched for when the gateway lists a remote MCP
+	// server's tools (provider: mcp): a listing has no caller. Unset, such
+	// a remote's tools are unavailable (mcp_list.go).
+	ListUser string `yaml:"list_user"`
 	// Strict refuses the connector when any operation of its spec is
 	// skipped or any defect is found, instead of loading what can be.
 	Strict bool `yaml:"strict"`
@@ -852,6 +857,8 @@ func (c *Config) Validate() error {
 			bad(k+".url", "only with provider: mcp (an OpenAPI connector has spec and base_url)")
 		case cn.Refresh != 0:
 			bad(k+".refresh", "only with provider: mcp")
+		case cn.ListUser != "":
+			bad(k+".list_user", "only with provider: mcp")
 		}
 		switch { // a provider: mcp connector has no spec (mcpConnectorProblems)
 		case mcp:
@@ -1290,6 +1297,7 @@ func mcpConnectorProblems(k string, cn Connector, bad func(key, format string, a
 	if cn.Refresh != 0 && (cn.Refresh.Std() < 10*time.Second || cn.Refresh.Std() > 24*time.Hour) {
 		bad(k+".refresh", "want between 10s and 24h, got %s", cn.Refresh.Std())
 	}
+	listUserProblems(k, cn, bad) // mcp_list.go
 	if cr := cn.Credential; cr != nil {
 		if cr.Query != "" {
 			bad(k+".credential.query", "not with provider: mcp (an MCP request carries the credential in a header)")

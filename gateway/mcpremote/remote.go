@@ -303,6 +303,13 @@ func (r *Remote) sessionLocked(ctx context.Context) (*sdk.ClientSession, error) 
 	if r.cs != nil {
 		return r.cs, nil
 	}
+	if r.opts.Header != nil {
+		// A credential that cannot be had is the reason, said plainly
+		// rather than inside the transport's error of the first request.
+		if _, err := r.opts.Header(ctx); err != nil {
+			return nil, fmt.Errorf("credential: %w", err)
+		}
+	}
 	cs, err := r.client.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: r.opts.URL.String(), HTTPClient: r.hc, MaxRetries: -1}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %s", shortErr(err))
