@@ -44,6 +44,11 @@ func (m *Manager) decideGrant(ctx context.Context, id string, p Person, reason s
 	// Conditional on the status and on the version read above: of any
 	// number of deciders, on any number of gateways, one wins.
 	dec := store.Decision{ID: id, Version: h.Version, To: string(to), By: p.Name, Reason: reason, Now: now}
+	if to == Running {
+		// Leased to this process while it sends (renewed by Run): if it
+		// dies mid-send, another replica takes the hold over (THREATS G20).
+		dec.Lease = m.o.Lease
+	}
 	if g != nil {
 		// Bound to the hold's own key: this agent, this user, this tool,
 		// exactly this request.
@@ -86,6 +91,9 @@ func (m *Manager) approve(ctx context.Context, id string, p Person, reason strin
 	h, err := m.decideGrant(ctx, id, p, reason, Running, g, ttl)
 	if err != nil {
 		return h, err
+	}
+	if m.claim(h.ID) { // the lease keepLeases renews while this sends
+		defer m.unclaim(h.ID)
 	}
 	// The decision is made; finish it even if the approver goes away.
 	ctx = context.WithoutCancel(ctx)
@@ -219,13 +227,36 @@ func (m *Manager) finish(ctx context.Context, h Hold, status Status, res Result,
 	if err != nil {
 		return h, fmt.Errorf("holds: result: %w", err)
 	}
-	if _, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(status), data); err != nil {
+	ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(status), data)
+	if err != nil {
 		// The store lost the outcome; at the next start the hold shows
 		// outcome_unknown, which is the truth.
 		return h, fmt.Errorf("holds: record result: %w", err)
 	}
+	late := false
+	if !ok {
+		// No longer executing: this process's lease passed mid-send and
+		// another replica took the hold over (THREATS G20). If it re-sent
+		// and recorded the answer, that record stands; if it marked the
+		// outcome unknown, this send's answer is the outcome, recorded late.
+		if ok, err = m.o.Store.FinishHold(ctx, h.ID, string(Unknown), string(status), data); err != nil {
+			return h, fmt.Errorf("holds: record result: %w", err)
+		}
+		if !ok {
+			cur, err := m.get(ctx, h.ID)
+			if err != nil {
+				return h, fmt.Errorf("holds: record result: %w", err)
+			}
+			m.log.Warn("holds: the hold's outcome was recorded by the replica that took it over; this send's answer is not recorded again", "hold", h.ID, "status", cur.Status)
+			return cur, nil
+		}
+		late = true
+	}
 	h.Status, h.Result = status, &res
 	fields := map[string]any{"status": res.HTTPStatus, "outcome": string(status)}
+	if late {
+		fields["late"] = true // after hold_outcome_unknown by the replica that took it over
+	}
 	for k, v := range extra {
 		fields[k] = v
 	}

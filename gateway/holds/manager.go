@@ -43,9 +43,17 @@ type Options struct {
 	MaxPendingPerSandbox int
 	// MaxResultBytes bounds a stored result (default 1 MiB).
 	MaxResultBytes int
-	Logger         *slog.Logger
-	Now            func() time.Time
+	// Lease is how long an executing hold stays leased to this process
+	// without a renewal (default DefaultLease). On a shared store another
+	// replica takes over a hold whose lease has passed: a replica killed
+	// mid-send leaves its holds to the others after at most this long.
+	Lease  time.Duration
+	Logger *slog.Logger
+	Now    func() time.Time
 }
+
+// DefaultLease is Options.Lease's default.
+const DefaultLease = 15 * time.Second
 
 // Manager owns the holds. Safe for concurrent use.
 type Manager struct {
@@ -58,7 +66,8 @@ type Manager struct {
 	subs    map[chan Event]struct{}
 	// reconcile is what Recover found to re-send (idempotency-keyed holds
 	// left executing); Run starts the re-sends. inflight holds the IDs
-	// being re-sent by this process: at most one re-send per hold at a time.
+	// being sent by this process (claim): at most one send per hold at a
+	// time, and the leases keepLeases renews.
 	reconcile []string
 	inflight  map[string]struct{}
 	// resyncs counts wakeAll calls (re-checks after a lost notification
@@ -77,6 +86,9 @@ func New(o Options) *Manager {
 	o.MaxPendingPerSandbox = min(o.MaxPendingPerSandbox, o.MaxPendingPerAgent)
 	if o.MaxResultBytes <= 0 {
 		o.MaxResultBytes = 1 << 20
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
 	}
 	m := &Manager{o: o, now: o.Now, log: o.Logger, waiters: map[string]chan struct{}{}, subs: map[chan Event]struct{}{},
 		inflight: map[string]struct{}{}}

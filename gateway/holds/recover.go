@@ -21,45 +21,21 @@ import (
 //     answers a repeated key with its first reply and does not act twice);
 //     see reconcileHold.
 //
+// On a store one gateway owns (SQLite) that is every executing hold. On a
+// shared store an executing hold may be another live replica's: Recover
+// takes only those whose lease has passed, and Run keeps taking them over
+// as leases pass (THREATS G20; see adopt).
+//
 // Pending holds stay pending (or expire). Recover does not wait for any
 // upstream.
 func (m *Manager) Recover(ctx context.Context) error {
-	rows, err := m.o.Store.ListHolds(ctx, store.HoldQuery{Statuses: []string{string(Running)}, Limit: maxRecover})
+	taken, err := m.o.Store.TakeOverHolds(ctx, m.o.Lease, !m.o.Store.Shared(), maxRecover)
 	if err != nil {
 		return fmt.Errorf("holds: recover: %w", err)
 	}
-	var keyed []string
-	for _, r := range rows {
-		h, err := fromRow(r)
-		if err != nil {
-			return fmt.Errorf("holds: recover: %w", err)
-		}
-		if h.IdempotencyHeader != "" {
-			from := "hold_id"
-			if http.Header(h.Request.Headers).Get(h.IdempotencyHeader) != "" {
-				from = "arguments"
-			}
-			// The header's name and where its value comes from; the value
-			// itself is the hold's ID or the agent's (in the stored request).
-			if err := m.o.Audit(ctx, "hold_reconciling", h, map[string]any{"idempotency_header": h.IdempotencyHeader, "idempotency_key_from": from}); err != nil {
-				return fmt.Errorf("holds: recover: audit: %w", err)
-			}
-			m.log.Warn("holds: the gateway stopped while this approved call was being sent; it is idempotency-keyed and is re-sent once with the same key", "hold", h.ID)
-			keyed = append(keyed, h.ID)
-			continue
-		}
-		ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(Unknown), nil)
-		if err != nil {
-			return fmt.Errorf("holds: recover: %w", err)
-		}
-		if !ok {
-			continue // no longer executing: someone else recorded it
-		}
-		h.Status = Unknown
-		if err := m.o.Audit(ctx, "hold_outcome_unknown", h, nil); err != nil {
-			return fmt.Errorf("holds: recover: audit: %w", err)
-		}
-		m.log.Warn("holds: the gateway stopped while this approved call was being sent; its outcome is unknown and it is not re-sent", "hold", h.ID)
+	keyed, err := m.adopt(ctx, taken)
+	if err != nil {
+		return fmt.Errorf("holds: recover: %w", err)
 	}
 	m.mu.Lock()
 	m.reconcile = keyed
@@ -72,15 +48,79 @@ func (m *Manager) Recover(ctx context.Context) error {
 // leaves at most the calls that were in flight).
 const maxRecover = 1 << 20
 
+// adopt handles executing holds whose sender is gone, now leased to this
+// process: an idempotency-keyed one is audited hold_reconciling and
+// returned, claimed, for a re-send; any other becomes outcome_unknown,
+// audited with the reason. A hold taken from another replica's lease
+// names that lease's owner and expiry in the records (taken_over_from,
+// lease_expired). A hold this process is itself still sending (its own
+// lease passed while the store was unreachable) is left to that send.
+func (m *Manager) adopt(ctx context.Context, taken []store.TakenHold) ([]string, error) {
+	var keyed []string
+	for _, t := range taken {
+		h, err := fromRow(t.HoldRow)
+		if err != nil {
+			return keyed, err
+		}
+		if !m.claim(h.ID) {
+			continue // being sent here: the lease is this process's again
+		}
+		fields := map[string]any{}
+		stopped := "the gateway stopped"
+		if m.o.Store.Shared() && t.From != "" {
+			fields["taken_over_from"] = t.From
+			fields["lease_expired"] = t.Expired.Format(time.RFC3339Nano)
+			stopped = "the replica sending it (" + t.From + ") stopped renewing its lease"
+		}
+		if h.IdempotencyHeader != "" {
+			from := "hold_id"
+			if http.Header(h.Request.Headers).Get(h.IdempotencyHeader) != "" {
+				from = "arguments"
+			}
+			// The header's name and where its value comes from; the value
+			// itself is the hold's ID or the agent's (in the stored request).
+			fields["idempotency_header"], fields["idempotency_key_from"] = h.IdempotencyHeader, from
+			if err := m.o.Audit(ctx, "hold_reconciling", h, fields); err != nil {
+				m.unclaim(h.ID)
+				return keyed, fmt.Errorf("audit: %w", err)
+			}
+			m.log.Warn("holds: "+stopped+" while this approved call was being sent; it is idempotency-keyed and is re-sent once with the same key", "hold", h.ID)
+			keyed = append(keyed, h.ID)
+			continue
+		}
+		ok, err := m.o.Store.FinishHold(ctx, h.ID, string(Running), string(Unknown), nil)
+		m.unclaim(h.ID)
+		if err != nil {
+			return keyed, err
+		}
+		if !ok {
+			continue // no longer executing: someone else recorded it
+		}
+		h.Status = Unknown
+		fields["reason"] = stopped + " while it was being sent; its operation has no idempotency key, so it is not re-sent"
+		if err := m.o.Audit(ctx, "hold_outcome_unknown", h, fields); err != nil {
+			return keyed, fmt.Errorf("audit: %w", err)
+		}
+		m.log.Warn("holds: "+stopped+" while this approved call was being sent; its outcome is unknown and it is not re-sent", "hold", h.ID)
+		m.publish(h, "outcome_unknown")
+	}
+	return keyed, nil
+}
+
 // Run re-sends what Recover left to reconcile (in the background), listens
 // for hold changes made by other gateways on a shared store, and expires
-// holds as they come due, until ctx ends.
+// holds as they come due, until ctx ends. On a shared store it also
+// renews the leases of the holds this process sends and takes over the
+// holds whose lease has passed (THREATS G20).
 func (m *Manager) Run(ctx context.Context) {
-	m.startReconcile(ctx)
+	m.startReconcile(ctx, m.takeReconcile())
 	// A shared store: holds change on other replicas too. Their
 	// notifications wake this replica's waiters and feed its live queue;
 	// after a lost connection every waiter re-checks its hold.
 	go m.o.Store.ListenHolds(ctx, func(id string) { m.remoteChanged(ctx, id) }, m.wakeAll)
+	if m.o.Store.Shared() {
+		go m.keepLeases(ctx)
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -89,24 +129,74 @@ func (m *Manager) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			m.ExpireDue(ctx)
+			if m.o.Store.Shared() {
+				m.takeOver(ctx)
+			}
 		}
 	}
 }
 
-// startReconcile starts one goroutine per hold Recover queued and returns
-// at once: the gateway serves while the re-sends wait for their upstreams.
-func (m *Manager) startReconcile(ctx context.Context) {
+func (m *Manager) takeReconcile() []string {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	ids := m.reconcile
 	m.reconcile = nil
-	m.mu.Unlock()
+	return ids
+}
+
+// takeOver adopts the executing holds whose lease has passed (another
+// replica died, or hung, mid-send) and starts their re-sends.
+func (m *Manager) takeOver(ctx context.Context) {
+	taken, err := m.o.Store.TakeOverHolds(ctx, m.o.Lease, false, 100)
+	if err != nil {
+		m.log.Warn("holds: take over expired leases", "err", err)
+	}
+	keyed, err := m.adopt(ctx, taken)
+	if err != nil {
+		m.log.Error("holds: take over expired leases", "err", err)
+	}
+	m.startReconcile(ctx, keyed)
+}
+
+// keepLeases renews, every third of the lease, the leases of the holds
+// this process sends, until ctx ends. A lease found lost (the store was
+// unreachable past the lease, and another replica took the hold over) is
+// logged: that replica reconciles the hold, and this send's result is
+// recorded only if it still finds the hold executing.
+func (m *Manager) keepLeases(ctx context.Context) {
+	t := time.NewTicker(m.o.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		ids := make([]string, 0, len(m.inflight))
+		for id := range m.inflight {
+			ids = append(ids, id)
+		}
+		m.mu.Unlock()
+		lost, err := m.o.Store.RenewLeases(context.WithoutCancel(ctx), ids, m.o.Lease)
+		if err != nil {
+			m.log.Warn("holds: renew leases", "holds", len(ids), "err", err)
+			continue
+		}
+		for _, id := range lost {
+			m.log.Warn("holds: lost the lease on a hold this gateway is sending (another replica may have taken it over)", "hold", id)
+		}
+	}
+}
+
+// startReconcile starts one goroutine per claimed hold in ids (what adopt
+// returned) and returns at once: the gateway serves while the re-sends
+// wait for their upstreams.
+func (m *Manager) startReconcile(ctx context.Context, ids []string) {
 	// Like an approval: once started, a re-send is finished (recorded)
 	// even if the gateway is shutting down; the upstream timeout bounds it.
 	ctx = context.WithoutCancel(ctx)
 	for _, id := range ids {
-		if !m.claim(id) {
-			continue
-		}
 		go func() {
 			defer m.unclaim(id)
 			m.reconcileHold(ctx, id)
@@ -114,14 +204,16 @@ func (m *Manager) startReconcile(ctx context.Context) {
 	}
 }
 
-// claim marks id as being re-sent by this process; false if it already is.
+// claim marks id as being sent by this process (an approval's execution
+// or a re-send); false if it already is. The leases keepLeases renews
+// are those of the claimed holds.
 //
-// This makes a re-send unique per hold per process only. Another process
-// (the gateway restarted again while a re-send was in flight: the hold is
-// still executing, so the next start re-sends it too) may send it again,
-// possibly while the old connection is still open at the upstream; that
-// is harmless because every send carries the same idempotency key, and
-// the upstream answers a repeated key with its first reply.
+// This makes a send unique per hold per process only. Another process
+// (a replica that took the hold over after this one's lease passed, or
+// this gateway restarted while a re-send was in flight) may send it
+// again, possibly while the old connection is still open at the upstream;
+// only an idempotency-keyed hold is ever re-sent, and every send carries
+// the same key, which the upstream answers with its first reply.
 func (m *Manager) claim(id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
