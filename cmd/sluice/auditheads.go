@@ -144,10 +144,17 @@ func verifyHeads(ctx context.Context, out io.Writer, paths []string, heads strin
 		rep.Replicas = append(rep.Replicas, rl)
 	}
 	for _, r := range rows {
-		if _, ok := byReplica[r.Log]; !ok {
-			fail("%s: its recorded head %s (recorded %s) is in none of the files given: give its file (--file)", replicaName(r.Log),
-				audit.Head{Seq: r.Seq, Hash: r.Hash}, r.Updated.Format(time.RFC3339))
+		if _, ok := byReplica[r.Log]; ok {
+			continue
 		}
+		if host, path, legacy := strings.Cut(r.Log, ":"); legacy {
+			// Replica ids hold no ':' (config.ReplicaRE): a head from before them.
+			fail("%s: a head recorded before replica ids, by the gateway on host %s with audit.path %s (%s, recorded %s): that gateway's next start re-keys it to its replica_id; if that gateway is gone for good, check its file with `sluice audit verify --file F --expect-head %s`",
+				r.Log, host, path, audit.Head{Seq: r.Seq, Hash: r.Hash}, r.Updated.Format(time.RFC3339), audit.Head{Seq: r.Seq, Hash: r.Hash})
+			continue
+		}
+		fail("%s: its recorded head %s (recorded %s) is in none of the files given: give its file (--file)", replicaName(r.Log),
+			audit.Head{Seq: r.Seq, Hash: r.Hash}, r.Updated.Format(time.RFC3339))
 	}
 	if asJSON {
 		enc := json.NewEncoder(out)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -184,15 +185,7 @@ func TestDuplicateReplicaID(t *testing.T) {
 	if strings.HasPrefix(before, "0 ") {
 		t.Fatalf("r0's head not recorded: %s", before)
 	}
-	second := e.Launch(docs[1], paths[1])
-	var exitErr error
-	select {
-	case <-second.Exited():
-		exitErr = second.ExitErr()
-	case <-time.After(60 * time.Second):
-		t.Fatal("the second gateway with a replica id in use did not exit")
-	}
-	out := string(second.Stderr())
+	out, exitErr := refusedStart(t, e, docs[1], paths[1], "the second gateway with a replica id in use")
 	after := head()
 	if r := first.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
 		t.Errorf("the holder after the refused start: %d %s", r.Status, r.Body)
@@ -214,5 +207,99 @@ func TestDuplicateReplicaID(t *testing.T) {
 	}
 	if st != http.StatusOK || restart > 30*time.Second {
 		t.Errorf("the holder restarted under r0 after a kill -9: /readyz %d after %s, want 200 without waiting for any expiry", st, restart)
+	}
+}
+
+// TestLegacyHeadRekeyed (G22): a gateway on PostgreSQL from before
+// replica ids recorded its audit head under "host:path". After the
+// upgrade, `audit verify --heads` names that row as such and says how it
+// is resolved; the gateway's next start re-keys it to its replica id and
+// checks its file against it, so a file cut behind the legacy head is
+// refused at start (without the re-key it would have been checked against
+// no head at all); with the file whole it starts and verify passes.
+func TestLegacyHeadRekeyed(t *testing.T) {
+	srv := pgtest.StartT(t, pgtest.Options{})
+	e := newEnv(t)
+	dsn, super, docs, paths := pgReplicas(t, e, srv, 1)
+	c := casebook.Expect(t, "G22", "an audit head recorded under host:path by a gateway from before replica ids; its file then cut behind that head before the upgraded gateway's first start",
+		"audit verify --heads names the legacy row and how it is resolved (exit non-zero); the start re-keys the head to the replica id and refuses the cut file (G9 message); with the file whole it starts, and verify --heads passes")
+	g := e.Start(docs[0], paths[0])
+	for range 3 {
+		if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
+			t.Fatalf("list: %d %s", r.Status, r.Body)
+		}
+	}
+	g.Stop() // records the final head
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, super)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	host, _ := os.Hostname()
+	legacy := host + ":" + g.Audit
+	var seq int64
+	if err := conn.QueryRow(ctx, `UPDATE audit_heads SET log = $1 WHERE log = 'r0' RETURNING seq`, legacy).Scan(&seq); err != nil || seq < 3 {
+		t.Fatalf("make r0's head a legacy one: seq %d, %v", seq, err)
+	}
+	verify, verr := e.CLI("", "audit", "verify", "--heads", dsn, "--file", g.Audit)
+
+	whole, err := os.ReadFile(g.Audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(whole), "\n")
+	at := -1
+	for i := len(lines) - 1; i > 0; i-- {
+		if lineSeq(lines[i]) == seq {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		t.Fatalf("no record at the head's seq %d", seq)
+	}
+	if err := os.WriteFile(g.Audit, []byte(strings.Join(lines[:at], "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cutOut, cutErr := refusedStart(t, e, docs[0], paths[0], "the gateway on a file cut behind its legacy head")
+	var rekeyed string
+	if err := conn.QueryRow(ctx, `SELECT log FROM audit_heads WHERE seq = $1`, seq).Scan(&rekeyed); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(g.Audit, whole, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g2 := e.Start(docs[0], paths[0])
+	g2.Stop()
+	after, aerr := e.CLI("", "audit", "verify", "--heads", dsn, "--file", g.Audit)
+	c.Observef("verify before the start: exit %v, names the legacy row: %v; start on the cut file: exit %v, G9 refusal: %v, head now keyed %q; start on the whole file ok; verify after: %v %q",
+		verr, strings.Contains(verify, "a head recorded before replica ids"), cutErr, strings.Contains(cutOut, "does not match the head the store recorded"), rekeyed, aerr, firstLine(after, "replica r0"))
+	if verr == nil || !strings.Contains(verify, "FAIL: "+legacy+": a head recorded before replica ids") || !strings.Contains(verify, "re-keys it to its replica_id") {
+		t.Errorf("verify --heads before the upgraded start: %v\n%s\nwant a FAIL naming the legacy row and how it is resolved", verr, verify)
+	}
+	if cutErr == nil || !strings.Contains(cutOut, "does not match the head the store recorded") || !strings.Contains(cutOut, "truncated") {
+		t.Errorf("start on a file cut behind the legacy head: exit %v\n%s\nwant the G9 refusal", cutErr, cutOut)
+	}
+	if rekeyed != "r0" {
+		t.Errorf("the legacy head is keyed %q after the start, want r0", rekeyed)
+	}
+	if aerr != nil || !strings.Contains(after, "ok: replica r0") {
+		t.Errorf("verify --heads after the start: %v\n%s", aerr, after)
+	}
+}
+
+// refusedStart launches a gateway that must refuse to start and returns
+// how it exited and what it logged.
+func refusedStart(t *testing.T, e *gwenv.Env, d gwenv.Doc, path, what string) (stderr string, exit error) {
+	t.Helper()
+	g := e.Launch(d, path)
+	select {
+	case <-g.Exited():
+		exit = g.ExitErr()
+		return string(g.Stderr()), exit
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not exit", what)
+		return "", nil
 	}
 }
