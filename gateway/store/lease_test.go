@@ -158,5 +158,50 @@ func TestClaimReplica(t *testing.T) {
 		if err != nil {
 			t.Fatalf("claim after the holder closed: %v", err)
 		}
+
+		// The holder's lock connection is cut (a server restart, a
+		// network cut) and another gateway takes the id meanwhile: the
+		// holder's keeper finds it taken and says so (lost, ReplicaErr,
+		// hence /readyz) until it holds the id again.
+		lostc := make(chan error, 8)
+		holder, err := OpenWith(ctx, dsn, Options{Replica: "r3"})
+		must(t, err)
+		defer holder.Close()
+		must(t, holder.ClaimReplica(ctx, func(err error) {
+			select {
+			case lostc <- err:
+			default:
+			}
+		}))
+		if _, err := holder.db.sql.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'sluice-replica %' AND pid IN
+			(SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid::bigint = $1)`, int64(uint64(replicaKey("r3"))&0xffffffff)); err != nil {
+			t.Fatal(err)
+		}
+		thief, err := OpenWith(ctx, dsn, Options{Replica: "r3"})
+		must(t, err)
+		deadline = time.Now().Add(5 * time.Second)
+		for err = thief.ClaimReplica(ctx, nil); err != nil && time.Now().Before(deadline); err = thief.ClaimReplica(ctx, nil) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("claim of the id whose holder's connection was cut: %v", err)
+		}
+		select {
+		case err := <-lostc:
+			if !errors.Is(err, ErrReplicaInUse) || !errors.Is(holder.ReplicaErr(), ErrReplicaInUse) {
+				t.Fatalf("lost %v, ReplicaErr %v; want ErrReplicaInUse", err, holder.ReplicaErr())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the holder never noticed another gateway took its id")
+		}
+		thief.Close()
+		deadline = time.Now().Add(10 * time.Second)
+		for holder.ReplicaErr() != nil && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := holder.ReplicaErr(); err != nil {
+			t.Fatalf("the holder did not take its id back once free: %v", err)
+		}
 	})
 }

@@ -128,13 +128,29 @@ func (s *Store) keepReplica(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.
 		}
 		c, err := s.lockReplica(ctx, cfg)
 		if err != nil {
-			if errors.Is(err, ErrReplicaInUse) && lost != nil {
-				lost(err)
+			if errors.Is(err, ErrReplicaInUse) {
+				s.replicaErr.Store(&err)
+				if lost != nil {
+					lost(err)
+				}
 			}
 			continue // unreachable: try again at the next tick
 		}
+		s.replicaErr.Store(nil)
 		conn = c
 	}
+}
+
+// ReplicaErr is the ErrReplicaInUse ClaimReplica's keeper met when it
+// took the id again after losing its lock connection (another gateway
+// took the id meanwhile), until it holds the id again; nil otherwise.
+// The gateway's /readyz reports it, so a load balancer drains one of the
+// two.
+func (s *Store) ReplicaErr() error {
+	if p := s.replicaErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func truncate(s string, n int) string {

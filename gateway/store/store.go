@@ -26,6 +26,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -148,8 +149,10 @@ type Store struct {
 	replica    string // Options.Replica
 	origin     string // this Store in hold notifications (notify.go)
 	leaseOwner string // this Store in holds' leases (lease.go)
-	// replicaStop releases the replica id ClaimReplica took (nil: none).
+	// replicaStop releases the replica id ClaimReplica took (nil: none);
+	// replicaErr is what ReplicaErr returns.
 	replicaStop func()
+	replicaErr  atomic.Pointer[error]
 }
 
 // Open opens a DSN: "sqlite:/path/to/file.db" (or ":memory:" after
