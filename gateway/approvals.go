@@ -53,6 +53,7 @@ func (s *Server) newHolds() *holds.Manager {
 		Notify:               s.notifyHold,
 		MaxPendingPerAgent:   s.cfg.Gateway.MaxPendingHolds,
 		MaxPendingPerSandbox: s.cfg.Gateway.MaxPendingHoldsPerSandbox,
+		Lease:                s.cfg.Gateway.HoldLease.Std(),
 		Logger:               s.log,
 	})
 }

@@ -36,6 +36,9 @@ type auditHeads struct {
 // `sluice audit accept-head`.
 func (s *Server) checkAuditHead(ctx context.Context) error {
 	path := s.cfg.Audit.Path
+	if err := s.rekeyLegacyHead(ctx); err != nil { // replica.go (THREATS G22)
+		return err
+	}
 	seq, hash, updated, ok, err := s.store.AuditHead(ctx)
 	if err != nil {
 		return fmt.Errorf("audit.path: check against the head recorded in the store: %w", err)

@@ -237,6 +237,11 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
+	if err := s.store.ClaimReplica(ctx, s.replicaLost); err != nil { // replica.go (THREATS G21)
+		s.audit.Close()
+		s.store.Close()
+		return nil, err
+	}
 	if err := s.checkAuditHead(ctx); err != nil { // audithead.go (THREATS G9)
 		s.audit.Close()
 		s.store.Close()

@@ -31,5 +31,8 @@ func (s *Server) storeProblem(ctx context.Context) string {
 	if err := s.store.Ping(ctx); err != nil {
 		return "store: unavailable (" + s.store.Kind().String() + "); calls that need state are refused 503 store_unavailable"
 	}
+	if err := s.store.ReplicaErr(); err != nil { // THREATS G21, replica.go
+		return err.Error()
+	}
 	return ""
 }

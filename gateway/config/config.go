@@ -77,6 +77,9 @@ type Gateway struct {
 	// in the store. Default: env POD_NAME, else HOSTNAME, else the host
 	// name (ReplicaRE).
 	ReplicaID string `yaml:"replica_id"`
+	// HoldLease: how long an executing held call stays leased to the
+	// replica sending it without a renewal (holdlease.go).
+	HoldLease Duration `yaml:"hold_lease"`
 	// MaxConnections caps the sandbox socket's open connections; more are
 	// answered 503 gateway_busy at once (THREATS B10).
 	MaxConnections int `yaml:"max_connections"`
@@ -669,6 +672,7 @@ func (c *Config) Validate() error {
 	if g.ReplicaID != "" && !ReplicaRE.MatchString(g.ReplicaID) {
 		bad("gateway.replica_id", "%q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit (the default is env POD_NAME, HOSTNAME or the host name: set it when that is not such a token)", g.ReplicaID)
 	}
+	g.validateHoldLease(bad) // holdlease.go
 	if g.SandboxSocket == "" {
 		bad("gateway.sandbox_socket", "must be set")
 	}
