@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/vault"
 )
 
 // newOAuth builds the OAuth manager for the connectors that have
@@ -51,13 +52,23 @@ func (s *Server) newOAuth() error {
 		return nil
 	}
 	opt := oauth.Options{Clients: clients, Log: s.log,
-		RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections/callback"}
+		RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections/callback",
+		// Started connects and refresh leases in the store: any replica
+		// takes the callback, and one refreshes (oauthstore.go).
+		Pending: oauthPending{s}, Lease: oauthLease{s}, Replica: s.cfg.Gateway.ReplicaID}
 	if person {
-		ls, ok := s.creds.(creds.Local)
-		if !ok {
-			return errors.New("credential.oauth2: flow authorization_code keeps tokens in the local store; it needs secrets.backend: local")
+		// Each person's tokens in the secret store (the local store, or
+		// Vault KV v2), the connection's row in the gateway's store.
+		var kv oauth.SecretKV
+		switch src := s.creds.(type) {
+		case creds.Local:
+			kv = src.Store
+		case *creds.Vault:
+			kv = vault.NamedKV{V: src.Client()}
+		default:
+			return fmt.Errorf("credential.oauth2: flow authorization_code keeps tokens in the secret store; the credential source %T cannot store them", s.creds)
 		}
-		opt.Store = oauth.LocalStore{Local: ls.Store}
+		opt.Store = oauth.SplitStore{Rows: oauthRows{s}, Secrets: kv}
 	}
 	m, err := oauth.New(opt)
 	if err != nil {
@@ -98,9 +109,9 @@ func (oc oauthConnections) Begin(ctx context.Context, connector, user, bind stri
 	return oc.m.Begin(ctx, connector, user, bind)
 }
 
-func (oc oauthConnections) Complete(ctx context.Context, user, bind, state, code string) (review.Connection, error) {
-	c, err := oc.m.Complete(ctx, user, bind, state, code)
-	rc := review.Connection{Connector: c.Connector, Status: string(c.Status), Scopes: c.Scopes, ConnectedAt: c.ConnectedAt}
+func (oc oauthConnections) Complete(ctx context.Context, bind, state, code string) (review.Connection, error) {
+	c, err := oc.m.Complete(ctx, bind, state, code)
+	rc := review.Connection{Connector: c.Connector, User: c.User, Status: string(c.Status), Scopes: c.Scopes, ConnectedAt: c.ConnectedAt}
 	if errors.Is(err, oauth.ErrBadState) {
 		return rc, fmt.Errorf("%w: %w", review.ErrConnectState, err)
 	}

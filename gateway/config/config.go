@@ -1116,9 +1116,6 @@ func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string,
 		if c.Approvals.PublicURL == "" {
 			bad("approvals.public_url", "must be set with %s.flow: authorization_code: the redirect URL is built from it", k)
 		}
-		if c.Secrets.Backend != "local" {
-			bad(k+".flow", "authorization_code keeps each person's tokens in the local store (scope user:NAME); it needs secrets.backend: local in this build")
-		}
 	case "client_credentials":
 		if o.ClientSecret == "" {
 			bad(k+".client_secret", "is required with flow: client_credentials")

@@ -252,7 +252,6 @@ func TestOAuth2KeysNameTheirKey(t *testing.T) {
 		{"client credentials without secret", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c }"), "connectors[0].credential.oauth2.client_secret: is required"},
 		{"secret value instead of a name", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: 'sk live/123' }"), "connectors[0].credential.oauth2.client_secret: not a secret name"},
 		{"authorization code without public url", fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }"), "approvals.public_url: must be set with connectors[0].credential.oauth2.flow"},
-		{"authorization code with vault", pub + "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\n" + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }"), "connectors[0].credential.oauth2.flow: authorization_code keeps each person's tokens in the local store"},
 		{"token url", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, token_url: 'ftp://x/t' }"), "connectors[0].credential.oauth2.token_url"},
 		{"revocation url with user", pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, revocation_url: 'https://u:p@x/r' }"), "connectors[0].credential.oauth2.revocation_url"},
 		{"scope with a space", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, scopes: ['a b'] }"), "connectors[0].credential.oauth2.scopes[0]"},
@@ -268,6 +267,11 @@ func TestOAuth2KeysNameTheirKey(t *testing.T) {
 				t.Fatalf("err = %v, want it to name %s", err, tc.key)
 			}
 		})
+	}
+	// Tokens kept in Vault KV: authorization_code with the vault backend
+	// is a valid configuration.
+	if _, err := Parse([]byte(pub+"secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\n"+fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }")), "/x"); err != nil {
+		t.Fatalf("authorization_code with secrets.backend vault: %v", err)
 	}
 	ok := pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, client_secret: s, scopes: [repo, 'read:user'] }")
 	if _, err := Parse([]byte(ok), "/x"); err != nil {
