@@ -44,7 +44,7 @@ type connectionsPage struct {
 // me is the person's name as sandbox identities carry it (ident's
 // canonical form): the user a connection is stored for.
 func me(s *session) (string, bool) {
-	n, err := ident.Canonical(s.person.Name)
+	n, err := ident.Person(s.person.Name)
 	return n, err == nil && n != ""
 }
 
