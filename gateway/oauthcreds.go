@@ -12,12 +12,14 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -178,4 +180,29 @@ func (s *Server) connectHeld(connector, user string) {
 			s.log.Warn("oauth: held call not released", "hold", h.ID, "err", err)
 		}
 	}
+}
+
+// placeholderToken is the secret of an egress placeholder bound to an
+// OAuth connection (egress.placeholders[].connection; its name is
+// oauth2.SLUG): the calling person's access token for SLUG, or the
+// connector's own for client credentials. ok is false for any other name,
+// which is a secret's. A person without a usable connection gets the
+// error the tool call would (connection_required's cause); nothing is
+// substituted.
+func (s *Server) placeholderToken(ctx context.Context, name string, c policy.Caller) (sec vault.Secret, ok bool, err error) {
+	slug, isOAuth := strings.CutPrefix(name, config.OAuthTokenPrefix)
+	if !isOAuth {
+		return vault.Secret{}, false, nil
+	}
+	if s.oauth == nil {
+		return vault.Secret{}, true, fmt.Errorf("bug(): egress placeholder %s: no OAuth client", name)
+	}
+	if _, known := s.oauth.Client(slug); !known {
+		return vault.Secret{}, true, fmt.Errorf("bug(): egress placeholder %s: connector has no OAuth client", name)
+	}
+	tok, err := s.oauth.Token(ctx, slug, c.User)
+	if err != nil {
+		return vault.Secret{}, true, err
+	}
+	return vault.NewSecret(tok.Value), true, nil
 }

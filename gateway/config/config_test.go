@@ -278,3 +278,29 @@ func TestOAuth2KeysNameTheirKey(t *testing.T) {
 		t.Fatalf("a valid oauth2 credential: %v", err)
 	}
 }
+
+// TestOAuthTokenNamesReserved: no secret reference may name a person's
+// OAuth tokens (oauth2.SLUG), and an egress placeholder bound to a
+// connection names a credential.oauth2 connector, never also a secret.
+func TestOAuthTokenNamesReserved(t *testing.T) {
+	const svc = "connectors: [{ slug: svc, spec: a.yaml, credential: { oauth2: { flow: client_credentials, client_id: c, client_secret: s } } }]\n"
+	const ph = "egress: { intercept: { hosts: [api.test], ca_dir: /x/ca }, placeholders: [%s] }\n"
+	for _, tc := range []struct{ name, yaml, key string }{
+		{"credential.secret", "connectors: [{ slug: a, spec: a.yaml, credential: { secret: oauth2.docs } }]\n", "connectors[0].credential.secret: \"oauth2.docs\""},
+		{"client_secret", "connectors: [{ slug: a, spec: a.yaml, credential: { oauth2: { flow: client_credentials, client_id: c, client_secret: OAuth2.a } } }]\n", "connectors[0].credential.oauth2.client_secret"},
+		{"placeholder secret", fmt.Sprintf(ph, "{ secret: oauth2.svc, hosts: [api.test], header: Authorization }"), "egress.placeholders[0].secret"},
+		{"placeholder connection and secret", svc + fmt.Sprintf(ph, "{ secret: k, connection: svc, hosts: [api.test], header: Authorization }"), "egress.placeholders[0].connection: secret and connection are exclusive"},
+		{"placeholder connection not OAuth", svc + fmt.Sprintf(ph, "{ connection: nope, hosts: [api.test], header: Authorization }"), "egress.placeholders[0].connection: \"nope\" is not a connector with credential.oauth2"},
+		{"placeholder connection bound twice", svc + fmt.Sprintf(ph, "{ connection: svc, hosts: [api.test], header: Authorization }, { connection: svc, hosts: [b.test], header: Authorization }"), "egress.placeholders[1].secret: \"oauth2.svc\" is bound twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), "/x")
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("err = %v, want it to name %s", err, tc.key)
+			}
+		})
+	}
+	if _, err := Parse([]byte(svc+fmt.Sprintf(ph, "{ connection: svc, hosts: [api.test], header: Authorization, prefix: 'Bearer ' }")), "/x"); err != nil {
+		t.Fatalf("a placeholder bound to svc's connection: %v", err)
+	}
+}
