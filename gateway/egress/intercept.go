@@ -417,8 +417,13 @@ func (e intercepted) interceptRequest(w http.ResponseWriter, r *http.Request, tu
 	}
 	pl, err := in.planFor(c.DestHost, hdr, r.RequestURI)
 	if errors.Is(err, errConnectionElsewhere) {
-		c.Event = evConnectionElsewhere
-		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, err.Error()))
+		// Its own record (the decision record's reason is the rule's),
+		// then the refusal's.
+		ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, err.Error())
+		if aerr := e.record(ctx, c, evConnectionElsewhere, ee.Error, true); aerr != nil {
+			ee = aerr
+		}
+		e.refuse(w, c, ee)
 		return
 	}
 	if err != nil {
