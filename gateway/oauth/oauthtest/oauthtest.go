@@ -48,7 +48,7 @@ type Server struct {
 	// Transport, when set, is how Consent's browser reaches the server
 	// (a server inside a network namespace).
 	Transport http.RoundTripper
-	redirects   []string // Location headers sent back to a client's callback
+	redirects []string // Location headers sent back to a client's callback
 }
 
 // Redirects returns every redirect the server sent a browser back to a
