@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
 	"github.com/sluice-gw/sluice/gateway/store/pgtest"
+	"github.com/sluice-gw/sluice/test/internal/casebook"
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 	"github.com/sluice-gw/sluice/vault/vaulttest"
 )
@@ -182,6 +183,31 @@ func TestOAuthTwoProcessesOnePostgres(t *testing.T) {
 		t.Fatalf("%d code exchanges, want 1", n)
 	}
 
+	t.Run("D22 callback from another browser", func(t *testing.T) {
+		cb := casebook.Expect(t, "D22", "an OAuth connect's callback URL (state and code) opened in a browser other than the one that started the connect, on another replica",
+			"400 page, refused for the state before any code exchange, audited connection_refused reason state; no connection stored for anyone")
+		// Connect again (the session's CSRF token, as the page had it).
+		resp, _ := get(r0, "/connections/docs/connect?csrf="+m[1])
+		back, err := as.Consent(resp.Header.Get("Location"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Another browser: no cookie at all (not alice's connect cookie).
+		req, _ := http.NewRequest(http.MethodGet, "http://"+r1.Admin+back.RequestURI(), nil)
+		other, err := browser(r1).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(other.Body)
+		other.Body.Close()
+		rec := r1.For(t).AwaitAuditFields("connection_refused", map[string]any{"reason": "state"})
+		exchanged := as.Grants("authorization_code") - 1
+		cb.Observef("%d, %d code exchanges, audited %v", other.StatusCode, exchanged, rec != nil)
+		if other.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "not valid for your session") || exchanged != 0 {
+			t.Fatalf("%d, %d exchanges", other.StatusCode, exchanged)
+		}
+	})
+
 	// The tokens: in Vault KV, in no PostgreSQL row.
 	vc := vs.Client(t)
 	readTokens := func() map[string]any {
@@ -222,8 +248,11 @@ func TestOAuthTwoProcessesOnePostgres(t *testing.T) {
 			}
 		})
 	}
+	d21 := casebook.Expect(t, "D21", "a person's OAuth access token expired; 40 concurrent calls spread over 2 gateway processes on one PostgreSQL (a refresh token used twice is revoked by many providers)",
+		"exactly one refresh at the provider (the store's refresh lease); every call 200 with the new token; the rotated refresh token stored")
 	close(start)
 	wg.Wait()
+	d21.Observef("%d calls failed, %d refreshes at the provider", bad.Load(), as.Grants("refresh_token"))
 	if bad.Load() > 0 {
 		t.FailNow()
 	}
