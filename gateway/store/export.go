@@ -22,8 +22,8 @@ import (
 //
 // and every other line one row: {"table":"holds","row":{"id":…,…}}, with
 // times as Unix nanoseconds and BLOB columns as base64. The tables are
-// holds, grants, ended_sessions, oauth_connections (without refresh
-// leases; the tokens stay in the secret store) and usage; rate-limit
+// holds, grants, ended_sessions, usage and oauth_connections (without
+// refresh leases; the tokens stay in the secret store); rate-limit
 // buckets, audit heads and started OAuth connects belong to one
 // database's gateways and are not moved.
 
@@ -116,6 +116,14 @@ var exportTables = []exportTable{
 			}
 			return nil
 		}},
+	{name: "usage", key: []string{"hour", "agent", "tool", "action"}, sum: true, cols: []exportCol{
+		c("hour", colText), c("agent", colText), c("tool", colText), c("action", colText), c("count", colInt)},
+		check: func(r map[string]any) error {
+			if r["count"].(int64) < 0 {
+				return errors.New("row.count: negative")
+			}
+			return nonEmpty("hour")(r)
+		}},
 	{name: "oauth_connections", key: []string{"connector", "user"}, cols: []exportCol{
 		c("connector", colText), c(`"user"`, colText), c("status", colText), c("scopes", colText),
 		c("connected_at", colInt), c("updated", colInt)},
@@ -125,14 +133,6 @@ var exportTables = []exportTable{
 			}
 			return checkOAuthConnection(OAuthConnection{Connector: r["connector"].(string), User: r["user"].(string),
 				Status: r["status"].(string), Scopes: strings.Fields(r["scopes"].(string))})
-		}},
-	{name: "usage", key: []string{"hour", "agent", "tool", "action"}, sum: true, cols: []exportCol{
-		c("hour", colText), c("agent", colText), c("tool", colText), c("action", colText), c("count", colInt)},
-		check: func(r map[string]any) error {
-			if r["count"].(int64) < 0 {
-				return errors.New("row.count: negative")
-			}
-			return nonEmpty("hour")(r)
 		}},
 }
 
