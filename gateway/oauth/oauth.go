@@ -6,8 +6,13 @@
 // concurrent calls (single flight per connection); a rotated refresh token
 // is stored back in the same write as its access token.
 //
-// Tokens live only in this process and in a Store (the local secret
-// store, encrypted at rest, scope user:NAME). They never appear in an
+// Tokens live only in this process and in a Store: a gateway's is a
+// SplitStore, each connection's row in the gateway's store (shared by its
+// replicas) and its tokens in the secret store (the local store,
+// encrypted at rest, or Vault KV v2; name oauth2.CONNECTOR, scope
+// user:NAME). Started connects (Pending) and refresh leases (Lease) are
+// in the gateway's store too, so a callback may reach any replica and one
+// replica refreshes a connection at a time. Tokens never appear in an
 // error, a log line or an audit record: Connection and Token redact
 // themselves, and errors name the connector, the person and the provider's
 // error code only. A provider that refuses a refresh (invalid_grant:
