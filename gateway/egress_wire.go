@@ -25,6 +25,9 @@ func (s *Server) egressDeps() egress.Deps {
 		Append:   s.appendAudit,
 		Session:  s.sessionRefusal,
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
+			if tok, ok, err := s.placeholderToken(ctx, secret, c); ok { // oauthcreds.go
+				return tok, err
+			}
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
 		},
 		Track:            s.sessConns.add,

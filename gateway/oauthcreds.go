@@ -12,12 +12,15 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/vault"
 )
 
 // newOAuth builds the OAuth manager for the connectors that have
@@ -51,13 +54,23 @@ func (s *Server) newOAuth() error {
 		return nil
 	}
 	opt := oauth.Options{Clients: clients, Log: s.log,
-		RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections/callback"}
+		RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections/callback",
+		// Started connects and refresh leases in the store: any replica
+		// takes the callback, and one refreshes (oauthstore.go).
+		Pending: oauthPending{s}, Lease: oauthLease{s}, Replica: s.cfg.Gateway.ReplicaID}
 	if person {
-		ls, ok := s.creds.(creds.Local)
-		if !ok {
-			return errors.New("credential.oauth2: flow authorization_code keeps tokens in the local store; it needs secrets.backend: local")
+		// Each person's tokens in the secret store (the local store, or
+		// Vault KV v2), the connection's row in the gateway's store.
+		var kv oauth.SecretKV
+		switch src := s.creds.(type) {
+		case creds.Local:
+			kv = src.Store
+		case *creds.Vault:
+			kv = vault.NamedKV{V: src.Client()}
+		default:
+			return fmt.Errorf("credential.oauth2: flow authorization_code keeps tokens in the secret store; the credential source %T cannot store them", s.creds)
 		}
-		opt.Store = oauth.LocalStore{Local: ls.Store}
+		opt.Store = oauth.SplitStore{Rows: oauthRows{s}, Secrets: kv}
 	}
 	m, err := oauth.New(opt)
 	if err != nil {
@@ -98,9 +111,9 @@ func (oc oauthConnections) Begin(ctx context.Context, connector, user, bind stri
 	return oc.m.Begin(ctx, connector, user, bind)
 }
 
-func (oc oauthConnections) Complete(ctx context.Context, user, bind, state, code string) (review.Connection, error) {
-	c, err := oc.m.Complete(ctx, user, bind, state, code)
-	rc := review.Connection{Connector: c.Connector, Status: string(c.Status), Scopes: c.Scopes, ConnectedAt: c.ConnectedAt}
+func (oc oauthConnections) Complete(ctx context.Context, bind, state, code string) (review.Connection, error) {
+	c, err := oc.m.Complete(ctx, bind, state, code)
+	rc := review.Connection{Connector: c.Connector, User: c.User, Status: string(c.Status), Scopes: c.Scopes, ConnectedAt: c.ConnectedAt}
 	if errors.Is(err, oauth.ErrBadState) {
 		return rc, fmt.Errorf("%w: %w", review.ErrConnectState, err)
 	}
@@ -167,4 +180,29 @@ func (s *Server) connectHeld(connector, user string) {
 			s.log.Warn("oauth: held call not released", "hold", h.ID, "err", err)
 		}
 	}
+}
+
+// placeholderToken is the secret of an egress placeholder bound to an
+// OAuth connection (egress.placeholders[].connection; its name is
+// oauth2.SLUG): the calling person's access token for SLUG, or the
+// connector's own for client credentials. ok is false for any other name,
+// which is a secret's. A person without a usable connection gets the
+// error the tool call would (connection_required's cause); nothing is
+// substituted.
+func (s *Server) placeholderToken(ctx context.Context, name string, c policy.Caller) (sec vault.Secret, ok bool, err error) {
+	slug, isOAuth := strings.CutPrefix(name, config.OAuthTokenPrefix)
+	if !isOAuth {
+		return vault.Secret{}, false, nil
+	}
+	if s.oauth == nil {
+		return vault.Secret{}, true, fmt.Errorf("bug(): egress placeholder %s: no OAuth client", name)
+	}
+	if _, known := s.oauth.Client(slug); !known {
+		return vault.Secret{}, true, fmt.Errorf("bug(): egress placeholder %s: connector has no OAuth client", name)
+	}
+	tok, err := s.oauth.Token(ctx, slug, c.User)
+	if err != nil {
+		return vault.Secret{}, true, err
+	}
+	return vault.NewSecret(tok.Value), true, nil
 }

@@ -299,13 +299,14 @@ func canonicalCaller(id wire.Identity) (wire.Identity, *refusal.Error) {
 		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "the call carries no valid identity: "+strings.TrimPrefix(err.Error(), "wire: "))
 	}
 	for _, f := range []struct {
-		name string
-		v    *string
-	}{{"user", &id.User}, {"session", &id.Session}} {
+		name  string
+		v     *string
+		canon func(string) (string, error)
+	}{{"user", &id.User, ident.Person}, {"session", &id.Session, ident.Canonical}} {
 		if *f.v == "" {
 			continue
 		}
-		c, err := ident.Canonical(*f.v)
+		c, err := f.canon(*f.v)
 		if err != nil {
 			return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, fmt.Sprintf("the identity's %s is ambiguous: %v", f.name, err))
 		}

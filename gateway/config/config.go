@@ -428,10 +428,13 @@ type Intercept struct {
 // request header Header, whose value must be Prefix followed by the
 // placeholder.
 type Placeholder struct {
-	Secret string   `yaml:"secret"`
-	Hosts  []string `yaml:"hosts"`
-	Header string   `yaml:"header"`
-	Prefix string   `yaml:"prefix"`
+	Secret string `yaml:"secret"`
+	// Connection binds the calling person's OAuth access token for this
+	// credential.oauth2 connector instead of a secret (oauthnames.go).
+	Connection string   `yaml:"connection"`
+	Hosts      []string `yaml:"hosts"`
+	Header     string   `yaml:"header"`
+	Prefix     string   `yaml:"prefix"`
 }
 
 // DNS configures the gateway's DNS policy answerer (POST /v1/dns).
@@ -909,6 +912,7 @@ func (c *Config) Validate() error {
 			case cr.Secret != "" && !nameRE.MatchString(cr.Secret):
 				bad(ck+".secret", "not a secret name: %q", cr.Secret)
 			}
+			reservedSecret(ck+".secret", cr.Secret, bad) // oauthnames.go
 			if cr.Vault != nil {
 				v := cr.Vault
 				n := 0
@@ -1015,12 +1019,15 @@ func (c *Config) Validate() error {
 	phSeen := map[string]bool{}
 	for i, p := range c.Egress.Placeholders {
 		k := fmt.Sprintf("egress.placeholders[%d]", i)
-		if !nameRE.MatchString(p.Secret) || strings.Contains(p.Secret, ":") {
+		name, ok := validatePlaceholderBinding(k, p, c, bad) // oauthnames.go
+		switch {
+		case !ok:
+		case !nameRE.MatchString(name) || strings.Contains(name, ":"):
 			bad(k+".secret", "want a secret name, got %q", p.Secret)
-		} else if phSeen[p.Secret] {
-			bad(k+".secret", "%q is bound twice", p.Secret)
+		case phSeen[name]:
+			bad(k+".secret", "%q is bound twice", name)
 		}
-		phSeen[p.Secret] = true
+		phSeen[name] = true
 		if len(p.Hosts) == 0 {
 			bad(k+".hosts", "name at least one host")
 		}
@@ -1127,9 +1134,6 @@ func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string,
 		if c.Approvals.PublicURL == "" {
 			bad("approvals.public_url", "must be set with %s.flow: authorization_code: the redirect URL is built from it", k)
 		}
-		if c.Secrets.Backend != "local" {
-			bad(k+".flow", "authorization_code keeps each person's tokens in the local store (scope user:NAME); it needs secrets.backend: local in this build")
-		}
 	case "client_credentials":
 		if o.ClientSecret == "" {
 			bad(k+".client_secret", "is required with flow: client_credentials")
@@ -1144,6 +1148,7 @@ func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string,
 	} else if strings.ContainsAny(o.ClientID, "\r\n\x00") {
 		bad(k+".client_id", "must not contain CR, LF or NUL")
 	}
+	reservedSecret(k+".client_secret", o.ClientSecret, bad) // oauthnames.go
 	if o.ClientSecret != "" && !nameRE.MatchString(o.ClientSecret) {
 		bad(k+".client_secret", "not a secret name: %q (name a secret in the store; the value never goes in sluice.yaml)", o.ClientSecret)
 	}

@@ -536,13 +536,14 @@ func IdentityFrom(ctx context.Context) (wire.Identity, bool) {
 // (invisible characters, letters of two scripts) is refused.
 func canonicalIdentity(id wire.Identity) (wire.Identity, error) {
 	for _, f := range []struct {
-		name string
-		v    *string
-	}{{"user", &id.User}, {"session", &id.Session}} {
+		name  string
+		v     *string
+		canon func(string) (string, error)
+	}{{"user", &id.User, ident.Person}, {"session", &id.Session, ident.Canonical}} {
 		if *f.v == "" {
 			continue
 		}
-		c, err := ident.Canonical(*f.v)
+		c, err := f.canon(*f.v)
 		if err != nil {
 			return id, fmt.Errorf("the identity's %s is ambiguous: %w", f.name, err)
 		}

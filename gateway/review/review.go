@@ -232,7 +232,7 @@ func New(opt Options) (*UI, error) {
 	}
 	if opt.Connections != nil {
 		m.HandleFunc("GET /connections", u.authed(u.handleConnections))
-		m.HandleFunc("GET /connections/callback", u.authed(u.handleConnectCallback))
+		m.HandleFunc("GET /connections/callback", u.handleConnectCallback) // no session needed (connections.go)
 		m.HandleFunc("GET /connections/{connector}/connect", u.authed(u.handleConnect))
 		m.HandleFunc("POST /connections/{connector}/disconnect", u.authed(u.handleDisconnect))
 	}

@@ -45,7 +45,10 @@ type Server struct {
 	grants map[string]int
 	// Revocations counts requests to the revocation endpoint.
 	Revocations atomic.Int64
-	redirects   []string // Location headers sent back to a client's callback
+	// Transport, when set, is how Consent's browser reaches the server
+	// (a server inside a network namespace).
+	Transport http.RoundTripper
+	redirects []string // Location headers sent back to a client's callback
 }
 
 // Redirects returns every redirect the server sent a browser back to a
@@ -146,7 +149,7 @@ func (s *Server) RevokeConsent(t testing.TB, clientID string) {
 func (s *Server) Consent(authURL string) (*url.URL, error) {
 	jar, _ := cookiejar.New(nil)
 	var back *url.URL
-	c := &http.Client{Jar: jar, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+	c := &http.Client{Jar: jar, Transport: s.Transport, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if !strings.HasPrefix(req.URL.String(), s.URL) {
 			back = req.URL
 			return http.ErrUseLastResponse
