@@ -85,6 +85,11 @@ type Options struct {
 	// Timeout bounds one connect or listing (default 15s).
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// PerCredential gives each call credential its own session: MCP
+	// authorization binds a session to the user of the token that opened
+	// it (a person's OAuth token), so one person's session is never used
+	// with, or for, another's token (percred.go).
+	PerCredential bool
 }
 
 // Tool is one remote tool as listed.
@@ -146,6 +151,8 @@ type Remote struct {
 
 	mu sync.Mutex // guards cs and serialises listings
 	cs *sdk.ClientSession
+
+	creds credSessions // PerCredential: sessions by credential (percred.go)
 }
 
 // New makes a Remote; it connects nothing until Start or a call.
@@ -199,6 +206,16 @@ func (r *Remote) Close() {
 	if r.cs != nil {
 		_ = r.cs.Close()
 		r.cs = nil
+	}
+	r.creds.closeAll()
+}
+
+// Kick lists the remote again soon (a person connected the account its
+// listing needs, say); Run does it.
+func (r *Remote) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -266,6 +283,13 @@ func (r *Remote) Refresh(ctx context.Context) {
 func (r *Remote) list(ctx context.Context) *Set {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
+	if r.opts.Header != nil && r.cs == nil {
+		// The credential first: its own reason (no person connected, the
+		// server's MCP authorization refused) says more than a failed connect.
+		if _, err := r.opts.Header(ctx); err != nil {
+			return &Set{Unavailable: "credential: " + shortErr(err), When: time.Now()}
+		}
+	}
 	cs, err := r.sessionLocked(ctx)
 	if err != nil {
 		return &Set{Unavailable: err.Error(), When: time.Now()}
@@ -594,7 +618,11 @@ func (r *Remote) RoundTrip(req *http.Request) (*http.Response, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
-	cs, err := r.session(ctx)
+	session := r.session
+	if r.opts.PerCredential {
+		session = r.credSession
+	}
+	cs, err := session(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -606,6 +634,7 @@ func (r *Remote) RoundTrip(req *http.Request) (*http.Response, error) {
 				r.cs = nil
 			}
 			r.mu.Unlock()
+			r.creds.drop(cs)
 		}
 		var we *jsonrpc.Error
 		if errors.As(err, &we) {

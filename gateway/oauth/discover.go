@@ -787,3 +787,15 @@ func (s LocalStore) SaveRegistered(ctx context.Context, connector string, r Regi
 	}
 	return s.Local.Set(ctx, "oauth2-client."+connector, vault.ConnectorScope(connector), vault.NewSecret(b))
 }
+
+// Discover resolves connector's MCP authorization now, if it has one (the
+// remote's listing does it first, so that a failure is reported by step
+// before anyone connects).
+func (m *Manager) Discover(ctx context.Context, connector string) error {
+	c, ok := m.clients[connector]
+	if !ok {
+		return fmt.Errorf("bug(): oauth: connector %q has no OAuth client", connector)
+	}
+	_, err := m.resolve(ctx, c)
+	return err
+}

@@ -167,6 +167,12 @@ func StartMCPOn(t testing.TB, asLn, mcpLn net.Listener, redirect string) *MCPAut
 			}
 			return nil, out, nil
 		})
+	// echo_auth reflects the Authorization header it got: a gateway in
+	// front must scrub it from the result (THREATS D, reflection).
+	mcp.AddTool(srv, &mcp.Tool{Name: "echo_auth", Description: "echoes the credential"},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "you sent " + req.Extra.Header.Get("Authorization")}}}, nil, nil
+		})
 	metaURL := "http://" + mcpLn.Addr().String() + "/.well-known/oauth-protected-resource/mcp"
 	protect := auth.RequireBearerToken(m.verify, &auth.RequireBearerTokenOptions{ResourceMetadataURL: metaURL})
 	mux := http.NewServeMux()
