@@ -8,10 +8,13 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
+	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -24,6 +27,12 @@ import (
 // in a session of its own (mcpremote.Options.PerCredential). The tool
 // list has no caller: it is fetched with the token of a person who has
 // connected (the most recently updated connection that still works).
+
+// EventMCPAuthorizationRefused is the audit event of a remote MCP
+// server whose authorization metadata the gateway refused (another
+// resource, another issuer, plain http, no PKCE…): the connector, the
+// step and the reason. Its tools stay unavailable; nothing is sent.
+const EventMCPAuthorizationRefused = "mcp_authorization_refused"
 
 // mcpOAuthClient is the OAuth client of a provider: mcp connector with
 // credential.oauth2: its endpoints (and, without client_id, the client)
@@ -60,11 +69,26 @@ func mcpOAuthRegistered(clients []oauth.Client, st oauth.Store) {
 // connected it.
 func (s *Server) remoteOAuthHeader(up *upstream) func(ctx context.Context) (http.Header, error) {
 	slug := up.cfg.Slug
+	var mu sync.Mutex
+	var last string // the refusal last audited, so a remote that stays refused is recorded once
 	return func(ctx context.Context) (http.Header, error) {
 		if s.oauth == nil {
 			return nil, errors.New("bug(): the OAuth client of a remote MCP server is not set up")
 		}
-		if err := s.oauth.Discover(ctx, slug); err != nil {
+		err := s.oauth.Discover(ctx, slug)
+		mu.Lock()
+		var de *oauth.DiscoveryError
+		if errors.As(err, &de) && de.Reason != last {
+			last = de.Reason
+			f := map[string]any{"connector": slug, "url": config.RedactURL(up.cfg.URL), "step": de.Step, "reason": de.Reason}
+			if _, aerr := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPAuthorizationRefused, Fields: f}, false); aerr != nil {
+				s.log.Error("audit: a remote MCP server's refused authorization could not be recorded", "connector", slug, "err", aerr)
+			}
+		} else if err == nil {
+			last = ""
+		}
+		mu.Unlock()
+		if err != nil {
 			return nil, err
 		}
 		users, err := s.connectedUsers(ctx, slug)

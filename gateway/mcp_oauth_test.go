@@ -142,6 +142,28 @@ func TestMCPOAuthRemote(t *testing.T) {
 	if n := evil.Registrations.Load(); n != 0 {
 		t.Fatalf("evil's authorization server got %d registrations", n)
 	}
+	// Audited once, by step, however often the listing retries.
+	refused := 0
+	for _, rec := range auditEvents(t, g) {
+		if rec.Event == EventMCPAuthorizationRefused && rec.Fields["connector"] == "evil" {
+			refused++
+			if rec.Fields["step"] != "protected-resource metadata" || !strings.Contains(rec.Fields["reason"].(string), "names the resource") {
+				t.Fatalf("the refusal record: %v", rec.Fields)
+			}
+		}
+	}
+	if refused != 1 {
+		t.Fatalf("%d mcp_authorization_refused records for evil, want 1", refused)
+	}
+	g.Server.catalog.remotes["evil"].Refresh(context.Background())
+	for _, rec := range auditEvents(t, g) {
+		if rec.Event == EventMCPAuthorizationRefused && rec.Fields["connector"] == "evil" {
+			refused--
+		}
+	}
+	if refused != 0 {
+		t.Fatal("a repeated refusal was audited again")
+	}
 	// The Connections page says the same beside it; the rest serves.
 	conns, err := oauthConnections{m: g.Server.OAuth()}.List(context.Background(), "alice")
 	if err != nil {
