@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
@@ -145,4 +146,33 @@ func connectionProblem(c *oauth.Client) string {
 		return err.Error()
 	}
 	return ""
+}
+
+// checkMCPOAuth is validate's look at a remote MCP server with MCP
+// authorization: its metadata discovered as serve would (nothing is
+// registered), and reported as a warning either way: the tools are listed
+// only once a person connects, and a server whose authorization cannot be
+// discovered is served unavailable (serve keeps trying).
+func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transport http.RoundTripper) error {
+	allow := allowPrivate(cc)
+	d := &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }}
+	hc := &http.Client{Transport: transport, Timeout: 15 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	rm, err := d.ResourceMetadata(ctx, hc, cc.Slug, cc.URL)
+	if err != nil {
+		return warnf("%s.credential.oauth2: the remote MCP server's authorization cannot be discovered: %v; serve lists it unavailable and tries again", key, err)
+	}
+	var why []string
+	for _, issuer := range rm.AuthorizationServers {
+		sm, err := d.ServerMetadata(ctx, hc, cc.Slug, issuer)
+		if err != nil {
+			why = append(why, err.Error())
+			continue
+		}
+		if cc.Credential.OAuth2.ClientID == "" && sm.RegistrationEndpoint == "" {
+			return warnf("%s.credential.oauth2.client_id: must be set: the authorization server %s offers no dynamic client registration (RFC 7591)", key, sm.Issuer)
+		}
+		return warnf("%s: the remote MCP server speaks MCP authorization (authorization server %s); its tools are listed once a person connects it on the Connections page", key, sm.Issuer)
+	}
+	return warnf("%s.credential.oauth2: no authorization server of the remote MCP server is usable: %s; serve lists it unavailable and tries again", key, strings.Join(why, "; "))
 }

@@ -183,6 +183,21 @@ func TestMCPOAuthRemote(t *testing.T) {
 		t.Fatalf("the rest of the gateway: %d %s", r.status, r.raw)
 	}
 
+	// validate says it, per remote, as warnings: serve runs.
+	f := Check(context.Background(), g.cfg, CheckOptions{})
+	var said []string
+	for _, w := range f.Warnings {
+		said = append(said, w.Error())
+	}
+	all := strings.Join(said, "\n")
+	if !strings.Contains(all, "speaks MCP authorization (authorization server "+docs.AS.URL+")") ||
+		!strings.Contains(all, "credential.oauth2: the remote MCP server's authorization cannot be discovered: oauth: evil: MCP authorization: protected-resource metadata") {
+		t.Fatalf("validate's warnings:\n%s", all)
+	}
+	if n := docs.Registrations.Load(); n != 1 {
+		t.Fatalf("validate registered a client (%d registrations)", n)
+	}
+
 	connectPerson(t, g, docs, "docs", "alice")
 	waitListed(t, g, "docs.whoami")
 	if n := docs.Registrations.Load(); n != 1 {

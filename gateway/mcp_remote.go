@@ -214,6 +214,10 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 		}
 		key := fmt.Sprintf("connectors[%d]", i)
 		up := cat.connectors[cc.Slug]
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			warns = append(warns, checkMCPOAuth(ctx, key, cc, r.Transport())) // listed with a person's token: not by validate (mcp_oauth.go)
+			continue
+		}
 		var header func(context.Context) (http.Header, error)
 		if cc.Credential != nil {
 			st := local()
