@@ -454,7 +454,8 @@ func operation(slug string, lt *sdk.Tool) (*Tool, map[string]any, error) {
 }
 
 // schemaJSON is a remote schema as JSON, without $schema (the document is
-// 2020-12, as MCP's default), refused when it refers outside itself.
+// 2020-12, as MCP's default), with its references inside itself resolved,
+// refused when it refers outside itself.
 func schemaJSON(v any) (json.RawMessage, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -471,11 +472,18 @@ func schemaJSON(v any) (json.RawMessage, error) {
 		return nil, fmt.Errorf("$schema %q: only JSON Schema 2020-12 is understood", s)
 	}
 	delete(m, "$schema")
-	if bytes.Contains(b, []byte(`"$ref"`)) || bytes.Contains(b, []byte(`"$dynamicRef"`)) {
-		// Its references resolve against the remote's document, not ours.
-		return nil, errors.New("a schema with $ref is not supported")
+	if bytes.Contains(b, []byte(`"$ref"`)) || bytes.Contains(b, []byte(`"$dynamicRef"`)) || bytes.Contains(b, []byte(`"$recursiveRef"`)) {
+		// Its references resolve against the remote's document, not ours:
+		// those inside the schema are inlined (refs.go), any other refused.
+		if m, err = resolveRefs(m); err != nil {
+			return nil, err
+		}
 	}
-	return json.Marshal(m)
+	out, err := json.Marshal(m)
+	if err == nil && len(out) > maxSchemaBytes {
+		return nil, fmt.Errorf("larger than %d bytes once its $ref are resolved", maxSchemaBytes)
+	}
+	return out, err
 }
 
 // Fingerprint is the identity of a remote tool's definition: its name and
