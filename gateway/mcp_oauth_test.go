@@ -74,12 +74,18 @@ func (l toolsList) reason(slug string) string {
 // page's callback does after it (Connected: held calls, the listing).
 func connectPerson(t *testing.T, g *testGateway, srv *oauthtest.MCPAuth, slug, user string) {
 	t.Helper()
+	connectAs(t, g, srv, slug, user, srv.AS.Username())
+}
+
+// connectAs is connectPerson signing in at the provider as login.
+func connectAs(t *testing.T, g *testGateway, srv *oauthtest.MCPAuth, slug, user, login string) {
+	t.Helper()
 	ctx := context.Background()
 	u, err := g.Server.OAuth().Begin(ctx, slug, user, "browser-"+user)
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
-	back, err := srv.AS.Consent(u)
+	back, err := srv.AS.ConsentAs(u, login)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,6 +262,24 @@ func TestMCPOAuthRemote(t *testing.T) {
 		}
 		if n := len(docs.Seen()); n != seen {
 			t.Fatalf("the remote got %d requests for bob's refused call", n-seen)
+		}
+	})
+
+	t.Run("two people's calls each go in a session of their own", func(t *testing.T) {
+		// The SDK's server binds a session to its token's user: one
+		// session shared by alice's and bob's calls would be refused (403
+		// session user mismatch), or worse, act for the wrong person.
+		connectAs(t, g, docs, "docs", "bob", "test-user2")
+		for i := 0; i < 3; i++ {
+			for _, c := range []struct {
+				id      wire.Identity
+				subject string
+			}{{agentA, `"subject":"` + oauthtest.UserID + `"`}, {agentBob, `"subject":"id2"`}} {
+				r := doCall(t, g.client(c.id), "docs.whoami", `{"body":{}}`)
+				if r.status != 200 || !strings.Contains(r.raw, c.subject) {
+					t.Fatalf("%s's call %d: %d %s, want %s", c.id.User, i, r.status, r.raw, c.subject)
+				}
+			}
 		}
 	})
 
