@@ -2,8 +2,12 @@ package browser
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,12 +17,16 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/go-jose/go-jose/v4"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sluice-gw/sluice/gateway"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/vault"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
 )
@@ -174,6 +182,43 @@ func TestMCPAuthorizationRemote(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	t.Run("D24 a stored token minted for another audience", func(t *testing.T) {
+		cb := casebook.Expect(t, "D24", "bob's stored connection to docs holds a JWT access token whose aud is another resource (https://other.example/mcp); bob's sandbox calls docs.whoami",
+			"503 credential_unavailable naming the step token audience; nothing sent to the MCP server (no token reaches it); the refusal audited with its code; the token in no reply, audit record or log line")
+		tok := jwtFor(t, "https://other.example/mcp")
+		st, err := vault.OpenLocal(cfg.Secrets.Local.Path, cfg.Secrets.Local.KeyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := (oauth.LocalStore{Local: st}).Save(context.Background(), oauth.Connection{Connector: "docs", User: "bob", Status: oauth.Connected,
+			Scopes: []string{"openid"}, ConnectedAt: time.Now(), Access: tok, Expiry: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		bob := wire.Identity{Sandbox: "sb-8", Agent: "triage", Session: "s-8", User: "bob", Host: "h1"}
+		bc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return wire.Dial(ctx, cfg.Gateway.SandboxSocket, bob)
+		}}}
+		seen := len(docs.Seen())
+		resp, err := bc.Post("http://sluice/v1/tools/docs.whoami", "application/json", strings.NewReader(`{"body":{}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		sent := false
+		for _, s := range docs.Seen()[seen:] {
+			sent = sent || s == tok
+		}
+		audit, _ := os.ReadFile(cfg.Audit.Path)
+		audited := auditHas(t, cfg.Audit.Path, `"credential_unavailable"`, `"docs.whoami"`, `"bob"`)
+		leaked := strings.Contains(string(body), tok) || strings.Contains(string(audit), tok) || r.logHas(tok)
+		cb.Observef("status %d code %s message %.160q; token sent to the server %v; audited %v; leaked %v", resp.StatusCode, refusalCode(t, string(body)), string(body), sent, audited, leaked)
+		if resp.StatusCode != 503 || refusalCode(t, string(body)) != refusal.CredentialUnavailable || !strings.Contains(string(body), "token audience") ||
+			!strings.Contains(string(body), "not this server") || sent || !audited || leaked {
+			t.Fatalf("bob's call: %d %s; sent %v audited %v leaked %v", resp.StatusCode, body, sent, audited, leaked)
+		}
+	})
+
 	t.Run("D23 the remote MCP server echoes the person's token", func(t *testing.T) {
 		cb := casebook.Expect(t, "D23", "a remote MCP server with MCP authorization (provider: mcp, credential.oauth2) answers tools/call with the Authorization header it got (alice's OAuth token); the sandbox calls it over the MCP door",
 			"the server got alice's token; the sandbox's result carries no token; audited secret_reflected naming the tool; the record names the connection (oauth2 docs/alice), the token in no audit record or log line")
@@ -221,4 +266,28 @@ func textOf(r *sdk.CallToolResult) []string {
 		}
 	}
 	return out
+}
+
+// jwtFor is a signed JWT access token whose aud is audience (RFC 9068's
+// shape), as an authorization server that ignored the resource indicator
+// would mint.
+func jwtFor(t *testing.T, audience string) string {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, (&jose.SignerOptions{}).WithType("at+jwt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, _ := json.Marshal(map[string]any{"iss": "https://idp.example", "sub": "id2", "aud": audience, "exp": time.Now().Add(time.Hour).Unix(), "client_id": "dcr-9"})
+	o, err := sig.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := o.CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
