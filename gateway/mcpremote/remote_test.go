@@ -180,3 +180,28 @@ func laughs(n int) string {
 	fmt.Fprintf(&b, `"d%d":{"type":"string"}}}`, n)
 	return b.String()
 }
+
+// FuzzSchemaJSON: any remote schema is rendered or refused without
+// panicking or growing without bound, and a rendered one has no $ref.
+func FuzzSchemaJSON(f *testing.F) {
+	f.Add(`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`) // a local ref
+	f.Add(`{"type":"object","properties":{"a":{"$ref":"#"}}}`)                                         // the root: a cycle
+	f.Add(`{"$ref":"#/$defs/a/0","$defs":{"a":[{"$ref":"#/$defs/b"}],"b":{}}}`)                        // a pointer through an array
+	f.Add(laughs(12))                                                                                  // exponential
+	f.Fuzz(func(t *testing.T, s string) {
+		var v any
+		if json.Unmarshal([]byte(s), &v) != nil {
+			return
+		}
+		out, err := schemaJSON(v)
+		if err != nil {
+			return
+		}
+		if len(out) > maxSchemaBytes {
+			t.Fatalf("%d bytes rendered", len(out))
+		}
+		if strings.Contains(s, `"$ref"`) && strings.Contains(string(out), `"$ref":`) {
+			t.Fatalf("a rendered schema keeps a $ref: %s", out)
+		}
+	})
+}
