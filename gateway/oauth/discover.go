@@ -32,6 +32,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/vault"
@@ -127,21 +128,21 @@ type Discovery struct {
 	Retry time.Duration
 	Now   func() time.Time
 
-	mu   sync.Mutex
+	mu   sync.Mutex // serialises discoveries; held while one runs
 	done *Client
 	err  error
 	at   time.Time
+	// last is the outcome Status reports, readable while a discovery runs.
+	last atomic.Pointer[error]
 }
 
 // Status is the discovery's last failure, or nil: what the Connections
 // page and the tool list show for the connector.
 func (d *Discovery) Status() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.done != nil {
-		return nil
+	if p := d.last.Load(); p != nil {
+		return *p
 	}
-	return d.err
+	return nil
 }
 
 // resolve returns c made concrete (c itself when it has no Discovery).
@@ -173,20 +174,13 @@ func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string) (*C
 		return nil, d.err
 	}
 	rc, err := d.discover(ctx, c, redirect)
+	d.last.Store(&err)
 	if err != nil {
 		d.err, d.at = err, d.now()
 		return nil, err
 	}
 	d.done, d.err = rc, nil
 	return rc, nil
-}
-
-// Forget drops what was discovered, so the next use discovers again (the
-// remote's authorization server changed, say).
-func (d *Discovery) Forget() {
-	d.mu.Lock()
-	d.done, d.err = nil, nil
-	d.mu.Unlock()
 }
 
 func (d *Discovery) discover(ctx context.Context, c *Client, redirect string) (*Client, error) {
