@@ -232,6 +232,30 @@ func TestMCPAuthorizationRefused(t *testing.T) {
 	}
 }
 
+// TestMCPAuthorizationWellKnown: a 401 without a resource_metadata
+// challenge sends discovery to the well-known URL (RFC 9728 3.1, the
+// path inserted), and the flow goes on from there.
+func TestMCPAuthorizationWellKnown(t *testing.T) {
+	srv := oauthtest.StartMCP(t, redirect)
+	srv.NoChallenge.Store(true)
+	m, _ := mcpManager(t, srv, localStore(t), "", 0)
+	u, err := m.Begin(context.Background(), "remote", "alice", "sess-a")
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	if !strings.HasPrefix(u, srv.AS.URL+"/") || !strings.Contains(u, "client_id="+oauthtest.RegisteredID(1)) {
+		t.Fatalf("authorization URL %s", u)
+	}
+	// A URL the server does not serve is not an MCP endpoint that asks
+	// for authorization: refused at the probe, with the status.
+	d := &oauth.Discovery{PlainOK: loopback}
+	_, err = d.ResourceMetadata(context.Background(), http.DefaultClient, "remote", srv.MCPURL+"x")
+	var de *oauth.DiscoveryError
+	if !errors.As(err, &de) || de.Step != oauth.StepProbe || !strings.Contains(de.Reason, "got HTTP 404, not 401") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 // TestMCPAuthorizationNoChallenge: a server that does not answer 401 does
 // not speak MCP authorization: refused at the probe.
 func TestMCPAuthorizationNoChallenge(t *testing.T) {
@@ -242,6 +266,21 @@ func TestMCPAuthorizationNoChallenge(t *testing.T) {
 	var de *oauth.DiscoveryError
 	if !errors.As(err, &de) || de.Step != oauth.StepProbe || !strings.Contains(de.Reason, "not 401") {
 		t.Fatalf("err = %v, want refused at the probe", err)
+	}
+	// 401 without a challenge, and nothing at either well-known URL:
+	// refused at the metadata step, naming both URLs tried.
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/mcp" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer bare.Close()
+	_, err = d.ResourceMetadata(context.Background(), http.DefaultClient, "remote", bare.URL+"/mcp")
+	if !errors.As(err, &de) || de.Step != oauth.StepResourceMeta ||
+		!strings.Contains(de.Reason, "/.well-known/oauth-protected-resource/mcp: HTTP 404") || !strings.Contains(de.Reason, "/.well-known/oauth-protected-resource: HTTP 404") {
+		t.Fatalf("err = %v, want not found at both well-known URLs", err)
 	}
 }
 

@@ -44,6 +44,9 @@ type MCPAuth struct {
 	MCPURL string // the MCP endpoint: http://127.0.0.1:PORT/mcp
 	// Registrations counts requests to the registration endpoint.
 	Registrations atomic.Int64
+	// NoChallenge, set, drops the WWW-Authenticate header from the MCP
+	// server's 401s: a client must find the metadata at the well-known URL.
+	NoChallenge atomic.Bool
 
 	mu         sync.Mutex
 	resource   string   // PRM's resource ("" = MCPURL)
@@ -176,7 +179,13 @@ func StartMCPOn(t testing.TB, asLn, mcpLn net.Listener, redirect string) *MCPAut
 	metaURL := "http://" + mcpLn.Addr().String() + "/.well-known/oauth-protected-resource/mcp"
 	protect := auth.RequireBearerToken(m.verify, &auth.RequireBearerTokenOptions{ResourceMetadataURL: metaURL})
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", protect(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
+	guarded := protect(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	mux.HandleFunc("/mcp", func(w http.ResponseWriter, r *http.Request) {
+		if m.NoChallenge.Load() {
+			w = noChallenge{w}
+		}
+		guarded.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("/.well-known/oauth-protected-resource/mcp", func(w http.ResponseWriter, r *http.Request) {
 		m.mu.Lock()
 		res := m.resource
@@ -280,4 +289,12 @@ func (m *MCPAuth) register(w http.ResponseWriter, r *http.Request, redirect stri
 		"client_id": RegisteredID(n), "client_secret": WebSecret, "redirect_uris": []string{redirect},
 		"grant_types": []string{"authorization_code", "refresh_token"}, "token_endpoint_auth_method": "client_secret_basic",
 	})
+}
+
+// noChallenge drops WWW-Authenticate from what it writes.
+type noChallenge struct{ http.ResponseWriter }
+
+func (n noChallenge) WriteHeader(code int) {
+	n.Header().Del("WWW-Authenticate")
+	n.ResponseWriter.WriteHeader(code)
 }
