@@ -127,10 +127,13 @@ func TestMCPOAuthRemote(t *testing.T) {
 	other := oauthtest.StartMCP(t, redirect)
 	evil := oauthtest.StartMCP(t, redirect)
 	evil.SetResource("https://elsewhere.example/mcp")
+	held := oauthtest.StartMCP(t, redirect)
 	g := startHolds(t, up, "approvals: { public_url: "+mcpOAuthPublic+" }", func(c *config.Config) {
 		withMCPOAuth("docs", docs.MCPURL)(c)
 		withMCPOAuth("other", other.MCPURL)(c)
 		withMCPOAuth("evil", evil.MCPURL)(c)
+		withMCPOAuth("held", held.MCPURL)(c)
+		c.Connectors[len(c.Connectors)-1].Credential.OAuth2.OnMissing = "hold"
 	})
 
 	l := listTools(t, g, agentA)
@@ -280,6 +283,26 @@ func TestMCPOAuthRemote(t *testing.T) {
 					t.Fatalf("%s's call %d: %d %s, want %s", c.id.User, i, r.status, r.raw, c.subject)
 				}
 			}
+		}
+	})
+
+	t.Run("on_missing hold: held until the person connects, then sent once with their token", func(t *testing.T) {
+		connectPerson(t, g, held, "held", "alice") // someone connected: the tools are listed
+		waitListed(t, g, "held.whoami")
+		bc := g.client(agentBob)
+		r := doCall(t, bc, "held.whoami", `{"body":{}}`)
+		id, status := holdOf(t, r)
+		if r.status != 202 || status != "pending" {
+			t.Fatalf("bob's call before connecting: %d %s", r.status, r.raw)
+		}
+		seen := len(held.Seen())
+		connectAs(t, g, held, "held", "bob", "test-user2")
+		p := poll(t, bc, id, "10s")
+		if p.status != 200 || !strings.Contains(p.raw, `"structuredContent":{"subject":"id2"}`) {
+			t.Fatalf("the held call after bob connected: %d %s", p.status, p.raw)
+		}
+		if len(held.Seen()) == seen {
+			t.Fatal("the released call sent no token")
 		}
 	})
 

@@ -113,3 +113,16 @@ func (t *fixedCred) RoundTrip(req *http.Request) (*http.Response, error) {
 // Transport is the connector's guarded transport (what the remote's OAuth
 // client reaches the authorization server through).
 func (r *Remote) Transport() http.RoundTripper { return r.opts.Transport }
+
+// listingHeader is the one credential header of a listing's headers.
+func listingHeader(h http.Header) (callHeader, bool) {
+	if len(h) != 1 {
+		return callHeader{}, false
+	}
+	for k, vs := range h {
+		if len(vs) == 1 && vs[0] != "" {
+			return callHeader{name: k, value: vs[0]}, true
+		}
+	}
+	return callHeader{}, false
+}

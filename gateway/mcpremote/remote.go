@@ -283,14 +283,25 @@ func (r *Remote) Refresh(ctx context.Context) {
 func (r *Remote) list(ctx context.Context) *Set {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
-	if r.opts.Header != nil && r.cs == nil {
+	session := r.sessionLocked
+	if r.opts.Header != nil && (r.cs == nil || r.opts.PerCredential) {
 		// The credential first: its own reason (no person connected, the
 		// server's MCP authorization refused) says more than a failed connect.
-		if _, err := r.opts.Header(ctx); err != nil {
+		h, err := r.opts.Header(ctx)
+		if err != nil {
 			return &Set{Unavailable: "credential: " + shortErr(err), When: time.Now()}
 		}
+		if r.opts.PerCredential {
+			// The listing's credential (a person's token) may be another
+			// person's than last time: it lists in that credential's own
+			// session, as a call would.
+			if ch, ok := listingHeader(h); ok {
+				lctx := context.WithValue(ctx, callHeaderKey{}, ch)
+				session = func(context.Context) (*sdk.ClientSession, error) { return r.credSession(lctx) }
+			}
+		}
 	}
-	cs, err := r.sessionLocked(ctx)
+	cs, err := session(ctx)
 	if err != nil {
 		return &Set{Unavailable: err.Error(), When: time.Now()}
 	}
@@ -299,7 +310,10 @@ func (r *Remote) list(ctx context.Context) *Set {
 	for t, err := range cs.Tools(ctx, nil) {
 		if err != nil {
 			_ = cs.Close()
-			r.cs = nil
+			if r.cs == cs {
+				r.cs = nil
+			}
+			r.creds.drop(cs)
 			return &Set{Unavailable: "tools/list: " + shortErr(err), When: time.Now()}
 		}
 		if len(listed) == MaxTools {
