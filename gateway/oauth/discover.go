@@ -124,14 +124,18 @@ type Discovery struct {
 	// ClientName is sent at registration (default "sluice").
 	ClientName string
 	// Retry is how long a failed discovery is reported before it is tried
-	// again (default 30s).
+	// again (default 30s); Valid how long a successful one is used before
+	// the metadata is read again (default 1h: an authorization server that
+	// moved, or metadata that turned to another resource, is noticed).
 	Retry time.Duration
+	Valid time.Duration
 	Now   func() time.Time
 
-	mu   sync.Mutex // serialises discoveries; held while one runs
-	done *Client
-	err  error
-	at   time.Time
+	mu     sync.Mutex // serialises discoveries; held while one runs
+	done   *Client
+	doneAt time.Time
+	err    error
+	at     time.Time
 	// last is the outcome Status reports, readable while a discovery runs.
 	last atomic.Pointer[error]
 }
@@ -163,9 +167,14 @@ func (d *Discovery) now() time.Time {
 func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string) (*Client, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock() // one discovery at a time per connector; the rest wait for its result
-	if d.done != nil {
+	valid := d.Valid
+	if valid <= 0 {
+		valid = time.Hour
+	}
+	if d.done != nil && d.now().Sub(d.doneAt) < valid {
 		return d.done, nil
 	}
+	d.done = nil // expired: discovered again, and a failure now closes
 	retry := d.Retry
 	if retry <= 0 {
 		retry = 30 * time.Second
@@ -179,7 +188,7 @@ func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string) (*C
 		d.err, d.at = err, d.now()
 		return nil, err
 	}
-	d.done, d.err = rc, nil
+	d.done, d.doneAt, d.err = rc, d.now(), nil
 	return rc, nil
 }
 

@@ -256,6 +256,44 @@ func TestMCPAuthorizationWellKnown(t *testing.T) {
 	}
 }
 
+// TestMCPAuthorizationRediscovered: what was discovered is used for
+// Valid; after that the metadata is read again, so a server whose metadata
+// now names another resource is refused (fail closed), not trusted on the
+// strength of an old answer; the kept client is not registered again.
+func TestMCPAuthorizationRediscovered(t *testing.T) {
+	srv := oauthtest.StartMCP(t, redirect)
+	now := time.Now()
+	clock := func() time.Time { return now }
+	store := localStore(t)
+	d := &oauth.Discovery{PlainOK: loopback, Registered: store, Now: clock, Valid: time.Hour}
+	m, err := oauth.New(oauth.Options{Store: store, RedirectURL: redirect, Clients: []oauth.Client{{
+		Connector: "remote", Flow: oauth.AuthorizationCode, Resource: srv.MCPURL, Discovery: d, HTTP: http.DefaultClient}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := m.Begin(ctx, "remote", "alice", "s"); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetResource("https://elsewhere.example/mcp")
+	if _, err := m.Begin(ctx, "remote", "alice", "s"); err != nil {
+		t.Fatalf("within Valid the discovery is kept: %v", err)
+	}
+	now = now.Add(61 * time.Minute)
+	var de *oauth.DiscoveryError
+	if _, err := m.Begin(ctx, "remote", "alice", "s"); !errors.As(err, &de) || de.Step != oauth.StepResourceMeta {
+		t.Fatalf("after Valid: err = %v, want the metadata refused", err)
+	}
+	srv.SetResource("")
+	now = now.Add(time.Minute) // past Retry
+	if _, err := m.Begin(ctx, "remote", "alice", "s"); err != nil {
+		t.Fatalf("metadata good again: %v", err)
+	}
+	if n := srv.Registrations.Load(); n != 1 {
+		t.Fatalf("registrations = %d, want 1", n)
+	}
+}
+
 // TestMCPAuthorizationNoChallenge: a server that does not answer 401 does
 // not speak MCP authorization: refused at the probe.
 func TestMCPAuthorizationNoChallenge(t *testing.T) {
