@@ -62,6 +62,9 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 			return perrs
 		}
 		up.creds = plan
+		if cc.Credential.OAuth2 != nil {
+			up.oauth = mcpOAuthClient(cc, allow) // MCP authorization (mcp_oauth.go)
+		}
 	}
 	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 	refresh := cc.Refresh.Std()
@@ -73,7 +76,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 		header = cc.Credential.Header
 	}
 	r := mcpremote.New(mcpremote.Options{Slug: cc.Slug, URL: u, Transport: guarded, CredHeader: header, Refresh: refresh, Timeout: cfg.Gateway.UpstreamTimeout.Std(),
-		MaxResponseBytes: cfg.Gateway.MaxResponseBytes})
+		MaxResponseBytes: cfg.Gateway.MaxResponseBytes, PerCredential: up.oauth != nil})
 	up.transport = r
 	c.connectors[cc.Slug] = up
 	if c.remotes == nil {
@@ -145,7 +148,11 @@ func (s *Server) startRemotes(ctx context.Context) {
 	var first sync.WaitGroup
 	for slug, r := range s.catalog.remotes {
 		up := s.catalog.connectors[slug]
-		r.SetHooks(remoteHeader(s.creds, up), s.remoteChanged, s.log)
+		header := remoteHeader(s.creds, up)
+		if isMCPOAuth(up) {
+			header = s.remoteOAuthHeader(up) // a connected person's token (mcp_oauth.go)
+		}
+		r.SetHooks(header, s.remoteChanged, s.log)
 		first.Add(1)
 		s.remotes.done.Add(1)
 		go func() {
@@ -219,6 +226,10 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 		}
 		key := fmt.Sprintf("connectors[%d]", i)
 		up := cat.connectors[cc.Slug]
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			warns = append(warns, checkMCPOAuth(ctx, key, cc, r.Transport())) // listed with a person's token: not by validate (mcp_oauth.go)
+			continue
+		}
 		var header func(context.Context) (http.Header, error)
 		if cc.Credential != nil {
 			st := local()

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
@@ -36,7 +37,11 @@ func (s *Server) newOAuth() error {
 			continue
 		}
 		c := *u.oauth
-		c.HTTP = &http.Client{Transport: u.transport, Timeout: s.cfg.Gateway.UpstreamTimeout.Std(),
+		tr := u.transport
+		if r, ok := tr.(*mcpremote.Remote); ok {
+			tr = r.Transport() // a remote MCP server's send is a tools/call; its authorization server is reached plainly
+		}
+		c.HTTP = &http.Client{Transport: tr, Timeout: s.cfg.Gateway.UpstreamTimeout.Std(),
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		if name := u.cfg.Credential.OAuth2.ClientSecret; name != "" {
 			c.Secret = func(ctx context.Context) ([]byte, error) {
@@ -71,6 +76,7 @@ func (s *Server) newOAuth() error {
 			return fmt.Errorf("credential.oauth2: flow authorization_code keeps tokens in the secret store; the credential source %T cannot store them", s.creds)
 		}
 		opt.Store = oauth.SplitStore{Rows: oauthRows{s}, Secrets: kv}
+		mcpOAuthRegistered(clients, opt.Store) // MCP authorization keeps registered clients there (mcp_oauth.go)
 	}
 	m, err := oauth.New(opt)
 	if err != nil {
@@ -102,13 +108,18 @@ func (oc oauthConnections) List(ctx context.Context, user string) ([]review.Conn
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, review.Connection{Connector: c.Connector, Status: string(conn.Status), Scopes: conn.Scopes, ConnectedAt: conn.ConnectedAt})
+		out = append(out, review.Connection{Connector: c.Connector, Status: string(conn.Status), Scopes: conn.Scopes, ConnectedAt: conn.ConnectedAt,
+			Problem: connectionProblem(c)})
 	}
 	return out, nil
 }
 
 func (oc oauthConnections) Begin(ctx context.Context, connector, user, bind string) (string, error) {
-	return oc.m.Begin(ctx, connector, user, bind)
+	u, err := oc.m.Begin(ctx, connector, user, bind)
+	if de := new(oauth.DiscoveryError); errors.As(err, &de) {
+		return "", fmt.Errorf("%s %w: %w", connector, review.ErrConnectUnavailable, err) // MCP authorization: shown with its step
+	}
+	return u, err
 }
 
 func (oc oauthConnections) Complete(ctx context.Context, bind, state, code string) (review.Connection, error) {
@@ -165,6 +176,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 // connector (approved as connectionApprover, through the same execution
 // as any approval).
 func (s *Server) connectHeld(connector, user string) {
+	s.kickRemote(connector) // a remote MCP server's listing may have waited for a connection (mcp_oauth.go)
 	ctx := context.Background()
 	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
 	if err != nil {

@@ -948,7 +948,7 @@ func (c *Config) Validate() error {
 				}
 			}
 			if o := cr.OAuth2; o != nil {
-				validateOAuth2(ck+".oauth2", o, c, bad)
+				validateOAuth2(ck+".oauth2", o, c, cn.Provider == "mcp", bad)
 			}
 			if cr.Header != "" && cr.Query != "" {
 				bad(ck, "header and query are exclusive")
@@ -1128,7 +1128,7 @@ func ParseAllowPrivate(s string) (netip.Prefix, error) {
 
 // validateOAuth2 checks a connector's oauth2 client. URLs left empty
 // come from the spec (checked when it is loaded).
-func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string, args ...any)) {
+func validateOAuth2(k string, o *OAuth2, c *Config, mcp bool, bad func(key, format string, args ...any)) {
 	switch o.Flow {
 	case "authorization_code":
 		if c.Approvals.PublicURL == "" {
@@ -1143,7 +1143,7 @@ func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string,
 	default:
 		bad(k+".flow", "want authorization_code or client_credentials, got %q", o.Flow)
 	}
-	if o.ClientID == "" {
+	if o.ClientID == "" && !mcp { // a remote MCP server's may be registered (RFC 7591)
 		bad(k+".client_id", "must be set")
 	} else if strings.ContainsAny(o.ClientID, "\r\n\x00") {
 		bad(k+".client_id", "must not contain CR, LF or NUL")
@@ -1317,8 +1317,8 @@ func mcpConnectorProblems(k string, cn Connector, bad func(key, format string, a
 		if cr.Prefix != "" && cr.Header == "" {
 			bad(k+".credential.prefix", "needs credential.header with provider: mcp")
 		}
-		if cr.OAuth2 != nil {
-			bad(k+".credential.oauth2", "not with provider: mcp yet (use secret or vault)")
+		if o := cr.OAuth2; o != nil { // MCP authorization (gateway/oauth/discover.go)
+			mcpOAuth2Problems(k+".credential.oauth2", o, bad)
 		}
 	}
 }

@@ -122,7 +122,9 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"mcp refresh too short", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', refresh: 1s }]\n", "connectors[0].refresh: want between 10s and 24h"},
 		{"mcp credential query", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { secret: k, query: key } }]\n", "connectors[0].credential.query: not with provider: mcp"},
 		{"mcp credential scheme", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { secret: k, scheme: bearer } }]\n", "connectors[0].credential.scheme: not with provider: mcp"},
-		{"mcp credential oauth2", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: {} } }]\n", "connectors[0].credential.oauth2: not with provider: mcp"},
+		{"mcp credential oauth2 without flow", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: {} } }]\n", "connectors[0].credential.oauth2.flow: must be set"},
+		{"mcp credential oauth2 client credentials", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: { flow: client_credentials, client_id: c, client_secret: s } } }]\n", "connectors[0].credential.oauth2.flow: with provider: mcp only authorization_code"},
+		{"mcp credential oauth2 token_url", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: { flow: authorization_code, token_url: 'https://as/token' } } }]\n", "connectors[0].credential.oauth2.token_url: not with provider: mcp: discovered"},
 		{"url on openapi", "connectors: [{ slug: a, spec: a.yaml, url: 'https://x/mcp' }]\n", "connectors[0].url: only with provider: mcp"},
 		{"refresh on openapi", "connectors: [{ slug: a, spec: a.yaml, refresh: 1m }]\n", "connectors[0].refresh: only with provider: mcp"},
 		{"action", "policies: [{ match: '*', action: permit }]\n", "policies[0].action"},
@@ -302,5 +304,17 @@ func TestOAuthTokenNamesReserved(t *testing.T) {
 	}
 	if _, err := Parse([]byte(svc+fmt.Sprintf(ph, "{ connection: svc, hosts: [api.test], header: Authorization, prefix: 'Bearer ' }")), "/x"); err != nil {
 		t.Fatalf("a placeholder bound to svc's connection: %v", err)
+	}
+}
+
+// A remote MCP server that speaks MCP authorization: each person connects;
+// no client id (registered dynamically) and no endpoints (discovered).
+func TestMCPConnectorOAuth2Parses(t *testing.T) {
+	c, err := Parse([]byte("approvals: { public_url: 'https://sluice.example.com' }\nconnectors:\n  - { slug: tools, provider: mcp, url: 'https://tools.example.com/mcp', credential: { oauth2: { flow: authorization_code, scopes: [tools.read] } } }\n"), "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := c.Connectors[0].Credential.OAuth2; o == nil || o.Flow != "authorization_code" || o.ClientID != "" {
+		t.Fatalf("oauth2 = %+v", o)
 	}
 }

@@ -13,10 +13,19 @@ const OAuthTokenPrefix = "oauth2."
 // and the name an egress placeholder bound to that connection carries.
 func OAuthTokenName(connector string) string { return OAuthTokenPrefix + connector }
 
-// reservedSecret refuses a secret reference in the OAuth tokens' names.
+// OAuthClientPrefix starts the name under which a dynamically registered
+// OAuth client of a remote MCP server is kept ("oauth2-client.SLUG",
+// scope connector:SLUG): its client secret is no connector's credential.
+const OAuthClientPrefix = "oauth2-client."
+
+// reservedSecret refuses a secret reference in the names the gateway
+// keeps OAuth tokens and registered clients under.
 func reservedSecret(key, name string, bad func(key, format string, args ...any)) {
-	if strings.HasPrefix(strings.ToLower(name), OAuthTokenPrefix) {
-		bad(key, "%q: names beginning %q hold people's OAuth tokens; bind a connection with egress.placeholders[].connection instead", name, OAuthTokenPrefix)
+	for _, p := range []string{OAuthTokenPrefix, OAuthClientPrefix} {
+		if strings.HasPrefix(strings.ToLower(name), p) {
+			bad(key, "%q: names beginning %q are the gateway's own OAuth records; bind a connection with egress.placeholders[].connection instead", name, p)
+			return
+		}
 	}
 }
 

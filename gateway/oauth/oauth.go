@@ -84,6 +84,13 @@ type Client struct {
 	RevocationURL string // RFC 7009; empty: Disconnect only deletes
 	// HTTP talks to the provider: the connector's guarded transport.
 	HTTP *http.Client
+	// Resource is the server the tokens are for (RFC 8707), a remote MCP
+	// server's URL; Discovery finds the endpoints (and registers a client)
+	// from its metadata on first use (discover.go). Issuer is the
+	// discovered authorization server.
+	Resource  string
+	Issuer    string
+	Discovery *Discovery
 }
 
 // Connection is a person's stored tokens for one connector.
@@ -229,11 +236,11 @@ func New(opt Options) (*Manager, error) {
 	m := &Manager{opt: opt, clients: map[string]*Client{}, cache: map[string]cached{}}
 	for i := range opt.Clients {
 		c := &opt.Clients[i]
-		if c.TokenURL == "" {
+		if c.TokenURL == "" && c.Discovery == nil {
 			return nil, fmt.Errorf("oauth: %s: no token URL", c.Connector)
 		}
 		if c.Flow == AuthorizationCode {
-			if c.AuthURL == "" {
+			if c.AuthURL == "" && c.Discovery == nil {
 				return nil, fmt.Errorf("oauth: %s: no authorization URL", c.Connector)
 			}
 			if opt.Store == nil || opt.RedirectURL == "" {
@@ -285,7 +292,7 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 	}
 	k := key(connector, user)
 	if t, ok := m.fresh(k); ok {
-		return m.token(connector, user, t), nil
+		return m.token(c, user, t)
 	}
 	// One fetch per connection, however many calls wait for it. The fetch
 	// runs on its own deadline: one caller giving up must not fail the
@@ -296,8 +303,11 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		c, err := m.resolve(fctx, c) // MCP authorization: the discovered endpoints
+		if err != nil {
+			return nil, err
+		}
 		var t cached
-		var err error
 		if c.Flow == ClientCredentials {
 			t, err = m.clientToken(fctx, c)
 		} else {
@@ -314,15 +324,20 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 	if err != nil {
 		return Token{}, err
 	}
-	return m.token(connector, user, v.(cached)), nil
+	return m.token(c, user, v.(cached))
 }
 
-func (m *Manager) token(connector, user string, t cached) Token {
-	name := connector
+func (m *Manager) token(c *Client, user string, t cached) (Token, error) {
+	if c.Resource != "" {
+		if err := CheckAudience(c.Connector, t.access, c.Resource); err != nil {
+			return Token{}, err // RFC 8707: never sent to a server it was not minted for
+		}
+	}
+	name := c.Connector
 	if user != "" {
 		name += "/" + user
 	}
-	return Token{Value: []byte(t.access), Connection: name, Scopes: t.scopes, Expiry: t.expiry}
+	return Token{Value: []byte(t.access), Connection: name, Scopes: t.scopes, Expiry: t.expiry}, nil
 }
 
 func (m *Manager) fresh(k string) (cached, bool) {
@@ -490,6 +505,10 @@ func (m *Manager) Begin(ctx context.Context, connector, user, bind string) (stri
 	if user == "" || bind == "" {
 		return "", fmt.Errorf("bug(): oauth: Begin without a person or a session")
 	}
+	c, err := m.resolve(ctx, c)
+	if err != nil {
+		return "", err
+	}
 	cfg := &oauth2.Config{ClientID: c.ClientID, Scopes: c.Scopes, RedirectURL: m.opt.RedirectURL,
 		Endpoint: oauth2.Endpoint{AuthURL: c.AuthURL, TokenURL: c.TokenURL}}
 	state := random()
@@ -532,6 +551,10 @@ func (m *Manager) Complete(ctx context.Context, bind, state, code string) (Conne
 	if err != nil {
 		return Connection{}, ErrBadState
 	}
+	c, err = m.resolve(ctx, c)
+	if err != nil {
+		return Connection{Connector: p.Connector, User: user}, err
+	}
 	cfg, err := c.config(ctx, m.opt.RedirectURL)
 	if err != nil {
 		return Connection{}, err
@@ -539,6 +562,11 @@ func (m *Manager) Complete(ctx context.Context, bind, state, code string) (Conne
 	tok, err := cfg.Exchange(c.ctx(ctx), code, oauth2.VerifierOption(verifier))
 	if err != nil {
 		return Connection{Connector: p.Connector, User: user}, fmt.Errorf("%w (%s: %s)", ErrExchange, p.Connector, providerError(err))
+	}
+	if c.Resource != "" {
+		if err := CheckAudience(c.Connector, tok.AccessToken, c.Resource); err != nil {
+			return Connection{Connector: p.Connector, User: user}, err // not stored: it could never be sent
+		}
 	}
 	conn := Connection{Connector: p.Connector, User: user, Status: Connected, Scopes: grantedScopes(tok, c.Scopes),
 		ConnectedAt: now.UTC(), Access: tok.AccessToken, Refresh: tok.RefreshToken, Expiry: tok.Expiry}
@@ -584,6 +612,9 @@ func (m *Manager) Disconnect(ctx context.Context, connector, user string) (revok
 		return false, fmt.Errorf("oauth: %s: load connection: %w", connector, err)
 	}
 	var rerr error
+	if rc, err := m.resolve(ctx, c); err == nil {
+		c = rc
+	} // else: the provider cannot be found now; the tokens are still deleted here
 	if c.RevocationURL != "" {
 		// The refresh token first: revoking it ends the grant (RFC 7009
 		// 2.1); the access token too, for providers that keep it alive.

@@ -31,11 +31,18 @@ type Connection struct {
 	Status      string // not_connected, connected, needs_reconnect
 	Scopes      []string
 	ConnectedAt time.Time
+	// Problem is why it cannot be connected now (a remote MCP server's
+	// authorization could not be discovered), shown beside it; "".
+	Problem string
 }
 
 // ErrConnectState is what Complete wraps for a callback whose state is
 // not this session's (forged, replayed, expired).
 var ErrConnectState = errors.New("review: connect state refused")
+
+// ErrConnectUnavailable is what Begin wraps when the connector cannot be
+// connected now; the rest of the error's text says why and is shown.
+var ErrConnectUnavailable = errors.New("cannot be connected now")
 
 type connectionsPage struct {
 	List []Connection
@@ -96,6 +103,10 @@ func (u *UI) handleConnect(w http.ResponseWriter, r *http.Request, s *session) {
 	// on it), and scoped to the callback's path.
 	bind := randomToken()
 	to, err := u.opt.Connections.Begin(r.Context(), connector, user, bind)
+	if errors.Is(err, ErrConnectUnavailable) {
+		u.fail(w, r, s, http.StatusServiceUnavailable, clip(err.Error(), 600))
+		return
+	}
 	if err != nil {
 		u.fail(w, r, s, http.StatusNotFound, "No connector by that name acts with a person's own account.")
 		return
