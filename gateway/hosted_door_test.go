@@ -25,13 +25,24 @@ const hostedMachineToken = "platform-token-0123456789"
 // loopback and a machine token that may mint.
 func hostedGateway(t *testing.T, upURL string) (*testGateway, *x509.CertPool) {
 	t.Helper()
+	return hostedGatewayKey(t, upURL, "")
+}
+
+// hostedGatewayKey is hostedGateway with the token key at keyFile ("":
+// the gateway's own directory).
+func hostedGatewayKey(t *testing.T, upURL, keyFile string) (*testGateway, *x509.CertPool) {
+	t.Helper()
 	ca := newTestCA(t, "hosted CA")
-	certFile, keyFile := writePEM(t, t.TempDir(), ca.issue(t, x509.ExtKeyUsageServerAuth, "127.0.0.1"))
+	certFile, tlsKey := writePEM(t, t.TempDir(), ca.issue(t, x509.ExtKeyUsageServerAuth, "127.0.0.1"))
 	sum := sha256.Sum256([]byte(hostedMachineToken))
 	g := startGateway(t, upURL, "", func(c *config.Config) {
 		c.Gateway.SessionTokensSHA256 = []string{hex.EncodeToString(sum[:])}
-		c.Gateway.Hosted = &config.Hosted{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
-			TokenKeyFile: c.Dir + "/hosted-token.key", MaxTokenTTL: config.Duration(2 * time.Hour)}
+		tk := keyFile
+		if tk == "" {
+			tk = c.Dir + "/hosted-token.key"
+		}
+		c.Gateway.Hosted = &config.Hosted{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: tlsKey,
+			TokenKeyFile: tk, MaxTokenTTL: config.Duration(2 * time.Hour)}
 	})
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.pem)
@@ -295,3 +306,25 @@ func isTimeout(err error) bool {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestHostedReplicasShareKey: a token minted on one replica is accepted
+// by another that shares the key file (no table of tokens), and refused
+// by a gateway with another key.
+func TestHostedReplicasShareKey(t *testing.T) {
+	up := newUpstream(t)
+	key := t.TempDir() + "/shared-hosted.key"
+	a, _ := hostedGatewayKey(t, up.URL, key)
+	b, rootsB := hostedGatewayKey(t, up.URL, key)
+	c, rootsC := hostedGateway(t, up.URL)
+	tok, r := a.mint(t, "rep-1", `{"agent":"agent-a"}`)
+	if r.status != 200 {
+		t.Fatal(r.raw)
+	}
+	req := "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nAuthorization: " + basic("rep-1", tok) + "\r\nConnection: close\r\n\r\n"
+	if st, _, out := hostedRaw(t, b.HostedAddr(), rootsB, req); st != 200 {
+		t.Fatalf("replica b refused replica a's token: %d %s", st, out)
+	}
+	if st, _, out := hostedRaw(t, c.HostedAddr(), rootsC, req); st != 407 || !strings.Contains(out, "bad_mac") {
+		t.Fatalf("a gateway with another key: %d %s, want 407 bad_mac", st, out)
+	}
+}

@@ -84,6 +84,13 @@ type hostedState struct {
 // Realm is the Basic realm of the hosted listener's 407 answers.
 const Realm = "sluice"
 
+// MaxHostedPending bounds the hosted connections being identified at once
+// (TLS handshake and first head, up to preambleTimeout each): the caps of
+// admitted connections apply only once a token named the sandbox, and the
+// listener may face more than sandboxes. More are closed at once (counted
+// as gateway_busy).
+const MaxHostedPending = 256
+
 // HostedTLSConfig loads the hosted listener's certificate. No client
 // certificate is asked for: the token is the credential.
 func HostedTLSConfig(h *config.Hosted) (*tls.Config, error) {
@@ -112,8 +119,21 @@ func (l *Listener) ListenHosted(addr string, cfg *tls.Config, o HostedOptions) (
 		<-l.done
 		ln.Close()
 	}()
+	pending := make(chan struct{}, MaxHostedPending)
+	admit := func(c net.Conn) {
+		select {
+		case pending <- struct{}{}:
+		default:
+			l.refused(refusal.GatewayBusy)
+			c.Close() // before TLS: no answer is possible that costs less
+			return
+		}
+		ic := l.identifyHosted(c, cfg)
+		<-pending
+		l.admitCapped(ic)
+	}
 	go func() {
-		if err := l.accepting(ln.Accept, func(c net.Conn) { l.admitCapped(l.identifyHosted(c, cfg)) }); err != nil {
+		if err := l.accepting(ln.Accept, admit); err != nil {
 			l.log.Error("hosted listener: accept failed; hosted sandboxes are no longer served", "err", err)
 		}
 	}()
