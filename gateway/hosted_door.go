@@ -92,7 +92,7 @@ func (s *Server) checkHosted(ctx context.Context, session, token string) ingress
 	c, err := key.Check(token, time.Now())
 	var v ingress.HostedVerdict
 	if c.Session != "" { // the MAC verified (an expired token's claims are authentic)
-		v.ID = wire.Identity{Sandbox: c.Sandbox, Agent: c.Agent, Session: c.Session, User: c.User, Host: HostedHost}
+		v.ID = wire.Identity{Sandbox: c.Sandbox, Agent: c.Agent, Session: c.Session, User: c.User, Host: HostedHost, Egress: c.Egress}
 		v.TokenID, v.Expires = c.Nonce, c.ExpiresAt()
 	}
 	if err != nil {
@@ -141,10 +141,11 @@ func (s *Server) hostedRefused(r ingress.HostedRefusal) {
 
 // mintRequest is the body of POST /api/v1/sessions/{session}/tokens.
 type mintRequest struct {
-	Agent   string `json:"agent"`
-	User    string `json:"user"`
-	Sandbox string `json:"sandbox"` // default: the session
-	TTL     string `json:"ttl"`     // Go duration; default 1h, at most gateway.hosted.max_token_ttl
+	Agent   string   `json:"agent"`
+	User    string   `json:"user"`
+	Sandbox string   `json:"sandbox"` // default: the session
+	TTL     string   `json:"ttl"`     // Go duration; default 1h, at most gateway.hosted.max_token_ttl
+	Egress  []string `json:"egress"`  // narrows the agent's egress allowlist for this run (as sandboxd --egress)
 }
 
 // mintView is its answer. Token is the secret: this answer is the only
@@ -155,6 +156,7 @@ type mintView struct {
 	Agent   string       `json:"agent"`
 	User    string       `json:"user,omitempty"`
 	Sandbox string       `json:"sandbox"`
+	Egress  string       `json:"egress,omitempty"`
 	TokenID string       `json:"token_id"`
 	Expires time.Time    `json:"expires"`
 }
@@ -221,9 +223,24 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 			*v = c
 		}
 	}
-	if s.cfg.Agent(req.Agent) == nil {
+	agent := s.cfg.Agent(req.Agent)
+	if agent == nil {
 		bad("agent", fmt.Sprintf("%q is not in agents[]", req.Agent))
 		return
+	}
+	egress := ""
+	if req.Egress != nil {
+		var err error
+		if egress, err = wire.FormatEgress(req.Egress); err != nil {
+			bad("egress", err.Error())
+			return
+		}
+		// A narrowing never widens: refused (and audited) as sandboxd's is.
+		id := wire.Identity{Sandbox: req.Sandbox, Agent: req.Agent, Session: session, User: req.User, Host: HostedHost, Egress: egress}
+		if e := s.checkNarrowing(r.Context(), rid, id, agent.Egress); e != nil {
+			refusal.Write(w, e, rid)
+			return
+		}
 	}
 	ttl := DefaultMintTTL
 	if req.TTL != "" {
@@ -249,7 +266,7 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
-	c := runtoken.Claims{Sandbox: req.Sandbox, Agent: req.Agent, Session: session, User: req.User, Issued: now.Unix(), Expires: now.Add(ttl).Unix()}
+	c := runtoken.Claims{Sandbox: req.Sandbox, Agent: req.Agent, Session: session, User: req.User, Egress: egress, Issued: now.Unix(), Expires: now.Add(ttl).Unix()}
 	tok, err := key.Mint(c)
 	if err != nil {
 		s.log.Error("sessions: mint", "err", err)
@@ -263,7 +280,7 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := s.appendAudit(r.Context(), audit.Record{RequestID: rid, Event: "session_token_minted", Fields: map[string]any{
-		"session": session, "agent": req.Agent, "user": req.User, "sandbox": req.Sandbox, "by": by,
+		"session": session, "agent": req.Agent, "user": req.User, "sandbox": req.Sandbox, "egress": egress, "by": by,
 		"token_id": claims.Nonce, "expires": claims.ExpiresAt().UTC().Format(time.RFC3339), "transport": "hosted",
 	}}, false); err != nil {
 		s.log.Error("sessions: mint not audited; no token given", "request_id", rid, "err", err)
@@ -273,7 +290,7 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("sessions: token minted", "request_id", rid, "session", session, "agent", req.Agent, "sandbox", req.Sandbox,
 		"token_id", claims.Nonce, "expires", claims.ExpiresAt().UTC(), "by", by)
 	refusal.WriteJSON(w, http.StatusOK, map[string]any{"request_id": rid, "token": mintView{
-		Token: runtokenJSON(tok), Session: session, Agent: req.Agent, User: req.User, Sandbox: req.Sandbox,
+		Token: runtokenJSON(tok), Session: session, Agent: req.Agent, User: req.User, Sandbox: req.Sandbox, Egress: egress,
 		TokenID: claims.Nonce, Expires: claims.ExpiresAt().UTC(),
 	}})
 }

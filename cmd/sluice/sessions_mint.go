@@ -17,8 +17,9 @@ import (
 func mintCmd(g *globals, admin, tokenFile *string) *cobra.Command {
 	var agent, session, user, sandbox, ttl, proxy string
 	var asJSON bool
+	var egress []string
 	cmd := &cobra.Command{
-		Use:   "mint --agent A --session S [--user U] [--ttl 1h] [--sandbox NAME] [--proxy HOST:PORT] [--json]",
+		Use:   "mint --agent A --session S [--user U] [--ttl 1h] [--sandbox NAME] [--egress HOST,…] [--proxy HOST:PORT] [--json]",
 		Short: "Mint a per-run token for a hosted sandbox (E2B, Daytona, Modal)",
 		Long: `Mint a per-run token that identifies one (agent, session, user) on the
 gateway's hosted listener (gateway.hosted). Only a session token
@@ -47,7 +48,11 @@ it only to the sandbox it is for.`,
 			if err != nil {
 				return fmt.Errorf("sessions mint: %w", err)
 			}
-			body, _ := json.Marshal(map[string]string{"agent": agent, "user": user, "sandbox": sandbox, "ttl": ttl})
+			req := map[string]any{"agent": agent, "user": user, "sandbox": sandbox, "ttl": ttl}
+			if len(egress) > 0 {
+				req["egress"] = egress
+			}
+			body, _ := json.Marshal(req)
 			var out struct {
 				Token struct {
 					Token   string    `json:"token"`
@@ -55,6 +60,7 @@ it only to the sandbox it is for.`,
 					Agent   string    `json:"agent"`
 					User    string    `json:"user,omitempty"`
 					Sandbox string    `json:"sandbox"`
+					Egress  string    `json:"egress,omitempty"`
 					TokenID string    `json:"token_id"`
 					Expires time.Time `json:"expires"`
 				} `json:"token"`
@@ -86,5 +92,6 @@ it only to the sandbox it is for.`,
 	f.StringVar(&ttl, "ttl", "", "lifetime, e.g. 1h (default 1h)")
 	f.StringVar(&proxy, "proxy", "", "print HTTPS_PROXY/HTTP_PROXY for the hosted listener at HOST:PORT")
 	f.BoolVar(&asJSON, "json", false, "print the whole answer as JSON")
+	f.StringSliceVar(&egress, "egress", nil, "narrow the agent's egress allowlist for this run (hosts, as sandboxd --egress; never wider)")
 	return cmd
 }

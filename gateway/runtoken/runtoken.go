@@ -51,6 +51,10 @@ type Claims struct {
 	Agent   string `json:"a"`
 	Session string `json:"s"`
 	User    string `json:"u,omitempty"`
+	// Egress narrows the agent's raw egress allowlist for this run, in
+	// the identity preamble's canonical form (wire.FormatEgress); "" is
+	// no narrowing.
+	Egress string `json:"eg,omitempty"`
 	// Issued and Expires are Unix seconds.
 	Issued  int64 `json:"iat"`
 	Expires int64 `json:"exp"`

@@ -283,6 +283,39 @@ func TestHostedSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("C19 a run's egress narrowing holds over the hosted listener", func(t *testing.T) {
+		cb := casebook.Expect(t, "C19", "hosted listener: a token minted with egress [pkg.test] CONNECTs api.test (on agent-a's allowlist); control pkg.test",
+			"403 egress_denied by rule sandbox_egress, nothing reaches api.test, audited with the egress; pkg.test 200")
+		narrow := h.mint(t, "run-5", `{"agent":"agent-a","egress":["pkg.test"]}`)
+		nc := h.client("run-5", narrow)
+		before := len(h.tlsRequests())
+		resp, body, _, _ := h.raw(t, "CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\nProxy-Authorization: "+basicAuth("run-5", narrow)+"\r\n\r\n")
+		audited := h.awaitAudit(t, "decision", "api.test", "sandbox_egress", "run-5")
+		cst, _, _ := h.fetch(t, nc, http.MethodGet, "https://pkg.test/narrow", "", nil)
+		apiHits := 0
+		for _, r := range h.tlsRequests()[before:] {
+			if r.host == "api.test" {
+				apiHits++
+			}
+		}
+		cb.Observef("api.test %d %s, api.test requests +%d, audited %v; pkg.test %d", resp.StatusCode, errCode(body), apiHits, audited, cst)
+		if apiHits != 0 || resp.StatusCode != http.StatusForbidden || errCode(body) != "egress_denied" || !audited || cst != 200 {
+			t.Fatalf("api.test %d %s, audited %v; pkg.test %d", resp.StatusCode, body, audited, cst)
+		}
+	})
+
+	t.Run("A14 a mint whose narrowing would widen the agent's allowlist", func(t *testing.T) {
+		cb := casebook.Expect(t, "A14", "POST /api/v1/sessions/run-6/tokens with egress [pkg.test, evil.test] (evil.test not on agent-a's allowlist)",
+			"403 egress_not_granted naming evil.test, audited egress_not_granted; no token minted")
+		st, code, _ := g.AdminDo(http.MethodPost, "/api/v1/sessions/run-6/tokens", platformToken, `{"agent":"agent-a","egress":["pkg.test","evil.test"]}`)
+		audited := h.awaitAudit(t, "egress_not_granted", "evil.test", "run-6")
+		minted := len(g.AuditEvent("session_token_minted", "run-6"))
+		cb.Observef("%d %s, audited %v, minted records %d", st, code, audited, minted)
+		if st != http.StatusForbidden || code != "egress_not_granted" || !audited || minted != 0 {
+			t.Fatalf("%d %s, audited %v, minted %d", st, code, audited, minted)
+		}
+	})
+
 	other := h.mint(t, "run-2", `{"agent":"agent-a","user":"alice"}`)
 	short := h.mint(t, "run-3", `{"agent":"agent-a","ttl":"1s"}`)
 	time.Sleep(1500 * time.Millisecond)
