@@ -71,7 +71,7 @@ func (c *Config) validateHosted(bad func(key, format string, args ...any)) {
 	if h.TokenKeyFile == "" {
 		bad(k+".token_key_file", "must be set (or audit.path, beside which it defaults)")
 	}
-	if h.MaxTokenTTL <= 0 || h.MaxTokenTTL.Std() > MaxMaxTokenTTL {
+	if h.MaxTokenTTL.Std() < time.Second || h.MaxTokenTTL.Std() > MaxMaxTokenTTL {
 		bad(k+".max_token_ttl", "must be between 1s and %s", MaxMaxTokenTTL)
 	}
 }
