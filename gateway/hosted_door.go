@@ -43,6 +43,14 @@ const maxMintBytes = 4 << 10
 type hostedDoor struct {
 	key  atomic.Pointer[runtoken.Key] // loaded at Serve (nil: gateway.hosted off, or not serving yet)
 	addr atomic.Pointer[string]       // the listener's address once listening
+
+	// Refusals of credentials that name nobody (no token, or none whose
+	// MAC verified) are each audited, but logged at most once a second,
+	// the next line counting those left out: the listener may face more
+	// than sandboxes, and junk must not flood the log. A refusal of a real
+	// token (expired, ended, another session's, changed) is always logged.
+	anonLast  atomic.Int64 // unix second of the last logged anonymous refusal
+	anonQuiet atomic.Int64 // anonymous refusals not logged since
 }
 
 // serveHosted loads the token key and opens gateway.hosted's listener into
@@ -135,8 +143,17 @@ func (s *Server) hostedRefused(r ingress.HostedRefusal) {
 	if _, err := s.appendAudit(context.Background(), audit.Record{RequestID: rid, Event: "hosted_token_refused", Fields: fields}, false); err != nil {
 		s.log.Error("hosted listener: refusal not audited", "request_id", rid, "err", err)
 	}
+	quiet := int64(0)
+	if r.ID.Session == "" {
+		now, last := time.Now().Unix(), s.hosted.anonLast.Load()
+		if now == last || !s.hosted.anonLast.CompareAndSwap(last, now) {
+			s.hosted.anonQuiet.Add(1)
+			return
+		}
+		quiet = s.hosted.anonQuiet.Swap(0)
+	}
 	s.log.Warn("hosted listener: refused", "request_id", rid, "decision", "block", "reason", r.Reason, "remote", r.Remote,
-		"agent", r.ID.Agent, "session", r.ID.Session, "dest_host", r.Target, "status", r.Status)
+		"agent", r.ID.Agent, "session", r.ID.Session, "dest_host", r.Target, "status", r.Status, "not_logged_since", quiet)
 }
 
 // mintRequest is the body of POST /api/v1/sessions/{session}/tokens.
