@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -310,4 +312,27 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 		Token: runtokenJSON(tok), Session: session, Agent: req.Agent, User: req.User, Sandbox: req.Sandbox, Egress: egress,
 		TokenID: claims.Nonce, Expires: claims.ExpiresAt().UTC(),
 	}})
+}
+
+// hostedProblems is `sluice validate`'s check of gateway.hosted: the
+// certificate loads, an existing token key is usable (a missing one is
+// made at first start; nothing is created here), and someone can mint.
+func hostedProblems(cfg *config.Config) []error {
+	h := cfg.Gateway.Hosted
+	if h == nil {
+		return nil
+	}
+	var errs []error
+	if _, err := ingress.HostedTLSConfig(h); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := os.Stat(h.TokenKeyFile); err == nil {
+		if _, err := runtoken.LoadKey(h.TokenKeyFile, false); err != nil {
+			errs = append(errs, fmt.Errorf("gateway.hosted.token_key_file: %w", err))
+		}
+	}
+	if len(cfg.Gateway.SessionTokensSHA256) == 0 {
+		errs = append(errs, errors.New("gateway.session_tokens_sha256: empty, so with gateway.hosted nobody can mint a per-run token (only a machine caller may)"))
+	}
+	return errs
 }

@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -326,5 +328,43 @@ func TestHostedReplicasShareKey(t *testing.T) {
 	}
 	if st, _, out := hostedRaw(t, c.HostedAddr(), rootsC, req); st != 407 || !strings.Contains(out, "bad_mac") {
 		t.Fatalf("a gateway with another key: %d %s, want 407 bad_mac", st, out)
+	}
+}
+
+// TestHostedValidate: sluice validate (gateway.Check) reports a
+// certificate that does not load, a token key readable by others, and a
+// hosted listener nobody can mint for; it creates no key.
+func TestHostedValidate(t *testing.T) {
+	up := newUpstream(t)
+	g, _ := hostedGateway(t, up.URL)
+	problems := func(edit func(h *config.Hosted, c *config.Config)) string {
+		c := *g.cfg
+		h := *c.Gateway.Hosted
+		c.Gateway.Hosted = &h
+		edit(&h, &c)
+		return errors.Join(Check(context.Background(), &c, CheckOptions{}).Errors...).Error()
+	}
+	if p := problems(func(*config.Hosted, *config.Config) {}); strings.Contains(p, "gateway.hosted") || strings.Contains(p, "session_tokens_sha256") {
+		t.Fatalf("a good hosted config reported: %s", p)
+	}
+	if p := problems(func(h *config.Hosted, _ *config.Config) { h.CertFile = "/nonexistent.pem" }); !strings.Contains(p, "gateway.hosted: certificate") {
+		t.Errorf("a missing certificate: %s", p)
+	}
+	if p := problems(func(_ *config.Hosted, c *config.Config) { c.Gateway.SessionTokensSHA256 = nil }); !strings.Contains(p, "nobody can mint") {
+		t.Errorf("no session token: %s", p)
+	}
+	loose := t.TempDir() + "/loose.key"
+	if err := os.WriteFile(loose, []byte(strings.Repeat("ab", 32)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p := problems(func(h *config.Hosted, _ *config.Config) { h.TokenKeyFile = loose }); !strings.Contains(p, "gateway.hosted.token_key_file") || !strings.Contains(p, "readable by group or others") {
+		t.Errorf("a group-readable key: %s", p)
+	}
+	missing := t.TempDir() + "/later.key"
+	if p := problems(func(h *config.Hosted, _ *config.Config) { h.TokenKeyFile = missing }); strings.Contains(p, "token_key_file") {
+		t.Errorf("a key made at first start reported: %s", p)
+	}
+	if _, err := os.Stat(missing); err == nil {
+		t.Error("validate created the token key")
 	}
 }
