@@ -3,10 +3,21 @@ package ingress
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/base64"
+	"errors"
+	"io"
+	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 func reqOf(t *testing.T, raw string) *http.Request {
@@ -86,3 +97,94 @@ func FuzzHostedCredential(f *testing.F) {
 		}
 	})
 }
+
+// TestHostedPendingCap: connections still being identified are capped
+// (MaxHostedPending); one more is closed at once, before TLS, and counted
+// gateway_busy; a connection that speaks no TLS is refused by the
+// handshake and counted untrusted_peer.
+func TestHostedPendingCap(t *testing.T) {
+	var mu sync.Mutex
+	codes := map[refusal.Code]int{}
+	l, err := Listen(Options{Socket: filepath.Join(t.TempDir(), "s.sock"), TrustedUIDs: []uint32{0},
+		Refused: func(c refusal.Code) { mu.Lock(); codes[c]++; mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// A certificate is not needed to be refused: no handshake completes.
+	addr, err := l.ListenHosted("127.0.0.1:0", &tls.Config{}, HostedOptions{Check: func(context.Context, string, string) HostedVerdict {
+		return HostedVerdict{Refused: "bug"}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for range MaxHostedPending {
+		c, err := net.Dial("tcp", addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c) // silent: each holds a place until preambleTimeout
+	}
+	count := func(c refusal.Code) int { mu.Lock(); defer mu.Unlock(); return codes[c] }
+	extra, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle = append(idle, extra)
+	for deadline := time.Now().Add(5 * time.Second); count(refusal.GatewayBusy) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no connection was refused gateway_busy past MaxHostedPending")
+		}
+	}
+	// Which one was refused depends on goroutine order; exactly one of
+	// them was closed at once, the rest still wait for their handshake.
+	until := time.Now().Add(300 * time.Millisecond)
+	var closed atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range idle {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.SetReadDeadline(until)
+			if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+				closed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if closed.Load() != 1 || count(refusal.GatewayBusy) != 1 {
+		t.Fatalf("%d connections closed at once, %d counted gateway_busy; want 1 and 1", closed.Load(), count(refusal.GatewayBusy))
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	idle = nil
+	c, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n") // plaintext
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(c)
+	if bytes.Contains(b, []byte("HTTP/1.1 200")) {
+		t.Fatalf("plaintext was answered: %q", b)
+	}
+	for deadline := time.Now().Add(5 * time.Second); count(refusal.UntrustedPeer) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a plaintext connection was not refused by the handshake")
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
