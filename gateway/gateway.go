@@ -121,6 +121,8 @@ type Server struct {
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
+	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
+
 	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
@@ -434,6 +436,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := s.serveHosted(sl); err != nil { // hosted_door.go
+		sl.Close()
+		return err
+	}
 	stopAuthz, err := s.serveExtAuthz(ctx) // extauthz_door.go
 	if err != nil {
 		sl.Close()
@@ -441,8 +447,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	defer stopAuthz()
 	servers := []*http.Server{{
-		Handler:           s.sandboxHandler(),
-		ConnContext:       s.connContext, // session_conns.go
+		Handler:           sl.HostedGate(s.sandboxHandler()), // hosted_door.go
+		ConnContext:       s.connContext,                     // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON

@@ -57,6 +57,7 @@ func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Er
 // adminSessions routes the sessions API of the admin listener.
 func (s *Server) adminSessions(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v1/sessions/{session}/end", s.handleEndSession)
+	mux.HandleFunc("POST /api/v1/sessions/{session}/tokens", s.handleMintToken) // hosted_door.go
 }
 
 // sessionCaller authenticates who may end sessions: a machine caller with

@@ -104,6 +104,8 @@ type Gateway struct {
 	RelayTLS RelayTLS `yaml:"relay_tls"`
 	// ExtAuthz serves Envoy's ext_authz (and xDS); off when nil (extauthz.go).
 	ExtAuthz *ExtAuthz `yaml:"ext_authz"`
+	// Hosted is the TLS listener of hosted sandboxes; off when nil (hosted.go).
+	Hosted *Hosted `yaml:"hosted"`
 	// MCP configures the Model Context Protocol door at /mcp.
 	MCP MCP `yaml:"mcp"`
 }
@@ -619,6 +621,7 @@ func (c *Config) resolvePaths() {
 		rt.CertFile, rt.KeyFile, rt.ClientCAFile = c.abs(rt.CertFile), c.abs(rt.KeyFile), c.abs(rt.ClientCAFile)
 	}
 	c.resolveExtAuthz()
+	c.resolveHosted()
 	c.Audit.Path = c.abs(c.Audit.Path)
 	if cp := c.Audit.Checkpoint; cp != nil {
 		cp.Path = c.abs(cp.Path)
@@ -748,6 +751,7 @@ func (c *Config) Validate() error {
 		bad("gateway.relay_tls.listen", "must be set when the other gateway.relay_tls keys are")
 	}
 	c.validateExtAuthz(bad)
+	c.validateHosted(bad)
 	c.validatePolicyLife(bad)
 	switch {
 	case strings.HasPrefix(c.Store, "sqlite:"):
