@@ -92,7 +92,7 @@ func TestDecisionLogFromRecords(t *testing.T) {
 			}
 		}
 	})
-	if len(want) != 5 || !slices.Equal(entrances, []string{"http", "http", "tool_call", "tool_call/http", "tool_call/http"}) {
+	if len(want) != 5 || !slices.Equal(entrances, []string{"http", "http", "tool_call/http", "tool_call/http", "tool_call/http"}) {
 		t.Fatalf("decision records: %v; want 5 (allow, block, the hold, two proxied requests)", want)
 	}
 	deadline := time.Now().Add(10 * time.Second)
