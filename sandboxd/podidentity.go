@@ -161,12 +161,23 @@ func (p podMeta) from(key, src string) (string, error) {
 		v, what = p.Labels[l], "label "+l
 	}
 	if v == "" {
-		return "", fmt.Errorf("%w: pods: %s: the pod has no %s", ErrDenied, key, what)
+		return "", podRefusedf("pods: %s: the pod has no %s", key, what)
 	}
 	if !podValue.MatchString(v) {
-		return "", fmt.Errorf("%w: pods: %s: the pod's %s %q is not an identity value (%s)", ErrDenied, key, what, truncateValue(v), podValue)
+		return "", podRefusedf("pods: %s: the pod's %s %q is not an identity value (%s)", key, what, truncateValue(v), podValue)
 	}
 	return v, nil
+}
+
+// podRefused is a pod sandboxd.yaml gives no identity: ErrDenied (403),
+// with its own message (ErrDenied's text is about workspace paths).
+type podRefused struct{ msg string }
+
+func (e podRefused) Error() string        { return e.msg }
+func (e podRefused) Is(target error) bool { return target == ErrDenied }
+
+func podRefusedf(format string, args ...any) error {
+	return podRefused{fmt.Sprintf(format, args...)}
 }
 
 // truncateValue bounds a pod-chosen value quoted in an error.
@@ -187,7 +198,7 @@ func (r PodRule) podIdentity(req PodPinRequest, meta *podMeta) (agent, session s
 			return "", "", err
 		}
 		if !slices.Contains(r.Agents, agent) {
-			return "", "", fmt.Errorf("%w: pods: agent_from: %s %q is not among the agents sandboxd.yaml allows namespace %s", ErrDenied, r.AgentFrom, agent, r.Namespace)
+			return "", "", podRefusedf("pods: agent_from: %s %q is not among the agents sandboxd.yaml allows namespace %s", r.AgentFrom, agent, r.Namespace)
 		}
 	}
 	if r.SessionFrom != "" {
@@ -261,4 +272,13 @@ func kubePod(ctx context.Context, k KubeAPI, ns, name, uid string) (*podMeta, er
 		return nil, fmt.Errorf("kube_api: pod %s/%s has uid %q, the runtime's is %q (another pod of that name)", ns, name, p.Metadata.UID, uid)
 	}
 	return &podMeta{UID: p.Metadata.UID, ServiceAccount: p.Spec.ServiceAccountName, Labels: p.Metadata.Labels}, nil
+}
+
+// Identity is the agent and session r gives pod req whose labels and
+// service account are these, as PinPod pins it after reading them from
+// the Kubernetes API; a pod r yields no agent for is ErrDenied, naming the
+// label or field. Deployment checks use it to test shipped manifests
+// against the shipped rules.
+func (r PodRule) Identity(req PodPinRequest, labels map[string]string, serviceAccount string) (agent, session string, err error) {
+	return r.podIdentity(req, &podMeta{UID: req.UID, ServiceAccount: serviceAccount, Labels: labels})
 }

@@ -88,7 +88,7 @@ func (m *Manager) PinPod(ctx context.Context, r PodPinRequest) (PinInfo, bool, e
 	rule := m.cfg.podRule(r.Namespace)
 	if rule == nil {
 		m.events.write(event{Event: "pod_refused", Sandbox: r.ContainerID, NetNS: r.NetNS, Error: "no pods rule maps namespace " + r.Namespace})
-		return PinInfo{}, false, fmt.Errorf("%w: pods: no rule in sandboxd.yaml maps namespace %q", ErrDenied, r.Namespace)
+		return PinInfo{}, false, podRefusedf("pods: no rule in sandboxd.yaml maps namespace %q", r.Namespace)
 	}
 	if e := m.podPin(r.ContainerID); e != nil {
 		if e.info.NetNS != r.NetNS {
