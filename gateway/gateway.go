@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
@@ -401,6 +402,43 @@ func (s *Server) setPolicyErr(err error) {
 // Decide evaluates the current policy. With no policy loaded it blocks.
 func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 	return s.engine.Load().Decide(ctx, in) // a nil *Engine blocks
+}
+
+// adminHandler is the admin listener's handler (package admin), wired to
+// this server's state; Serve builds it once, after SetAdminAuth and
+// SetReviewUI.
+func (s *Server) adminHandler() http.Handler {
+	d := admin.Deps{
+		Config: s.cfg, Log: s.log, Holds: s.holds, Store: s.store,
+		Audit: func(ctx context.Context, rec audit.Record) error {
+			_, err := s.appendAudit(ctx, rec, false)
+			return err
+		},
+		Policy: s.engine.Load,
+		PolicyErr: func() string {
+			if p := s.policyErr.Load(); p != nil {
+				return *p
+			}
+			return ""
+		},
+		AuditErr:     s.audit.Err,
+		StoreProblem: s.storeProblem,
+		Metrics:      s.tel.handler,
+		JWKS:         creds.JWKS(s.creds, s.log),
+		Tools:        func() int { return len(s.catalog.Tools()) },
+		Placeholders: func() any { return s.icpt.Placeholders() },
+		CloseSession: s.sessConns.closeSession,
+		Receipts:     s.life.receipts,
+		Person:       s.adminAuth,
+		UI:           s.reviewUI,
+	}
+	if s.icpt != nil {
+		d.CACert = s.icpt.CACertPEM
+	}
+	if se, ok := s.creds.(SessionEnder); ok {
+		d.EndSession = se.EndSession
+	}
+	return admin.New(d).Handler()
 }
 
 // Serve listens on the sandbox socket and the admin address and serves

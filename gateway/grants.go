@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
@@ -62,65 +61,4 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 	c.decide(policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
 		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"})
 	return true, nil
-}
-
-// grantTTL parses the approve body's ttl: "" is holds.DefaultGrantTTL, at
-// most holds.MaxGrantTTL. A ttl without always is refused rather than
-// silently ignored.
-func grantTTL(always bool, v string) (time.Duration, *refusal.Error) {
-	if !always {
-		return 0, refusal.New(http.StatusBadRequest, refusal.BadRequest, `ttl needs "always": true`)
-	}
-	if v == "" {
-		return holds.DefaultGrantTTL, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 || d > holds.MaxGrantTTL {
-		return 0, refusal.New(http.StatusBadRequest, refusal.BadRequest, "ttl must be a duration like 8h, more than 0 and at most 24h")
-	}
-	return d, nil
-}
-
-// adminGrants routes the grants API of the admin listener: any
-// authenticated approver may list and revoke (revoking only takes a
-// permission away); grants are made only by approving a hold.
-func (s *Server) adminGrants(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v1/grants", s.withPerson(s.handleListGrants))
-	mux.HandleFunc("DELETE /api/v1/grants/{id}", s.withPerson(s.handleRevokeGrant))
-}
-
-func (s *Server) handleListGrants(w http.ResponseWriter, r *http.Request, _ holds.Person) {
-	all := false
-	switch v := r.URL.Query().Get("status"); v {
-	case "", "active":
-	case "all":
-		all = true
-	default:
-		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "status must be active or all"), refusal.NewRequestID())
-		return
-	}
-	limit := 0
-	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
-			return
-		}
-		limit = n
-	}
-	gs, err := s.holds.Grants(r.Context(), all, limit)
-	if err != nil {
-		s.holdsError(w, err)
-		return
-	}
-	refusal.WriteJSON(w, http.StatusOK, map[string]any{"grants": gs})
-}
-
-func (s *Server) handleRevokeGrant(w http.ResponseWriter, r *http.Request, p holds.Person) {
-	g, err := s.holds.RevokeGrant(r.Context(), r.PathValue("id"), p)
-	if err != nil {
-		s.holdsError(w, err)
-		return
-	}
-	refusal.WriteJSON(w, http.StatusOK, map[string]any{"grant": g})
 }

@@ -8,16 +8,20 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/review"
 	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -325,4 +329,144 @@ func canonicalRequest(req *http.Request) (holds.Request, error) {
 		req.Body = io.NopCloser(bytes.NewReader(b))
 	}
 	return holds.Request{Method: req.Method, URL: req.URL.String(), Headers: req.Header.Clone(), Body: body}, nil
+}
+
+// Holds returns the holds manager (the review UI decides through it).
+func (s *Server) Holds() *holds.Manager { return s.holds }
+
+// SetAdminAuth adds a way to authenticate people on the admin API besides
+// bearer tokens (the review UI's cookie sessions). fn must verify its own
+// CSRF protection for state-changing requests. Call before Serve.
+func (s *Server) SetAdminAuth(fn func(*http.Request) (holds.Person, bool)) { s.adminAuth = fn }
+
+// SetReviewUI mounts the review web UI at "/" on the admin listener
+// (replacing the index page). Call before Serve.
+func (s *Server) SetReviewUI(h http.Handler) { s.reviewUI = h }
+
+// approvalsEnabled says whether anyone could ever decide a hold: without
+// approver accounts an ask is refused as approval_unavailable instead of
+// being held until it expires.
+func (s *Server) approvalsEnabled() bool {
+	return s.holds != nil && (len(s.cfg.Approvers.Users) > 0 || s.cfg.Approvers.OIDC != nil)
+}
+
+func (s *Server) newHolds() *holds.Manager {
+	return holds.New(holds.Options{
+		Store:                s.store,
+		Execute:              s.executeHold,
+		Audit:                s.auditHold,
+		Notify:               s.notifyHold,
+		MaxPendingPerAgent:   s.cfg.Gateway.MaxPendingHolds,
+		MaxPendingPerSandbox: s.cfg.Gateway.MaxPendingHoldsPerSandbox,
+		Logger:               s.log,
+	})
+}
+
+// newReviewUI mounts the review web UI when anyone can sign in to it
+// (approvers with a password_hash, or OIDC), and lets its sessions use the
+// admin API too.
+func (s *Server) newReviewUI() error {
+	var users []config.User
+	for _, u := range s.cfg.Approvers.Users {
+		if u.PasswordHash != "" {
+			users = append(users, u)
+		}
+	}
+	oc := s.cfg.Approvers.OIDC
+	if len(users) == 0 && oc == nil {
+		return nil
+	}
+	opt := review.Options{
+		Holds: s.holds,
+		Users: users,
+		Log:   s.log,
+		Audit: func(ctx context.Context, event string, fields map[string]any) error {
+			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
+			return err
+		},
+		AuditFile:     s.cfg.Audit.Path,
+		SecureCookies: strings.HasPrefix(s.cfg.Approvals.PublicURL, "https://"),
+	}
+	if oc != nil {
+		secret, err := os.ReadFile(oc.ClientSecretFile)
+		if err != nil {
+			return fmt.Errorf("approvers.oidc.client_secret_file: %w", err)
+		}
+		opt.OIDC = &review.OIDC{Issuer: oc.Issuer, ClientID: oc.ClientID, ClientSecret: strings.TrimSpace(string(secret)),
+			RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/oidc/callback", GroupsClaim: oc.GroupsClaim}
+	}
+	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
+		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // oauthcreds.go
+	}
+	ui, err := review.New(opt)
+	if err != nil {
+		return fmt.Errorf("review UI: %w", err)
+	}
+	s.reviewUI, s.adminAuth = ui, ui.Person
+	return nil
+}
+
+// auditHold appends a hold's audit record.
+func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extra map[string]any) error {
+	f := map[string]any{
+		"hold": h.ID, "tool": h.Tool, "sha256": h.SHA256, "rule": h.Rule,
+		"sandbox": h.Caller.Sandbox, "agent": h.Caller.Agent, "session": h.Caller.Session, "user": h.Caller.User,
+	}
+	if h.Caller.Egress != "" {
+		f["egress"] = h.Caller.Egress
+	}
+	if event == "hold_created" {
+		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason
+		if id := tracing.TraceIDOf(h.TraceParent); id != "" {
+			f[call.KeyTraceID] = id // the held call's trace
+		}
+	}
+	for k, v := range extra {
+		f[k] = v
+	}
+	if d, ok := strings.CutPrefix(event, "hold_"); ok && (d == "approved" || d == "denied") && !h.Decided.IsZero() {
+		s.tel.approval.WithLabelValues(d).Observe(h.Decided.Sub(h.Created).Seconds())
+	}
+	_, err := s.appendAudit(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
+	return err
+}
+
+// holdLink is the review UI's page of a hold.
+func (s *Server) holdLink(id string) string {
+	base := s.cfg.Approvals.PublicURL
+	if base == "" {
+		base = "http://" + s.AdminAddr()
+	}
+	return strings.TrimRight(base, "/") + "/holds/" + id
+}
+
+// notifyHold posts the Slack-compatible webhook for a new hold. Failures
+// are logged; they never affect the hold.
+func (s *Server) notifyHold(h holds.Hold) {
+	u := s.cfg.Approvals.WebhookURL
+	if u == "" {
+		return
+	}
+	text := fmt.Sprintf("sluice: %s (agent %s, user %s) is waiting for approval: %s %s. Rule %s. Review: %s",
+		h.Tool, h.Caller.Agent, h.Caller.User, h.Request.Method, h.Request.URL, h.Rule, s.holdLink(h.ID))
+	body, _ := json.Marshal(map[string]string{"text": text})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		s.log.Warn("approvals: webhook request", "hold", h.ID, "err", err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.webhook.Do(req)
+	if err != nil {
+		// The URL may carry a token (Slack's do): log only the failure kind.
+		s.log.Warn("approvals: webhook not delivered", "hold", h.ID, "err", errors.Unwrap(err))
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		s.log.Warn("approvals: webhook refused", "hold", h.ID, "status", resp.StatusCode)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/receipts"
-	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/policy/decisionlog"
 )
@@ -213,38 +211,4 @@ func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
 		return nil
 	}
 	return b
-}
-
-// adminReceipts serves GET /api/v1/holds/{id}/receipt (the signed receipt
-// of an executed hold, as a file) and GET /api/v1/receipts/key (the
-// verification key).
-func (s *Server) adminReceipts(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v1/holds/{id}/receipt", s.withPerson(func(w http.ResponseWriter, r *http.Request, _ holds.Person) {
-		h, err := s.holds.Get(r.Context(), r.PathValue("id"))
-		if err != nil {
-			s.holdsError(w, err)
-			return
-		}
-		if h.Result == nil || len(h.Result.Receipt) == 0 {
-			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "this hold has no receipt: it has not been executed (or receipts are disabled)"), refusal.NewRequestID())
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Disposition", `attachment; filename="receipt-`+h.ID+`.json"`)
-		rc := h.Result.Receipt
-		if rc[len(rc)-1] != '\n' {
-			rc = append(rc, '\n') // the store keeps it compact; the file ends in a newline
-		}
-		_, _ = w.Write(rc)
-	}))
-	mux.HandleFunc("GET /api/v1/receipts/key", func(w http.ResponseWriter, r *http.Request) {
-		if s.life.receipts == nil {
-			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "receipts are disabled"), refusal.NewRequestID())
-			return
-		}
-		pub := s.life.receipts.Public()
-		refusal.WriteJSON(w, http.StatusOK, map[string]any{
-			"algorithm": "Ed25519", "key_id": s.life.receipts.KeyID(), "public_key_pem": string(receipts.PublicPEM(pub)),
-		})
-	})
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"sync"
 
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/refusal"
 )
 
 // sessionConns are the open connections of every session: each admitted
@@ -87,4 +89,39 @@ func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
 		ic.OnClose(s.sessConns.add(ic.Identity().Session, ic))
 	}
 	return ingress.ConnContext(ctx, c)
+}
+
+// SessionEnder revokes what a session was given when the session ends.
+// When the credential source (Options.Credentials, or the configured
+// secrets backend) implements it, POST /api/v1/sessions/{session}/end calls
+// EndSession after the session is recorded as ended and its pending holds
+// are expired. This is where the Vault backend plugs lease revocation in
+// (issue 5); no backend implements it yet, so today ending a session refuses
+// its later calls and expires its holds, and revokes nothing.
+//
+// EndSession runs on every end request, a repeat included, so it must be
+// idempotent. An error answers the request 502 revocation_failed (the
+// session stays ended); the caller retries.
+type SessionEnder interface {
+	EndSession(ctx context.Context, session string) error
+}
+
+// sessionRefusal refuses a call whose identity carries an ended session;
+// a store failure refuses too (fail closed). A call without a session is
+// never refused here.
+func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Error {
+	if session == "" {
+		return nil
+	}
+	ended, err := s.store.SessionEnded(ctx, session)
+	if e := storeRefusal(err); e != nil {
+		return e
+	}
+	if err != nil {
+		return refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "whether this session has ended cannot be read; the call was not sent").Wrap(err)
+	}
+	if ended {
+		return refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session has ended; nothing more is sent for it")
+	}
+	return nil
 }

@@ -150,6 +150,14 @@ var gatewayFloors = map[string][]string{
 	// call; it neither decides, holds nor sends.
 	"gateway/creds": {"connectors", "gateway/config", "gateway/oauth", "gateway/refusal", "policy", "vault"},
 
+	// The admin listener: people and monitoring, never sandboxes. It
+	// drives the holds manager and the store's session ends, audits
+	// through a hook, and reads the policy in force for /readyz; the root
+	// hands it the rest (its Deps). It never reaches a tool call's
+	// pipeline, the socket or raw egress.
+	"gateway/admin": {"gateway/audit", "gateway/config", "gateway/holds", "gateway/ident", "gateway/receipts",
+		"gateway/refusal", "gateway/store", "policy", "sandboxd/wire"},
+
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,
 	// sends nor attaches anything.

@@ -1,4 +1,4 @@
-package gateway
+package admin
 
 import (
 	"context"
@@ -16,57 +16,22 @@ import (
 	"github.com/sluice-gw/sluice/gateway/store"
 )
 
-// maxSessionIDLen bounds a session id on the admin API.
-const maxSessionIDLen = 256
+// MaxSessionIDLen bounds a session id on the admin API.
+const MaxSessionIDLen = 256
 
-// SessionEnder revokes what a session was given when the session ends.
-// When the credential source (Options.Credentials, or the configured
-// secrets backend) implements it, POST /api/v1/sessions/{session}/end calls
-// EndSession after the session is recorded as ended and its pending holds
-// are expired. This is where the Vault backend plugs lease revocation in
-// (issue 5); no backend implements it yet, so today ending a session refuses
-// its later calls and expires its holds, and revokes nothing.
-//
-// EndSession runs on every end request, a repeat included, so it must be
-// idempotent. An error answers the request 502 revocation_failed (the
-// session stays ended); the caller retries.
-type SessionEnder interface {
-	EndSession(ctx context.Context, session string) error
-}
-
-// sessionRefusal refuses a call whose identity carries an ended session;
-// a store failure refuses too (fail closed). A call without a session is
-// never refused here.
-func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Error {
-	if session == "" {
-		return nil
-	}
-	ended, err := s.store.SessionEnded(ctx, session)
-	if e := storeRefusal(err); e != nil {
-		return e
-	}
-	if err != nil {
-		return refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "whether this session has ended cannot be read; the call was not sent").Wrap(err)
-	}
-	if ended {
-		return refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session has ended; nothing more is sent for it")
-	}
-	return nil
-}
-
-// adminSessions routes the sessions API of the admin listener.
-func (s *Server) adminSessions(mux *http.ServeMux) {
-	mux.HandleFunc("POST /api/v1/sessions/{session}/end", s.handleEndSession)
+// routeSessions routes the sessions API of the admin listener.
+func (a *API) routeSessions(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/v1/sessions/{session}/end", a.handleEndSession)
 }
 
 // sessionCaller authenticates who may end sessions: a machine caller with
 // a token whose SHA-256 is in gateway.session_tokens_sha256 (named
 // "session_token[i]"), or an approver (token or review UI session).
-func (s *Server) sessionCaller(r *http.Request) (string, bool) {
-	if by, ok := s.machineCaller(r); ok { // sandbox_events.go
+func (a *API) sessionCaller(r *http.Request) (string, bool) {
+	if by, ok := a.machineCaller(r); ok { // sandbox_events.go
 		return by, true
 	}
-	if p, ok := s.adminPerson(r); ok && p.Name != "" {
+	if p, ok := a.person(r); ok && p.Name != "" {
 		return p.Name, true
 	}
 	return "", false
@@ -74,11 +39,11 @@ func (s *Server) sessionCaller(r *http.Request) (string, bool) {
 
 // sessionTokenIndex is the index in gateway.session_tokens_sha256 of tok's
 // SHA-256, or -1. Every entry is compared, in constant time.
-func (s *Server) sessionTokenIndex(tok string) int {
+func (a *API) sessionTokenIndex(tok string) int {
 	sum := sha256.Sum256([]byte(tok))
 	got := []byte(hex.EncodeToString(sum[:]))
 	found := -1
-	for i, h := range s.cfg.Gateway.SessionTokensSHA256 {
+	for i, h := range a.d.Config.Gateway.SessionTokensSHA256 {
 		if subtle.ConstantTimeCompare(got, []byte(h)) == 1 && found < 0 {
 			found = i
 		}
@@ -89,7 +54,7 @@ func (s *Server) sessionTokenIndex(tok string) int {
 // validSessionID accepts what an identity preamble could carry and a
 // person could type: printable, no spaces, bounded.
 func validSessionID(id string) bool {
-	if id == "" || len(id) > maxSessionIDLen {
+	if id == "" || len(id) > MaxSessionIDLen {
 		return false
 	}
 	for _, r := range id {
@@ -113,18 +78,18 @@ type sessionEndView struct {
 // refused 403 session_ended), its pending holds expire (a waiting agent
 // gets 403 approval_expired; an approval after this finds the hold
 // expired), the end is audited "session_ended" with who ended it, and the
-// credential source's SessionEnder, if any, revokes. Idempotent: a repeat
+// credential source's SessionEnder, if any, revokes (Deps.EndSession). Idempotent: a repeat
 // answers 200 with the first end's time and name.
-func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	by, ok := s.sessionCaller(r)
+	by, ok := a.sessionCaller(r)
 	if !ok {
 		refusal.WriteUnauthenticated(w, "an approver token or a session token is required", rid)
 		return
 	}
 	session := r.PathValue("session")
 	if !validSessionID(session) {
-		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("a session id is 1..%d printable characters without spaces", maxSessionIDLen)), rid)
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("a session id is 1..%d printable characters without spaces", MaxSessionIDLen)), rid)
 		return
 	}
 	// The canonical form, as the relayed identities carry it
@@ -137,48 +102,48 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	// The end is finished even if the caller goes away.
 	ctx := context.WithoutCancel(r.Context())
 	storeErr := func(err error) {
-		s.log.Error("sessions: end", "session", session, "err", err)
+		a.d.Log.Error("sessions: end", "session", session, "err", err)
 		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "the session could not be ended: the store is unavailable"), rid)
 	}
 	now := time.Now().UTC()
 	// Ended first, so no new call of the session gets through while its
 	// holds are being expired; a hold created in between is refused when
 	// approved (runHeld checks the session too).
-	end, first, err := s.store.EndSession(ctx, session, by, now)
+	end, first, err := a.d.Store.EndSession(ctx, session, by, now)
 	if err != nil {
 		storeErr(err)
 		return
 	}
-	ids, err := s.store.CutSessionHolds(ctx, session, now)
+	ids, err := a.d.Store.CutSessionHolds(ctx, session, now)
 	if err != nil {
 		storeErr(err)
 		return
 	}
 	if len(ids) > 0 {
-		if end, err = s.store.AddSessionHolds(ctx, session, ids); err != nil {
+		if end, err = a.d.Store.AddSessionHolds(ctx, session, ids); err != nil {
 			storeErr(err)
 			return
 		}
 	}
-	if s.holds != nil {
+	if a.d.Holds != nil {
 		// Moves the cut holds to expired (audited hold_expired) and wakes
 		// their waiting agents.
-		s.holds.ExpireDue(ctx)
+		a.d.Holds.ExpireDue(ctx)
 	}
 	// The session's open connections and tunnels end now (THREATS C12):
 	// the end is in the store, so what the sandbox opens next is refused.
-	closed := s.sessConns.closeSession(session)
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rid, Event: "session_ended", Fields: map[string]any{
+	closed := a.d.CloseSession(session)
+	if err := a.d.Audit(ctx, audit.Record{RequestID: rid, Event: "session_ended", Fields: map[string]any{
 		"session": session, "by": by, "repeat": !first, "holds": ids, "ended": end.Ended.Format(time.RFC3339Nano),
 		"connections_closed": closed,
-	}}, false); err != nil {
-		s.log.Error("sessions: end not audited", "session", session, "err", err)
+	}}); err != nil {
+		a.d.Log.Error("sessions: end not audited", "session", session, "err", err)
 		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the session is ended but the audit log cannot be written; retry"), rid)
 		return
 	}
-	if se, ok := s.creds.(SessionEnder); ok {
-		if err := se.EndSession(ctx, session); err != nil {
-			s.log.Error("sessions: revocation failed; the session stays ended", "session", session, "err", err)
+	if a.d.EndSession != nil {
+		if err := a.d.EndSession(ctx, session); err != nil {
+			a.d.Log.Error("sessions: revocation failed; the session stays ended", "session", session, "err", err)
 			refusal.Write(w, refusal.New(http.StatusBadGateway, "revocation_failed", "the session is ended but its credentials could not be revoked; retry"), rid)
 			return
 		}

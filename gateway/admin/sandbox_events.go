@@ -1,4 +1,4 @@
-package gateway
+package admin
 
 import (
 	"encoding/json"
@@ -21,8 +21,8 @@ import (
 // tamper-evident record of what a sandbox did and what stopped it.
 var sandboxEventKinds = map[string]bool{"oom": true, "pids_limit": true, "timeout": true, "init_died": true}
 
-// maxSandboxEventBytes bounds a report's body.
-const maxSandboxEventBytes = 4 << 10
+// MaxSandboxEventBytes bounds a report's body (POST /api/v1/sandbox-events).
+const MaxSandboxEventBytes = 4 << 10
 
 // sandboxEvent is the body of POST /api/v1/sandbox-events, as sandboxd
 // sends it.
@@ -37,9 +37,9 @@ type sandboxEvent struct {
 	Egress  string `json:"egress,omitempty"` // the sandbox's egress narrowing, as in its preamble
 }
 
-// adminSandboxEvents routes the sandbox-events API of the admin listener.
-func (s *Server) adminSandboxEvents(mux *http.ServeMux) {
-	mux.HandleFunc("POST /api/v1/sandbox-events", s.handleSandboxEvent)
+// routeSandboxEvents routes the sandbox-events API of the admin listener.
+func (a *API) routeSandboxEvents(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/v1/sandbox-events", a.handleSandboxEvent)
 }
 
 // handleSandboxEvent is POST /api/v1/sandbox-events: a sandbox host reports
@@ -49,14 +49,14 @@ func (s *Server) adminSandboxEvents(mux *http.ServeMux) {
 // may report; approvers may not. The report is audited before it is
 // answered 200; a report the audit log cannot take is 503
 // audit_unavailable, so that sandboxd records it as not delivered.
-func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 	rid := refusal.NewRequestID()
-	by, ok := s.machineCaller(r)
+	by, ok := a.machineCaller(r)
 	if !ok {
 		refusal.WriteUnauthenticated(w, "a session token (gateway.session_tokens_sha256) is required", rid)
 		return
 	}
-	ev, err := decodeSandboxEvent(http.MaxBytesReader(w, r.Body, maxSandboxEventBytes))
+	ev, err := decodeSandboxEvent(http.MaxBytesReader(w, r.Body, MaxSandboxEventBytes))
 	if err != nil {
 		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, err.Error()), rid)
 		return
@@ -69,19 +69,19 @@ func (s *Server) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 	if ev.Egress != "" {
 		fields["egress"] = ev.Egress
 	}
-	if _, err := s.appendAudit(r.Context(), audit.Record{RequestID: rid, Event: "sandbox_" + ev.Event, Fields: fields}, false); err != nil {
-		s.log.Error("sandbox event not audited", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox, "err", err)
+	if err := a.d.Audit(r.Context(), audit.Record{RequestID: rid, Event: "sandbox_" + ev.Event, Fields: fields}); err != nil {
+		a.d.Log.Error("sandbox event not audited", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox, "err", err)
 		refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; report again"), rid)
 		return
 	}
-	s.log.Warn("sandbox event", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox,
+	a.d.Log.Warn("sandbox event", "request_id", rid, "event", ev.Event, "sandbox", ev.Sandbox,
 		"agent", ev.Agent, "session", ev.Session, "host", ev.Host, "limit", ev.Limit)
 	refusal.WriteJSON(w, http.StatusOK, map[string]any{"request_id": rid})
 }
 
 // decodeSandboxEvent reads one report strictly: known keys only, one JSON
 // object, a known event, a sandbox id, and every text field printable
-// without spaces and at most maxSessionIDLen bytes (as an identity
+// without spaces and at most MaxSessionIDLen bytes (as an identity
 // preamble carries them).
 func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 	var ev sandboxEvent
@@ -90,7 +90,7 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 	if err := dec.Decode(&ev); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return ev, fmt.Errorf("a sandbox event is at most %d bytes", maxSandboxEventBytes)
+			return ev, fmt.Errorf("a sandbox event is at most %d bytes", MaxSandboxEventBytes)
 		}
 		return ev, fmt.Errorf("sandbox event: %v", err)
 	}
@@ -108,7 +108,7 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 			continue
 		}
 		if !validSessionID(f.v) {
-			return ev, fmt.Errorf("sandbox event: %s must be 1..%d printable characters without spaces", f.name, maxSessionIDLen)
+			return ev, fmt.Errorf("sandbox event: %s must be 1..%d printable characters without spaces", f.name, MaxSessionIDLen)
 		}
 	}
 	if ev.Limit < 0 {
@@ -122,12 +122,12 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 
 // machineCaller authenticates a machine caller: a bearer token whose
 // SHA-256 is in gateway.session_tokens_sha256, named "session_token[i]".
-func (s *Server) machineCaller(r *http.Request) (string, bool) {
+func (a *API) machineCaller(r *http.Request) (string, bool) {
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || tok == "" {
 		return "", false
 	}
-	if i := s.sessionTokenIndex(tok); i >= 0 {
+	if i := a.sessionTokenIndex(tok); i >= 0 {
 		return fmt.Sprintf("session_token[%d]", i), true
 	}
 	return "", false
