@@ -122,7 +122,7 @@ type Server struct {
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
-	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (holdcall.go)
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
 }
@@ -215,7 +215,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if err := s.newOAuth(); err != nil { // oauthcreds.go
+	if err := s.newOAuth(); err != nil { // holdcall.go
 		return nil, err
 	}
 	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: s.connectionsURL})

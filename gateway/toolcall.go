@@ -262,7 +262,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// A person's OAuth connection missing, with on_missing: hold: held
-	// until they connect (oauthcreds.go).
+	// until they connect (holdcall.go).
 	if o, e, held := s.holdForConnection(ctx, c, tool, up, args, req); held {
 		return o, e
 	}
