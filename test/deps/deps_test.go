@@ -392,6 +392,10 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"gateway/egress", "gateway/review"},
 		{"gateway/egress", "connectors"},
 		{"gateway/review", "gateway"},
+		{"gateway/admin", "gateway"},
+		{"gateway/admin", "gateway/egress"},
+		{"gateway/admin", "gateway/ingress"},
+		{"gateway/admin", "connectors"},
 		{"gateway/newthing", "gateway/refusal"},
 	}
 	for _, c := range cases {
