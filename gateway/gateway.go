@@ -21,7 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,10 +38,11 @@ import (
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
-	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/vault"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -126,38 +126,6 @@ type Server struct {
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
 }
-
-// catalog is the loaded tools and, per tool, how to reach its API.
-type catalog struct {
-	tools      map[string]*connectors.Tool
-	aliases    map[string]*connectors.Tool // Tool.Alias → tool
-	list       []*connectors.Tool
-	connectors map[string]*upstream
-	remotes    map[string]*mcpremote.Remote // provider: mcp connectors by slug; their tools change (mcp_remote.go)
-}
-
-// upstream is one connector's provisioned destination.
-type upstream struct {
-	cfg       config.Connector
-	conn      *connectors.Connector
-	allow     []netip.Prefix
-	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
-	creds     *creds.Plan                // how the credential is attached; nil without one
-	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (creds.OAuthClient)
-	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
-}
-
-// Tool finds a tool by its name or its function-safe alias.
-func (c *catalog) Tool(name string) (*connectors.Tool, bool) {
-	if t, ok := c.tools[name]; ok {
-		return t, true
-	}
-	if t, ok := c.aliases[name]; ok {
-		return t, true
-	}
-	return c.remoteTool(name)
-}
-func (c *catalog) Tools() []*connectors.Tool { return c.withRemotes() }
 
 // New provisions a gateway from cfg: loads every connector's spec, compiles
 // the policy (a policy that fails to compile is reported and the server
@@ -273,96 +241,6 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	return s, nil
 }
 
-// loadCatalogWith loads every connector's spec and decides how its credential
-// is attached (newCredPlan); sl adds validate's strictness and defect
-// report to each load. errs refuse serve; warns are printed.
-func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, sl specLoad) (c *catalog, warns []error, err error) {
-	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
-	var errs []error
-	local := creds.ExistingLocal(cfg)
-	for i, cc := range cfg.Connectors {
-		key := fmt.Sprintf("connectors[%d]", i)
-		allow := allowPrivate(cc)
-		if cc.Provider == "mcp" {
-			errs = append(errs, c.addRemote(ctx, key, cc, d, allow, cfg, local)...) // mcp_remote.go
-			continue
-		}
-		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
-		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
-			continue
-		}
-		if conn.BaseURL == nil {
-			errs = append(errs, fmt.Errorf("%s.base_url: the spec names no server; set base_url", key))
-			continue
-		}
-		u := &upstream{cfg: cc, conn: conn, allow: allow}
-		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !creds.PlaintextOK(conn.BaseURL.Hostname(), u.allow) {
-			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
-			continue
-		}
-		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
-			var oerrs []error
-			if u.oauth, oerrs = creds.OAuthClient(key, cc, conn, u.allow); len(oerrs) > 0 {
-				errs = append(errs, oerrs...)
-				continue
-			}
-		}
-		if cc.Credential != nil {
-			plan, perrs, pwarns := creds.NewPlan(key, cc, conn, creds.StoredShape(ctx, cfg, cc, local))
-			warns = append(warns, pwarns...)
-			if len(perrs) > 0 {
-				errs = append(errs, perrs...)
-				continue
-			}
-			u.creds = plan
-		}
-		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
-		c.connectors[cc.Slug] = u
-		for _, t := range conn.Tools {
-			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
-				errs = append(errs, fmt.Errorf("%s: tool %s has the alias %s of tool %s", key, t.Name, t.Alias, other.Name))
-				continue
-			}
-			c.tools[t.Name] = t
-			c.aliases[t.Alias] = t
-			c.list = append(c.list, t)
-		}
-	}
-	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
-	return c, warns, errors.Join(errs...)
-}
-
-// newTransport builds a connector's transport. Every dial goes through the
-// guard with this connector's allow list; no proxy from the environment is
-// ever used; redirects are not followed because callers use RoundTrip.
-//
-// The idle pool is sized to the load the gateway admits: each sandbox
-// socket connection carries one call at a time, so at most
-// gateway.max_connections calls are in flight, and every upstream
-// connection they used can wait for the next call instead of being closed
-// and dialled again (a fixed 64 made 71% of calls at 1,000 callers dial;
-// issue 22). Only connections a load actually opened are kept, and each
-// for IdleConnTimeout.
-func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, maxIdle int) *http.Transport {
-	maxIdle = max(maxIdle, 2) // http.Transport's own default per host
-
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return d.DialContext(ctx, network, addr, allow)
-		},
-		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           maxIdle,
-		MaxIdleConnsPerHost:    maxIdle,
-		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    10 * time.Second,
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
-}
-
 func (s *Server) loadPolicy(ctx context.Context) error {
 	s.policyMu.Lock()
 	defer s.policyMu.Unlock()
@@ -441,6 +319,79 @@ func (s *Server) adminHandler() http.Handler {
 	return admin.New(d).Handler()
 }
 
+// The root's side of the seam with raw egress: what egress is given.
+
+// newRawEgress provisions raw egress for this server.
+func (s *Server) newRawEgress() *egress.Proxy { return egress.New(s.egressDeps()) }
+
+// egressDeps wires raw egress to this server.
+func (s *Server) egressDeps() egress.Deps {
+	return egress.Deps{
+		Config:   s.cfg,
+		Log:      s.log,
+		Dialer:   s.dialer,
+		Identity: ingress.IdentityFrom,
+		Engine:   s.engine.Load,
+		Append:   s.appendAudit,
+		Session:  s.sessionRefusal,
+		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
+			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
+		},
+		Track:            s.sessConns.add,
+		OnStop:           s.stop.OnStop,
+		AtClose:          s.stop.AtClose,
+		Repeats:          s.repeats.allow,
+		Interceptor:      s.icpt,
+		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
+		Decisions:        s.tel.decisions,
+		Reflected:        s.tel.reflected,
+		AuditFailures:    s.tel.audits,
+		RuleLabel:        s.tel.ruleLabel,
+		UpstreamAnswered: s.tel.upstreamAnswered,
+	}
+}
+
+// newMCPDoor mounts the MCP door (gateway/mcp) on the sandbox socket. Its
+// hooks are the pipeline's own entrances: the list is Tools (GET
+// /v1/tools's), every tools/call is Call with transport mcp, and
+// sluice.await_hold is Poll. The door decides, sends and audits nothing
+// itself.
+func (s *Server) newMCPDoor() *mcp.Door {
+	g := s.cfg.Gateway
+	d := mcp.New(mcp.Deps{
+		Identify: func(r *http.Request) (wire.Identity, bool) { return ingress.IdentityFrom(r.Context()) },
+		Tools:    s.Tools,
+		Call:     s.Call,
+		Poll:     s.Poll,
+		Remote:   s.mcpRemote, // mcp_remote.go
+		Title: func(name string) string {
+			if t, ok := s.catalog.Tool(name); ok {
+				return t.Summary
+			}
+			return ""
+		},
+		Output: func(name string, body []byte) bool {
+			t, ok := s.catalog.Tool(name)
+			return ok && t.MatchesOutput(body)
+		},
+		HoldWait:        g.HoldWait.Std(),
+		Aliases:         g.MCP.ToolNames == "aliases",
+		MaxMessageBytes: g.MCP.MaxMessageBytes,
+		Logger:          s.log,
+	})
+	s.mcpDoor.Store(d)
+	return d
+}
+
+// mcpChanged tells the MCP door that what callers may list may have
+// changed (a policy reload): open sessions whose list changed get
+// notifications/tools/list_changed.
+func (s *Server) mcpChanged() {
+	if d := s.mcpDoor.Load(); d != nil {
+		go d.Changed(context.Background())
+	}
+}
+
 // Serve listens on the sandbox socket and the admin address and serves
 // until ctx ends. It returns when both listeners are closed.
 func (s *Server) Serve(ctx context.Context) error {
@@ -504,7 +455,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() { defer close(headDone); s.headLoop(ctx) }()
 	defer func() { <-headDone }()
 	countDone := make(chan struct{})
-	go func() { defer close(countDone); s.countLoop(ctx) }()
+	go func() { defer close(countDone); s.usage.loop(ctx, s.store, s.log) }()
 	defer func() { <-countDone }()
 	errc := make(chan error, len(servers))
 	for i := range servers {
@@ -626,54 +577,28 @@ func (s *Server) Close() error {
 	return err
 }
 
-type usageKey struct{ agent, tool, action string }
+// shutdownGrace bounds a graceful shutdown: requests still running after
+// it have their connections closed.
+const shutdownGrace = 10 * time.Second
 
-// usage aggregates call counters in memory; countLoop flushes them to the
-// store once a second, off the request path: a slow disk must not add
-// latency to calls, and the audit log, not the counters, is the record.
-type usage struct {
-	mu sync.Mutex
-	m  map[usageKey]int64
-}
-
-func (u *usage) add(k usageKey) {
-	u.mu.Lock()
-	u.m[k]++
-	u.mu.Unlock()
-}
-
-func (u *usage) take() []store.Usage {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	rows := make([]store.Usage, 0, len(u.m))
-	for k, n := range u.m {
-		rows = append(rows, store.Usage{Agent: k.agent, Tool: k.tool, Action: k.action, Count: n})
-	}
-	clear(u.m)
-	return rows
-}
-
-func (s *Server) countLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			s.flushUsage(context.Background())
-			return
-		case <-t.C:
-			s.flushUsage(ctx)
+// shutdown stops servers gracefully. Long-lived requests are told first
+// (stopHooks.begin: a DNS stream stops reading questions, answers those in
+// flight and ends its body), so that Shutdown waits for them only as long
+// as their answers take; whatever still runs after shutdownGrace has its
+// connection closed rather than outliving Serve. Then the idle upstream
+// connections of raw egress are closed.
+func (s *Server) shutdown(servers []*http.Server) {
+	s.stop.Begin()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	for _, srv := range servers {
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Warn("gateway: shutdown: grace period over; closing the connections still busy", "grace", shutdownGrace.String(), "err", err)
+			_ = srv.Close()
 		}
 	}
+	s.stop.CloseAll()
 }
-
-func (s *Server) flushUsage(ctx context.Context) {
-	if err := s.store.AddUsage(ctx, s.usage.take()); err != nil {
-		s.log.Warn("store: usage counters not written", "err", err)
-	}
-}
-
-func (s *Server) count(agent, tool, action string) { s.usage.add(usageKey{agent, tool, action}) }
 
 // egressAllowlists maps each agent to its agents[].egress list for policy.
 func egressAllowlists(cfg *config.Config) map[string][]string {

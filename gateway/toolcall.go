@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/creds"
-	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -35,11 +33,9 @@ import (
 // admin API and the review UI live only on the admin listener.
 func (s *Server) sandboxHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/tools", s.handleListTools)
-	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
-	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
-	mux.Handle("/mcp", s.newMCPDoor()) // mcp_door.go: the same listing and pipeline over MCP
-	eg := s.newRawEgress()             // egress_wire.go: package egress
+	toolAPI{list: s.tools, unavailable: s.Unavailable, agent: s.cfg.Agent, call: s.Call, poll: s.Poll}.route(mux) // toolapi.go
+	mux.Handle("/mcp", s.newMCPDoor())                                                                            // gateway.go: the same listing and pipeline over MCP
+	eg := s.newRawEgress()                                                                                        // gateway.go: package egress
 	mux.HandleFunc("POST /v1/dns", eg.ServeDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
@@ -51,6 +47,55 @@ func (s *Server) sandboxHandler() http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	}))
+}
+
+// Tools lists the tools id's agent is granted and not blocked from, as
+// every door offers them. A tool the policy would block outright (with
+// nothing of the call known but its name) is left out; ask and allow
+// tools are listed. An agent that is not configured is refused, not
+// answered with an empty list, so a misnamed agent shows at once.
+func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *refusal.Error) {
+	return s.tools(ctx, refusal.NewRequestID(), id)
+}
+
+// tools is Tools with the request ID an audited refusal is recorded under.
+func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]call.Tool, *refusal.Error) {
+	id, e := canonicalCaller(id)
+	if e != nil {
+		return nil, e
+	}
+	agent := s.cfg.Agent(id.Agent)
+	if agent == nil {
+		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
+	}
+	if id.Egress != "" {
+		if e := s.checkNarrowing(ctx, rid, id, agent.Egress); e != nil { // narrow.go
+			return nil, e
+		}
+	}
+	views := []call.Tool{}
+	now := time.Now().UTC()
+	for _, t := range s.catalog.Tools() {
+		if !slices.Contains(agent.Connectors, t.Connector) {
+			continue
+		}
+		// Decided as a call with no arguments yet: a tool that policy
+		// blocks whatever the arguments are is not offered at all.
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		if s.Decide(ctx, in).Action == policy.Block {
+			continue
+		}
+		desc := t.Summary
+		if desc == "" {
+			desc = t.Description
+		}
+		v := call.Tool{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema}
+		if t.OutputReady() { // compiled on the first list: a schema that does not compile is not shown
+			v.OutputSchema = t.OutputSchema
+		}
+		views = append(views, v)
+	}
+	return views, nil
 }
 
 // toolCall is one call's state as it moves through the pipeline; its
@@ -204,7 +249,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
 		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
-		s.count(id.Agent, tool.Name, c.rec.Decision.Action)
+		s.usage.count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
 	// Grant or hold.
@@ -536,104 +581,6 @@ func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	}
 	msg, level, attrs := c.rec.Line(refused, reason)
 	s.log.LogAttrs(context.Background(), level, msg, attrs...)
-}
-
-// stripHeaderArgs removes headers that only the gateway may set: identity,
-// client-address claims (egress.IsForwardingField, as on every egress path),
-// hop-by-hop and framing headers, and content codings and ranges the
-// scrubber could not see through.
-func stripHeaderArgs(a *connectors.Args) {
-	for k := range a.Headers {
-		lk := strings.ToLower(k)
-		switch {
-		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
-			egress.IsForwardingField(lk),
-			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
-			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
-			lk == "range", lk == "if-range",
-			lk == "traceparent", lk == "tracestate": // the gateway's own trace context is sent (calltrace.go)
-			delete(a.Headers, k)
-		}
-	}
-}
-
-// idempotencyArg sends key in tool's idempotency header when the
-// arguments set none (Request.IdempotencyKey): before validation, so the
-// key is checked, decided and held as part of the call.
-func idempotencyArg(a *connectors.Args, tool *connectors.Tool, key string) {
-	if key == "" || tool.IdempotencyHeader == "" {
-		return
-	}
-	for k := range a.Headers {
-		if strings.EqualFold(k, tool.IdempotencyHeader) {
-			return
-		}
-	}
-	if a.Headers == nil {
-		a.Headers = map[string]any{}
-	}
-	a.Headers[tool.IdempotencyHeader] = key
-}
-
-// formedRequest checks that a door's formed request (call.Request.HTTP) is
-// tool's operation on its connector's base URL: the same method, scheme
-// and host, and a path the tool's template matches under the base path.
-// It returns a copy for the pipeline to decide on and put the credential
-// on, with its body read (bounded) and replaced on both.
-func formedRequest(ctx context.Context, hr *http.Request, tool *connectors.Tool, base *url.URL) (*http.Request, error) {
-	if hr.URL == nil || base == nil {
-		return nil, errors.New("the request has no URL")
-	}
-	if hr.Method != tool.Method {
-		return nil, fmt.Errorf("the request's method %s is not %s's (%s)", hr.Method, tool.Name, tool.Method)
-	}
-	if !strings.EqualFold(hr.URL.Scheme, base.Scheme) || !strings.EqualFold(hr.URL.Host, base.Host) {
-		return nil, fmt.Errorf("the request is not for %s's connector (%s://%s)", tool.Name, base.Scheme, base.Host)
-	}
-	rest, ok := strings.CutPrefix(hr.URL.EscapedPath(), strings.TrimRight(base.EscapedPath(), "/"))
-	if !ok || !matchTemplate(tool.PathTemplate, rest) {
-		return nil, fmt.Errorf("the request's path is not %s's (%s)", tool.Name, tool.PathTemplate)
-	}
-	var body []byte
-	if hr.Body != nil && hr.Body != http.NoBody {
-		b, err := io.ReadAll(io.LimitReader(hr.Body, connectors.MaxArgsBytes+1))
-		hr.Body.Close()
-		if err != nil {
-			return nil, errors.New("the request's body could not be read")
-		}
-		if len(b) > connectors.MaxArgsBytes {
-			return nil, fmt.Errorf("the request's body is larger than %d bytes", connectors.MaxArgsBytes)
-		}
-		body = b
-		hr.Body = io.NopCloser(bytes.NewReader(b))
-	}
-	req := hr.Clone(ctx)
-	req.Body, req.ContentLength = http.NoBody, 0
-	if body != nil {
-		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	}
-	return req, nil
-}
-
-// matchTemplate says whether an escaped path is an OpenAPI path template's:
-// literal segments equal, each {param} segment one non-empty segment.
-func matchTemplate(tmpl, path string) bool {
-	ts, ps := strings.Split(tmpl, "/"), strings.Split(path, "/")
-	if len(ts) != len(ps) {
-		return false
-	}
-	for i, t := range ts {
-		if strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}") {
-			if ps[i] == "" {
-				return false
-			}
-			continue
-		}
-		if t != ps[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // credential attaches the connector's credential to req, where the caller

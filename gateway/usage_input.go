@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
@@ -103,3 +105,55 @@ func argNumber(body any, path string) float64 {
 	}
 	return math.Abs(f)
 }
+
+type usageKey struct{ agent, tool, action string }
+
+// usage aggregates call counters in memory; loop flushes them to the
+// store once a second, off the request path: a slow disk must not add
+// latency to calls, and the audit log, not the counters, is the record.
+type usage struct {
+	mu sync.Mutex
+	m  map[usageKey]int64
+}
+
+func (u *usage) add(k usageKey) {
+	u.mu.Lock()
+	u.m[k]++
+	u.mu.Unlock()
+}
+
+func (u *usage) take() []store.Usage {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	rows := make([]store.Usage, 0, len(u.m))
+	for k, n := range u.m {
+		rows = append(rows, store.Usage{Agent: k.agent, Tool: k.tool, Action: k.action, Count: n})
+	}
+	clear(u.m)
+	return rows
+}
+
+// loop flushes the counters to st once a second until ctx ends, and a
+// last time then.
+func (u *usage) loop(ctx context.Context, st *store.Store, log *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			u.flush(context.Background(), st, log)
+			return
+		case <-t.C:
+			u.flush(ctx, st, log)
+		}
+	}
+}
+
+func (u *usage) flush(ctx context.Context, st *store.Store, log *slog.Logger) {
+	if err := st.AddUsage(ctx, u.take()); err != nil {
+		log.Warn("store: usage counters not written", "err", err)
+	}
+}
+
+// count counts one call of agent's to tool decided action.
+func (u *usage) count(agent, tool, action string) { u.add(usageKey{agent, tool, action}) }
