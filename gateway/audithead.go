@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 // headRecordInterval is how often the gateway records the audit log's
@@ -22,55 +25,60 @@ const headRecordInterval = time.Second
 // auditHeads records the audit log's head in the store and in signed
 // checkpoints (THREATS G9).
 type auditHeads struct {
+	cfg   config.Audit
+	log   *audit.Log
+	store *store.Store
+	warn  *slog.Logger
+
 	key      ed25519.PrivateKey // nil: no checkpoints
 	path     string
 	interval time.Duration
 	last     audit.Head // last head recorded in the store
 }
 
-// checkAuditHead compares the audit log with the head the store recorded
+// check compares the audit log with the head the store recorded
 // last, and with the newest checkpoint when checkpoints are on, before
 // anything is served: a file that ends before that head, or holds another
 // record at its seq, was truncated or rewritten, and the gateway refuses to
 // continue it (fail closed) until an operator accepts the file's head with
 // `sluice audit accept-head`.
-func (s *Server) checkAuditHead(ctx context.Context) error {
-	path := s.cfg.Audit.Path
-	seq, hash, updated, ok, err := s.store.AuditHead(ctx)
+func (hs *auditHeads) check(ctx context.Context) error {
+	path := hs.cfg.Path
+	seq, hash, updated, ok, err := hs.store.AuditHead(ctx)
 	if err != nil {
 		return fmt.Errorf("audit.path: check against the head recorded in the store: %w", err)
 	}
 	if ok {
-		if err := s.checkHead(path, audit.Head{Seq: seq, Hash: hash}, "the head the store recorded at "+updated.Format(time.RFC3339)); err != nil {
+		if err := hs.checkHead(path, audit.Head{Seq: seq, Hash: hash}, "the head the store recorded at "+updated.Format(time.RFC3339)); err != nil {
 			return err
 		}
 	}
-	if cp := s.cfg.Audit.Checkpoint; cp != nil {
+	if cp := hs.cfg.Checkpoint; cp != nil {
 		key, err := audit.LoadCheckpointKey(cp.KeyFile, true)
 		if err != nil {
 			return fmt.Errorf("audit.checkpoint.key_file: %w", err)
 		}
-		s.heads.key, s.heads.path, s.heads.interval = key, cp.Path, cp.Interval.Std()
+		hs.key, hs.path, hs.interval = key, cp.Path, cp.Interval.Std()
 		newest, _, err := audit.ReadCheckpoints(cp.Path, key.Public().(ed25519.PublicKey))
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
 			return fmt.Errorf("audit.checkpoint.path: %w", err)
 		default:
-			if err := s.checkHead(path, newest.Head(), "the newest checkpoint in "+cp.Path); err != nil {
+			if err := hs.checkHead(path, newest.Head(), "the newest checkpoint in "+cp.Path); err != nil {
 				return err
 			}
 		}
 	}
-	h := s.audit.Head()
-	if err := s.store.SetAuditHead(ctx, h.Seq, h.Hash); err != nil {
+	h := hs.log.Head()
+	if err := hs.store.SetAuditHead(ctx, h.Seq, h.Hash); err != nil {
 		return fmt.Errorf("audit.path: record head in the store: %w", err)
 	}
-	s.heads.last = h
+	hs.last = h
 	return nil
 }
 
-func (s *Server) checkHead(path string, want audit.Head, where string) error {
+func (hs *auditHeads) checkHead(path string, want audit.Head, where string) error {
 	got, ok, err := audit.CheckHead(path, want)
 	var he *audit.HeadError
 	switch {
@@ -80,20 +88,20 @@ func (s *Server) checkHead(path string, want audit.Head, where string) error {
 	case err != nil:
 		return fmt.Errorf("audit.path: check against %s: %w", where, err)
 	case !ok:
-		s.log.Warn("audit: the log starts after the recorded head (it was re-created); the recorded record is in an earlier file",
+		hs.warn.Warn("audit: the log starts after the recorded head (it was re-created); the recorded record is in an earlier file",
 			"recorded_head", want.String(), "file_head", got.String())
 	}
 	return nil
 }
 
-// headLoop records the log's durable head in the store when it changed and
+// loop records the log's durable head in the store when it changed and
 // appends a signed checkpoint at the configured interval, until ctx ends.
-func (s *Server) headLoop(ctx context.Context) {
+func (hs *auditHeads) loop(ctx context.Context) {
 	t := time.NewTicker(headRecordInterval)
 	defer t.Stop()
 	var cp <-chan time.Time
-	if s.heads.key != nil {
-		ct := time.NewTicker(s.heads.interval)
+	if hs.key != nil {
+		ct := time.NewTicker(hs.interval)
 		defer ct.Stop()
 		cp = ct.C
 	}
@@ -102,51 +110,51 @@ func (s *Server) headLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.recordHead(ctx)
+			hs.record(ctx)
 		case <-cp:
-			s.writeCheckpoint()
+			hs.writeCheckpoint()
 		}
 	}
 }
 
-// recordHead records the durable head in the store if it moved.
-func (s *Server) recordHead(ctx context.Context) {
-	if s.audit.Head() == s.heads.last {
+// record records the durable head in the store if it moved.
+func (hs *auditHeads) record(ctx context.Context) {
+	if hs.log.Head() == hs.last {
 		return
 	}
-	h, err := s.audit.DurableHead()
+	h, err := hs.log.DurableHead()
 	if err != nil {
 		return // the log's own failure refuses calls and is logged there
 	}
-	if err := s.store.SetAuditHead(ctx, h.Seq, h.Hash); err != nil {
-		s.log.Error("audit: record head in the store", "err", err)
+	if err := hs.store.SetAuditHead(ctx, h.Seq, h.Hash); err != nil {
+		hs.warn.Error("audit: record head in the store", "err", err)
 		return
 	}
-	s.heads.last = h
+	hs.last = h
 }
 
 // writeCheckpoint appends a signed checkpoint of the durable head.
-func (s *Server) writeCheckpoint() {
-	h, err := s.audit.DurableHead()
+func (hs *auditHeads) writeCheckpoint() {
+	h, err := hs.log.DurableHead()
 	if err != nil {
 		return
 	}
-	if err := audit.AppendCheckpoint(s.heads.path, audit.NewCheckpoint(s.heads.key, h, time.Now())); err != nil {
-		s.log.Error("audit: write checkpoint", "path", s.heads.path, "err", err)
+	if err := audit.AppendCheckpoint(hs.path, audit.NewCheckpoint(hs.key, h, time.Now())); err != nil {
+		hs.warn.Error("audit: write checkpoint", "path", hs.path, "err", err)
 	}
 }
 
-// closeHeads records the final head and checkpoint at a clean stop, so a
+// close records the final head and checkpoint at a clean stop, so a
 // log truncated while the gateway is stopped is caught at the next start.
-// Serve's loop has ended: nothing else writes s.heads.
-func (s *Server) closeHeads() {
-	if _, err := os.Stat(s.cfg.Audit.Path); err != nil {
+// Serve's loop has ended: nothing else writes hs.
+func (hs *auditHeads) close() {
+	if _, err := os.Stat(hs.cfg.Path); err != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.recordHead(ctx)
-	if s.heads.key != nil {
-		s.writeCheckpoint()
+	hs.record(ctx)
+	if hs.key != nil {
+		hs.writeCheckpoint()
 	}
 }

@@ -164,7 +164,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
 		}
 	}
-	if err := s.initPolicyLife(); err != nil { // policylife.go
+	s.life = policyLife{cfg: cfg, log: log, engine: s.engine.Load}
+	if err := s.life.init(tel.reg); err != nil { // policylife.go
 		return nil, err
 	}
 	if err := s.loadPolicy(ctx); err != nil {
@@ -206,7 +207,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	if err := s.checkAuditHead(ctx); err != nil { // audithead.go (THREATS G9)
+	s.heads = auditHeads{cfg: cfg.Audit, log: s.audit, store: s.store, warn: log}
+	if err := s.heads.check(ctx); err != nil { // audithead.go (THREATS G9)
 		s.audit.Close()
 		s.store.Close()
 		return nil, err
@@ -256,7 +258,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 			s.mcpChanged() // what a caller may list may have changed
 		}
 	}
-	s.policyHooks(&pc) // policylife.go
+	s.life.hooks(&pc) // policylife.go
 	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
@@ -300,7 +302,7 @@ func (s *Server) adminHandler() http.Handler {
 			return ""
 		},
 		AuditErr:     s.audit.Err,
-		StoreProblem: s.storeProblem,
+		StoreProblem: func(ctx context.Context) string { return storeProblem(ctx, s.store) },
 		Metrics:      s.tel.handler,
 		JWKS:         creds.JWKS(s.creds, s.log),
 		Tools:        func() int { return len(s.catalog.Tools()) },
@@ -449,10 +451,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		listeners = append(listeners, al)
 	}
 	go s.watchPolicy(ctx)
-	go s.runPolicyLife(ctx) // policylife.go
+	go s.life.run(ctx) // policylife.go
 	go s.holds.Run(ctx)
 	headDone := make(chan struct{})
-	go func() { defer close(headDone); s.headLoop(ctx) }()
+	go func() { defer close(headDone); s.heads.loop(ctx) }()
 	defer func() { <-headDone }()
 	countDone := make(chan struct{})
 	go func() { defer close(countDone); s.usage.loop(ctx, s.store, s.log) }()
@@ -563,7 +565,7 @@ func (s *Server) Catalog() Catalog { return s.catalog }
 
 // Close releases the stores. Call it after Serve returns.
 func (s *Server) Close() error {
-	s.closeHeads()
+	s.heads.close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
 	s.stopRemotes()

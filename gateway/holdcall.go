@@ -273,13 +273,13 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 		var b refusal.Body
 		b.Error.Code, b.Error.Message, b.Error.RequestID = o.Refusal.Code, o.Refusal.Message, o.RequestID
 		data, _ := json.Marshal(b)
-		return holds.Result{HTTPStatus: o.Refusal.Status, Body: data, Answered: c.answered, Receipt: s.receipt(h, c)}, false
+		return holds.Result{HTTPStatus: o.Refusal.Status, Body: data, Answered: c.answered, Receipt: s.life.receipt(h, c)}, false
 	}
 	data, err := json.Marshal(replyBody(o))
 	if err != nil {
 		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`), Answered: true}, false
 	}
-	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true, Receipt: s.receipt(h, c)}, true // policylife.go
+	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true, Receipt: s.life.receipt(h, c)}, true // policylife.go
 }
 
 // storedRequest rebuilds an approved hold's request exactly as stored.

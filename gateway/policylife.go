@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -20,6 +21,10 @@ import (
 // the revision in force on /metrics, the decision-log export, and the
 // signer of approval receipts.
 type policyLife struct {
+	cfg    *config.Config
+	log    *slog.Logger
+	engine func() *policy.Engine // the policy in force (its revision is on /metrics)
+
 	bundleLoads *prometheus.CounterVec
 	decisions   *decisionlog.Exporter // nil without decision_logs
 	receipts    *receipts.Signer      // nil with receipts.disabled
@@ -57,10 +62,9 @@ func bundleURL(cfg *config.Config) bool {
 	return cfg.Policy.Bundle != nil && cfg.Policy.Bundle.URL != ""
 }
 
-// initPolicyLife registers the metrics and makes the exporter and the
+// init registers the metrics on reg and makes the exporter and the
 // signer; New calls it before the policy is first loaded.
-func (s *Server) initPolicyLife() error {
-	l := &s.life
+func (l *policyLife) init(reg prometheus.Registerer) error {
 	l.bundleLoads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_policy_bundle_loads_total",
 		Help: "OPA bundles read (from the file or the bundle server), by result: ok, or error (refused: the previous policy kept deciding).",
@@ -69,10 +73,10 @@ func (s *Server) initPolicyLife() error {
 	l.bundleLoads.WithLabelValues("error")
 	revision := prometheus.NewDesc("sluice_policy_revision_info",
 		"The policy revision in force (the bundle's manifest revision, or a digest of the Rego and data files); always 1.", []string{"revision"}, nil)
-	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, s: s}}
-	if dl := s.cfg.DecisionLogs; dl != nil {
+	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, engine: l.engine}}
+	if dl := l.cfg.DecisionLogs; dl != nil {
 		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: decisionLabels(dl.Labels),
-			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: s.log})
+			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: l.log})
 		if err != nil {
 			return fmt.Errorf("decision_logs: %w", err)
 		}
@@ -98,12 +102,12 @@ func (s *Server) initPolicyLife() error {
 			stat(func(st decisionlog.Stats) int64 { return int64(st.Queued) })),
 	)
 	for _, c := range cs {
-		if err := s.tel.reg.Register(c); err != nil {
+		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("gateway: metric: %w", err)
 		}
 	}
-	if !s.cfg.Receipts.Disabled {
-		key, err := receipts.LoadKey(s.cfg.ReceiptsKeyFile(), true)
+	if !l.cfg.Receipts.Disabled {
+		key, err := receipts.LoadKey(l.cfg.ReceiptsKeyFile(), true)
 		if err != nil {
 			return fmt.Errorf("receipts.key_file: %w", err)
 		}
@@ -126,42 +130,42 @@ func decisionLabels(cfg map[string]string) map[string]string {
 
 // revisionCollector reports the revision in force at each scrape.
 type revisionCollector struct {
-	desc *prometheus.Desc
-	s    *Server
+	desc   *prometheus.Desc
+	engine func() *policy.Engine
 }
 
 func (c *revisionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
-	if e := c.s.engine.Load(); e != nil {
+	if e := c.engine(); e != nil {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, e.Revision())
 	}
 }
 
-// policyHooks sets the engine's hooks for the life cycle.
-func (s *Server) policyHooks(pc *policy.Config) {
-	pc.OnBundle = s.bundleLoaded
-	if s.life.decisions != nil {
-		pc.OnDecision = s.logDecision
+// hooks sets the engine's hooks for the life cycle.
+func (l *policyLife) hooks(pc *policy.Config) {
+	pc.OnBundle = l.bundleLoaded
+	if l.decisions != nil {
+		pc.OnDecision = l.logDecision
 	}
 }
 
-// runPolicyLife runs the decision-log export until ctx ends.
-func (s *Server) runPolicyLife(ctx context.Context) {
-	if s.life.decisions != nil {
-		_ = s.life.decisions.Run(ctx) // returns nil when ctx ends
+// run runs the decision-log export until ctx ends.
+func (l *policyLife) run(ctx context.Context) {
+	if l.decisions != nil {
+		_ = l.decisions.Run(ctx) // returns nil when ctx ends
 	}
 }
 
-func (s *Server) bundleLoaded(ok bool, _ error) {
-	if s.life.bundleLoads == nil {
+func (l *policyLife) bundleLoaded(ok bool, _ error) {
+	if l.bundleLoads == nil {
 		return
 	}
 	r := "ok"
 	if !ok {
 		r = "error" // logged by the engine, with the reason
 	}
-	s.life.bundleLoads.WithLabelValues(r).Inc()
+	l.bundleLoads.WithLabelValues(r).Inc()
 }
 
 type requestIDKey struct{}
@@ -175,10 +179,10 @@ func withRequestID(ctx context.Context, id string) context.Context {
 // logDecision queues one decision for export. It never blocks: the input
 // is encoded here (what was decided, exactly) and the rest is the
 // exporter's, off the call path.
-func (s *Server) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
+func (l *policyLife) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
 	b, err := json.Marshal(in)
 	if err != nil {
-		s.log.Error("decisionlog: input not encodable; event skipped", "tool", in.Tool, "error", err)
+		l.log.Error("decisionlog: input not encodable; event skipped", "tool", in.Tool, "error", err)
 		return
 	}
 	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Input: b, Result: d,
@@ -186,16 +190,16 @@ func (s *Server) logDecision(ctx context.Context, in *policy.Input, d policy.Dec
 	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
 		ev.RequestID = id
 	}
-	if s.cfg.Policy.Bundle != nil {
+	if l.cfg.Policy.Bundle != nil {
 		ev.Bundles = map[string]decisionlog.Bundle{"sluice": {Revision: d.Revision}}
 	}
-	s.life.decisions.Log(ev)
+	l.decisions.Log(ev)
 }
 
 // receipt signs the receipt of an approved hold that was executed: c is
 // the execution. Nothing is signed for a hold that was not sent.
-func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
-	if s.life.receipts == nil || c == nil || !c.answered {
+func (l *policyLife) receipt(h holds.Hold, c *toolCall) []byte {
+	if l.receipts == nil || c == nil || !c.answered {
 		return nil
 	}
 	r := receipts.Receipt{
@@ -205,9 +209,9 @@ func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
 		RequestSHA256: h.SHA256, PolicyRevision: c.decision.Revision, Decision: c.decision.Action.String(),
 		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential,
 	}
-	b, err := s.life.receipts.Sign(r)
+	b, err := l.receipts.Sign(r)
 	if err != nil {
-		s.log.Error("bug(): receipts: sign", "hold", h.ID, "error", err)
+		l.log.Error("bug(): receipts: sign", "hold", h.ID, "error", err)
 		return nil
 	}
 	return b
