@@ -311,13 +311,13 @@ const checkMethod = "envoy.service.auth.v3.Authorization/Check"
 // conventions), a new root: the checked request's traceparent is a link
 // (THREATS F13), as on the sandbox socket. The pipeline's call span is
 // its child.
-func (s *Server) checkSpan(ctx context.Context, r *extauthz.Request) (context.Context, trace.Span) {
+func (t *telemetry) checkSpan(ctx context.Context, r *extauthz.Request) (context.Context, trace.Span) {
 	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(semconv.RPCSystemNameKey.String("grpc"), semconv.RPCMethodKey.String(checkMethod))}
 	if l, ok := tracing.SandboxLink(r.Headers.Get(tracing.HeaderTraceparent)); ok {
 		opts = append(opts, trace.WithLinks(l))
 	}
-	return s.tel.tracer.Start(ctx, checkMethod, opts...)
+	return t.tracer.Start(ctx, checkMethod, opts...)
 }
 
 // endCheckSpan records the verdict: the HTTP status Envoy answers (or
@@ -336,12 +336,12 @@ func endCheckSpan(span trace.Span, v extauthz.Verdict) {
 
 // tracedCheck wraps the ext_authz door's tool-call hook in its Check
 // span; with tracing off it is the hook itself.
-func (s *Server) tracedCheck(call func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict {
-	if !s.tel.tracing {
+func (t *telemetry) tracedCheck(call func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict {
+	if !t.tracing {
 		return call
 	}
 	return func(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
-		ctx, span := s.checkSpan(ctx, r)
+		ctx, span := t.checkSpan(ctx, r)
 		v := call(ctx, r, m, wait)
 		endCheckSpan(span, v)
 		return v
@@ -349,12 +349,12 @@ func (s *Server) tracedCheck(call func(context.Context, *extauthz.Request, extau
 }
 
 // tracedEgressCheck is tracedCheck for the door's raw-egress hook.
-func (s *Server) tracedEgressCheck(egress func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict {
-	if !s.tel.tracing {
+func (t *telemetry) tracedEgressCheck(egress func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict {
+	if !t.tracing {
 		return egress
 	}
 	return func(ctx context.Context, r *extauthz.Request, wait time.Duration) extauthz.Verdict {
-		ctx, span := s.checkSpan(ctx, r)
+		ctx, span := t.checkSpan(ctx, r)
 		v := egress(ctx, r, wait)
 		endCheckSpan(span, v)
 		return v

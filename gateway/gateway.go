@@ -119,6 +119,7 @@ type Server struct {
 
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
+	envoy     *envoyDoor               // the Envoy door's hooks (extauthz_door.go)
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
@@ -239,6 +240,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	s.startRemotes(ctx) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
+	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
+		session: s.sessionRefusal, append: s.appendAudit} // extauthz_door.go
 	built = true
 	return s, nil
 }
@@ -420,11 +423,15 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	stopAuthz, err := s.serveExtAuthz(ctx) // extauthz_door.go
+	stopAuthz, authzAddr, xds, err := s.envoy.serve(ctx) // extauthz_door.go
 	if err != nil {
 		sl.Close()
 		return err
 	}
+	if authzAddr != "" {
+		s.authzAddr.Store(&authzAddr)
+	}
+	s.xds = xds
 	defer stopAuthz()
 	servers := []*http.Server{{
 		Handler:           s.sandboxHandler(),
@@ -492,6 +499,14 @@ func (s *Server) AdminAddr() string {
 // once Ready, "" when that listener is off.
 func (s *Server) RelayAddr() string {
 	if p := s.relayAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).
+func (s *Server) ExtAuthzAddr() string {
+	if p := s.authzAddr.Load(); p != nil {
 		return *p
 	}
 	return ""
