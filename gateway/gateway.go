@@ -84,7 +84,7 @@ type Server struct {
 	catalog *catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
-	audit   *audit.Log
+	audit   auditLog // the one audit write is its append (auditlog.go)
 	store   *store.Store
 	heads   auditHeads // audithead.go
 	tel     *telemetry
@@ -194,7 +194,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	aopts := auditOptions(cfg.Audit) // egress_audit.go
 	aopts.Replica = cfg.Gateway.ReplicaID
-	if s.audit, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
+	if s.audit.Log, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
 	if n := s.audit.Stats().TruncatedTail; n > 0 {
@@ -208,7 +208,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	s.heads = auditHeads{cfg: cfg.Audit, log: s.audit, store: s.store, warn: log}
+	s.heads = auditHeads{cfg: cfg.Audit, log: s.audit.Log, store: s.store, warn: log}
 	if err := s.heads.check(ctx); err != nil { // audithead.go (THREATS G9)
 		s.audit.Close()
 		s.store.Close()
@@ -241,7 +241,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	s.startRemotes(ctx) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
-		session: s.sessionRefusal, append: s.appendAudit} // extauthz_door.go
+		session: s.sessionRefusal, append: s.audit.append} // extauthz_door.go
 	built = true
 	return s, nil
 }
@@ -294,7 +294,7 @@ func (s *Server) adminHandler() http.Handler {
 	d := admin.Deps{
 		Config: s.cfg, Log: s.log, Holds: s.holds, Store: s.store,
 		Audit: func(ctx context.Context, rec audit.Record) error {
-			_, err := s.appendAudit(ctx, rec, false)
+			_, err := s.audit.append(ctx, rec, false)
 			return err
 		},
 		Policy: s.engine.Load,
@@ -337,7 +337,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Dialer:   s.dialer,
 		Identity: ingress.IdentityFrom,
 		Engine:   s.engine.Load,
-		Append:   s.appendAudit,
+		Append:   s.audit.append,
 		Session:  s.sessionRefusal,
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})

@@ -54,7 +54,7 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 	if c.rec.Egress != "" {
 		f["egress"] = c.rec.Egress
 	}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
+	if _, err := s.audit.append(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 		return false, e
 	}

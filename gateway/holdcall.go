@@ -385,7 +385,7 @@ func (s *Server) newReviewUI() error {
 		Users: users,
 		Log:   s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
-			_, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
+			_, err := s.audit.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err
 		},
 		AuditFile:     s.cfg.Audit.Path,
@@ -431,7 +431,7 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 	if d, ok := strings.CutPrefix(event, "hold_"); ok && (d == "approved" || d == "denied") && !h.Decided.IsZero() {
 		s.tel.approval.WithLabelValues(d).Observe(h.Decided.Sub(h.Created).Seconds())
 	}
-	_, err := s.appendAudit(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
+	_, err := s.audit.append(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
 	return err
 }
 

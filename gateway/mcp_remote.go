@@ -237,7 +237,7 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 func (s *Server) remoteChanged(ctx context.Context, c mcpremote.Change) {
 	if !c.Empty() {
 		f := map[string]any{"connector": c.Connector, "added": nonNil(c.Added), "removed": nonNil(c.Removed), "changed": nonNil(c.Changed), "fingerprints": c.Fingerprints}
-		if _, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPToolsChanged, Fields: f}, false); err != nil {
+		if _, err := s.audit.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPToolsChanged, Fields: f}, false); err != nil {
 			// The list is already swapped: a changed tool is refused its
 			// old grants whether or not this record was written.
 			s.log.Error("audit: the remote MCP server's tool change could not be recorded", "connector", c.Connector, "err", err)

@@ -33,7 +33,7 @@ func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identit
 	}
 	f := map[string]any{"sandbox": id.Sandbox, "agent": id.Agent, "session": id.Session, "user": id.User,
 		"egress": id.Egress, "not_granted": wider, "code": string(refusal.EgressNotGranted)}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
+	if _, err := s.audit.append(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is served until it can").Wrap(err)
 		return e
 	}

@@ -564,7 +564,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 	defer span.End()
 	written := c.presync
 	c.presync = false
-	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rec.RequestID, Event: event, Sorted: sorted}, written); err != nil {
+	if _, err := s.audit.append(actx, audit.Record{RequestID: c.rec.RequestID, Event: event, Sorted: sorted}, written); err != nil {
 		// The call's one tool_call line (logCall) names the cause.
 		s.tel.audits.Add(ctx, 1)
 		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)

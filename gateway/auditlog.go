@@ -21,8 +21,11 @@ func auditOptions(a config.Audit) audit.Options {
 // caller's context: an audit log that takes longer is unavailable.
 const auditTimeout = 30 * time.Second
 
-// appendAudit is the one way the gateway writes an audit record (a test
-// holds every other file to it). The write is detached from ctx's
+// auditLog is the gateway's audit log: the hash-chained file, and the one
+// way records are written to it (append).
+type auditLog struct{ *audit.Log }
+
+// append is the one way the gateway writes an audit record. The write is detached from ctx's
 // cancellation and has its own deadline (THREATS G10): a caller that hangs
 // up while its call is at the upstream cancels its request's context,
 // and a record written with that context was lost (`audit_unavailable:
@@ -30,11 +33,11 @@ const auditTimeout = 30 * time.Second
 // that happened is written, whatever the caller does. written is
 // AppendWritten: the record need only reach the file, a later one's fsync
 // makes it durable.
-func (s *Server) appendAudit(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
+func (l auditLog) append(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 	defer cancel()
 	if written {
-		return s.audit.AppendWritten(ctx, rec)
+		return l.AppendWritten(ctx, rec)
 	}
-	return s.audit.Append(ctx, rec)
+	return l.Append(ctx, rec)
 }
