@@ -239,9 +239,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, err
 	}
-	s.startRemotes(ctx) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
+	s.remotes.audit, s.remotes.log, s.remotes.changed = s.audit, log, s.mcpChanged
+	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
-		session: s.sessionRefusal, append: s.audit.append} // extauthz_door.go
+		session: sessionCheck(s.store), append: s.audit.append} // extauthz_door.go
 	built = true
 	return s, nil
 }
@@ -338,7 +339,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Identity: ingress.IdentityFrom,
 		Engine:   s.engine.Load,
 		Append:   s.audit.append,
-		Session:  s.sessionRefusal,
+		Session:  sessionCheck(s.store),
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
 		},
@@ -368,7 +369,7 @@ func (s *Server) newMCPDoor() *mcp.Door {
 		Tools:    s.Tools,
 		Call:     s.Call,
 		Poll:     s.Poll,
-		Remote:   s.mcpRemote, // mcp_remote.go
+		Remote:   s.catalog.mcpRemote, // mcp_remote.go
 		Title: func(name string) string {
 			if t, ok := s.catalog.Tool(name); ok {
 				return t.Summary
@@ -435,7 +436,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer stopAuthz()
 	servers := []*http.Server{{
 		Handler:           s.sandboxHandler(),
-		ConnContext:       s.connContext, // session_conns.go
+		ConnContext:       s.sessConns.connContext, // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
@@ -502,6 +503,13 @@ func (s *Server) RelayAddr() string {
 		return *p
 	}
 	return ""
+}
+
+// Unavailable lists the remote MCP servers among agentConnectors whose
+// tools cannot be listed now, each with why (GET /v1/tools shows it to
+// agents granted the connector; the log says it when it starts).
+func (s *Server) Unavailable(agentConnectors []string) []map[string]string {
+	return s.catalog.unavailable(agentConnectors)
 }
 
 // ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).
@@ -583,7 +591,7 @@ func (s *Server) Close() error {
 	s.heads.close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
-	s.stopRemotes()
+	s.remotes.stop()
 	for _, u := range s.catalog.connectors {
 		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {
 			t.CloseIdleConnections()

@@ -24,8 +24,8 @@ import (
 //
 // A re-send that names its hold (Sluice-Hold) is never granted: it must
 // get its hold's answer, not a second execution.
-func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
-	if s.holds == nil || c.req.HoldID != "" || c.decision.Action != policy.Ask {
+func useGrant(ctx context.Context, hm *holds.Manager, l auditLog, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
+	if hm == nil || c.req.HoldID != "" || c.decision.Action != policy.Ask {
 		return false, nil
 	}
 	hr, err := c.holdRequest(req)
@@ -34,7 +34,7 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 		return false, e
 	}
 	key := holds.GrantKey{Agent: c.rec.Agent, User: c.rec.User, Tool: tool.Name, SHA256: hr.Hash()}
-	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
+	g, ok, err := hm.MatchGrant(ctx, key, c.decision.Approvers)
 	if e := storeRefusal(err); e != nil {
 		return false, e
 	}
@@ -54,7 +54,7 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 	if c.rec.Egress != "" {
 		f["egress"] = c.rec.Egress
 	}
-	if _, err := s.audit.append(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
+	if _, err := l.append(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 		return false, e
 	}

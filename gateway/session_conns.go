@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 // sessionConns are the open connections of every session: each admitted
@@ -84,9 +85,9 @@ func (sc *sessionConns) count(session string) int {
 // ingress.ConnContext attaches the admitted connection's identity to its requests
 // and registers the connection under its session, so that ending the
 // session closes it (sessionConns).
-func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
+func (sc *sessionConns) connContext(ctx context.Context, c net.Conn) context.Context {
 	if ic, ok := c.(*ingress.Conn); ok {
-		ic.OnClose(s.sessConns.add(ic.Identity().Session, ic))
+		ic.OnClose(sc.add(ic.Identity().Session, ic))
 	}
 	return ingress.ConnContext(ctx, c)
 }
@@ -109,11 +110,11 @@ type SessionEnder interface {
 // sessionRefusal refuses a call whose identity carries an ended session;
 // a store failure refuses too (fail closed). A call without a session is
 // never refused here.
-func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Error {
+func sessionRefusal(ctx context.Context, st *store.Store, session string) *refusal.Error {
 	if session == "" {
 		return nil
 	}
-	ended, err := s.store.SessionEnded(ctx, session)
+	ended, err := st.SessionEnded(ctx, session)
 	if e := storeRefusal(err); e != nil {
 		return e
 	}
@@ -124,4 +125,9 @@ func (s *Server) sessionRefusal(ctx context.Context, session string) *refusal.Er
 		return refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session has ended; nothing more is sent for it")
 	}
 	return nil
+}
+
+// sessionCheck is sessionRefusal over st, as the doors' hooks take it.
+func sessionCheck(st *store.Store) func(ctx context.Context, session string) *refusal.Error {
+	return func(ctx context.Context, session string) *refusal.Error { return sessionRefusal(ctx, st, session) }
 }

@@ -69,7 +69,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
 	}
 	if id.Egress != "" {
-		if e := s.checkNarrowing(ctx, rid, id, agent.Egress); e != nil { // narrow.go
+		if e := checkNarrowing(ctx, s.audit, rid, id, agent.Egress); e != nil { // narrow.go
 			return nil, e
 		}
 	}
@@ -185,7 +185,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution. A
 	// hold created while its session was being ended is never sent.
-	sessErr := s.sessionRefusal(ctx, id.Session)
+	sessErr := sessionRefusal(ctx, s.store, id.Session)
 	if sessErr != nil && (sessErr.Code == refusal.SessionEnded || c.held != nil) {
 		return call.Outcome{}, sessErr
 	}
@@ -196,14 +196,14 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	agent := s.cfg.Agent(id.Agent)
 	s.stage(c, stageLimit)
 	if c.held == nil {
-		if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
+		if agent != nil && agent.RateLimit != nil && !sharedRateLimits(s.store) {
 			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
 				e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
 				e.RetryAfter = wait
 				return call.Outcome{}, e
 			}
 		}
-		if e := s.sharedLimit(ctx, c.caller(), agent); e != nil {
+		if e := s.sharedLimits.take(ctx, s.store, c.caller(), agent); e != nil {
 			return call.Outcome{}, e
 		}
 	}
@@ -238,12 +238,12 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	dctx := s.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
-	if e := s.usageInput(dctx, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
+	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
 		return call.Outcome{}, e
 	}
 	// withRequestID: the decision log names the call (policylife.go).
 	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in))
-	s.recordInput(c, in) // recordinput.go: the decision record carries its input
+	c.recordInput(s.cfg.Audit, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
 	}
@@ -278,7 +278,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	case c.decision.Action == policy.Ask:
 		// An "always allow" grant for exactly this call turns ask into
 		// allow (grants.go); otherwise the call is held.
-		granted, e := s.useGrant(ctx, c, tool, req)
+		granted, e := useGrant(ctx, s.holds, s.audit, c, tool, req)
 		if e != nil {
 			return call.Outcome{}, e
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
@@ -25,8 +26,8 @@ import (
 // store. An approved hold being executed is not counted again (it was
 // when it was held) but sees the windows as they are now. When the store
 // cannot count, nothing is decided and nothing is sent (503).
-func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.Tool, args *connectors.Args, req *http.Request, in *policy.Input) *refusal.Error {
-	counted, arg := s.cfg.Usage.Counted(tool.Name)
+func usageInput(ctx context.Context, st *store.Store, cfg config.Usage, c *toolCall, tool *connectors.Tool, args *connectors.Args, req *http.Request, in *policy.Input) *refusal.Error {
+	counted, arg := cfg.Counted(tool.Name)
 	if !counted {
 		return nil
 	}
@@ -36,7 +37,7 @@ func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.T
 		}
 		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the usage this call's policy reads cannot be counted; the call was not sent").Wrap(err)
 	}
-	if s.store == nil {
+	if st == nil {
 		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "bug(): usage is counted but the gateway has no store; the call was not sent")
 	}
 	var amount float64
@@ -51,7 +52,7 @@ func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.T
 			scopes = append(scopes, sc)
 		}
 	}
-	ws, err := s.store.CountUsage(ctx, tool.Name, scopes, amount, c.held == nil, time.Now())
+	ws, err := st.CountUsage(ctx, tool.Name, scopes, amount, c.held == nil, time.Now())
 	if err != nil {
 		return unavailable(err)
 	}
@@ -67,7 +68,7 @@ func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.T
 		if err != nil {
 			return unavailable(err)
 		}
-		if u.ApprovedBefore, err = s.store.ApprovedBefore(ctx, c.rec.Session, tool.Name, hr.Hash()); err != nil {
+		if u.ApprovedBefore, err = st.ApprovedBefore(ctx, c.rec.Session, tool.Name, hr.Hash()); err != nil {
 			return unavailable(err)
 		}
 	}
