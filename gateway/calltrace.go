@@ -66,8 +66,8 @@ type callTrace struct {
 // sandbox's traceparent is a link when the root has no parent in this
 // process (the HTTP server span carries it otherwise); an approved hold's
 // execution links to the span that created the hold.
-func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
-	if !s.tel.tracing {
+func (t *telemetry) startCall(ctx context.Context, c *toolCall) context.Context {
+	if !t.tracing {
 		c.trace = callTrace{root: ctx, span: noSpan, stage: noSpan}
 		return ctx
 	}
@@ -82,7 +82,7 @@ func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
 			links = append(links, l)
 		}
 	}
-	ctx, span := s.tel.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
+	ctx, span := t.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
 		trace.WithAttributes(attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport))))
 	c.trace = callTrace{root: ctx, span: span, stage: noSpan}
 	c.rec.TraceID = tracing.TraceID(ctx)
@@ -92,23 +92,23 @@ func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
 // stage ends the call's running stage span and starts the next, a child
 // of the root; the context it returns is the new stage's, for the work
 // done in it.
-func (s *Server) stage(c *toolCall, name string) context.Context {
+func (t *telemetry) stage(c *toolCall, name string) context.Context {
 	c.trace.stage.End()
-	if !s.tel.tracing {
+	if !t.tracing {
 		return c.trace.root
 	}
-	ctx, span := s.tel.tracer.Start(c.trace.root, name)
+	ctx, span := t.tracer.Start(c.trace.root, name)
 	c.trace.stage = span
 	return ctx
 }
 
 // span starts a span that is not a stage (an audit write), a child of
 // ctx's; none with tracing off.
-func (s *Server) span(ctx context.Context, name string) (context.Context, trace.Span) {
-	if !s.tel.tracing {
+func (t *telemetry) span(ctx context.Context, name string) (context.Context, trace.Span) {
+	if !t.tracing {
 		return ctx, noSpan
 	}
-	return s.tel.tracer.Start(ctx, name)
+	return t.tracer.Start(ctx, name)
 }
 
 // endCall ends the running stage and the root, with the outcome: the
@@ -116,10 +116,10 @@ func (s *Server) span(ctx context.Context, name string) (context.Context, trace.
 // names the gateway chose: the tool is named once it resolved (before, it
 // is the caller's text), a refusal by its code (its message may quote an
 // argument).
-func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
+func (t *telemetry) endCall(c *toolCall, refused *refusal.Error) {
 	c.trace.stage.End()
 	c.trace.stage = noSpan
-	if !s.tel.tracing {
+	if !t.tracing {
 		return
 	}
 	span := c.trace.span
@@ -128,7 +128,7 @@ func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
 		attrs = append(attrs, attrTool.String(c.rec.Tool))
 	}
 	if c.rec.Decided {
-		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
+		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(t.ruleLabel(c.decision.Rule)))
 	}
 	if c.holdID != "" {
 		attrs = append(attrs, attrHoldID.String(c.holdID))
@@ -148,16 +148,12 @@ func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
 // clientSpan starts the HTTP client span of the request to the upstream
 // (OTel HTTP client conventions: named by its method, the operation's
 // path template as url.template, never the URL filled in with the
-// arguments) and puts its context on the request's headers in place of
+// arguments: template, the tool's PathTemplate) and puts its context on the request's headers in place of
 // anything the sandbox set.
-func (s *Server) clientSpan(ctx context.Context, c *toolCall, req *http.Request) (context.Context, trace.Span) {
-	if !s.tel.tracing {
+func (t *telemetry) clientSpan(ctx context.Context, req *http.Request, template string) (context.Context, trace.Span) {
+	if !t.tracing {
 		tracing.Inject(ctx, req.Header) // removes a sandbox's
 		return ctx, noSpan
-	}
-	var template string
-	if t, ok := s.catalog.Tool(c.rec.Tool); ok {
-		template = t.PathTemplate
 	}
 	attrs := []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(req.Method), semconv.ServerAddressKey.String(req.URL.Hostname())}
 	if p := req.URL.Port(); p != "" {
@@ -168,7 +164,7 @@ func (s *Server) clientSpan(ctx context.Context, c *toolCall, req *http.Request)
 	if template != "" {
 		attrs = append(attrs, semconv.URLTemplateKey.String(template))
 	}
-	ctx, span := s.tel.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, span := t.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	tracing.Inject(ctx, req.Header)
 	return ctx, span
 }
@@ -194,16 +190,16 @@ func endClientSpan(span trace.Span, status int, err error) {
 // route ("POST /v1/tools/{tool}"), the sandbox's traceparent as a link.
 // Raw egress (CONNECT, absolute URLs) is not timed: a tunnel's lifetime
 // is not a request's duration; it is traced when tracing is on.
-func (s *Server) httpServer(next http.Handler) http.Handler {
+func (t *telemetry) httpServer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		egress := r.Method == http.MethodConnect || r.URL.IsAbs()
-		if egress && !s.tel.tracing {
+		if egress && !t.tracing {
 			next.ServeHTTP(w, r)
 			return
 		}
 		start := time.Now()
 		var span trace.Span = noSpan
-		if s.tel.tracing {
+		if t.tracing {
 			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer),
 				trace.WithAttributes(semconv.HTTPRequestMethodKey.String(method(r.Method)))}
 			if l, ok := tracing.SandboxLink(r.Header.Get(tracing.HeaderTraceparent)); ok {
@@ -211,7 +207,7 @@ func (s *Server) httpServer(next http.Handler) http.Handler {
 			}
 			var ctx context.Context
 			// A new root by design: nothing the sandbox sent is a parent.
-			ctx, span = s.tel.tracer.Start(r.Context(), method(r.Method), append(opts, trace.WithNewRoot())...)
+			ctx, span = t.tracer.Start(r.Context(), method(r.Method), append(opts, trace.WithNewRoot())...)
 			r = r.WithContext(ctx)
 		}
 		if egress { // traced only: the handler may hijack the connection
@@ -227,9 +223,9 @@ func (s *Server) httpServer(next http.Handler) http.Handler {
 		}
 		route := r.Pattern // set by the mux on this request
 		m := method(r.Method)
-		s.tel.serverDuration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
+		t.serverDuration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
 			semconv.HTTPRequestMethodKey.String(m), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status)))
-		if s.tel.tracing {
+		if t.tracing {
 			if rt := routeOf(route); rt != "" {
 				span.SetName(m + " " + rt)
 				span.SetAttributes(semconv.HTTPRouteKey.String(rt))
@@ -359,4 +355,12 @@ func (t *telemetry) tracedEgressCheck(egress func(context.Context, *extauthz.Req
 		endCheckSpan(span, v)
 		return v
 	}
+}
+
+// pathTemplate is tool's path template, "" when cat has no such tool.
+func pathTemplate(cat *catalog, tool string) string {
+	if t, ok := cat.Tool(tool); ok {
+		return t.PathTemplate
+	}
+	return ""
 }

@@ -43,7 +43,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 	if !s.approvalsEnabled() {
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
 	}
-	hctx := s.stage(c, stageHold) // the hold's creation and its wait (calltrace.go)
+	hctx := s.tel.stage(c, stageHold) // the hold's creation and its wait (calltrace.go)
 	if len(c.decision.Approvers) == 0 {
 		// Nobody could approve it: holding it would only make it expire.
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")

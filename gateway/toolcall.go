@@ -40,7 +40,7 @@ func (s *Server) sandboxHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
 	})
-	return s.httpServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // calltrace.go
+	return s.tel.httpServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // calltrace.go
 		if r.Method == http.MethodConnect || r.URL.IsAbs() {
 			eg.ServeProxy(w, r) // raw egress: forward proxy and CONNECT
 			return
@@ -148,7 +148,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	} else if c.rec.Transport == "" {
 		c.rec.Transport = call.HTTP
 	}
-	ctx = s.startCall(ctx, c)
+	ctx = s.tel.startCall(ctx, c)
 
 	o, e := s.pipeline(ctx, c)
 	if e != nil {
@@ -161,7 +161,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	} else {
 		c.rec.Status = o.Status
 	}
-	s.endCall(c, e)
+	s.tel.endCall(c, e)
 	s.logCall(c, e)
 	o.RequestID = c.rec.RequestID
 	if c.rec.Decided {
@@ -194,7 +194,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// call (one bucket across replicas on a shared store). An approved
 	// hold was limited when it was made.
 	agent := s.cfg.Agent(id.Agent)
-	s.stage(c, stageLimit)
+	s.tel.stage(c, stageLimit)
 	if c.held == nil {
 		if agent != nil && agent.RateLimit != nil && !sharedRateLimits(s.store) {
 			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
@@ -209,7 +209,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// Resolve: the tool, and the agent's grant of its connector.
-	s.stage(c, stageResolve)
+	s.tel.stage(c, stageResolve)
 	tool, ok := s.catalog.Tool(c.rec.Tool)
 	if !ok {
 		msg := fmt.Sprintf("no tool is named %q", c.rec.Tool)
@@ -227,7 +227,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Validate: the arguments, before any policy runs, and the request
 	// they make (an approved hold's is the stored one, exactly).
-	s.stage(c, stageValidate)
+	s.tel.stage(c, stageValidate)
 	args, req, e := s.validate(ctx, c, tool, up)
 	if e != nil {
 		return call.Outcome{}, e
@@ -235,7 +235,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	c.rec.DestHost = req.URL.Hostname()
 
 	// Decide.
-	dctx := s.stage(c, stageDecide)
+	dctx := s.tel.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
 	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
@@ -253,7 +253,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// Grant or hold.
-	s.stage(c, stageGrant)
+	s.tel.stage(c, stageGrant)
 	switch {
 	case c.decision.Action == policy.Block:
 		msg := "blocked by policy"
@@ -318,7 +318,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if c.req.Mode == call.Decide {
 		before, query = req.Header.Clone(), req.URL.RawQuery
 	}
-	scr, e := s.credential(s.stage(c, stageCredential), c, tool, up, req)
+	scr, e := s.credential(s.tel.stage(c, stageCredential), c, tool, up, req)
 	if e != nil {
 		return call.Outcome{}, e
 	}
@@ -434,7 +434,7 @@ func (s *Server) send(ctx context.Context, c *toolCall, up *upstream, req *http.
 	}
 
 	// Upstream, through the guard.
-	uctx := s.stage(c, stageSend)
+	uctx := s.tel.stage(c, stageSend)
 	res, e := s.roundTrip(uctx, c, up, req, scr)
 	if e != nil {
 		c.rec.Status = e.Status
@@ -490,7 +490,7 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ctx, cspan := s.clientSpan(ctx, c, req)
+	ctx, cspan := s.tel.clientSpan(ctx, req, pathTemplate(s.catalog, c.rec.Tool))
 	defer cspan.End()
 	req = req.WithContext(httptraceDial(ctx, &c.rec))
 	resp, err := up.transport.RoundTrip(req)
@@ -523,7 +523,7 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	if int64(len(raw)) > limit {
 		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
 	}
-	s.stage(c, stageScrub)
+	s.tel.stage(c, stageScrub)
 	if scr != nil {
 		// The one check both tool calls and intercepted requests pass
 		// (THREATS D11): codings undone or refused, opaque bodies refused,
@@ -560,7 +560,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 		code = refused.Code
 	}
 	sorted := call.AppendFields(make([]audit.Field, 0, 20), &c.rec, event, code)
-	actx, span := s.span(ctx, "sluice.audit")
+	actx, span := s.tel.span(ctx, "sluice.audit")
 	defer span.End()
 	written := c.presync
 	c.presync = false

@@ -23,8 +23,10 @@ const (
 	// about 3,500).
 	maxRootLines = 5900
 	// maxServerFiles is how many of the root's non-test files hold
-	// methods of *Server (the goal is 3).
-	maxServerFiles = 4
+	// methods of *Server: the composition (gateway.go), the tool call's
+	// path (toolcall.go) and the hold path (holdcall.go); the doors and
+	// side stages are types or functions of their own.
+	maxServerFiles = 3
 )
 
 // oversized are the files allowed over maxGatewayFileLines for now, each
