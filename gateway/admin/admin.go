@@ -101,7 +101,7 @@ func (a *API) Handler() http.Handler {
 	}))
 	a.routeHolds(mux)         // approvals.go
 	a.routeSessions(mux)      // sessions.go
-	a.routeSandboxEvents(mux) // sandbox_events.go
+	a.routeSandboxEvents(mux) // sessions.go
 	a.routeIntercept(mux)     // below
 	a.routeReceipts(mux)      // approvals.go
 	if a.d.UI != nil {

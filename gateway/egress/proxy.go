@@ -42,7 +42,7 @@ type Proxy struct {
 	mu      sync.Mutex
 	tunnels map[string]int // open tunnels and proxied requests per sandbox
 	live    liveTunnels    // egress_live.go: ended when the server stops
-	answers connectAnswers // connect_resolve.go: CONNECT's answers, per host, for their TTL
+	answers connectAnswers // egress_connect.go: CONNECT's answers, per host, for their TTL
 
 	subs *subdomains
 

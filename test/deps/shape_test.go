@@ -5,6 +5,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,6 +30,13 @@ const (
 	maxServerFiles = 3
 )
 
+// spread are the types allowed methods in more than 3 files, each with
+// the reason; as with oversized, a type that fits is reported.
+var spread = map[string]string{
+	"gateway/store.Store": "the store is split one file per table (issue 18 sets it aside)",
+	"gateway/review.UI":   "the review UI's pages (oidc.go, auditview.go, connections.go) are not split off yet",
+}
+
 // oversized are the files allowed over maxGatewayFileLines for now, each
 // with the reason; a file on this list that fits is reported, so the list
 // only shrinks.
@@ -46,10 +54,12 @@ func lines(t *testing.T, path string) int {
 }
 
 // TestGatewayShape fails when a non-test file under gateway/ grows past
-// 700 lines, the root package past its ceiling, or *Server's methods
-// spread into more files than the ceiling.
+// 700 lines, a type's methods spread over more than 3 files, the root
+// package grows past its ceiling, or *Server's methods spread into more
+// files than the ceiling.
 func TestGatewayShape(t *testing.T) {
 	rootLines, serverFiles := 0, []string{}
+	methodFiles := map[string]map[string]bool{} // "pkg.Type" → files with its methods
 	for _, p := range listPackages(t) {
 		from, ok := rel(p.ImportPath)
 		if !ok || !under(from, "gateway") {
@@ -65,18 +75,39 @@ func TestGatewayShape(t *testing.T) {
 			case n <= maxGatewayFileLines && known:
 				t.Errorf("%s has %d lines and is still on the oversized list (%s): take it off", name, n, why)
 			}
-			if from != "gateway" {
-				continue
-			}
-			rootLines += n
 			af, err := parser.ParseFile(token.NewFileSet(), filepath.Join(p.Dir, f), nil, parser.SkipObjectResolution)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if slices.ContainsFunc(af.Decls, serverMethod) {
+			for _, d := range af.Decls {
+				if typ := receiver(d); typ != "" {
+					k := from + "." + typ
+					if methodFiles[k] == nil {
+						methodFiles[k] = map[string]bool{}
+					}
+					methodFiles[k][f] = true
+				}
+			}
+			if from != "gateway" {
+				continue
+			}
+			rootLines += n
+			if slices.ContainsFunc(af.Decls, func(d ast.Decl) bool { return receiver(d) == "Server" }) {
 				serverFiles = append(serverFiles, f)
 			}
 		}
+	}
+	for k, files := range methodFiles {
+		why, known := spread[k]
+		switch {
+		case len(files) > 3 && !known:
+			t.Errorf("%s has methods in %d files (at most 3): %v", k, len(files), slices.Sorted(maps.Keys(files)))
+		case len(files) <= 3 && known:
+			t.Errorf("%s has methods in %d files and is still on the spread list (%s): take it off", k, len(files), why)
+		}
+	}
+	if methodFiles["gateway.Server"] == nil {
+		t.Fatal("no method of gateway.Server found: the receiver parsing is wrong")
 	}
 	if rootLines == 0 {
 		t.Fatal("no non-test lines found in the gateway root: the package list is wrong")
@@ -90,16 +121,25 @@ func TestGatewayShape(t *testing.T) {
 	t.Logf("gateway root: %d non-test lines; *Server methods in %d files", rootLines, len(serverFiles))
 }
 
-// serverMethod reports whether d is a method of *Server.
-func serverMethod(d ast.Decl) bool {
+// receiver is the name of the type d is a method of ("" for a function
+// or any other declaration), pointer or not, type parameters dropped.
+func receiver(d ast.Decl) string {
 	fd, ok := d.(*ast.FuncDecl)
 	if !ok || fd.Recv == nil || len(fd.Recv.List) != 1 {
-		return false
+		return ""
 	}
-	star, ok := fd.Recv.List[0].Type.(*ast.StarExpr)
-	if !ok {
-		return false
+	x := fd.Recv.List[0].Type
+	if star, ok := x.(*ast.StarExpr); ok {
+		x = star.X
 	}
-	id, ok := star.X.(*ast.Ident)
-	return ok && id.Name == "Server"
+	switch g := x.(type) {
+	case *ast.IndexExpr:
+		x = g.X
+	case *ast.IndexListExpr:
+		x = g.X
+	}
+	if id, ok := x.(*ast.Ident); ok {
+		return id.Name
+	}
+	return ""
 }
