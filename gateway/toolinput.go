@@ -237,3 +237,20 @@ func matchTemplate(tmpl, path string) bool {
 	}
 	return true
 }
+
+// ToolExample returns example arguments for a tool (name or alias), made
+// from its argument schema (connectors.Tool.Example), for `sluice policy
+// input --example`. They are only a starting point: ToolCallInput still
+// validates them as the gateway would, and says what a pattern or format
+// rejected.
+func ToolExample(ctx context.Context, cfg *config.Config, name string) ([]byte, error) {
+	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	if err != nil {
+		return nil, err
+	}
+	tool, ok := cat.Tool(name)
+	if !ok {
+		return nil, &RefusedError{404, "unknown_tool", fmt.Sprintf("no tool is named %q", name)}
+	}
+	return tool.Example()
+}
