@@ -35,6 +35,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/h1"
+	"github.com/sluice-gw/sluice/gateway/heads"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
@@ -86,7 +87,7 @@ type Server struct {
 	dialer  *guard.Dialer
 	audit   auditLog // the one audit write is its append (auditlog.go)
 	store   *store.Store
-	heads   auditHeads // audithead.go
+	heads   *heads.Recorder // the audit log's recorded head (THREATS G9)
 	tel     *telemetry
 	holds   *holds.Manager
 	icpt    *egress.Interceptor // nil without egress.intercept / egress.placeholders
@@ -208,8 +209,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	s.heads = auditHeads{cfg: cfg.Audit, log: s.audit.Log, store: s.store, warn: log}
-	if err := s.heads.check(ctx); err != nil { // audithead.go (THREATS G9)
+	s.heads = heads.New(cfg.Audit, s.audit.Log, s.store, log)
+	if err := s.heads.Check(ctx); err != nil { // THREATS G9
 		s.audit.Close()
 		s.store.Close()
 		return nil, err
@@ -462,7 +463,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go s.life.run(ctx) // policylife.go
 	go s.holds.Run(ctx)
 	headDone := make(chan struct{})
-	go func() { defer close(headDone); s.heads.loop(ctx) }()
+	go func() { defer close(headDone); s.heads.Run(ctx) }()
 	defer func() { <-headDone }()
 	countDone := make(chan struct{})
 	go func() { defer close(countDone); s.usage.loop(ctx, s.store, s.log) }()
@@ -588,7 +589,7 @@ func (s *Server) Catalog() Catalog { return s.catalog }
 
 // Close releases the stores. Call it after Serve returns.
 func (s *Server) Close() error {
-	s.heads.close()
+	s.heads.Close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
 	s.remotes.stop()

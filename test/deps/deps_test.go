@@ -158,6 +158,10 @@ var gatewayFloors = map[string][]string{
 	"gateway/admin": {"gateway/audit", "gateway/config", "gateway/holds", "gateway/ident", "gateway/receipts",
 		"gateway/refusal", "gateway/store", "policy", "sandboxd/wire"},
 
+	// The audit log's recorded head (THREATS G9): kept in the store and
+	// in signed checkpoints; it reads the log, it never writes a record.
+	"gateway/heads": {"gateway/audit", "gateway/config", "gateway/store"},
+
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,
 	// sends nor attaches anything.

@@ -1,4 +1,10 @@
-package gateway
+// Package heads keeps the audit log's head where a rewrite of the log is
+// caught (THREATS G9): in the gateway's store, recorded once a second when
+// it moved and at a clean stop, and in signed checkpoints when
+// audit.checkpoint is set. Check compares the log with both before
+// anything is served; a log that ends before the recorded head, or holds
+// another record at its seq, is refused until an operator accepts it.
+package heads
 
 import (
 	"context"
@@ -22,9 +28,9 @@ import (
 // stop, which records the final head) are not covered.
 const headRecordInterval = time.Second
 
-// auditHeads records the audit log's head in the store and in signed
-// checkpoints (THREATS G9).
-type auditHeads struct {
+// Recorder records the audit log's head in the store and in signed
+// checkpoints (THREATS G9). Its zero value is not usable: make it with New.
+type Recorder struct {
 	cfg   config.Audit
 	log   *audit.Log
 	store *store.Store
@@ -36,13 +42,19 @@ type auditHeads struct {
 	last     audit.Head // last head recorded in the store
 }
 
-// check compares the audit log with the head the store recorded
+// New returns the recorder of log's head (audit's config) in st; warn is
+// where it logs what it could not record.
+func New(cfg config.Audit, log *audit.Log, st *store.Store, warn *slog.Logger) *Recorder {
+	return &Recorder{cfg: cfg, log: log, store: st, warn: warn}
+}
+
+// Check compares the audit log with the head the store recorded
 // last, and with the newest checkpoint when checkpoints are on, before
 // anything is served: a file that ends before that head, or holds another
 // record at its seq, was truncated or rewritten, and the gateway refuses to
 // continue it (fail closed) until an operator accepts the file's head with
 // `sluice audit accept-head`.
-func (hs *auditHeads) check(ctx context.Context) error {
+func (hs *Recorder) Check(ctx context.Context) error {
 	path := hs.cfg.Path
 	seq, hash, updated, ok, err := hs.store.AuditHead(ctx)
 	if err != nil {
@@ -78,7 +90,7 @@ func (hs *auditHeads) check(ctx context.Context) error {
 	return nil
 }
 
-func (hs *auditHeads) checkHead(path string, want audit.Head, where string) error {
+func (hs *Recorder) checkHead(path string, want audit.Head, where string) error {
 	got, ok, err := audit.CheckHead(path, want)
 	var he *audit.HeadError
 	switch {
@@ -94,9 +106,9 @@ func (hs *auditHeads) checkHead(path string, want audit.Head, where string) erro
 	return nil
 }
 
-// loop records the log's durable head in the store when it changed and
+// Run records the log's durable head in the store when it changed and
 // appends a signed checkpoint at the configured interval, until ctx ends.
-func (hs *auditHeads) loop(ctx context.Context) {
+func (hs *Recorder) Run(ctx context.Context) {
 	t := time.NewTicker(headRecordInterval)
 	defer t.Stop()
 	var cp <-chan time.Time
@@ -118,7 +130,7 @@ func (hs *auditHeads) loop(ctx context.Context) {
 }
 
 // record records the durable head in the store if it moved.
-func (hs *auditHeads) record(ctx context.Context) {
+func (hs *Recorder) record(ctx context.Context) {
 	if hs.log.Head() == hs.last {
 		return
 	}
@@ -134,7 +146,7 @@ func (hs *auditHeads) record(ctx context.Context) {
 }
 
 // writeCheckpoint appends a signed checkpoint of the durable head.
-func (hs *auditHeads) writeCheckpoint() {
+func (hs *Recorder) writeCheckpoint() {
 	h, err := hs.log.DurableHead()
 	if err != nil {
 		return
@@ -144,10 +156,10 @@ func (hs *auditHeads) writeCheckpoint() {
 	}
 }
 
-// close records the final head and checkpoint at a clean stop, so a
+// Close records the final head and checkpoint at a clean stop, so a
 // log truncated while the gateway is stopped is caught at the next start.
 // Serve's loop has ended: nothing else writes hs.
-func (hs *auditHeads) close() {
+func (hs *Recorder) Close() {
 	if _, err := os.Stat(hs.cfg.Path); err != nil {
 		return
 	}
