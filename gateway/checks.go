@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -60,7 +61,7 @@ func PolicyConfig(cfg *config.Config, log *slog.Logger) policy.Config {
 		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
 	}
 	return policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: log,
-		Bundle: bundleConfig(cfg)} // policylife.go
+		Bundle: policylife.BundleConfig(cfg)}
 }
 
 // Check loads every spec (once), decides how each credential is attached,

@@ -40,6 +40,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -96,8 +97,8 @@ type Server struct {
 	reviewUI  http.Handler
 	webhook   *http.Client
 
-	// life is the policy life cycle: bundles, decision logs, receipts (policylife.go).
-	life policyLife
+	// life is the policy life cycle: bundles, decision logs, receipts.
+	life *policylife.Life
 
 	policyMu  sync.Mutex // serialises reloads
 	engine    atomic.Pointer[policy.Engine]
@@ -166,8 +167,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
 		}
 	}
-	s.life = policyLife{cfg: cfg, log: log, engine: s.engine.Load}
-	if err := s.life.init(tel.reg); err != nil { // policylife.go
+	if s.life, err = policylife.New(cfg, log, s.engine.Load, tel.reg); err != nil {
 		return nil, err
 	}
 	if err := s.loadPolicy(ctx); err != nil {
@@ -263,7 +263,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 			s.mcpChanged() // what a caller may list may have changed
 		}
 	}
-	s.life.hooks(&pc) // policylife.go
+	s.life.Hooks(&pc) // gateway/policylife
 	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
@@ -313,7 +313,7 @@ func (s *Server) adminHandler() http.Handler {
 		Tools:        func() int { return len(s.catalog.Tools()) },
 		Placeholders: func() any { return s.icpt.Placeholders() },
 		CloseSession: s.sessConns.closeSession,
-		Receipts:     s.life.receipts,
+		Receipts:     s.life.Receipts(),
 		Person:       s.adminAuth,
 		UI:           s.reviewUI,
 	}
@@ -460,7 +460,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		listeners = append(listeners, al)
 	}
 	go s.watchPolicy(ctx)
-	go s.life.run(ctx) // policylife.go
+	go s.life.Run(ctx) // gateway/policylife
 	go s.holds.Run(ctx)
 	headDone := make(chan struct{})
 	go func() { defer close(headDone); s.heads.Run(ctx) }()
@@ -540,7 +540,7 @@ func (s *Server) Reload(ctx context.Context) error {
 // After a cold start whose policy failed to compile there is no engine to
 // watch with, so it polls the files' stamps until a load succeeds.
 func (s *Server) watchPolicy(ctx context.Context) {
-	watched := policyFiles(s.cfg) // policylife.go: the rego paths and a bundle file
+	watched := policylife.Files(s.cfg) // the rego paths and a bundle file
 	if len(watched) == 0 && s.cfg.Policy.Bundle == nil {
 		return
 	}
@@ -554,7 +554,7 @@ func (s *Server) watchPolicy(ctx context.Context) {
 		case <-t.C:
 		}
 		// A bundle server that was down at start is asked again every tick.
-		if st := regoStamp(watched); st != last || bundleURL(s.cfg) {
+		if st := regoStamp(watched); st != last || policylife.BundleURL(s.cfg) {
 			last = st
 			_ = s.loadPolicy(ctx) // logged and counted by loadPolicy
 		}

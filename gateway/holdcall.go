@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
 	"github.com/sluice-gw/sluice/gateway/tracing"
@@ -273,13 +274,23 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 		var b refusal.Body
 		b.Error.Code, b.Error.Message, b.Error.RequestID = o.Refusal.Code, o.Refusal.Message, o.RequestID
 		data, _ := json.Marshal(b)
-		return holds.Result{HTTPStatus: o.Refusal.Status, Body: data, Answered: c.answered, Receipt: s.life.receipt(h, c)}, false
+		return holds.Result{HTTPStatus: o.Refusal.Status, Body: data, Answered: c.answered, Receipt: s.receipt(h, c)}, false
 	}
 	data, err := json.Marshal(replyBody(o))
 	if err != nil {
 		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`), Answered: true}, false
 	}
-	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true, Receipt: s.life.receipt(h, c)}, true // policylife.go
+	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true, Receipt: s.receipt(h, c)}, true
+}
+
+// receipt signs the receipt of an approved hold's execution c (nil: it
+// was not executed).
+func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
+	if c == nil {
+		return nil
+	}
+	return s.life.Receipt(h, policylife.Execution{Answered: c.answered, Decision: c.decision,
+		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential})
 }
 
 // storedRequest rebuilds an approved hold's request exactly as stored.

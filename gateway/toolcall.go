@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
@@ -241,8 +242,8 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
 		return call.Outcome{}, e
 	}
-	// withRequestID: the decision log names the call (policylife.go).
-	c.decide(s.Decide(withRequestID(dctx, c.rec.RequestID), in))
+	// WithRequestID: the decision log names the call (gateway/policylife).
+	c.decide(s.Decide(policylife.WithRequestID(dctx, c.rec.RequestID), in))
 	c.recordInput(s.cfg.Audit, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))

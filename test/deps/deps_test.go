@@ -162,6 +162,11 @@ var gatewayFloors = map[string][]string{
 	// in signed checkpoints; it reads the log, it never writes a record.
 	"gateway/heads": {"gateway/audit", "gateway/config", "gateway/store"},
 
+	// The policy's life cycle: bundle settings, decision-log export
+	// (policy/decisionlog), receipts; it signs what the root hands it and
+	// decides nothing.
+	"gateway/policylife": {"gateway/config", "gateway/holds", "gateway/receipts", "policy"},
+
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,
 	// sends nor attaches anything.

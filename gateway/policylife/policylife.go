@@ -1,4 +1,10 @@
-package gateway
+// Package policylife is the policy's life cycle around the engine: the
+// bundle's configuration and the files whose change reloads it, bundle
+// loads and the revision in force on /metrics, the decision-log export
+// (OPA's format), and the signer of approval receipts. The gateway hands
+// it the config, the engine's getter and its metric registry; it decides
+// nothing.
+package policylife
 
 import (
 	"context"
@@ -17,10 +23,10 @@ import (
 	"github.com/sluice-gw/sluice/policy/decisionlog"
 )
 
-// policyLife is the policy life cycle around the engine: bundle loads and
-// the revision in force on /metrics, the decision-log export, and the
-// signer of approval receipts.
-type policyLife struct {
+// Life is the policy life cycle around the engine: bundle loads and the
+// revision in force on /metrics, the decision-log export, and the signer
+// of approval receipts. Make it with New.
+type Life struct {
 	cfg    *config.Config
 	log    *slog.Logger
 	engine func() *policy.Engine // the policy in force (its revision is on /metrics)
@@ -33,8 +39,8 @@ type policyLife struct {
 // DecisionLogPath is the decision logs' path, as OPA names the query.
 const DecisionLogPath = "sluice/main/decision"
 
-// bundleConfig is cfg's policy.bundle as the engine takes it.
-func bundleConfig(cfg *config.Config) *policy.BundleConfig {
+// BundleConfig is cfg's policy.bundle as the engine takes it.
+func BundleConfig(cfg *config.Config) *policy.BundleConfig {
 	b := cfg.Policy.Bundle
 	if b == nil {
 		return nil
@@ -46,9 +52,9 @@ func bundleConfig(cfg *config.Config) *policy.BundleConfig {
 	return bc
 }
 
-// policyFiles are the files whose change reloads the policy: the rego
+// Files are the files whose change reloads the policy: the rego
 // paths (Rego and data documents) and a bundle file.
-func policyFiles(cfg *config.Config) []string {
+func Files(cfg *config.Config) []string {
 	out := append([]string(nil), cfg.Rego...)
 	if b := cfg.Policy.Bundle; b != nil && b.File != "" {
 		out = append(out, b.File)
@@ -56,15 +62,22 @@ func policyFiles(cfg *config.Config) []string {
 	return out
 }
 
-// bundleURL says the policy comes (partly) from a bundle server: when it
+// BundleURL says the policy comes (partly) from a bundle server: when it
 // was down at start, the load is retried on every tick.
-func bundleURL(cfg *config.Config) bool {
+func BundleURL(cfg *config.Config) bool {
 	return cfg.Policy.Bundle != nil && cfg.Policy.Bundle.URL != ""
 }
 
-// init registers the metrics on reg and makes the exporter and the
-// signer; New calls it before the policy is first loaded.
-func (l *policyLife) init(reg prometheus.Registerer) error {
+// New registers the life cycle's metrics on reg and makes the
+// decision-log exporter and the receipts signer, as cfg says; the gateway
+// calls it before the policy is first loaded. engine is the policy in
+// force (its revision is on /metrics).
+func New(cfg *config.Config, log *slog.Logger, engine func() *policy.Engine, reg prometheus.Registerer) (*Life, error) {
+	l := &Life{cfg: cfg, log: log, engine: engine}
+	return l, l.init(reg)
+}
+
+func (l *Life) init(reg prometheus.Registerer) error {
 	l.bundleLoads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_policy_bundle_loads_total",
 		Help: "OPA bundles read (from the file or the bundle server), by result: ok, or error (refused: the previous policy kept deciding).",
@@ -84,12 +97,7 @@ func (l *policyLife) init(reg prometheus.Registerer) error {
 	}
 	// Zero without decision_logs: every family is there from the start.
 	stat := func(f func(decisionlog.Stats) int64) func() float64 {
-		return func() float64 {
-			if l.decisions == nil {
-				return 0
-			}
-			return float64(f(l.decisions.Stats()))
-		}
+		return func() float64 { return float64(f(l.Stats())) }
 	}
 	cs = append(cs,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_decision_logs_sent_total", Help: "Decision-log events delivered."},
@@ -142,22 +150,22 @@ func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// hooks sets the engine's hooks for the life cycle.
-func (l *policyLife) hooks(pc *policy.Config) {
+// Hooks sets the engine's hooks for the life cycle.
+func (l *Life) Hooks(pc *policy.Config) {
 	pc.OnBundle = l.bundleLoaded
 	if l.decisions != nil {
 		pc.OnDecision = l.logDecision
 	}
 }
 
-// run runs the decision-log export until ctx ends.
-func (l *policyLife) run(ctx context.Context) {
+// Run runs the decision-log export until ctx ends.
+func (l *Life) Run(ctx context.Context) {
 	if l.decisions != nil {
 		_ = l.decisions.Run(ctx) // returns nil when ctx ends
 	}
 }
 
-func (l *policyLife) bundleLoaded(ok bool, _ error) {
+func (l *Life) bundleLoaded(ok bool, _ error) {
 	if l.bundleLoads == nil {
 		return
 	}
@@ -170,16 +178,16 @@ func (l *policyLife) bundleLoaded(ok bool, _ error) {
 
 type requestIDKey struct{}
 
-// withRequestID carries a call's request ID to the decision log, so that
+// WithRequestID carries a call's request ID to the decision log, so that
 // an event names the audit record of the same call.
-func withRequestID(ctx context.Context, id string) context.Context {
+func WithRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestIDKey{}, id)
 }
 
 // logDecision queues one decision for export. It never blocks: the input
 // is encoded here (what was decided, exactly) and the rest is the
 // exporter's, off the call path.
-func (l *policyLife) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
+func (l *Life) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
 	b, err := json.Marshal(in)
 	if err != nil {
 		l.log.Error("decisionlog: input not encodable; event skipped", "tool", in.Tool, "error", err)
@@ -196,18 +204,38 @@ func (l *policyLife) logDecision(ctx context.Context, in *policy.Input, d policy
 	l.decisions.Log(ev)
 }
 
-// receipt signs the receipt of an approved hold that was executed: c is
-// the execution. Nothing is signed for a hold that was not sent.
-func (l *policyLife) receipt(h holds.Hold, c *toolCall) []byte {
-	if l.receipts == nil || c == nil || !c.answered {
+// Execution is what a receipt says of an approved hold's execution.
+type Execution struct {
+	Answered       bool            // the upstream answered over HTTP: nothing is signed otherwise
+	Decision       policy.Decision // the decision it was sent under
+	UpstreamStatus int
+	Credential     string // where the credential went, never its value
+}
+
+// Stats are the decision-log exporter's counters (zero without
+// decision_logs).
+func (l *Life) Stats() decisionlog.Stats {
+	if l.decisions == nil {
+		return decisionlog.Stats{}
+	}
+	return l.decisions.Stats()
+}
+
+// Receipts is the signer of approval receipts (nil: receipts.disabled).
+func (l *Life) Receipts() *receipts.Signer { return l.receipts }
+
+// Receipt signs the receipt of an approved hold that was executed (e).
+// Nothing is signed for a hold that was not sent.
+func (l *Life) Receipt(h holds.Hold, e Execution) []byte {
+	if l.receipts == nil || !e.Answered {
 		return nil
 	}
 	r := receipts.Receipt{
 		HoldID: h.ID, RequestID: h.RequestID, Tool: h.Tool,
 		Caller:   receipts.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User},
 		Approver: h.DecidedBy, ApprovedAt: h.Decided, ExecutedAt: time.Now(),
-		RequestSHA256: h.SHA256, PolicyRevision: c.decision.Revision, Decision: c.decision.Action.String(),
-		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential,
+		RequestSHA256: h.SHA256, PolicyRevision: e.Decision.Revision, Decision: e.Decision.Action.String(),
+		UpstreamStatus: e.UpstreamStatus, Credential: e.Credential,
 	}
 	b, err := l.receipts.Sign(r)
 	if err != nil {
