@@ -64,6 +64,15 @@ func PolicyConfig(cfg *config.Config, log *slog.Logger) policy.Config {
 		Bundle: policylife.BundleConfig(cfg)}
 }
 
+// egressAllowlists maps each agent to its agents[].egress list for policy.
+func egressAllowlists(cfg *config.Config) map[string][]string {
+	m := make(map[string][]string, len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		m[a.Name] = a.Egress
+	}
+	return m
+}
+
 // Check loads every spec (once), decides how each credential is attached,
 // compiles the Rego and checks the modules (policy.Check), checks every
 // secret reference, and checks what would fail at runtime

@@ -186,10 +186,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if err := s.newOAuth(); err != nil { // holdcall.go
+	if s.oauth, err = newOAuth(cfg, s.catalog, s.creds, log); err != nil { // oauthconn.go
 		return nil, err
 	}
-	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: s.connectionsURL})
+	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connectionsURL(cfg.Approvals.PublicURL)})
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
@@ -624,13 +624,4 @@ func (s *Server) shutdown(servers []*http.Server) {
 		}
 	}
 	s.stop.CloseAll()
-}
-
-// egressAllowlists maps each agent to its agents[].egress list for policy.
-func egressAllowlists(cfg *config.Config) map[string][]string {
-	m := make(map[string][]string, len(cfg.Agents))
-	for _, a := range cfg.Agents {
-		m[a.Name] = a.Egress
-	}
-	return m
 }

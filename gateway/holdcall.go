@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -486,103 +484,6 @@ func (s *Server) notifyHold(h holds.Hold) {
 	}
 }
 
-// newOAuth builds the OAuth manager for the connectors that have
-// credential.oauth2 (nil when none does). The provider is reached through
-// each connector's own guarded transport; client secrets are read from
-// the credential source per exchange.
-func (s *Server) newOAuth() error {
-	var clients []oauth.Client
-	person := false
-	for _, slug := range slices.Sorted(maps.Keys(s.catalog.connectors)) {
-		u := s.catalog.connectors[slug]
-		if u.oauth == nil {
-			continue
-		}
-		c := *u.oauth
-		c.HTTP = &http.Client{Transport: u.transport, Timeout: s.cfg.Gateway.UpstreamTimeout.Std(),
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		if name := u.cfg.Credential.OAuth2.ClientSecret; name != "" {
-			c.Secret = func(ctx context.Context) ([]byte, error) {
-				sec, err := s.creds.Credential(ctx, CredentialRef{Connector: slug, Secret: name})
-				if err != nil {
-					return nil, err
-				}
-				return sec.Reveal(), nil
-			}
-		}
-		person = person || c.Flow == oauth.AuthorizationCode
-		clients = append(clients, c)
-	}
-	if len(clients) == 0 {
-		return nil
-	}
-	opt := oauth.Options{Clients: clients, Log: s.log,
-		RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections/callback"}
-	if person {
-		ls, ok := s.creds.(creds.Local)
-		if !ok {
-			return errors.New("credential.oauth2: flow authorization_code keeps tokens in the local store; it needs secrets.backend: local")
-		}
-		opt.Store = oauth.LocalStore{Local: ls.Store}
-	}
-	m, err := oauth.New(opt)
-	if err != nil {
-		return err
-	}
-	s.oauth = m
-	return nil
-}
-
-// connectionsURL is the review UI's Connections page, where a person
-// connects connector: what an agent shows its user.
-func (s *Server) connectionsURL(connector string) string {
-	return strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/connections?connector=" + url.QueryEscape(connector)
-}
-
-// oauthConnections adapts the OAuth manager to the review UI's
-// Connections page.
-type oauthConnections struct {
-	m *oauth.Manager
-	// connected runs after a connect (the server releases the calls held
-	// for it); nil: nothing.
-	connected func(connector, user string)
-}
-
-func (oc oauthConnections) List(ctx context.Context, user string) ([]review.Connection, error) {
-	var out []review.Connection
-	for _, c := range oc.m.PersonClients() {
-		conn, err := oc.m.Get(ctx, c.Connector, user)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, review.Connection{Connector: c.Connector, Status: string(conn.Status), Scopes: conn.Scopes, ConnectedAt: conn.ConnectedAt})
-	}
-	return out, nil
-}
-
-func (oc oauthConnections) Begin(ctx context.Context, connector, user, bind string) (string, error) {
-	return oc.m.Begin(ctx, connector, user, bind)
-}
-
-func (oc oauthConnections) Complete(ctx context.Context, user, bind, state, code string) (review.Connection, error) {
-	c, err := oc.m.Complete(ctx, user, bind, state, code)
-	rc := review.Connection{Connector: c.Connector, Status: string(c.Status), Scopes: c.Scopes, ConnectedAt: c.ConnectedAt}
-	if errors.Is(err, oauth.ErrBadState) {
-		return rc, fmt.Errorf("%w: %w", review.ErrConnectState, err)
-	}
-	return rc, err
-}
-
-func (oc oauthConnections) Connected(connector, user string) {
-	if oc.connected != nil {
-		go oc.connected(connector, user) // the held calls run after the page answers
-	}
-}
-
-func (oc oauthConnections) Disconnect(ctx context.Context, connector, user string) (bool, error) {
-	return oc.m.Disconnect(ctx, connector, user)
-}
-
 // OAuth returns the OAuth manager of the credential.oauth2 connectors,
 // nil without any (tests, and embedders that drop its cache on reload).
 func (s *Server) OAuth() *oauth.Manager { return s.oauth }
@@ -609,7 +510,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 		return call.Outcome{}, nil, false
 	}
 	c.decision.Approvers = []string{connectionApprover(tool.Connector)}
-	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, s.connectionsURL(tool.Connector), conn.Status)
+	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, connectionsURL(s.cfg.Approvals.PublicURL)(tool.Connector), conn.Status)
 	o, e = s.holdCall(ctx, c, tool, args, req)
 	return o, e, true
 }
