@@ -1,16 +1,13 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
-	"net"
 	"net/http"
 	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -184,121 +181,15 @@ func endClientSpan(span trace.Span, status int, err error) {
 	span.End()
 }
 
-// httpServer wraps the sandbox socket's handler: every request the mux
-// routes is timed into http.server.request.duration (method, route,
-// status), and with tracing on gets an HTTP server span named by its
-// route ("POST /v1/tools/{tool}"), the sandbox's traceparent as a link.
-// Raw egress (CONNECT, absolute URLs) is not timed: a tunnel's lifetime
-// is not a request's duration; it is traced when tracing is on.
+// httpServer wraps the sandbox socket's handler in its request metric
+// and server spans (tracing.Server).
 func (t *telemetry) httpServer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		egress := r.Method == http.MethodConnect || r.URL.IsAbs()
-		if egress && !t.tracing {
-			next.ServeHTTP(w, r)
-			return
-		}
-		start := time.Now()
-		var span trace.Span = noSpan
-		if t.tracing {
-			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(semconv.HTTPRequestMethodKey.String(method(r.Method)))}
-			if l, ok := tracing.SandboxLink(r.Header.Get(tracing.HeaderTraceparent)); ok {
-				opts = append(opts, trace.WithLinks(l))
-			}
-			var ctx context.Context
-			// A new root by design: nothing the sandbox sent is a parent.
-			ctx, span = t.tracer.Start(r.Context(), method(r.Method), append(opts, trace.WithNewRoot())...)
-			r = r.WithContext(ctx)
-		}
-		if egress { // traced only: the handler may hijack the connection
-			next.ServeHTTP(w, r)
-			span.End()
-			return
-		}
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r)
-		status := sw.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		route := r.Pattern // set by the mux on this request
-		m := method(r.Method)
-		t.serverDuration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
-			semconv.HTTPRequestMethodKey.String(m), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status)))
-		if t.tracing {
-			if rt := routeOf(route); rt != "" {
-				span.SetName(m + " " + rt)
-				span.SetAttributes(semconv.HTTPRouteKey.String(rt))
-			}
-			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
-			if status >= 500 {
-				span.SetStatus(codes.Error, "")
-			}
-			span.End()
-		}
-	})
-}
-
-// method is an HTTP method as a metric and span label: a known one, else
-// _OTHER (the caller chooses it; its cardinality must not be theirs).
-func method(m string) string {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
-		return m
+	var tr trace.Tracer
+	if t.tracing {
+		tr = t.tracer
 	}
-	return "_OTHER"
+	return tracing.Server(next, tr, t.serverDuration)
 }
-
-// routeOf is a mux pattern's path ("POST /v1/tools/{tool}" →
-// "/v1/tools/{tool}"), "" for the catch-all.
-func routeOf(pattern string) string {
-	for i := 0; i < len(pattern); i++ {
-		if pattern[i] == ' ' {
-			pattern = pattern[i+1:]
-			break
-		}
-	}
-	if pattern == "/" {
-		return ""
-	}
-	return pattern
-}
-
-// statusWriter notes the status a handler wrote. It passes Flush, Hijack
-// and Unwrap through, so streaming (MCP, DNS streams) and upgrades work
-// as without it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return http.NewResponseController(w.ResponseWriter).Hijack()
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // checkMethod is the ext_authz RPC, as OTel's RPC conventions name it.
 const checkMethod = "envoy.service.auth.v3.Authorization/Check"
