@@ -23,14 +23,36 @@ import (
 const patternTimeout = 100 * time.Millisecond
 
 // ecmaRegexp is a pattern compiled by regexp2 in ECMAScript mode.
-type ecmaRegexp struct{ re *regexp2.Regexp }
+type ecmaRegexp struct {
+	re *regexp2.Regexp
+	// match is re.MatchString; tests replace it to play a late clock.
+	match func(string) (bool, error)
+}
 
 func (e ecmaRegexp) String() string { return e.re.String() }
 
-// MatchString fails closed: a match that times out is no match.
+// MatchString fails closed: a match that runs out of its time is no
+// match. The time is measured on Go's monotonic clock from the first
+// attempt, not by regexp2 alone: regexp2 reads its deadline from a clock
+// that a goroutine advances every 100 ms, and when that goroutine runs
+// late (a loaded host) the clock jumps past the deadline of a match that
+// started a moment ago, which then fails although it ran for far less
+// than patternTimeout. Such a timeout is retried while the monotonic time
+// since the first attempt is under patternTimeout; a pattern that really
+// backtracks for that long is stopped (by regexp2's timeout, at most
+// about patternTimeout plus two of its clock periods after the start) and
+// fails. Any error that is not a timeout fails at once.
 func (e ecmaRegexp) MatchString(s string) bool {
-	ok, err := e.re.MatchString(s)
-	return err == nil && ok
+	start := time.Now()
+	for {
+		ok, err := e.match(s)
+		if err == nil {
+			return ok
+		}
+		if !strings.Contains(err.Error(), "match timeout") || time.Since(start) >= patternTimeout {
+			return false
+		}
+	}
 }
 
 func compileECMA(pattern string) (jsonschema.Regexp, error) {
@@ -47,7 +69,7 @@ func compileECMA(pattern string) (jsonschema.Regexp, error) {
 		}
 	}
 	re.MatchTimeout = patternTimeout
-	return ecmaRegexp{re}, nil
+	return ecmaRegexp{re: re, match: re.MatchString}, nil
 }
 
 // re2Pattern compiles pattern with Go's RE2 engine when it is written in

@@ -1,8 +1,11 @@
 package connectors
 
 import (
+	"errors"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlclark/regexp2"
 )
@@ -95,4 +98,75 @@ func FuzzRE2SubsetMatchesECMA(f *testing.F) {
 			t.Fatalf("%q on %q: RE2 %v, ECMA %v", pattern, s, got, want)
 		}
 	})
+}
+
+// TestECMAPatternLateClock: a regexp2 timeout that comes before
+// patternTimeout has passed on the monotonic clock (regexp2's own clock
+// jumped: its goroutine ran late) is retried, so a valid argument is not
+// refused; a match that keeps timing out fails closed once patternTimeout
+// has passed; an error that is not a timeout fails at once.
+func TestECMAPatternLateClock(t *testing.T) {
+	timeout := errors.New("match timeout after 100ms on input `EUR`")
+	for _, c := range []struct {
+		name     string
+		fails    int   // attempts that fail before one succeeds (-1: all)
+		err      error // what a failing attempt returns
+		want     bool
+		attempts func(n int) bool
+	}{
+		{"the clock jumped twice, then the match runs", 2, timeout, true, func(n int) bool { return n == 3 }},
+		{"every attempt times out: fails closed at the budget", -1, timeout, false, func(n int) bool { return n >= 1 }},
+		{"another error: no retry", -1, errors.New("bug"), false, func(n int) bool { return n == 1 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			re, err := compileECMA(`^\S{3}$`) // \S: regexp2, not RE2
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := re.(ecmaRegexp)
+			n := 0
+			e.match = func(s string) (bool, error) {
+				n++
+				if c.fails < 0 || n <= c.fails {
+					time.Sleep(time.Millisecond) // a match that ran, then timed out
+					return false, c.err
+				}
+				return e.re.MatchString(s)
+			}
+			start := time.Now()
+			got := e.MatchString("EUR")
+			took := time.Since(start)
+			if got != c.want || !c.attempts(n) {
+				t.Fatalf("MatchString = %v after %d attempts, want %v", got, n, c.want)
+			}
+			if c.fails < 0 && c.err == timeout && (took < patternTimeout || took > patternTimeout+time.Second) {
+				t.Fatalf("kept timing out for %v, want about patternTimeout (%v)", took, patternTimeout)
+			}
+		})
+	}
+}
+
+// TestECMAPatternBacktrackingFailsClosed: an argument that makes a
+// pattern outside the RE2 subset backtrack catastrophically (ReDoS:
+// `^(\w+\s?)+$` against a long word and a "!") is stopped and fails,
+// within patternTimeout plus regexp2's clock slack; the same pattern still
+// matches a valid argument.
+func TestECMAPatternBacktrackingFailsClosed(t *testing.T) {
+	re, err := compileECMA(`^(\w+\s?)+$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := re.(ecmaRegexp); !ok {
+		t.Fatalf("compiled to %T, want regexp2 (\\s is outside the RE2 subset)", re)
+	}
+	if !re.MatchString("hello brave new world") {
+		t.Fatal("a valid argument does not match")
+	}
+	start := time.Now()
+	if re.MatchString(strings.Repeat("a", 64) + "!") {
+		t.Fatal("the backtracking argument matched")
+	}
+	if took := time.Since(start); took < patternTimeout || took > patternTimeout+2*time.Second {
+		t.Fatalf("the backtracking match stopped after %v, want about patternTimeout (%v) plus regexp2's clock period", took, patternTimeout)
+	}
 }

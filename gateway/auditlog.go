@@ -23,7 +23,12 @@ const auditTimeout = 30 * time.Second
 
 // auditLog is the gateway's audit log: the hash-chained file, and the one
 // way records are written to it (append).
-type auditLog struct{ *audit.Log }
+type auditLog struct {
+	*audit.Log
+	// export feeds the decision-log export from each record written
+	// (decisionexport.go); nil: none.
+	export func(rec audit.Record, at time.Time)
+}
 
 // append is the one way the gateway writes an audit record. The write is detached from ctx's
 // cancellation and has its own deadline (THREATS G10): a caller that hangs
@@ -36,8 +41,15 @@ type auditLog struct{ *audit.Log }
 func (l auditLog) append(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 	defer cancel()
+	var out audit.Record
+	var err error
 	if written {
-		return l.AppendWritten(ctx, rec)
+		out, err = l.AppendWritten(ctx, rec)
+	} else {
+		out, err = l.Append(ctx, rec)
 	}
-	return l.Append(ctx, rec)
+	if err == nil && l.export != nil {
+		l.export(rec, out.Time) // decisionexport.go: the decision log is fed from the record
+	}
+	return out, err
 }

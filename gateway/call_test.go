@@ -142,6 +142,9 @@ func TestCallIdentity(t *testing.T) {
 		{"user mixing Latin and Cyrillic", wire.Identity{Sandbox: "sb-1", Agent: "agent-a", Session: "s-1", User: "\u0430lice"}, refusal.IdentityRequired, "user is ambiguous"},
 		{"user with a zero-width joiner", wire.Identity{Sandbox: "sb-1", Agent: "agent-a", Session: "s-1", User: "al\u200dice"}, refusal.IdentityRequired, "field user contains non-printable character U+200D"},
 		{"no identity at all", wire.Identity{}, refusal.IdentityRequired, "field sandbox is required"},
+		// The approver of calls held until docs is connected is
+		// "connection:docs": no person is named so (issue 25).
+		{"user named as a connection approver", wire.Identity{Sandbox: "sb-1", Agent: "agent-a", Session: "s-1", User: "Connection:docs"}, refusal.IdentityRequired, "may not begin with \"connection:\""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/tracing"
@@ -61,15 +62,18 @@ type callTrace struct {
 
 // startCall starts the call's root span and records its trace ID. The
 // sandbox's traceparent is a link when the root has no parent in this
-// process (the HTTP server span carries it otherwise); an approved hold's
-// execution links to the span that created the hold.
+// process (the HTTP server span carries it otherwise) or when it came in
+// an MCP request's _meta; an approved hold's execution links to the span
+// that created the hold.
 func (t *telemetry) startCall(ctx context.Context, c *toolCall) context.Context {
 	if !t.tracing {
 		c.trace = callTrace{root: ctx, span: noSpan, stage: noSpan}
 		return ctx
 	}
 	var links []trace.Link
-	if !trace.SpanContextFromContext(ctx).IsValid() {
+	// An MCP tools/call's traceparent is in its _meta, which the HTTP
+	// server span above it never saw: linked here, like any other.
+	if !trace.SpanContextFromContext(ctx).IsValid() || c.req.Transport == call.MCP {
 		if l, ok := tracing.SandboxLink(c.req.TraceParent); ok {
 			links = append(links, l)
 		}

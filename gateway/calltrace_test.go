@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -82,7 +84,8 @@ func TestTraceEnvoyCheck(t *testing.T) {
 // sandbox socket are server spans of their own, new roots, with the
 // sandbox's traceparent only a link (THREATS F13); a refused one is
 // still traced, by method only (never the target, which the sandbox
-// chose).
+// chose). Each one's audit record and canonical line carry its span's
+// trace ID, never the forged one (issue 22).
 func TestTraceEgressLinkOnly(t *testing.T) {
 	exp := withTracing(t)
 	up := egresstest.NewDNSUpstream(t, nil)
@@ -116,5 +119,117 @@ func TestTraceEgressLinkOnly(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "CONNECT,GET" {
 		t.Fatalf("spans %v, want CONNECT and GET", names)
+	}
+	spans := exp.GetSpans()
+	var traced []string
+	for _, r := range auditEvents(t, g) {
+		if f := fieldsOf(r); f["dest_host"] == "denied.test" {
+			id, _ := f["trace_id"].(string)
+			traced = append(traced, f["kind"].(string)+" "+id)
+		}
+	}
+	want := []string{"connect " + spans[0].SpanContext.TraceID().String(), "http " + spans[1].SpanContext.TraceID().String()}
+	if !slices.Equal(traced, want) {
+		t.Fatalf("raw egress records (kind trace_id) %q, want %q: each record names its request's trace", traced, want)
+	}
+	for _, id := range []string{spans[0].SpanContext.TraceID().String(), spans[1].SpanContext.TraceID().String()} {
+		if !strings.Contains(g.logBuf.String(), `"trace_id":"`+id+`"`) {
+			t.Errorf("no canonical line has trace_id %s", id)
+		}
+	}
+}
+
+// TestTraceEnvoyEgress: a Check for a host that is no connector's is
+// decided as raw egress; its audit record and canonical line carry the
+// Check span's trace ID, allowed or refused, as a tool call's do (issue
+// 22), and never the checked request's forged traceparent.
+func TestTraceEnvoyEgress(t *testing.T) {
+	exp := withTracing(t)
+	g := startEnvoyGateway(t, nil)
+	const forged = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, host := range []string{"pypi.org", "evil.example"} {
+		cr := g.checkRequest("HTTP/1.1", "GET", "/simple/", nil, map[string]string{"traceparent": forged})
+		cr.Attributes.Request.Http.Host, cr.Attributes.Request.Http.Headers[":authority"] = host, host
+		res := g.check(t, cr)
+		if allowed := res.GetOkResponse() != nil; allowed != (host == "pypi.org") {
+			t.Fatalf("%s: allowed %v: %v", host, allowed, res)
+		}
+	}
+	var checks []string
+	for _, s := range exp.GetSpans() {
+		if s.Name == checkMethod {
+			checks = append(checks, s.SpanContext.TraceID().String())
+		}
+	}
+	var traced []string
+	for _, r := range envoyRecords(t, g.testGateway) {
+		f := fieldsOf(r)
+		id, _ := f["trace_id"].(string)
+		traced = append(traced, id)
+		if f["kind"] != "http" {
+			t.Errorf("record kind %v, want raw egress (http)", f["kind"])
+		}
+	}
+	if len(checks) != 2 || !slices.Equal(traced, checks) {
+		t.Fatalf("raw egress records' trace_id %q, Check spans' traces %q: want one record per Check, in its trace", traced, checks)
+	}
+	for _, id := range checks {
+		if !strings.Contains(g.logBuf.String(), `"trace_id":"`+id+`"`) {
+			t.Errorf("no canonical line has trace_id %s", id)
+		}
+	}
+}
+
+// TestTraceMCPMetaTraceparent: an MCP tools/call's _meta.traceparent (the
+// MCP client's trace context) is a link of the call's span, as the HTTP
+// traceparent is of the server span, and never a parent: no span is in
+// the forged trace or under the forged span (THREATS F13, F17); the audit
+// records carry the gateway's own trace.
+func TestTraceMCPMetaTraceparent(t *testing.T) {
+	exp := withTracing(t)
+	up := newUpstream(t)
+	g := startGateway(t, up.URL, "", nil)
+	const forgedTrace, forgedSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	ctx := context.Background()
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "trace-test", Version: "1"}, nil).Connect(ctx,
+		&sdk.StreamableClientTransport{Endpoint: "http://sluice/mcp", HTTPClient: &http.Client{Transport: g.client(agentA).Transport}, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Meta: sdk.Meta{"traceparent": "00-" + forgedTrace + "-" + forgedSpan + "-01"},
+		Name: "tickets.list_tickets", Arguments: map[string]any{"query": map[string]any{"limit": 5}}})
+	if err != nil || res.IsError {
+		t.Fatalf("tools/call: %v %+v", err, res)
+	}
+	var call tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.SpanContext.TraceID().String() == forgedTrace || s.Parent.SpanID().String() == forgedSpan {
+			t.Errorf("span %s is in the forged trace or under the forged span", s.Name)
+		}
+		if s.Name == "sluice.tool_call" {
+			call = s
+		}
+	}
+	if !call.Parent.IsValid() {
+		t.Fatalf("no sluice.tool_call span under the POST /mcp server span (%d spans)", len(exp.GetSpans()))
+	}
+	linked := false
+	for _, l := range call.Links {
+		from := ""
+		for _, a := range l.Attributes {
+			if a.Key == "sluice.link.from" {
+				from = a.Value.Emit()
+			}
+		}
+		linked = linked || (l.SpanContext.TraceID().String() == forgedTrace && l.SpanContext.SpanID().String() == forgedSpan && from == "sandbox")
+	}
+	if !linked {
+		t.Fatalf("the call span's links %+v, want _meta.traceparent linked (sluice.link.from=sandbox)", call.Links)
+	}
+	for _, r := range auditEvents(t, g) {
+		if f := fieldsOf(r); f["transport"] == "mcp" && f["trace_id"] != call.SpanContext.TraceID().String() {
+			t.Errorf("MCP record %s trace_id %v, want the call's %s", r.Event, f["trace_id"], call.SpanContext.TraceID())
+		}
 	}
 }

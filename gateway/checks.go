@@ -128,6 +128,7 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 	}
 	f.Errors = append(f.Errors, creds.CheckRefs(ctx, cfg)...)
 	f.Errors = append(f.Errors, extAuthzProblems(cfg)...) // extauthz_door.go
+	f.Errors = append(f.Errors, hostedProblems(cfg)...)   // hosted_door.go
 	f.Errors = append(f.Errors, egress.Validate(cfg)...)
 	f.add(upstreamProblems(cfg, cat))
 	f.add(askProblems(cfg))

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -105,7 +106,7 @@ func (d *envoyDoor) deps() extauthz.Deps {
 		Log:        d.log,
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
-		Match:      d.matchTool,
+		Match:      d.envoyRoutes(),                // extauthz_route.go
 		Call:       d.tel.tracedCheck(d.envoyCall), // calltrace.go
 		Egress:     d.tel.tracedEgressCheck(d.envoyEgress),
 		Refused:    d.envoyRefused,
@@ -114,14 +115,15 @@ func (d *envoyDoor) deps() extauthz.Deps {
 
 // matchTool maps a request to a connector's tool: the host (and port,
 // when the authority names one; port is 0 otherwise) of its base_url, and
-// the operation its spec has for method and path. Of two connectors on one
-// host, the one with the longer base path that matches wins; a tie is
-// ambiguous. A connector's host with no such operation is NoOperation,
-// never raw egress.
-func (d *envoyDoor) matchTool(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
+// the operation its spec has for method and path, among the connectors
+// slugs (those on host, envoyRoutes). Of two connectors on one host, the
+// one with the longer base path that matches wins; a tie is ambiguous. A
+// connector's host with no such operation is NoOperation, never raw
+// egress.
+func (d *envoyDoor) matchTool(slugs []string, host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
 	var best extauthz.Match
 	bestLen, found := -1, extauthz.NoConnector
-	for _, slug := range slices.Sorted(maps.Keys(d.connectors)) {
+	for _, slug := range slugs {
 		up := d.connectors[slug]
 		b := up.conn.BaseURL
 		if b == nil || !strings.EqualFold(b.Hostname(), host) {
@@ -234,7 +236,7 @@ const holdRetryAfter = 5 * time.Second
 // the session's state, then policy (the agents' egress allowlists and the
 // modules), audited before the answer. Raw egress is never held.
 func (d *envoyDoor) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Duration) extauthz.Verdict {
-	rec := d.envoyRecord(r)
+	rec := d.envoyRecord(ctx, r)
 	id, e := canonicalCaller(r.Identity)
 	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
 	if e == nil {
@@ -292,7 +294,7 @@ func (d *envoyDoor) envoyEgress(ctx context.Context, r *extauthz.Request, _ time
 // envoyRefused audits a request the door refused before the pipeline.
 func (d *envoyDoor) envoyRefused(ctx context.Context, r *extauthz.Request, v extauthz.Verdict) string {
 	e := refusal.New(v.Status, refusal.Code(v.Code), v.Message)
-	rec := d.envoyRecord(r)
+	rec := d.envoyRecord(ctx, r)
 	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = r.Identity.Sandbox, r.Identity.Agent, r.Identity.Session, r.Identity.User, r.Identity.Egress
 	rec.Status = v.Status
 	if ae := d.auditRecord(ctx, rec, e); ae != nil {
@@ -309,8 +311,12 @@ func (d *envoyDoor) envoyRefuse(ctx context.Context, r *extauthz.Request, e *ref
 	return v
 }
 
-func (d *envoyDoor) envoyRecord(r *extauthz.Request) *call.Record {
-	rec := &call.Record{RequestID: refusal.NewRequestID(), Start: time.Now(), Kind: call.KindHTTP, Transport: call.Envoy, DestHost: r.Host, Port: r.Port}
+// envoyRecord starts the record of a Check the pipeline does not run:
+// raw egress or a refusal before it. Its trace is ctx's (the Check's
+// server span, when tracing is on), as a tool call's is.
+func (d *envoyDoor) envoyRecord(ctx context.Context, r *extauthz.Request) *call.Record {
+	rec := &call.Record{RequestID: refusal.NewRequestID(), Start: time.Now(), Kind: call.KindHTTP, Transport: call.Envoy, DestHost: r.Host, Port: r.Port,
+		TraceID: tracing.TraceID(ctx)}
 	if r.Method == http.MethodConnect {
 		rec.Kind = call.KindConnect
 	}

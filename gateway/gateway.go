@@ -125,7 +125,9 @@ type Server struct {
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
-	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (holdcall.go)
+	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
+
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthconn.go)
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
 }
@@ -186,7 +188,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if s.oauth, err = newOAuth(cfg, s.catalog, s.creds, log); err != nil { // oauthconn.go
+	if s.oauth, err = newOAuth(cfg, s.catalog, s.creds, func() *store.Store { return s.store }, log); err != nil { // oauthconn.go
 		return nil, err
 	}
 	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connectionsURL(cfg.Approvals.PublicURL)})
@@ -198,6 +200,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.audit.Log, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
+	s.audit.export = decisionExport(s.life, s.engine.Load, cfg.Policy.Bundle != nil) // decisionexport.go
 	if n := s.audit.Stats().TruncatedTail; n > 0 {
 		// What `sluice audit verify` calls an unfinished write: the last
 		// stop left a record half-written (a full disk, a crash). It was
@@ -209,8 +212,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
+	if err := s.store.ClaimReplica(ctx, replicaLost(log)); err != nil { // replica.go (THREATS G21)
+		s.audit.Close()
+		s.store.Close()
+		return nil, err
+	}
 	s.heads = heads.New(cfg.Audit, s.audit.Log, s.store, log)
-	if err := s.heads.Check(ctx); err != nil { // THREATS G9
+	if err := s.heads.Check(ctx); err != nil { // THREATS G9, G22
 		s.audit.Close()
 		s.store.Close()
 		return nil, err
@@ -241,6 +249,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	s.remotes.audit, s.remotes.log, s.remotes.changed = s.audit, log, s.mcpChanged
+	// A remote with MCP authorization lists with a connected person's
+	// token (mcp_oauth.go); the hosted door's tokens (hosted_door.go).
+	s.remotes.oauthHeader = remoteOAuthHeader(s.oauth, s.audit, log, s.creds, cfg.Approvals.PublicURL)
+	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
 	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
 		session: sessionCheck(s.store), append: s.audit.append} // extauthz_door.go
@@ -313,6 +325,7 @@ func (s *Server) adminHandler() http.Handler {
 		Tools:        func() int { return len(s.catalog.Tools()) },
 		Placeholders: func() any { return s.icpt.Placeholders() },
 		CloseSession: s.sessConns.closeSession,
+		MintToken:    s.hosted.mintToken, // hosted_door.go
 		Receipts:     s.life.Receipts(),
 		Person:       s.adminAuth,
 		UI:           s.reviewUI,
@@ -342,6 +355,9 @@ func (s *Server) egressDeps() egress.Deps {
 		Append:   s.audit.append,
 		Session:  sessionCheck(s.store),
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
+			if tok, ok, err := placeholderToken(ctx, s.oauth, secret, c); ok { // oauthconn.go
+				return tok, err
+			}
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
 		},
 		Track:            s.sessConns.add,
@@ -425,6 +441,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := s.hosted.serveHosted(sl); err != nil { // hosted_door.go
+		sl.Close()
+		return err
+	}
 	stopAuthz, authzAddr, xds, err := s.envoy.serve(ctx) // extauthz_door.go
 	if err != nil {
 		sl.Close()
@@ -436,8 +456,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.xds = xds
 	defer stopAuthz()
 	servers := []*http.Server{{
-		Handler:           s.sandboxHandler(),
-		ConnContext:       s.sessConns.connContext, // session_conns.go
+		Handler:           sl.HostedGate(s.sandboxHandler()), // hosted_door.go
+		ConnContext:       s.sessConns.connContext,           // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
@@ -583,6 +603,9 @@ func regoStamp(paths []string) string {
 	}
 	return b.String()
 }
+
+// HostedAddr is gateway.hosted's listener address once Ready, "" when off.
+func (s *Server) HostedAddr() string { return s.hosted.Addr() }
 
 // Catalog returns the loaded tools.
 func (s *Server) Catalog() Catalog { return s.catalog }

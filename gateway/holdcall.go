@@ -371,6 +371,7 @@ func (s *Server) newHolds() *holds.Manager {
 		Notify:               s.notifyHold,
 		MaxPendingPerAgent:   s.cfg.Gateway.MaxPendingHolds,
 		MaxPendingPerSandbox: s.cfg.Gateway.MaxPendingHoldsPerSandbox,
+		Lease:                s.cfg.Gateway.HoldLease.Std(),
 		Logger:               s.log,
 	})
 }
@@ -390,9 +391,10 @@ func (s *Server) newReviewUI() error {
 		return nil
 	}
 	opt := review.Options{
-		Holds: s.holds,
-		Users: users,
-		Log:   s.log,
+		Holds:  s.holds,
+		Grants: s.holds, // review/grants.go: the Grants page
+		Users:  users,
+		Log:    s.log,
 		Audit: func(ctx context.Context, event string, fields map[string]any) error {
 			_, err := s.audit.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
 			return err
@@ -519,6 +521,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 // connector (approved as connectionApprover, through the same execution
 // as any approval).
 func (s *Server) connectHeld(connector, user string) {
+	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_oauth.go)
 	ctx := context.Background()
 	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -62,6 +63,9 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 			return perrs
 		}
 		up.creds = plan
+		if cc.Credential.OAuth2 != nil {
+			up.oauth = mcpOAuthClient(cc, allow) // MCP authorization (mcp_oauth.go)
+		}
 	}
 	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 	refresh := cc.Refresh.Std()
@@ -73,7 +77,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 		header = cc.Credential.Header
 	}
 	r := mcpremote.New(mcpremote.Options{Slug: cc.Slug, URL: u, Transport: guarded, CredHeader: header, Refresh: refresh, Timeout: cfg.Gateway.UpstreamTimeout.Std(),
-		MaxResponseBytes: cfg.Gateway.MaxResponseBytes})
+		MaxResponseBytes: cfg.Gateway.MaxResponseBytes, PerCredential: up.oauth != nil})
 	up.transport = r
 	c.connectors[cc.Slug] = up
 	if c.remotes == nil {
@@ -132,6 +136,9 @@ type remoteRuns struct {
 	audit   auditLog // a list change is audited
 	log     *slog.Logger
 	changed func() // the MCP door's sessions are told (mcpChanged)
+	// oauthHeader lists a remote with MCP authorization with a connected
+	// person's token (remoteOAuthHeader, mcp_oauth.go).
+	oauthHeader func(up *upstream) func(ctx context.Context) (http.Header, error)
 }
 
 // start lists each remote MCP server once (bounded by
@@ -149,7 +156,11 @@ func (rr *remoteRuns) start(ctx context.Context, cat *catalog, src CredentialSou
 	var first sync.WaitGroup
 	for slug, r := range cat.remotes {
 		up := cat.connectors[slug]
-		r.SetHooks(remoteHeader(src, up), rr.remoteChanged, rr.log)
+		header := remoteHeader(src, up)
+		if isMCPOAuth(up) && rr.oauthHeader != nil {
+			header = rr.oauthHeader(up) // a connected person's token (mcp_oauth.go)
+		}
+		r.SetHooks(header, rr.remoteChanged, rr.log)
 		first.Add(1)
 		rr.done.Add(1)
 		go func() {
@@ -175,16 +186,27 @@ func (rr *remoteRuns) stop() {
 }
 
 // remoteHeader is how a remote server's listing requests carry the
-// connector's credential: fetched from creds as for a call (without a
-// caller, so a credential per user cannot list) and attached by the same
-// plan.
+// connector's credential: fetched from creds as for a call and attached by
+// the same plan. A listing has no caller: a per-user credential ({user})
+// is fetched for the connector's list_user, a service identity, and
+// without one the remote cannot be listed, which its unavailable reason
+// says.
 func remoteHeader(src CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
 	cc := up.cfg.Credential
 	if cc == nil {
 		return nil
 	}
+	var caller policy.Caller
+	if cc.PerUser() {
+		if up.cfg.ListUser == "" {
+			return func(context.Context) (http.Header, error) {
+				return nil, fmt.Errorf("the credential for connector %s is per user ({user} in its Vault path) and a listing acts for no user; set list_user to a service identity to list this server's tools", up.cfg.Slug)
+			}
+		}
+		caller.User = up.cfg.ListUser
+	}
 	return func(ctx context.Context) (http.Header, error) {
-		secret, err := src.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault})
+		secret, err := src.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault, Caller: caller})
 		if err != nil {
 			return nil, fmt.Errorf("the credential for connector %s is unavailable", up.cfg.Slug)
 		}
@@ -212,6 +234,10 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 		}
 		key := fmt.Sprintf("connectors[%d]", i)
 		up := cat.connectors[cc.Slug]
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			warns = append(warns, checkMCPOAuth(ctx, key, cc, r.Transport())) // listed with a person's token: not by validate (mcp_oauth.go)
+			continue
+		}
 		var header func(context.Context) (http.Header, error)
 		if cc.Credential != nil {
 			st := local()

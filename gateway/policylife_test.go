@@ -178,17 +178,9 @@ func (c *logCollector) find(rid string) map[string]any {
 // TestDecisionLogsReachCollector: every tool call's decision reaches a
 // loopback collector in OPA's shape, masked, tied to the call's request ID.
 func TestDecisionLogsReachCollector(t *testing.T) {
-	up := newUpstream(t)
-	col := &logCollector{}
-	cs := httptest.NewServer(col)
-	t.Cleanup(cs.Close)
-	g := startHolds(t, up, `
-decision_logs:
-  url: `+cs.URL+`/logs
-  flush: 20ms
-  mask: [/input/args/body/reason]
+	g, col := startExporting(t, `  mask: [/input/args/body/reason]
   labels: { env: test }
-`, nil)
+`)
 	c := g.client(agentA)
 	r := doCall(t, c, "tickets.create_refund", `{"body":{"amount":7,"reason":"card 4242 4242 4242 4242"}}`)
 	if r.status != 202 {

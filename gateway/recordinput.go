@@ -56,12 +56,14 @@ func encodeInput(in *policy.Input, max int) (json.RawMessage, string, int) {
 }
 
 // inputFields are the recorded-input fields of c's decision record as a
-// map, for the hold_created record that stands for an ask's decision.
+// map, for the hold_created record that stands for an ask's decision,
+// with the door the call came through (transport), as the decision
+// record has it.
 func (c *toolCall) inputFields() map[string]any {
-	if c.rec.Input == nil && c.rec.InputCut == "" {
-		return nil
-	}
 	f := map[string]any{}
+	if c.rec.Transport != "" {
+		f[call.KeyTransport] = string(c.rec.Transport)
+	}
 	if c.rec.Input != nil {
 		f[call.KeyInput] = c.rec.Input
 	}

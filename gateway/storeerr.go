@@ -31,5 +31,8 @@ func storeProblem(ctx context.Context, st *store.Store) string {
 	if err := st.Ping(ctx); err != nil {
 		return "store: unavailable (" + st.Kind().String() + "); calls that need state are refused 503 store_unavailable"
 	}
+	if err := st.ReplicaErr(); err != nil { // THREATS G21, replica.go
+		return err.Error()
+	}
 	return ""
 }

@@ -81,8 +81,8 @@ func TestMetricsFromTheStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	named := map[string]bool{}
-	// A name in double quotes is a JSON key (the store export's header),
-	// not a metric family.
+	// A name in double quotes is a JSON key (the store export's header)
+	// or a cookie (the connect flow's), not a metric family.
 	for _, sm := range regexp.MustCompile(`(?:^|[^"\w])(sluice_[a-z_]+)`).FindAllStringSubmatch(string(readme), -1) {
 		n := sm[1]
 		named[n] = true

@@ -23,7 +23,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
-	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
@@ -83,6 +82,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
 		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: decisionexport.go)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
 		}
@@ -242,8 +242,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
 		return call.Outcome{}, e
 	}
-	// WithRequestID: the decision log names the call (gateway/policylife).
-	c.decide(s.Decide(policylife.WithRequestID(dctx, c.rec.RequestID), in))
+	c.decide(s.Decide(dctx, in))
 	c.recordInput(s.cfg.Audit, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
@@ -346,13 +345,14 @@ func canonicalCaller(id wire.Identity) (wire.Identity, *refusal.Error) {
 		return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, "the call carries no valid identity: "+strings.TrimPrefix(err.Error(), "wire: "))
 	}
 	for _, f := range []struct {
-		name string
-		v    *string
-	}{{"user", &id.User}, {"session", &id.Session}} {
+		name  string
+		v     *string
+		canon func(string) (string, error)
+	}{{"user", &id.User, ident.Person}, {"session", &id.Session, ident.Canonical}} {
 		if *f.v == "" {
 			continue
 		}
-		c, err := ident.Canonical(*f.v)
+		c, err := f.canon(*f.v)
 		if err != nil {
 			return id, refusal.New(http.StatusForbidden, refusal.IdentityRequired, fmt.Sprintf("the identity's %s is ambiguous: %v", f.name, err))
 		}

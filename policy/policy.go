@@ -132,7 +132,8 @@ type Request struct {
 	Query   map[string][]string `json:"query"`
 	Headers map[string][]string `json:"headers"`
 	// Body is the request body when the gateway has it but no tool
-	// arguments hold it (a raw-egress request Envoy sent with its body);
+	// arguments hold it (a forward-proxied request's, decoded from its
+	// content coding; a raw-egress request Envoy sent with its body);
 	// absent otherwise.
 	Body string `json:"body,omitempty"`
 }
@@ -226,11 +227,7 @@ type Config struct {
 	// bundle (a file change, a poll that fetched one): ok false means it
 	// was refused and the previous policy keeps deciding.
 	OnBundle func(ok bool, err error)
-	// OnDecision, if set, is called with every decision the engine makes
-	// and the input it was made on (for the decision-log export). It runs
-	// on the caller's goroutine: it must not block.
-	OnDecision func(ctx context.Context, in *Input, d Decision)
-	Logger     *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Engine evaluates decisions. It is safe for concurrent use. A nil *Engine
@@ -311,12 +308,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if p == nil {
 		return policyError("policy not loaded")
 	}
-	defer func() {
-		d.Revision = p.revision
-		if e.cfg.OnDecision != nil && in != nil {
-			e.cfg.OnDecision(ctx, in, d)
-		}
-	}()
+	defer func() { d.Revision = p.revision }()
 	if in == nil {
 		return policyError("policy: no input")
 	}
@@ -330,6 +322,12 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 	if err != nil {
 		return policyError(fmt.Sprintf("policy: build input: %v", err))
 	}
+	return e.eval(ctx, p, in, val)
+}
+
+// eval decides val, the input document in's AST value (in: what the
+// simple rules and the log read of it).
+func (e *Engine) eval(ctx context.Context, p *prepared, in *Input, val ast.Value) (d Decision) {
 	// Cancel the evaluation at the caller's deadline or cancellation, or
 	// after DefaultTimeout when the context has no deadline. Done this way
 	// rather than with context.WithTimeout and OPA's own watcher goroutine:

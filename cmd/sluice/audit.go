@@ -99,37 +99,25 @@ report as JSON. The store is only read (nothing migrated or locked).`,
 				paths = []string{lc.Audit.Path}
 			}
 			out := cmd.OutOrStdout()
-			var seq uint64
-			var prev string
-			total := 0
-			for i, path := range paths {
-				res, err := verifyAudit(path, i == 0, seq, prev)
-				if err != nil {
-					var ve *audit.VerifyError
-					if errors.As(err, &ve) && ve.Unfinished {
-						fmt.Fprintf(out, "UNFINISHED: %s line %d: %s\n", path, ve.Line, ve.Reason)
-						fmt.Fprintf(out, "note: an unfinished write, not tampering: the next start of the gateway on this log removes these %d bytes before it writes again (it logs \"audit: removed an unfinished last line\"); the %d records before them verify\n",
-							ve.Bytes, total+ve.Line-1)
-						return silentError{fmt.Sprintf("audit verify: unfinished write at line %d of %s (not tampering): the next start removes it", ve.Line, path)}
-					}
-					if errors.As(err, &ve) {
-						fmt.Fprintf(out, "FAIL: %s line %d: %s\n", path, ve.Line, ve.Reason)
-						return silentError{fmt.Sprintf("audit verify: chain broken at line %d of %s", ve.Line, path)}
-					}
-					return fmt.Errorf("audit verify: %w", err)
+			head, total, err := verifyFiles(paths, func(path string, res verified) {
+				fmt.Fprintf(out, "note: %s starts with an %s record at seq %d: it continues a chain whose records 1..%d are not in this file (give the earlier file first to check the link)\n",
+					path, audit.EventRecreated, res.first, res.first-1)
+			})
+			if err != nil {
+				var ve *audit.VerifyError
+				var fe *fileError
+				errors.As(err, &fe)
+				if errors.As(err, &ve) && ve.Unfinished {
+					fmt.Fprintf(out, "UNFINISHED: %s line %d: %s\n", fe.path, ve.Line, ve.Reason)
+					fmt.Fprintf(out, "note: an unfinished write, not tampering: the next start of the gateway on this log removes these %d bytes before it writes again (it logs \"audit: removed an unfinished last line\"); the %d records before them verify\n",
+						ve.Bytes, total+ve.Line-1)
+					return silentError{fmt.Sprintf("audit verify: unfinished write at line %d of %s (not tampering): the next start removes it", ve.Line, fe.path)}
 				}
-				if res.fromMarker {
-					fmt.Fprintf(out, "note: %s starts with an %s record at seq %d: it continues a chain whose records 1..%d are not in this file (give the earlier file first to check the link)\n",
-						path, audit.EventRecreated, res.first, res.first-1)
+				if errors.As(err, &ve) {
+					fmt.Fprintf(out, "FAIL: %s line %d: %s\n", fe.path, ve.Line, ve.Reason)
+					return silentError{fmt.Sprintf("audit verify: chain broken at line %d of %s", ve.Line, fe.path)}
 				}
-				if res.n > 0 {
-					seq, prev = res.last+1, res.lastHash
-				}
-				total += res.n
-			}
-			head := audit.Head{Hash: audit.ZeroHash}
-			if seq > 0 {
-				head = audit.Head{Seq: seq - 1, Hash: prev}
+				return fmt.Errorf("audit verify: %w", fe.err)
 			}
 			fmt.Fprintf(out, "ok: %d records, chain intact (%s)\nhead: %s\n", total, strings.Join(paths, ", "), head)
 			if expect != "" {
@@ -191,31 +179,100 @@ record names it. It does not verify the chains (audit verify does).`,
 // holdsHead checks that the verified files (oldest first) hold want,
 // printing the outcome.
 func holdsHead(out io.Writer, paths []string, want audit.Head, what string) error {
-	var last error
+	f := findHead(paths, want)
+	switch {
+	case f.err != nil:
+		return fmt.Errorf("audit verify: %w", f.err)
+	case f.rewritten != nil:
+		fmt.Fprintf(out, "FAIL: %s: the record at seq %d has hash %s, %s says %s: the log was rewritten\n", f.path, want.Seq, f.rewritten.At, what, want.Hash)
+		return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
+	case f.startsAfter:
+		fmt.Fprintf(out, "FAIL: %s starts after seq %d: give the file that holds it (%s %s)\n", f.path, want.Seq, what, want)
+		return silentError{fmt.Sprintf("audit verify: %s %s is not in the files given", what, want)}
+	case f.held:
+		fmt.Fprintf(out, "ok: the log holds %s %s\n", what, want)
+		return nil
+	}
+	if f.truncated {
+		fmt.Fprintf(out, "FAIL: the log ends at seq %d, before seq %d of %s %s: records were deleted from its end\n", f.got.Seq, want.Seq, what, want)
+	}
+	return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
+}
+
+// headFound is where findHead found a head in a replica's files.
+type headFound struct {
+	held        bool
+	path        string           // the file that decided it
+	rewritten   *audit.HeadError // the record at the head's seq has another hash
+	startsAfter bool             // path starts after the head's seq
+	truncated   bool             // every file ends before it; got is the last head seen
+	got         audit.Head
+	err         error
+}
+
+// findHead looks for want in the verified files (oldest first), with
+// audit.CheckHead: for `audit verify --expect-head/--checkpoints` and for
+// every replica's recorded head (--heads).
+func findHead(paths []string, want audit.Head) headFound {
+	var f headFound
 	for _, path := range paths {
+		f.path = path
 		_, ok, err := audit.CheckHead(path, want)
 		var he *audit.HeadError
 		switch {
 		case errors.As(err, &he) && he.Truncated:
-			last = err
+			f.truncated, f.got = true, he.Got
 			continue // in a later file, or nowhere
 		case errors.As(err, &he):
-			fmt.Fprintf(out, "FAIL: %s: the record at seq %d has hash %s, %s says %s: the log was rewritten\n", path, want.Seq, he.At, what, want.Hash)
-			return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
+			f.rewritten = he
 		case err != nil:
-			return fmt.Errorf("audit verify: %w", err)
+			f.err = err
 		case !ok:
-			fmt.Fprintf(out, "FAIL: %s starts after seq %d: give the file that holds it (%s %s)\n", path, want.Seq, what, want)
-			return silentError{fmt.Sprintf("audit verify: %s %s is not in the files given", what, want)}
+			f.startsAfter = true
+		default:
+			f.held = true
 		}
-		fmt.Fprintf(out, "ok: the log holds %s %s\n", what, want)
-		return nil
+		return f
 	}
-	var he *audit.HeadError
-	if errors.As(last, &he) {
-		fmt.Fprintf(out, "FAIL: the log ends at seq %d, before seq %d of %s %s: records were deleted from its end\n", he.Got.Seq, want.Seq, what, want)
+	return f
+}
+
+// fileError is an error of verifyFiles with the file it concerns.
+type fileError struct {
+	path string
+	err  error
+}
+
+func (e *fileError) Error() string { return e.path + ": " + e.err.Error() }
+func (e *fileError) Unwrap() error { return e.err }
+
+// verifyFiles verifies paths (one log's files, oldest first) as one
+// chain, each with verifyAudit (audit.VerifyFrom), and returns its head
+// and record count; marker is told of a first file that starts at a
+// re-creation marker. An error is a *fileError naming the file.
+func verifyFiles(paths []string, marker func(path string, res verified)) (audit.Head, int, error) {
+	var (
+		seq   uint64
+		prev  string
+		total int
+	)
+	for i, path := range paths {
+		res, err := verifyAudit(path, i == 0, seq, prev)
+		if err != nil {
+			return audit.Head{}, total, &fileError{path, err}
+		}
+		if res.fromMarker && marker != nil {
+			marker(path, res)
+		}
+		if res.n > 0 {
+			seq, prev = res.last+1, res.lastHash
+		}
+		total += res.n
 	}
-	return silentError{fmt.Sprintf("audit verify: the log does not hold %s %s", what, want)}
+	if seq == 0 {
+		return audit.Head{Hash: audit.ZeroHash}, total, nil
+	}
+	return audit.Head{Seq: seq - 1, Hash: prev}, total, nil
 }
 
 // appendAccepted appends the audit_head_accepted record to the log at path

@@ -144,10 +144,17 @@ func verifyHeads(ctx context.Context, out io.Writer, paths []string, heads strin
 		rep.Replicas = append(rep.Replicas, rl)
 	}
 	for _, r := range rows {
-		if _, ok := byReplica[r.Log]; !ok {
-			fail("%s: its recorded head %s (recorded %s) is in none of the files given: give its file (--file)", replicaName(r.Log),
-				audit.Head{Seq: r.Seq, Hash: r.Hash}, r.Updated.Format(time.RFC3339))
+		if _, ok := byReplica[r.Log]; ok {
+			continue
 		}
+		if host, path, legacy := strings.Cut(r.Log, ":"); legacy {
+			// Replica ids hold no ':' (config.ReplicaRE): a head from before them.
+			fail("%s: a head recorded before replica ids, by the gateway on host %s with audit.path %s (%s, recorded %s): that gateway's next start re-keys it to its replica_id; if that gateway is gone for good, check its file with `sluice audit verify --file F --expect-head %s`",
+				r.Log, host, path, audit.Head{Seq: r.Seq, Hash: r.Hash}, r.Updated.Format(time.RFC3339), audit.Head{Seq: r.Seq, Hash: r.Hash})
+			continue
+		}
+		fail("%s: its recorded head %s (recorded %s) is in none of the files given: give its file (--file)", replicaName(r.Log),
+			audit.Head{Seq: r.Seq, Hash: r.Hash}, r.Updated.Format(time.RFC3339))
 	}
 	if asJSON {
 		enc := json.NewEncoder(out)
@@ -180,57 +187,39 @@ func replicaName(id string) string {
 }
 
 // verifyChain verifies files (one replica's, oldest first) as one chain,
-// as `audit verify` does, and returns its head and record count, or the
-// problem found.
+// as `audit verify` does (verifyFiles), and returns its head and record
+// count, or the problem found.
 func verifyChain(files []string) (audit.Head, int, string) {
-	var (
-		seq   uint64
-		prev  string
-		total int
-	)
-	for i, path := range files {
-		res, err := verifyAudit(path, i == 0, seq, prev)
-		var ve *audit.VerifyError
-		switch {
-		case errors.As(err, &ve) && ve.Unfinished:
-			return audit.Head{}, total, fmt.Sprintf("%s line %d: an unfinished write (not tampering; the gateway's next start removes it): %s", path, ve.Line, ve.Reason)
-		case errors.As(err, &ve):
-			return audit.Head{}, total, fmt.Sprintf("%s line %d: chain broken: %s", path, ve.Line, ve.Reason)
-		case err != nil:
-			return audit.Head{}, total, fmt.Sprintf("%s: %v", path, err)
-		}
-		if res.n > 0 {
-			seq, prev = res.last+1, res.lastHash
-		}
-		total += res.n
+	head, total, err := verifyFiles(files, nil)
+	var ve *audit.VerifyError
+	var fe *fileError
+	errors.As(err, &fe)
+	switch {
+	case err == nil:
+		return head, total, ""
+	case errors.As(err, &ve) && ve.Unfinished:
+		return audit.Head{}, total, fmt.Sprintf("%s line %d: an unfinished write (not tampering; the gateway's next start removes it): %s", fe.path, ve.Line, ve.Reason)
+	case errors.As(err, &ve):
+		return audit.Head{}, total, fmt.Sprintf("%s line %d: chain broken: %s", fe.path, ve.Line, ve.Reason)
 	}
-	if seq == 0 {
-		return audit.Head{Hash: audit.ZeroHash}, total, ""
-	}
-	return audit.Head{Seq: seq - 1, Hash: prev}, total, ""
+	return audit.Head{}, total, err.Error()
 }
 
-// headHeld checks that files (one replica's, oldest first) hold want, and
-// returns the problem if not.
+// headHeld checks that files (one replica's, oldest first) hold want
+// (findHead), and returns the problem if not.
 func headHeld(files []string, want audit.Head, name string) string {
-	var got audit.Head
-	for _, path := range files {
-		_, ok, err := audit.CheckHead(path, want)
-		var he *audit.HeadError
-		switch {
-		case errors.As(err, &he) && he.Truncated:
-			got = he.Got
-			continue // in a later file, or nowhere
-		case errors.As(err, &he):
-			return fmt.Sprintf("%s (%s): the record at seq %d has hash %s, the recorded head says %s: the file was replaced or rewritten", path, name, want.Seq, he.At, want.Hash)
-		case err != nil:
-			return fmt.Sprintf("%s (%s): %v", path, name, err)
-		case !ok:
-			return fmt.Sprintf("%s (%s): starts after the recorded seq %d: give the file that holds it first", path, name, want.Seq)
-		}
+	f := findHead(files, want)
+	switch {
+	case f.held:
 		return ""
+	case f.err != nil:
+		return fmt.Sprintf("%s (%s): %v", f.path, name, f.err)
+	case f.rewritten != nil:
+		return fmt.Sprintf("%s (%s): the record at seq %d has hash %s, the recorded head says %s: the file was replaced or rewritten", f.path, name, want.Seq, f.rewritten.At, want.Hash)
+	case f.startsAfter:
+		return fmt.Sprintf("%s (%s): starts after the recorded seq %d: give the file that holds it first", f.path, name, want.Seq)
 	}
-	return fmt.Sprintf("%s (%s): ends at seq %d, before the recorded head's seq %d (%s): truncated or replaced", strings.Join(files, ", "), name, got.Seq, want.Seq, want)
+	return fmt.Sprintf("%s (%s): ends at seq %d, before the recorded head's seq %d (%s): truncated or replaced", strings.Join(files, ", "), name, f.got.Seq, want.Seq, want)
 }
 
 // holdRecords prints every record of the files whose fields name hold id

@@ -88,6 +88,7 @@ Start with: sluice demo`,
 	root.AddCommand(
 		serveCmd(g),
 		validateCmd(g),
+		connectorsCmd(g),
 		toolsCmd(g),
 		policyCmd(g),
 		secretsCmd(g),

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -84,6 +86,9 @@ ask → allow); --fail-on changed when any call's action would change.`,
 			eng, err := policy.New(ctx, pc)
 			if err != nil {
 				return fmt.Errorf("policy replay (%s): %w", lc.Source, err)
+			}
+			if os.Getenv("GOGC") == "" { // the operator's setting wins
+				defer debug.SetGCPercent(debug.SetGCPercent(replay.GCPercent))
 			}
 			rep, err := replay.Run(ctx, eng, files, o)
 			if err != nil {

@@ -12,10 +12,11 @@ func sessionsCmd(g *globals) *cobra.Command {
 	var admin, tokenFile string
 	cmd := &cobra.Command{
 		Use:   "sessions",
-		Short: "End agent sessions through the admin API",
-		Long: `End agent sessions through the gateway's admin API. Authenticate with an
-approver token or a session token (gateway.session_tokens_sha256): --token-file,
-or the SLUICE_TOKEN environment variable.
+		Short: "End agent sessions, or mint per-run tokens for hosted sandboxes, through the admin API",
+		Long: `End agent sessions, or mint per-run tokens for hosted sandboxes, through the
+gateway's admin API. Authenticate with an approver token or a session token
+(gateway.session_tokens_sha256; minting takes a session token only):
+--token-file, or the SLUICE_TOKEN environment variable.
 
 The admin address is --admin, else http:// + gateway.admin_listen from the config.`,
 	}
@@ -54,6 +55,6 @@ approval_expired). Ending a session twice is harmless and answers the same.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(end)
+	cmd.AddCommand(end, mintCmd(g, &admin, &tokenFile))
 	return cmd
 }

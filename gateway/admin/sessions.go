@@ -27,6 +27,24 @@ const MaxSessionIDLen = 256
 // routeSessions routes the sessions API of the admin listener.
 func (a *API) routeSessions(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v1/sessions/{session}/end", a.handleEndSession)
+	mux.HandleFunc("POST /api/v1/sessions/{session}/tokens", a.handleMintToken)
+}
+
+// handleMintToken is POST /api/v1/sessions/{session}/tokens: a per-run
+// token for a hosted sandbox (Deps.MintToken). Only a machine caller (a
+// token of gateway.session_tokens_sha256) may mint; an approver may not.
+func (a *API) handleMintToken(w http.ResponseWriter, r *http.Request) {
+	rid := refusal.NewRequestID()
+	by, ok := a.machineCaller(r)
+	if !ok {
+		refusal.WriteUnauthenticated(w, "a session token (gateway.session_tokens_sha256) is required to mint a per-run token", rid)
+		return
+	}
+	if a.d.MintToken == nil {
+		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "hosted sandboxes are off: set gateway.hosted"), rid)
+		return
+	}
+	a.d.MintToken(w, r, rid, by)
 }
 
 // sessionCaller authenticates who may end sessions: a machine caller with
@@ -56,9 +74,9 @@ func (a *API) sessionTokenIndex(tok string) int {
 	return found
 }
 
-// validSessionID accepts what an identity preamble could carry and a
+// ValidSessionID accepts what an identity preamble could carry and a
 // person could type: printable, no spaces, bounded.
-func validSessionID(id string) bool {
+func ValidSessionID(id string) bool {
 	if id == "" || len(id) > MaxSessionIDLen {
 		return false
 	}
@@ -93,7 +111,7 @@ func (a *API) handleEndSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	session := r.PathValue("session")
-	if !validSessionID(session) {
+	if !ValidSessionID(session) {
 		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("a session id is 1..%d printable characters without spaces", MaxSessionIDLen)), rid)
 		return
 	}
@@ -254,7 +272,7 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 		if f.v == "" && !f.required {
 			continue
 		}
-		if !validSessionID(f.v) {
+		if !ValidSessionID(f.v) {
 			return ev, fmt.Errorf("sandbox event: %s must be 1..%d printable characters without spaces", f.name, MaxSessionIDLen)
 		}
 	}

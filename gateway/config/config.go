@@ -181,6 +181,7 @@ func (c *Config) resolvePaths() {
 		rt.CertFile, rt.KeyFile, rt.ClientCAFile = c.abs(rt.CertFile), c.abs(rt.KeyFile), c.abs(rt.ClientCAFile)
 	}
 	c.resolveExtAuthz()
+	resolveHosted(c)
 	c.Audit.Path = c.abs(c.Audit.Path)
 	if cp := c.Audit.Checkpoint; cp != nil {
 		cp.Path = c.abs(cp.Path)
@@ -239,6 +240,7 @@ func (c *Config) Validate() error {
 	}
 	validateGateway(c.Gateway, bad)
 	c.validateExtAuthz(bad)
+	validateHosted(c, bad)
 	c.validatePolicyLife(bad)
 	validateStore(c.Store, bad)
 	validateAudit(c, bad)

@@ -122,7 +122,9 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"mcp refresh too short", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', refresh: 1s }]\n", "connectors[0].refresh: want between 10s and 24h"},
 		{"mcp credential query", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { secret: k, query: key } }]\n", "connectors[0].credential.query: not with provider: mcp"},
 		{"mcp credential scheme", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { secret: k, scheme: bearer } }]\n", "connectors[0].credential.scheme: not with provider: mcp"},
-		{"mcp credential oauth2", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: {} } }]\n", "connectors[0].credential.oauth2: not with provider: mcp"},
+		{"mcp credential oauth2 without flow", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: {} } }]\n", "connectors[0].credential.oauth2.flow: must be set"},
+		{"mcp credential oauth2 client credentials", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: { flow: client_credentials, client_id: c, client_secret: s } } }]\n", "connectors[0].credential.oauth2.flow: with provider: mcp only authorization_code"},
+		{"mcp credential oauth2 token_url", "connectors: [{ slug: a, provider: mcp, url: 'https://x/mcp', credential: { oauth2: { flow: authorization_code, token_url: 'https://as/token' } } }]\n", "connectors[0].credential.oauth2.token_url: not with provider: mcp: discovered"},
 		{"url on openapi", "connectors: [{ slug: a, spec: a.yaml, url: 'https://x/mcp' }]\n", "connectors[0].url: only with provider: mcp"},
 		{"refresh on openapi", "connectors: [{ slug: a, spec: a.yaml, refresh: 1m }]\n", "connectors[0].refresh: only with provider: mcp"},
 		{"action", "policies: [{ match: '*', action: permit }]\n", "policies[0].action"},
@@ -252,7 +254,6 @@ func TestOAuth2KeysNameTheirKey(t *testing.T) {
 		{"client credentials without secret", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c }"), "connectors[0].credential.oauth2.client_secret: is required"},
 		{"secret value instead of a name", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: 'sk live/123' }"), "connectors[0].credential.oauth2.client_secret: not a secret name"},
 		{"authorization code without public url", fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }"), "approvals.public_url: must be set with connectors[0].credential.oauth2.flow"},
-		{"authorization code with vault", pub + "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\n" + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }"), "connectors[0].credential.oauth2.flow: authorization_code keeps each person's tokens in the local store"},
 		{"token url", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, token_url: 'ftp://x/t' }"), "connectors[0].credential.oauth2.token_url"},
 		{"revocation url with user", pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, revocation_url: 'https://u:p@x/r' }"), "connectors[0].credential.oauth2.revocation_url"},
 		{"scope with a space", fmt.Sprintf(conn, "{ flow: client_credentials, client_id: c, client_secret: s, scopes: ['a b'] }"), "connectors[0].credential.oauth2.scopes[0]"},
@@ -269,8 +270,51 @@ func TestOAuth2KeysNameTheirKey(t *testing.T) {
 			}
 		})
 	}
+	// Tokens kept in Vault KV: authorization_code with the vault backend
+	// is a valid configuration.
+	if _, err := Parse([]byte(pub+"secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\n"+fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c }")), "/x"); err != nil {
+		t.Fatalf("authorization_code with secrets.backend vault: %v", err)
+	}
 	ok := pub + fmt.Sprintf(conn, "{ flow: authorization_code, client_id: c, client_secret: s, scopes: [repo, 'read:user'] }")
 	if _, err := Parse([]byte(ok), "/x"); err != nil {
 		t.Fatalf("a valid oauth2 credential: %v", err)
+	}
+}
+
+// TestOAuthTokenNamesReserved: no secret reference may name a person's
+// OAuth tokens (oauth2.SLUG), and an egress placeholder bound to a
+// connection names a credential.oauth2 connector, never also a secret.
+func TestOAuthTokenNamesReserved(t *testing.T) {
+	const svc = "connectors: [{ slug: svc, spec: a.yaml, credential: { oauth2: { flow: client_credentials, client_id: c, client_secret: s } } }]\n"
+	const ph = "egress: { intercept: { hosts: [api.test], ca_dir: /x/ca }, placeholders: [%s] }\n"
+	for _, tc := range []struct{ name, yaml, key string }{
+		{"credential.secret", "connectors: [{ slug: a, spec: a.yaml, credential: { secret: oauth2.docs } }]\n", "connectors[0].credential.secret: \"oauth2.docs\""},
+		{"client_secret", "connectors: [{ slug: a, spec: a.yaml, credential: { oauth2: { flow: client_credentials, client_id: c, client_secret: OAuth2.a } } }]\n", "connectors[0].credential.oauth2.client_secret"},
+		{"placeholder secret", fmt.Sprintf(ph, "{ secret: oauth2.svc, hosts: [api.test], header: Authorization }"), "egress.placeholders[0].secret"},
+		{"placeholder connection and secret", svc + fmt.Sprintf(ph, "{ secret: k, connection: svc, hosts: [api.test], header: Authorization }"), "egress.placeholders[0].connection: secret and connection are exclusive"},
+		{"placeholder connection not OAuth", svc + fmt.Sprintf(ph, "{ connection: nope, hosts: [api.test], header: Authorization }"), "egress.placeholders[0].connection: \"nope\" is not a connector with credential.oauth2"},
+		{"placeholder connection bound twice", svc + fmt.Sprintf(ph, "{ connection: svc, hosts: [api.test], header: Authorization }, { connection: svc, hosts: [b.test], header: Authorization }"), "egress.placeholders[1].secret: \"oauth2.svc\" is bound twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), "/x")
+			if err == nil || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("err = %v, want it to name %s", err, tc.key)
+			}
+		})
+	}
+	if _, err := Parse([]byte(svc+fmt.Sprintf(ph, "{ connection: svc, hosts: [api.test], header: Authorization, prefix: 'Bearer ' }")), "/x"); err != nil {
+		t.Fatalf("a placeholder bound to svc's connection: %v", err)
+	}
+}
+
+// A remote MCP server that speaks MCP authorization: each person connects;
+// no client id (registered dynamically) and no endpoints (discovered).
+func TestMCPConnectorOAuth2Parses(t *testing.T) {
+	c, err := Parse([]byte("approvals: { public_url: 'https://sluice.example.com' }\nconnectors:\n  - { slug: tools, provider: mcp, url: 'https://tools.example.com/mcp', credential: { oauth2: { flow: authorization_code, scopes: [tools.read] } } }\n"), "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := c.Connectors[0].Credential.OAuth2; o == nil || o.Flow != "authorization_code" || o.ClientID != "" {
+		t.Fatalf("oauth2 = %+v", o)
 	}
 }

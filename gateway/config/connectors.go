@@ -29,6 +29,11 @@ type Connector struct {
 	// again besides its notifications/tools/list_changed (provider: mcp;
 	// default 5m).
 	Refresh Duration `yaml:"refresh"`
+	// ListUser is the service identity a per-user credential ({user} in
+	// its Vault path) is fetched for when the gateway lists a remote MCP
+	// server's tools (provider: mcp): a listing has no caller. Unset, such
+	// a remote's tools are unavailable (mcp_list.go).
+	ListUser string `yaml:"list_user"`
 	// Strict refuses the connector when any operation of its spec is
 	// skipped or any defect is found, instead of loading what can be.
 	Strict bool `yaml:"strict"`
@@ -122,6 +127,8 @@ func validateConnectors(c *Config, bad func(key, format string, args ...any)) ma
 			bad(k+".url", "only with provider: mcp (an OpenAPI connector has spec and base_url)")
 		case cn.Refresh != 0:
 			bad(k+".refresh", "only with provider: mcp")
+		case cn.ListUser != "":
+			bad(k+".list_user", "only with provider: mcp")
 		}
 		switch { // a provider: mcp connector has no spec (mcpConnectorProblems)
 		case mcp:
@@ -168,6 +175,7 @@ func validateConnectors(c *Config, bad func(key, format string, args ...any)) ma
 			case cr.Secret != "" && !nameRE.MatchString(cr.Secret):
 				bad(ck+".secret", "not a secret name: %q", cr.Secret)
 			}
+			reservedSecret(ck+".secret", cr.Secret, bad) // oauthnames.go
 			if cr.Vault != nil {
 				v := cr.Vault
 				n := 0
@@ -203,7 +211,7 @@ func validateConnectors(c *Config, bad func(key, format string, args ...any)) ma
 				}
 			}
 			if o := cr.OAuth2; o != nil {
-				validateOAuth2(ck+".oauth2", o, c, bad)
+				validateOAuth2(ck+".oauth2", o, c, cn.Provider == "mcp", bad)
 			}
 			if cr.Header != "" && cr.Query != "" {
 				bad(ck, "header and query are exclusive")
@@ -242,14 +250,11 @@ func ParseAllowPrivate(s string) (netip.Prefix, error) {
 
 // validateOAuth2 checks a connector's oauth2 client. URLs left empty
 // come from the spec (checked when it is loaded).
-func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string, args ...any)) {
+func validateOAuth2(k string, o *OAuth2, c *Config, mcp bool, bad func(key, format string, args ...any)) {
 	switch o.Flow {
 	case "authorization_code":
 		if c.Approvals.PublicURL == "" {
 			bad("approvals.public_url", "must be set with %s.flow: authorization_code: the redirect URL is built from it", k)
-		}
-		if c.Secrets.Backend != "local" {
-			bad(k+".flow", "authorization_code keeps each person's tokens in the local store (scope user:NAME); it needs secrets.backend: local in this build")
 		}
 	case "client_credentials":
 		if o.ClientSecret == "" {
@@ -260,11 +265,12 @@ func validateOAuth2(k string, o *OAuth2, c *Config, bad func(key, format string,
 	default:
 		bad(k+".flow", "want authorization_code or client_credentials, got %q", o.Flow)
 	}
-	if o.ClientID == "" {
+	if o.ClientID == "" && !mcp { // a remote MCP server's may be registered (RFC 7591)
 		bad(k+".client_id", "must be set")
 	} else if strings.ContainsAny(o.ClientID, "\r\n\x00") {
 		bad(k+".client_id", "must not contain CR, LF or NUL")
 	}
+	reservedSecret(k+".client_secret", o.ClientSecret, bad) // oauthnames.go
 	if o.ClientSecret != "" && !nameRE.MatchString(o.ClientSecret) {
 		bad(k+".client_secret", "not a secret name: %q (name a secret in the store; the value never goes in sluice.yaml)", o.ClientSecret)
 	}
@@ -388,6 +394,7 @@ func mcpConnectorProblems(k string, cn Connector, bad func(key, format string, a
 	if cn.Refresh != 0 && (cn.Refresh.Std() < 10*time.Second || cn.Refresh.Std() > 24*time.Hour) {
 		bad(k+".refresh", "want between 10s and 24h, got %s", cn.Refresh.Std())
 	}
+	listUserProblems(k, cn, bad) // mcp_list.go
 	if cr := cn.Credential; cr != nil {
 		if cr.Query != "" {
 			bad(k+".credential.query", "not with provider: mcp (an MCP request carries the credential in a header)")
@@ -398,8 +405,8 @@ func mcpConnectorProblems(k string, cn Connector, bad func(key, format string, a
 		if cr.Prefix != "" && cr.Header == "" {
 			bad(k+".credential.prefix", "needs credential.header with provider: mcp")
 		}
-		if cr.OAuth2 != nil {
-			bad(k+".credential.oauth2", "not with provider: mcp yet (use secret or vault)")
+		if o := cr.OAuth2; o != nil { // MCP authorization (gateway/oauth/discover.go)
+			mcpOAuth2Problems(k+".credential.oauth2", o, bad)
 		}
 	}
 }

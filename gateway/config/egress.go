@@ -48,10 +48,13 @@ type Intercept struct {
 // request header Header, whose value must be Prefix followed by the
 // placeholder.
 type Placeholder struct {
-	Secret string   `yaml:"secret"`
-	Hosts  []string `yaml:"hosts"`
-	Header string   `yaml:"header"`
-	Prefix string   `yaml:"prefix"`
+	Secret string `yaml:"secret"`
+	// Connection binds the calling person's OAuth access token for this
+	// credential.oauth2 connector instead of a secret (oauthnames.go).
+	Connection string   `yaml:"connection"`
+	Hosts      []string `yaml:"hosts"`
+	Header     string   `yaml:"header"`
+	Prefix     string   `yaml:"prefix"`
 }
 
 // DNS configures the gateway's DNS policy answerer (POST /v1/dns).
@@ -98,12 +101,15 @@ func validateEgress(c *Config, bad func(key, format string, args ...any)) {
 	phSeen := map[string]bool{}
 	for i, p := range c.Egress.Placeholders {
 		k := fmt.Sprintf("egress.placeholders[%d]", i)
-		if !nameRE.MatchString(p.Secret) || strings.Contains(p.Secret, ":") {
+		name, ok := validatePlaceholderBinding(k, p, c, bad) // oauthnames.go
+		switch {
+		case !ok:
+		case !nameRE.MatchString(name) || strings.Contains(name, ":"):
 			bad(k+".secret", "want a secret name, got %q", p.Secret)
-		} else if phSeen[p.Secret] {
-			bad(k+".secret", "%q is bound twice", p.Secret)
+		case phSeen[name]:
+			bad(k+".secret", "%q is bound twice", name)
 		}
-		phSeen[p.Secret] = true
+		phSeen[name] = true
 		if len(p.Hosts) == 0 {
 			bad(k+".hosts", "name at least one host")
 		}

@@ -27,6 +27,9 @@ type Gateway struct {
 	// in the store. Default: env POD_NAME, else HOSTNAME, else the host
 	// name (ReplicaRE).
 	ReplicaID string `yaml:"replica_id"`
+	// HoldLease: how long an executing held call stays leased to the
+	// replica sending it without a renewal (holdlease.go).
+	HoldLease Duration `yaml:"hold_lease"`
 	// MaxConnections caps the sandbox socket's open connections; more are
 	// answered 503 gateway_busy at once (THREATS B10).
 	MaxConnections int `yaml:"max_connections"`
@@ -51,6 +54,8 @@ type Gateway struct {
 	RelayTLS RelayTLS `yaml:"relay_tls"`
 	// ExtAuthz serves Envoy's ext_authz (and xDS); off when nil (extauthz.go).
 	ExtAuthz *ExtAuthz `yaml:"ext_authz"`
+	// Hosted is the TLS listener of hosted sandboxes; off when nil (hosted.go).
+	Hosted *Hosted `yaml:"hosted"`
 	// MCP configures the Model Context Protocol door at /mcp.
 	MCP MCP `yaml:"mcp"`
 }
@@ -84,6 +89,7 @@ func validateGateway(g Gateway, bad func(key, format string, args ...any)) {
 	if g.ReplicaID != "" && !ReplicaRE.MatchString(g.ReplicaID) {
 		bad("gateway.replica_id", "%q: want 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit (the default is env POD_NAME, HOSTNAME or the host name: set it when that is not such a token)", g.ReplicaID)
 	}
+	g.validateHoldLease(bad) // holdlease.go
 	if g.SandboxSocket == "" {
 		bad("gateway.sandbox_socket", "must be set")
 	}

@@ -138,6 +138,9 @@ func (s *Creds) oauthToken(ctx context.Context, tool *connectors.Tool, user stri
 			msg += "; connect at " + s.d.ConnectionsURL(tool.Connector) + " and retry"
 		}
 		return vault.Secret{}, "", refusal.New(http.StatusForbidden, refusal.ConnectionRequired, msg).Wrap(err)
+	case errors.As(err, new(*oauth.DiscoveryError)):
+		// MCP authorization: the step and the reason name no token.
+		return vault.Secret{}, "", refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, err.Error()).Wrap(err)
 	case err != nil:
 		return vault.Secret{}, "", refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the OAuth token for this connector is unavailable").Wrap(err)
 	}

@@ -4,16 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"time"
 
-	mdns "github.com/miekg/dns"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -162,6 +159,17 @@ func runCleanup(fs []func()) {
 	}
 }
 
+// lookup resolves host, A and AAAA, with the gateway's resolver, which
+// caches answers (negative ones too) for their TTL and shares one query
+// among concurrent lookups of a name (dns.Resolver); without dns.upstreams
+// it asks the system resolver every time.
+func (e *Proxy) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	if e.res == nil {
+		return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	}
+	return e.res.LookupNetIP(ctx, "ip", host)
+}
+
 // classify resolves host (or reuses its live answer) and checks every
 // address, on every tunnel; one refused address refuses the name. It
 // returns the address to dial.
@@ -175,7 +183,7 @@ func (e *Proxy) classify(ctx context.Context, host string) (netip.Addr, error) {
 	} else {
 		lctx, cancel := context.WithTimeout(ctx, e.d.Config.Gateway.UpstreamTimeout.Std())
 		defer cancel()
-		addrs, err = e.lookupConnect(lctx, host) // once per answer TTL (below)
+		addrs, err = e.lookup(lctx, host)
 		if err != nil {
 			return netip.Addr{}, err
 		}
@@ -234,133 +242,4 @@ func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCa
 	}
 	e.direct.Add(1)
 	relayTCP(conn, client, upstream, e.idle, &c.BytesUp, &c.BytesDown, &e.bulk)
-}
-
-// connectAnswerCap caps how long a CONNECT's answer is reused, whatever
-// its TTL says: as long as a sandbox may keep an answer (answerTTL).
-const connectAnswerCap = answerTTL * time.Second
-
-// connectAnswers are the addresses CONNECT resolved, per host, reused
-// until the answer's TTL (at most connectAnswerCap) runs out, so that
-// tunnels to one host cost one resolution per TTL, not one each. Only
-// addresses are cached, never a verdict: every tunnel still has policy
-// decide it and the guard check each cached address (classify), and
-// dials exactly the address checked. Concurrent misses for one host
-// share one lookup. At most max hosts are kept (dns.cache_max).
-type connectAnswers struct {
-	max int
-
-	mu      sync.Mutex
-	m       map[string]connectAnswer
-	pending map[string]*connectLookup
-}
-
-type connectAnswer struct {
-	addrs   []netip.Addr
-	expires time.Time
-}
-
-// connectLookup is a lookup in flight; done is closed when addrs and err
-// are set.
-type connectLookup struct {
-	done  chan struct{}
-	addrs []netip.Addr
-	err   error
-}
-
-// lookupConnect returns host's addresses for a CONNECT: from the cache
-// while the answer lives, else asked of the resolver (A and AAAA, as
-// LookupNetIP does) and cached for the smallest TTL among the answers
-// that had addresses. Without dns.upstreams (no TTL is known) it asks
-// the system resolver every time.
-func (e *Proxy) lookupConnect(ctx context.Context, host string) ([]netip.Addr, error) {
-	if e.res == nil {
-		return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	}
-	ca := &e.answers
-	now := time.Now()
-	ca.mu.Lock()
-	if a, ok := ca.m[host]; ok && now.Before(a.expires) {
-		ca.mu.Unlock()
-		return a.addrs, nil
-	}
-	if p, ok := ca.pending[host]; ok {
-		ca.mu.Unlock()
-		select {
-		case <-p.done:
-			return p.addrs, p.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	p := &connectLookup{done: make(chan struct{})}
-	if ca.pending == nil {
-		ca.pending = map[string]*connectLookup{}
-	}
-	ca.pending[host] = p
-	ca.mu.Unlock()
-
-	var ttl uint32
-	p.addrs, ttl, p.err = e.resolveTTL(ctx, host)
-	ca.mu.Lock()
-	delete(ca.pending, host)
-	if p.err == nil && ttl > 0 && ca.max > 0 {
-		ca.store(host, connectAnswer{addrs: p.addrs, expires: now.Add(min(time.Duration(ttl)*time.Second, connectAnswerCap))}, now)
-	}
-	ca.mu.Unlock()
-	close(p.done)
-	return p.addrs, p.err
-}
-
-// store keeps a, evicting expired hosts first and then arbitrary ones
-// when full; the caller holds mu.
-func (ca *connectAnswers) store(host string, a connectAnswer, now time.Time) {
-	if ca.m == nil {
-		ca.m = map[string]connectAnswer{}
-	}
-	if _, ok := ca.m[host]; !ok && len(ca.m) >= ca.max {
-		for h, old := range ca.m {
-			if !now.Before(old.expires) {
-				delete(ca.m, h)
-			}
-		}
-		for h := range ca.m {
-			if len(ca.m) < ca.max {
-				break
-			}
-			delete(ca.m, h)
-		}
-	}
-	ca.m[host] = a
-}
-
-// resolveTTL is the resolver's LookupNetIP(ctx, "ip", host) that also
-// returns the smallest TTL of the answers with addresses (an empty
-// answer, NODATA, carries none).
-func (e *Proxy) resolveTTL(ctx context.Context, host string) ([]netip.Addr, uint32, error) {
-	var out []netip.Addr
-	var errs []error
-	var ttl uint32
-	first := true
-	for _, t := range []uint16{mdns.TypeA, mdns.TypeAAAA} {
-		a, tt, err := e.res.Lookup(ctx, host, t)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if len(a) == 0 {
-			continue
-		}
-		out = append(out, a...)
-		if first || tt < ttl {
-			ttl, first = tt, false
-		}
-	}
-	if len(out) == 0 {
-		if len(errs) == 0 {
-			return nil, 0, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-		}
-		return nil, 0, errors.Join(errs...)
-	}
-	return out, ttl, nil
 }

@@ -35,6 +35,7 @@ func requestKey(req *policy.Request) [sha256.Size]byte {
 	str(req.Host)
 	b = binary.AppendUvarint(b, uint64(req.Port))
 	str(req.Path)
+	str(req.Body) // a forward-proxied body: another body is another decision (its findings)
 	for _, m := range [2]map[string][]string{req.Query, req.Headers} {
 		if m == nil {
 			b = append(b, 0)

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluice-gw/sluice/dns"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -62,7 +64,13 @@ func (e *Proxy) forward(w http.ResponseWriter, r *http.Request, c *egressCall, i
 	// it needs from it (Connection: close, Expect) when it read the head.
 	hdr := r.Header
 	stripRequestHeaders(hdr)
-	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: path.decoded, Query: r.URL.Query(), Headers: hdr}); ee != nil {
+	gc := e.d.Config.Gateway
+	body, text, ee := proxiedBody(w, r, h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate}) // forward_body.go: read, decoded and bounded before the decision
+	if ee != nil {
+		e.refuse(w, c, ee)
+		return
+	}
+	if ee := e.decide(ctx, c, policy.Request{Method: r.Method, Host: host, Port: port, Path: path.decoded, Query: r.URL.Query(), Headers: hdr, Body: text}); ee != nil {
 		e.refuse(w, c, ee)
 		return
 	}
@@ -88,8 +96,11 @@ func (e *Proxy) forward(w http.ResponseWriter, r *http.Request, c *egressCall, i
 		return
 	}
 	out.URL, out.RequestURI, out.Host, out.Header = &u, "", authority, hdr
-	if r.ContentLength == 0 {
-		out.Body = nil
+	// Exactly the bytes that were decided on (forward_body.go), with
+	// their length: never the rest of the client's stream.
+	out.Body, out.ContentLength, out.TransferEncoding = nil, 0, nil
+	if len(body) > 0 {
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	}
 	resp, err := e.upstreams.roundTrip(ctx, c.caller, addr, &out)
 	if err != nil {

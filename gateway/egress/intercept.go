@@ -39,6 +39,8 @@ const PlaceholderPrefix = "sluice:secret:"
 const (
 	evHostMismatch   = "placeholder_host_mismatch"
 	evNotSubstituted = "placeholder_not_substituted"
+	// evConnectionElsewhere refuses a request (errConnectionElsewhere).
+	evConnectionElsewhere = "placeholder_connection_elsewhere"
 )
 
 // Interceptor is TLS interception of chosen CONNECT hosts and the
@@ -84,6 +86,7 @@ func NewInterceptor(cfg *config.Config) (*Interceptor, error) {
 		}
 	}
 	for _, p := range cfg.Egress.Placeholders {
+		p.Secret = p.Name() // a connection's: its OAuth token's name, oauth2.SLUG
 		in.phs = append(in.phs, binding{cfg: p, token: placeholderFor(key, p.Secret)})
 	}
 	return in, nil
@@ -147,6 +150,13 @@ type plan struct {
 // errPlaceholderCRLF is D6: a placeholder next to a CR or LF.
 var errPlaceholderCRLF = errors.New("a placeholder is next to a CR or LF")
 
+// errConnectionElsewhere is D19: the placeholder of a person's OAuth
+// connection in the header or target of a request to a host it is not
+// bound to. Refused, not sent on unchanged as a secret's placeholder is:
+// a person's token stands for their account, and its placeholder going
+// anywhere else is an agent trying to move it.
+var errConnectionElsewhere = errors.New("an OAuth connection's placeholder is not bound to this host")
+
 // planFor finds every placeholder in hdr and the request target and
 // decides which one, if any, is substituted: only the declared header's
 // value, exactly prefix+placeholder, toward a bound host.
@@ -162,18 +172,24 @@ func (in *Interceptor) planFor(host string, hdr http.Header, target string) (pla
 	for i := range in.phs {
 		b := &in.phs[i]
 		bound := hostListed(b.cfg.Hosts, host)
-		elsewhere := func() {
+		elsewhere := func() error {
 			if bound {
 				p.events = append(p.events, evNotSubstituted)
-			} else {
-				p.events = append(p.events, evHostMismatch)
+				return nil
 			}
+			p.events = append(p.events, evHostMismatch)
+			if b.cfg.Connection != "" {
+				return errConnectionElsewhere
+			}
+			return nil
 		}
 		if strings.Contains(target, b.token) || strings.Contains(unescaped, b.token) {
 			if strings.ContainsAny(unescaped, "\r\n") {
 				return p, errPlaceholderCRLF
 			}
-			elsewhere()
+			if err := elsewhere(); err != nil {
+				return p, err
+			}
 		}
 		for k, vs := range hdr {
 			for _, v := range vs {
@@ -187,7 +203,9 @@ func (in *Interceptor) planFor(host string, hdr http.Header, target string) (pla
 					p.subst = b
 					continue
 				}
-				elsewhere()
+				if err := elsewhere(); err != nil {
+					return p, err
+				}
 			}
 		}
 	}
@@ -360,6 +378,7 @@ func (e intercepted) interceptRequest(w http.ResponseWriter, r *http.Request, tu
 	in := e.d.Interceptor
 	c := newEgressCall(refusal.NewRequestID(), time.Now(), call.KindHTTP)
 	c.setCaller(tunnel.caller)
+	c.TraceID = tunnel.TraceID // a request inside the tunnel is in the tunnel's trace
 	c.DestHost, c.Port = tunnel.DestHost, tunnel.Port
 	c.SetResolvedIP(tunnel.ResolvedIP())
 	if err := checkProxyRequest(r); err != nil {
@@ -398,6 +417,16 @@ func (e intercepted) interceptRequest(w http.ResponseWriter, r *http.Request, tu
 		return
 	}
 	pl, err := in.planFor(c.DestHost, hdr, r.RequestURI)
+	if errors.Is(err, errConnectionElsewhere) {
+		// Its own record (the decision record's reason is the rule's),
+		// then the refusal's.
+		ee := egressRefuse(http.StatusForbidden, refusal.EgressDenied, psDenied, err.Error())
+		if aerr := e.record(ctx, c, evConnectionElsewhere, ee.Error, true); aerr != nil {
+			ee = aerr
+		}
+		e.refuse(w, c, ee)
+		return
+	}
 	if err != nil {
 		c.Event = "placeholder_crlf"
 		ee := egressRefuse(http.StatusBadRequest, refusal.SchemaViolation, psBadRequest, "malformed request: "+err.Error())

@@ -246,3 +246,47 @@ func FuzzPlanFor(f *testing.F) {
 		}
 	})
 }
+
+// TestPlanForConnection (THREATS D19): a placeholder bound to an OAuth
+// connection is substituted only in its header toward its hosts; in the
+// header or target of a request to any other host the request is
+// refused (errConnectionElsewhere), not sent on with the placeholder as
+// a secret's is. Its name is the token's, oauth2.SLUG.
+func TestPlanForConnection(t *testing.T) {
+	cfg := config.Defaults()
+	cfg.Egress.Intercept = config.Intercept{Hosts: []string{"api.example.com"}, CADir: t.TempDir()}
+	cfg.Egress.Placeholders = []config.Placeholder{{Connection: "docs", Hosts: []string{"api.example.com"}, Header: "Authorization", Prefix: "Bearer "}}
+	in, err := NewInterceptor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph := in.phs[0].token
+	if !strings.HasPrefix(ph, PlaceholderPrefix+"oauth2.docs:") || in.phs[0].cfg.Secret != "oauth2.docs" {
+		t.Fatalf("placeholder %q for secret %q", ph, in.phs[0].cfg.Secret)
+	}
+	for _, tc := range []struct {
+		name   string
+		host   string
+		hdr    http.Header
+		target string
+		subst  bool
+		err    error
+	}{
+		{"bound host, declared header", "api.example.com", http.Header{"Authorization": {"Bearer " + ph}}, "/user", true, nil},
+		{"bound host, other header: sent unchanged", "api.example.com", http.Header{"X-Token": {ph}}, "/", false, nil},
+		{"other host, declared header", "evil.example", http.Header{"Authorization": {"Bearer " + ph}}, "/", false, errConnectionElsewhere},
+		{"other host, another header", "evil.example", http.Header{"X-Token": {ph}}, "/", false, errConnectionElsewhere},
+		{"other host, in the query", "evil.example", nil, "/q?t=" + ph, false, errConnectionElsewhere},
+		{"other host, in the path, escaped", "evil.example", nil, "/" + strings.ReplaceAll(ph, ":", "%3A"), false, errConnectionElsewhere},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := in.planFor(tc.host, tc.hdr, tc.target)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			if (p.subst != nil) != tc.subst {
+				t.Fatalf("substituted = %v, want %v", p.subst != nil, tc.subst)
+			}
+		})
+	}
+}

@@ -42,7 +42,6 @@ type Proxy struct {
 	mu      sync.Mutex
 	tunnels map[string]int // open tunnels and proxied requests per sandbox
 	live    liveTunnels    // egress_live.go: ended when the server stops
-	answers connectAnswers // egress_connect.go: CONNECT's answers, per host, for their TTL
 
 	subs *subdomains
 
@@ -70,7 +69,6 @@ func New(d Deps) *Proxy {
 		idle:    cfg.Egress.IdleTimeout.Std(),
 		hello:   cfg.Egress.HandshakeTimeout.Std(),
 		tunnels: map[string]int{},
-		answers: connectAnswers{max: cfg.DNS.CacheMax},
 		subs:    newSubdomains(cfg.DNS.SubdomainThreshold, cfg.DNS.SubdomainWindow.Std()),
 	}
 	for _, p := range cfg.Egress.ConnectPorts {
@@ -109,6 +107,7 @@ func (e *Proxy) ServeProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		c.Kind = call.KindConnect
 	}
+	traceFrom(c, r.Context()) // egress_trace.go: the request's server span
 	id, ok := e.d.Identity(r.Context())
 	if !ok {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
@@ -302,6 +301,7 @@ func (e *Proxy) record(ctx context.Context, c *egressCall, event string, ref *re
 	if ref != nil {
 		code = ref.Code
 	}
+	traceFrom(c, ctx) // egress_trace.go
 	return e.recordFields(ctx, c, event, call.AppendFields(make([]audit.Field, 0, 19), &c.Record, event, code), presync)
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -127,7 +128,14 @@ func peerUID(c net.Conn) (uint32, error) {
 
 // NewGRPC returns a gRPC server with the Authorization service and, when
 // x is not nil, the ADS service registered: one listener for Envoy.
+//
+// Streams are served by a fixed set of worker goroutines (one per CPU;
+// gRPC starts a goroutine of its own when all are busy), not a goroutine
+// each: a Check's policy evaluation recurses deeply, and on a new
+// goroutine every Check grew its stack from 8 KiB again (runtime.copystack
+// was an eighth of a Check's CPU, BenchmarkEnvoyCheck).
 func NewGRPC(opts []grpc.ServerOption, a *Authz, x *XDS) *grpc.Server {
+	opts = append(slices.Clip(opts), grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
 	g := grpc.NewServer(opts...)
 	authv3.RegisterAuthorizationServer(g, a)
 	if x != nil {

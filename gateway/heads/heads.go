@@ -56,6 +56,9 @@ func New(cfg config.Audit, log *audit.Log, st *store.Store, warn *slog.Logger) *
 // `sluice audit accept-head`.
 func (hs *Recorder) Check(ctx context.Context) error {
 	path := hs.cfg.Path
+	if err := hs.rekeyLegacy(ctx); err != nil { // THREATS G22
+		return err
+	}
 	seq, hash, updated, ok, err := hs.store.AuditHead(ctx)
 	if err != nil {
 		return fmt.Errorf("audit.path: check against the head recorded in the store: %w", err)
@@ -87,6 +90,22 @@ func (hs *Recorder) Check(ctx context.Context) error {
 		return fmt.Errorf("audit.path: record head in the store: %w", err)
 	}
 	hs.last = h
+	return nil
+}
+
+// rekeyLegacy moves the audit head this gateway recorded before replica
+// ids (keyed by its host name and audit path) to its replica id, before
+// the start's check against it (THREATS G22): the file is then checked
+// against the head its previous version left, not against none, and
+// `sluice audit verify --heads` finds its file.
+func (hs *Recorder) rekeyLegacy(ctx context.Context) error {
+	from, err := hs.store.RekeyLegacyAuditHead(ctx)
+	if err != nil {
+		return fmt.Errorf("audit.path: %w", err)
+	}
+	if from != "" {
+		hs.warn.Info("audit: the head recorded before replica ids is now this replica's", "from", from)
+	}
 	return nil
 }
 

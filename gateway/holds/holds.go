@@ -8,7 +8,11 @@
 // "outcome unknown" and never re-sent blindly: only a call whose operation
 // is idempotency-keyed (it declares the Idempotency-Key header) is re-sent,
 // once, with the same key, so that the upstream answers with the first
-// reply instead of acting twice (THREATS G2).
+// reply instead of acting twice (THREATS G2). On a store several gateway
+// replicas share, an execution is leased to the process sending it, and
+// another replica does the same once that lease has passed without a
+// renewal: a replica killed mid-send leaves its holds to the others, not
+// to its own restart (THREATS G20; recover.go).
 package holds
 
 import (

@@ -95,3 +95,32 @@ func FuzzCanonical(f *testing.F) {
 		}
 	})
 }
+
+// TestPersonRefusesMarkers: the approver markers' forms are not people's
+// names, however spelled (case, NFKC compatibility forms); names that
+// merely contain them are.
+func TestPersonRefusesMarkers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"alice", true},
+		{"alice:connection:docs", true},
+		{"connection", true},
+		{"connection:docs", false},
+		{"Connection:Docs", false},
+		{"ＣＯＮＮＥＣＴＩＯＮ：docs", false}, // full-width letters and colon
+		{"group:finance", false},
+		{"GROUP:finance", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Person(tc.name)
+			if (err == nil) != tc.ok {
+				t.Fatalf("Person(%q) = %v, want ok %v", tc.name, err, tc.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), "approver marker") {
+				t.Fatalf("error does not say why: %v", err)
+			}
+		})
+	}
+}

@@ -73,6 +73,9 @@ type Conn struct {
 
 	release func() // gives back the connection's places under the caps (nil: none taken)
 	relOnce sync.Once
+
+	hosted *hostedState // a hosted sandbox's credential (hosted.go); nil for a relayed connection
+	expiry *time.Timer  // closes a hosted connection when its token expires
 }
 
 func (c *Conn) Read(p []byte) (int, error) {
@@ -136,6 +139,9 @@ func (c *Conn) Close() error {
 	}
 	if c.release != nil {
 		c.relOnce.Do(c.release)
+	}
+	if c.expiry != nil {
+		c.expiry.Stop()
 	}
 	if c.lease == nil {
 		return c.Conn.Close()
@@ -208,6 +214,8 @@ type Listener struct {
 	bySandbox map[string]int // open identified connections per sandbox
 	warned    atomic.Int64   // unix seconds of the last over-cap log line
 	quiet     atomic.Int64   // over-cap refusals not logged since
+
+	hosted HostedOptions // gateway.hosted's hooks, set by ListenHosted (hosted.go)
 }
 
 // listenLimits are the sandbox socket's bounds on open connections and
@@ -517,6 +525,9 @@ type identityKey struct{}
 // of its requests (http.Server.ConnContext); IdentityFrom reads it.
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if ic, ok := c.(*Conn); ok {
+		if ic.hosted != nil {
+			ctx = context.WithValue(ctx, hostedKey{}, ic.hosted)
+		}
 		return context.WithValue(ctx, identityKey{}, ic.id)
 	}
 	return ctx
@@ -536,13 +547,14 @@ func IdentityFrom(ctx context.Context) (wire.Identity, bool) {
 // (invisible characters, letters of two scripts) is refused.
 func canonicalIdentity(id wire.Identity) (wire.Identity, error) {
 	for _, f := range []struct {
-		name string
-		v    *string
-	}{{"user", &id.User}, {"session", &id.Session}} {
+		name  string
+		v     *string
+		canon func(string) (string, error)
+	}{{"user", &id.User, ident.Person}, {"session", &id.Session, ident.Canonical}} {
 		if *f.v == "" {
 			continue
 		}
-		c, err := ident.Canonical(*f.v)
+		c, err := f.canon(*f.v)
 		if err != nil {
 			return id, fmt.Errorf("the identity's %s is ambiguous: %w", f.name, err)
 		}

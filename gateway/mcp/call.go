@@ -24,6 +24,13 @@ import (
 func (m *Door) routeCalls(c *caller) sdk.Middleware {
 	return func(next sdk.MethodHandler) sdk.MethodHandler {
 		return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+			if ir, ok := req.(*sdk.ServerRequest[*sdk.InitializeParams]); ok {
+				res, err := next(ctx, method, req)
+				if ires, ok := res.(*sdk.InitializeResult); ok && err == nil && ir.Session != nil {
+					m.noteInitialize(c, ir.Session, ires)
+				}
+				return res, err
+			}
 			r, ok := req.(*sdk.CallToolRequest)
 			if !ok || r.Params == nil {
 				return next(ctx, method, req)
@@ -51,34 +58,43 @@ func (m *Door) routeCalls(c *caller) sdk.Middleware {
 // is listed with an outputSchema, else "".
 func (m *Door) callHandler(id wire.Identity, typed string) sdk.ToolHandler {
 	return func(ctx context.Context, req *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
-		args := req.Params.Arguments
-		if len(args) == 0 {
-			args = json.RawMessage("{}")
-		}
-		_, remote := m.remote(req.Params.Name)
-		if remote {
-			// A remote tool's arguments are its request's body (mcpremote).
-			args = append(append(json.RawMessage(`{"body":`), args...), '}')
-		}
 		p := m.progress(ctx, req)
 		defer p.stop()
-		o := m.deps.Call(ctx, call.Request{
-			Identity:      id,
-			Tool:          req.Params.Name,
-			Args:          args,
-			Transport:     call.MCP,
-			Progress:      p.report,
-			ProgressEvery: m.deps.Progress,
-		})
-		if remote {
-			return remoteResult(o), nil
-		}
-		res := toolResult(o)
-		if typed != "" {
-			m.structured(res, o, typed)
-		}
-		return res, nil
+		return m.runCall(ctx, id, req.Params.Name, typed, req.Params.Arguments, metaTraceparent(req.Params.GetMeta()), p.report), nil
 	}
+}
+
+// runCall is one tools/call of tool (the listed name) with args, the
+// arguments document as the client sent it, through the pipeline, and
+// its tool result. Both entrances use it: the SDK's tool handler and the
+// fast path (fast.go), so a call's result is the same whichever served
+// it. report relays a held call's progress (nil: none).
+func (m *Door) runCall(ctx context.Context, id wire.Identity, tool, typed string, args json.RawMessage, traceParent string, report func(call.Progress)) *sdk.CallToolResult {
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	_, remote := m.remote(tool)
+	if remote {
+		// A remote tool's arguments are its request's body (mcpremote).
+		args = append(append(json.RawMessage(`{"body":`), args...), '}')
+	}
+	o := m.deps.Call(ctx, call.Request{
+		Identity:      id,
+		Tool:          tool,
+		Args:          args,
+		Transport:     call.MCP,
+		TraceParent:   traceParent, // trace.go
+		Progress:      report,
+		ProgressEvery: m.deps.Progress,
+	})
+	if remote {
+		return remoteResult(o)
+	}
+	res := toolResult(o)
+	if typed != "" {
+		m.structured(res, o, typed)
+	}
+	return res
 }
 
 // awaitArgs are sluice.await_hold's arguments.

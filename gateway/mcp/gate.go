@@ -67,6 +67,11 @@ func (m *Door) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rpcError(w, http.StatusNotFound, nil, codeSession, "no MCP session with this Mcp-Session-Id was opened by this sandbox; initialize a new session")
 			return
 		}
+		if r.Method == http.MethodDelete {
+			// The session ends now: the fast path stops taking its calls
+			// before the SDK closes it, never after.
+			m.forgetFast(sid)
+		}
 	}
 	if r.Method == http.MethodPost {
 		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -81,6 +86,11 @@ func (m *Door) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if int64(len(body)) > m.deps.MaxMessageBytes {
 			rpcError(w, http.StatusRequestEntityTooLarge, nil, codeInvalidRequest, fmt.Sprintf("the message is larger than %d bytes", m.deps.MaxMessageBytes))
+			return
+		}
+		if m.serveFast(w, r, body) {
+			// A tools/call in the fast path's canonical form, which
+			// check would let through (parseFast is stricter).
 			return
 		}
 		if status, rid, code, msg := check(body); code != 0 {

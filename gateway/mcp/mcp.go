@@ -107,6 +107,11 @@ type Door struct {
 	mu      sync.Mutex
 	servers map[wire.Identity]*caller
 	owners  map[string]wire.Identity // Mcp-Session-Id → the identity that opened it
+	// fastSessions are the initialized sessions whose tools/calls the
+	// fast path (fast.go) may take, by Mcp-Session-Id.
+	fastSessions map[string]*fastSession
+	noFast       bool // tests: every message goes to the SDK
+	fastCalls    atomic.Int64
 }
 
 // caller is one identity's SDK server and the tools it lists.
@@ -119,6 +124,10 @@ type caller struct {
 	// names maps the name not listed (the alias, or the tool name when
 	// aliases are listed) to the listed one: a call accepts either.
 	names atomic.Pointer[map[string]string]
+	// fast maps each listed tool the fast path may call (every listed
+	// tool but sluice.await_hold) to its typed name: the tool name when
+	// it is listed with an outputSchema, else "".
+	fast atomic.Pointer[map[string]string]
 }
 
 // New makes the door. It lists nothing until a caller connects.
@@ -136,7 +145,7 @@ func New(d Deps) *Door {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	m := &Door{deps: d, log: log, servers: map[wire.Identity]*caller{}, owners: map[string]wire.Identity{}}
+	m := &Door{deps: d, log: log, servers: map[wire.Identity]*caller{}, owners: map[string]wire.Identity{}, fastSessions: map[string]*fastSession{}}
 	m.sdk = sdk.NewStreamableHTTPHandler(m.serverFor, &sdk.StreamableHTTPOptions{
 		// The gate (gate.go) already bounded the body; the SDK's bound
 		// stays as a second line at the same size.
@@ -161,6 +170,8 @@ func (m *Door) serverFor(r *http.Request) *sdk.Server {
 		c = &caller{id: id, listed: map[string]string{}, created: time.Now()}
 		empty := map[string]string{}
 		c.names.Store(&empty)
+		noFast := map[string]string{}
+		c.fast.Store(&noFast)
 		c.srv = sdk.NewServer(&sdk.Implementation{Name: "sluice", Title: "sluice gateway"}, &sdk.ServerOptions{
 			Logger:       m.log,
 			Capabilities: &sdk.ServerCapabilities{Tools: &sdk.ToolCapabilities{ListChanged: true}},
@@ -292,6 +303,17 @@ func (m *Door) refresh(ctx context.Context, c *caller) {
 		}
 	}
 	c.listed = prints
+	fast := map[string]string{}
+	for name, st := range want {
+		switch {
+		case name == AwaitHoldTool:
+		case st.OutputSchema != nil:
+			fast[name] = typed[name]
+		default:
+			fast[name] = ""
+		}
+	}
+	c.fast.Store(&fast)
 }
 
 // sdkTool renders t as MCP lists it: its JSON Schema as inputSchema, its

@@ -85,6 +85,11 @@ type Options struct {
 	// Timeout bounds one connect or listing (default 15s).
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// PerCredential gives each call credential its own session: MCP
+	// authorization binds a session to the user of the token that opened
+	// it (a person's OAuth token), so one person's session is never used
+	// with, or for, another's token (percred.go).
+	PerCredential bool
 }
 
 // Tool is one remote tool as listed.
@@ -146,6 +151,8 @@ type Remote struct {
 
 	mu sync.Mutex // guards cs and serialises listings
 	cs *sdk.ClientSession
+
+	creds credSessions // PerCredential: sessions by credential (percred.go)
 }
 
 // New makes a Remote; it connects nothing until Start or a call.
@@ -199,6 +206,16 @@ func (r *Remote) Close() {
 	if r.cs != nil {
 		_ = r.cs.Close()
 		r.cs = nil
+	}
+	r.creds.closeAll()
+}
+
+// Kick lists the remote again soon (a person connected the account its
+// listing needs, say); Run does it.
+func (r *Remote) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -266,7 +283,25 @@ func (r *Remote) Refresh(ctx context.Context) {
 func (r *Remote) list(ctx context.Context) *Set {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
-	cs, err := r.sessionLocked(ctx)
+	session := r.sessionLocked
+	if r.opts.Header != nil && (r.cs == nil || r.opts.PerCredential) {
+		// The credential first: its own reason (no person connected, the
+		// server's MCP authorization refused) says more than a failed connect.
+		h, err := r.opts.Header(ctx)
+		if err != nil {
+			return &Set{Unavailable: "credential: " + shortErr(err), When: time.Now()}
+		}
+		if r.opts.PerCredential {
+			// The listing's credential (a person's token) may be another
+			// person's than last time: it lists in that credential's own
+			// session, as a call would.
+			if ch, ok := listingHeader(h); ok {
+				lctx := context.WithValue(ctx, callHeaderKey{}, ch)
+				session = func(context.Context) (*sdk.ClientSession, error) { return r.credSession(lctx) }
+			}
+		}
+	}
+	cs, err := session(ctx)
 	if err != nil {
 		return &Set{Unavailable: err.Error(), When: time.Now()}
 	}
@@ -275,7 +310,10 @@ func (r *Remote) list(ctx context.Context) *Set {
 	for t, err := range cs.Tools(ctx, nil) {
 		if err != nil {
 			_ = cs.Close()
-			r.cs = nil
+			if r.cs == cs {
+				r.cs = nil
+			}
+			r.creds.drop(cs)
 			return &Set{Unavailable: "tools/list: " + shortErr(err), When: time.Now()}
 		}
 		if len(listed) == MaxTools {
@@ -302,6 +340,13 @@ func (r *Remote) session(ctx context.Context) (*sdk.ClientSession, error) {
 func (r *Remote) sessionLocked(ctx context.Context) (*sdk.ClientSession, error) {
 	if r.cs != nil {
 		return r.cs, nil
+	}
+	if r.opts.Header != nil {
+		// A credential that cannot be had is the reason, said plainly
+		// rather than inside the transport's error of the first request.
+		if _, err := r.opts.Header(ctx); err != nil {
+			return nil, fmt.Errorf("credential: %w", err)
+		}
 	}
 	cs, err := r.client.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: r.opts.URL.String(), HTTPClient: r.hc, MaxRetries: -1}, nil)
 	if err != nil {
@@ -430,7 +475,8 @@ func operation(slug string, lt *sdk.Tool) (*Tool, map[string]any, error) {
 }
 
 // schemaJSON is a remote schema as JSON, without $schema (the document is
-// 2020-12, as MCP's default), refused when it refers outside itself.
+// 2020-12, as MCP's default), with its references inside itself resolved,
+// refused when it refers outside itself.
 func schemaJSON(v any) (json.RawMessage, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -447,11 +493,18 @@ func schemaJSON(v any) (json.RawMessage, error) {
 		return nil, fmt.Errorf("$schema %q: only JSON Schema 2020-12 is understood", s)
 	}
 	delete(m, "$schema")
-	if bytes.Contains(b, []byte(`"$ref"`)) || bytes.Contains(b, []byte(`"$dynamicRef"`)) {
-		// Its references resolve against the remote's document, not ours.
-		return nil, errors.New("a schema with $ref is not supported")
+	if bytes.Contains(b, []byte(`"$ref"`)) || bytes.Contains(b, []byte(`"$dynamicRef"`)) || bytes.Contains(b, []byte(`"$recursiveRef"`)) {
+		// Its references resolve against the remote's document, not ours:
+		// those inside the schema are inlined (refs.go), any other refused.
+		if m, err = resolveRefs(m); err != nil {
+			return nil, err
+		}
 	}
-	return json.Marshal(m)
+	out, err := json.Marshal(m)
+	if err == nil && len(out) > maxSchemaBytes {
+		return nil, fmt.Errorf("larger than %d bytes once its $ref are resolved", maxSchemaBytes)
+	}
+	return out, err
 }
 
 // Fingerprint is the identity of a remote tool's definition: its name and
@@ -594,7 +647,11 @@ func (r *Remote) RoundTrip(req *http.Request) (*http.Response, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
-	cs, err := r.session(ctx)
+	session := r.session
+	if r.opts.PerCredential {
+		session = r.credSession
+	}
+	cs, err := session(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -606,6 +663,7 @@ func (r *Remote) RoundTrip(req *http.Request) (*http.Response, error) {
 				r.cs = nil
 			}
 			r.mu.Unlock()
+			r.creds.drop(cs)
 		}
 		var we *jsonrpc.Error
 		if errors.As(err, &we) {

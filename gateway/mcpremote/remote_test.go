@@ -3,6 +3,7 @@ package mcpremote
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -53,7 +54,8 @@ func TestBuildSkipsWhatCannotBeReexposed(t *testing.T) {
 		{Name: "createRefund", Description: "Refunds.", InputSchema: obj(good)},
 		{Name: "create_refund", InputSchema: obj(good)},                                                                                       // the same gateway name
 		{Name: "bad name!", InputSchema: obj(good)},                                                                                           // outside the alphabet
-		{Name: "refs", InputSchema: obj(`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`)},         // $ref
+		{Name: "refs", InputSchema: obj(`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`)},         // a local $ref: resolved
+		{Name: "remoteref", InputSchema: obj(`{"type":"object","properties":{"a":{"$ref":"https://schemas.example/x.json"}}}`)},               // a $ref elsewhere
 		{Name: "array", InputSchema: obj(`{"type":"array"}`)},                                                                                 // not an object
 		{Name: "draft7", InputSchema: obj(`{"$schema":"http://json-schema.org/draft-07/schema#","type":"object"}`)},                           // another dialect
 		{Name: "dialect2020", InputSchema: obj(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{}}`)}, // fine
@@ -68,13 +70,13 @@ func TestBuildSkipsWhatCannotBeReexposed(t *testing.T) {
 	for _, ct := range s.List() {
 		names = append(names, ct.Name)
 	}
-	if strings.Join(names, " ") != "remote.create_refund remote.dialect2020" {
+	if strings.Join(names, " ") != "remote.create_refund remote.dialect2020 remote.refs" {
 		t.Fatalf("built %v", names)
 	}
 	wantSkipped := map[string]string{
 		`"create_refund"`: "as \"createRefund\"'s",
 		`"bad name!"`:     "must match",
-		`"refs"`:          "$ref is not supported",
+		`"remoteref"`:     `refers outside the schema`,
 		`"array"`:         `must be an object schema`,
 		`"draft7"`:        "only JSON Schema 2020-12",
 		`"---"`:           "no letter or digit",
@@ -110,4 +112,96 @@ func TestDiff(t *testing.T) {
 	if c := diff("r", prev, &Set{Unavailable: "connect: refused"}); !c.Empty() || c.Unavailable == "" {
 		t.Fatalf("an outage: %+v", c)
 	}
+}
+
+// TestResolveRefs: a remote schema's references inside itself are inlined
+// (the gateway's document is not the remote's, so a reference left in it
+// would point elsewhere); a reference outside it, a cycle, $dynamicRef or
+// an exponential expansion leaves the tool out with the reason.
+func TestResolveRefs(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     string // the resolved schema (canonical JSON), or
+		err      string // the reason it is refused
+	}{
+		{name: "$defs", in: `{"type":"object","properties":{"a":{"$ref":"#/$defs/amount"}},"$defs":{"amount":{"type":"number","minimum":0}}}`,
+			want: `{"properties":{"a":{"minimum":0,"type":"number"}},"type":"object"}`},
+		{name: "draft-07 definitions, nested refs", in: `{"type":"object","properties":{"to":{"$ref":"#/definitions/party"}},"definitions":{"party":{"type":"object","properties":{"iban":{"$ref":"#/definitions/iban"}}},"iban":{"type":"string","pattern":"^[A-Z]{2}"}}}`,
+			want: `{"properties":{"to":{"properties":{"iban":{"pattern":"^[A-Z]{2}","type":"string"}},"type":"object"}},"type":"object"}`},
+		{name: "siblings of $ref become allOf", in: `{"type":"object","properties":{"a":{"$ref":"#/$defs/n","description":"how much"}},"$defs":{"n":{"type":"number"}}}`,
+			want: `{"properties":{"a":{"allOf":[{"type":"number"}],"description":"how much"}},"type":"object"}`},
+		{name: "a pointer into the properties, with ~1 escapes", in: `{"type":"object","properties":{"a/b":{"type":"string"},"c":{"$ref":"#/properties/a~1b"}}}`,
+			want: `{"properties":{"a/b":{"type":"string"},"c":{"type":"string"}},"type":"object"}`},
+		{name: "the same definition twice is not a cycle", in: `{"type":"object","properties":{"a":{"$ref":"#/$defs/s"},"b":{"$ref":"#/$defs/s"}},"$defs":{"s":{"type":"string"}}}`,
+			want: `{"properties":{"a":{"type":"string"},"b":{"type":"string"}},"type":"object"}`},
+		{name: "cycle", in: `{"type":"object","properties":{"n":{"$ref":"#/$defs/node"}},"$defs":{"node":{"type":"object","properties":{"next":{"$ref":"#/$defs/node"}}}}}`,
+			err: `is cyclic`},
+		{name: "the root itself", in: `{"type":"object","properties":{"self":{"$ref":"#"}}}`, err: `is cyclic`},
+		{name: "another document", in: `{"type":"object","properties":{"a":{"$ref":"https://evil.example/s.json"}}}`, err: `refers outside the schema`},
+		{name: "a relative document", in: `{"type":"object","properties":{"a":{"$ref":"other.json#/x"}}}`, err: `refers outside the schema`},
+		{name: "an anchor", in: `{"type":"object","properties":{"a":{"$ref":"#amount"}}}`, err: `names an anchor`},
+		{name: "a pointer at nothing", in: `{"type":"object","properties":{"a":{"$ref":"#/$defs/missing"}}}`, err: `points at nothing`},
+		{name: "$dynamicRef", in: `{"type":"object","properties":{"a":{"$dynamicRef":"#meta"}}}`, err: `$dynamicRef is not supported`},
+		{name: "billion laughs", in: laughs(30), err: `more than 20000 schema nodes`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := schemaJSON(obj(tc.in))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want %q (got %s)", err, tc.err, got)
+				}
+				return
+			}
+			if err != nil || string(canonical(got)) != tc.want {
+				t.Fatalf("got %s, %v\nwant %s", got, err, tc.want)
+			}
+		})
+	}
+	// A tool whose schema had local refs is built and validates by the
+	// resolved schema.
+	u, _ := url.Parse("https://mcp.example.com/mcp")
+	s, err := build(context.Background(), "remote", u, []*sdk.Tool{{Name: "pay", InputSchema: obj(`{"type":"object","properties":{"amount":{"$ref":"#/$defs/amount"}},"required":["amount"],"$defs":{"amount":{"type":"number","minimum":1}}}`)}})
+	if err != nil || len(s.Skipped) != 0 || s.Tools["remote.pay"] == nil {
+		t.Fatalf("build: %v %v", err, s.Skipped)
+	}
+	if strings.Contains(string(s.Tools["remote.pay"].InputSchema), "$ref") {
+		t.Fatalf("the listed schema keeps a $ref: %s", s.Tools["remote.pay"].InputSchema)
+	}
+}
+
+// laughs is a schema whose definitions refer to the next one twice, n
+// deep: 2^n nodes once inlined.
+func laughs(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"type":"object","properties":{"a":{"$ref":"#/$defs/d0"}},"$defs":{`)
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, `"d%d":{"type":"array","prefixItems":[{"$ref":"#/$defs/d%d"},{"$ref":"#/$defs/d%d"}]},`, i, i+1, i+1)
+	}
+	fmt.Fprintf(&b, `"d%d":{"type":"string"}}}`, n)
+	return b.String()
+}
+
+// FuzzSchemaJSON: any remote schema is rendered or refused without
+// panicking or growing without bound, and a rendered one has no $ref.
+func FuzzSchemaJSON(f *testing.F) {
+	f.Add(`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`) // a local ref
+	f.Add(`{"type":"object","properties":{"a":{"$ref":"#"}}}`)                                         // the root: a cycle
+	f.Add(`{"$ref":"#/$defs/a/0","$defs":{"a":[{"$ref":"#/$defs/b"}],"b":{}}}`)                        // a pointer through an array
+	f.Add(laughs(12))                                                                                  // exponential
+	f.Fuzz(func(t *testing.T, s string) {
+		var v any
+		if json.Unmarshal([]byte(s), &v) != nil {
+			return
+		}
+		out, err := schemaJSON(v)
+		if err != nil {
+			return
+		}
+		if len(out) > maxSchemaBytes {
+			t.Fatalf("%d bytes rendered", len(out))
+		}
+		if strings.Contains(s, `"$ref"`) && strings.Contains(string(out), `"$ref":`) {
+			t.Fatalf("a rendered schema keeps a $ref: %s", out)
+		}
+	})
 }

@@ -6,8 +6,13 @@
 // concurrent calls (single flight per connection); a rotated refresh token
 // is stored back in the same write as its access token.
 //
-// Tokens live only in this process and in a Store (the local secret
-// store, encrypted at rest, scope user:NAME). They never appear in an
+// Tokens live only in this process and in a Store: a gateway's is a
+// SplitStore, each connection's row in the gateway's store (shared by its
+// replicas) and its tokens in the secret store (the local store,
+// encrypted at rest, or Vault KV v2; name oauth2.CONNECTOR, scope
+// user:NAME). Started connects (Pending) and refresh leases (Lease) are
+// in the gateway's store too, so a callback may reach any replica and one
+// replica refreshes a connection at a time. Tokens never appear in an
 // error, a log line or an audit record: Connection and Token redact
 // themselves, and errors name the connector, the person and the provider's
 // error code only. A provider that refuses a refresh (invalid_grant:
@@ -18,7 +23,6 @@ package oauth
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
@@ -80,6 +84,13 @@ type Client struct {
 	RevocationURL string // RFC 7009; empty: Disconnect only deletes
 	// HTTP talks to the provider: the connector's guarded transport.
 	HTTP *http.Client
+	// Resource is the server the tokens are for (RFC 8707), a remote MCP
+	// server's URL; Discovery finds the endpoints (and registers a client)
+	// from its metadata on first use (discover.go). Issuer is the
+	// discovered authorization server.
+	Resource  string
+	Issuer    string
+	Discovery *Discovery
 }
 
 // Connection is a person's stored tokens for one connector.
@@ -160,8 +171,24 @@ type Options struct {
 	Early time.Duration
 	// StateTTL bounds a started connect (default 10m).
 	StateTTL time.Duration
-	Now      func() time.Time
-	Log      *slog.Logger
+	// Pending keeps started connects (nil: this process's memory, so the
+	// provider's redirect must come back to the replica that started it).
+	Pending Pending
+	// MaxPending bounds one person's started connects (default 8; the
+	// oldest beyond it are dropped).
+	MaxPending int
+	// Lease serialises refreshes across replicas sharing Store (nil:
+	// within this process only).
+	Lease Lease
+	// LeaseTTL bounds a refresh lease (default 45s: longer than a
+	// refresh's own 30s deadline, so a lease ends only after its refresh
+	// has given up).
+	LeaseTTL time.Duration
+	// Replica names this process in refresh leases (a random suffix is
+	// added).
+	Replica string
+	Now     func() time.Time
+	Log     *slog.Logger
 }
 
 // Manager hands out access tokens and runs the connect flow.
@@ -170,22 +197,14 @@ type Manager struct {
 	clients map[string]*Client
 	flight  singleflight.Group
 
-	mu      sync.Mutex
-	cache   map[string]cached // by key(connector, user)
-	pending map[string]pending
+	mu    sync.Mutex
+	cache map[string]cached // by key(connector, user)
 }
 
 type cached struct {
 	access string
 	expiry time.Time
 	scopes []string
-}
-
-type pending struct {
-	connector, user string
-	bind            [32]byte // sha256 of the browser session it was started in
-	verifier        string
-	expires         time.Time
 }
 
 // New builds a Manager.
@@ -202,14 +221,26 @@ func New(opt Options) (*Manager, error) {
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Manager{opt: opt, clients: map[string]*Client{}, cache: map[string]cached{}, pending: map[string]pending{}}
+	if opt.Pending == nil {
+		opt.Pending = &memPending{m: map[string]PendingConnect{}}
+	}
+	if opt.MaxPending <= 0 {
+		opt.MaxPending = 8
+	}
+	if opt.LeaseTTL <= 0 {
+		opt.LeaseTTL = 45 * time.Second
+	}
+	// Unique per process even when two share a replica name: a lease
+	// held by one must not pass for the other's.
+	opt.Replica += "/" + random()[:16]
+	m := &Manager{opt: opt, clients: map[string]*Client{}, cache: map[string]cached{}}
 	for i := range opt.Clients {
 		c := &opt.Clients[i]
-		if c.TokenURL == "" {
+		if c.TokenURL == "" && c.Discovery == nil {
 			return nil, fmt.Errorf("oauth: %s: no token URL", c.Connector)
 		}
 		if c.Flow == AuthorizationCode {
-			if c.AuthURL == "" {
+			if c.AuthURL == "" && c.Discovery == nil {
 				return nil, fmt.Errorf("oauth: %s: no authorization URL", c.Connector)
 			}
 			if opt.Store == nil || opt.RedirectURL == "" {
@@ -261,7 +292,7 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 	}
 	k := key(connector, user)
 	if t, ok := m.fresh(k); ok {
-		return m.token(connector, user, t), nil
+		return m.token(c, user, t)
 	}
 	// One fetch per connection, however many calls wait for it. The fetch
 	// runs on its own deadline: one caller giving up must not fail the
@@ -272,8 +303,11 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		c, err := m.resolve(fctx, c) // MCP authorization: the discovered endpoints
+		if err != nil {
+			return nil, err
+		}
 		var t cached
-		var err error
 		if c.Flow == ClientCredentials {
 			t, err = m.clientToken(fctx, c)
 		} else {
@@ -290,15 +324,20 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 	if err != nil {
 		return Token{}, err
 	}
-	return m.token(connector, user, v.(cached)), nil
+	return m.token(c, user, v.(cached))
 }
 
-func (m *Manager) token(connector, user string, t cached) Token {
-	name := connector
+func (m *Manager) token(c *Client, user string, t cached) (Token, error) {
+	if c.Resource != "" {
+		if err := CheckAudience(c.Connector, t.access, c.Resource); err != nil {
+			return Token{}, err // RFC 8707: never sent to a server it was not minted for
+		}
+	}
+	name := c.Connector
 	if user != "" {
 		name += "/" + user
 	}
-	return Token{Value: []byte(t.access), Connection: name, Scopes: t.scopes, Expiry: t.expiry}
+	return Token{Value: []byte(t.access), Connection: name, Scopes: t.scopes, Expiry: t.expiry}, nil
 }
 
 func (m *Manager) fresh(k string) (cached, bool) {
@@ -373,6 +412,19 @@ func (m *Manager) personToken(ctx context.Context, c *Client, user string) (cach
 	case conn.Refresh == "":
 		return cached{}, m.needsReconnect(ctx, conn, "the access token expired and there is no refresh token")
 	}
+	if m.opt.Lease != nil {
+		// One refresh across replicas: the lease's holder refreshes, the
+		// others wait and then read what it stored.
+		again, t, release, err := m.lease(ctx, c, user)
+		if err != nil || t != nil {
+			return *t, err
+		}
+		defer release()
+		if again.Refresh == "" {
+			return cached{}, m.needsReconnect(ctx, again, "the access token expired and there is no refresh token")
+		}
+		conn = again
+	}
 	cfg, err := c.config(ctx, m.opt.RedirectURL)
 	if err != nil {
 		return cached{}, err
@@ -441,8 +493,8 @@ func grantedScopes(tok *oauth2.Token, asked []string) []string {
 	return slices.Clone(asked)
 }
 
-// Begin starts connecting user to connector from the browser session
-// whose secret is bind, and returns the provider's authorization URL:
+// Begin starts connecting user to connector from the browser whose secret
+// is bind, and returns the provider's authorization URL:
 // with a fresh state (one use, bound to the person and that session) and a
 // PKCE S256 challenge whose verifier never leaves the gateway.
 func (m *Manager) Begin(ctx context.Context, connector, user, bind string) (string, error) {
@@ -453,51 +505,75 @@ func (m *Manager) Begin(ctx context.Context, connector, user, bind string) (stri
 	if user == "" || bind == "" {
 		return "", fmt.Errorf("bug(): oauth: Begin without a person or a session")
 	}
+	c, err := m.resolve(ctx, c)
+	if err != nil {
+		return "", err
+	}
 	cfg := &oauth2.Config{ClientID: c.ClientID, Scopes: c.Scopes, RedirectURL: m.opt.RedirectURL,
 		Endpoint: oauth2.Endpoint{AuthURL: c.AuthURL, TokenURL: c.TokenURL}}
 	state := random()
 	verifier := oauth2.GenerateVerifier()
 	now := m.opt.Now()
-	m.mu.Lock()
-	for s, p := range m.pending { // drop the expired, so the map stays small
-		if now.After(p.expires) {
-			delete(m.pending, s)
-		}
+	p := PendingConnect{ID: stateID(state), Connector: connector, User: user, Bind: bindHash(bind),
+		Verifier: sealVerifier(state, verifier), Created: now, Expires: now.Add(m.opt.StateTTL)}
+	if err := m.opt.Pending.Put(ctx, p, m.opt.MaxPending); err != nil {
+		return "", fmt.Errorf("oauth: %s: keep the started connect: %w", connector, err)
 	}
-	m.pending[state] = pending{connector: connector, user: user, bind: sha256.Sum256([]byte(bind)), verifier: verifier, expires: now.Add(m.opt.StateTTL)}
-	m.mu.Unlock()
 	return cfg.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), nil
 }
 
-// Complete finishes a connect: state must be one Begin issued to this
-// person in this browser session, unused and unexpired (it is spent
-// whatever happens next); the code is exchanged with the PKCE verifier and
-// the tokens stored. It returns the connection (without its tokens).
-func (m *Manager) Complete(ctx context.Context, user, bind, state, code string) (Connection, error) {
+// Complete finishes a connect for the person who started it: state must
+// be one Begin issued with this bind (the browser that started it),
+// unused and unexpired (it is spent whatever happens next); the code is
+// exchanged with the PKCE verifier and the tokens stored. It returns the
+// connection (without its tokens). Started connects are kept in Pending,
+// so with a shared one any replica completes what another began.
+func (m *Manager) Complete(ctx context.Context, bind, state, code string) (Connection, error) {
 	now := m.opt.Now()
-	m.mu.Lock()
-	p, ok := m.pending[state]
-	delete(m.pending, state) // one use, even when refused below
-	m.mu.Unlock()
-	b := sha256.Sum256([]byte(bind))
-	if !ok || now.After(p.expires) || p.user != user || subtle.ConstantTimeCompare(p.bind[:], b[:]) != 1 {
+	if state == "" {
 		return Connection{}, ErrBadState
 	}
-	c := m.clients[p.connector]
+	// One use, even when refused below: Take deletes it.
+	p, err := m.opt.Pending.Take(ctx, stateID(state))
+	if errors.Is(err, ErrBadState) {
+		return Connection{}, ErrBadState
+	}
+	if err != nil {
+		return Connection{}, fmt.Errorf("oauth: read the started connect: %w", err)
+	}
+	b := bindHash(bind)
+	c, known := m.clients[p.Connector]
+	user := p.User
+	if bind == "" || !now.Before(p.Expires) || user == "" || subtle.ConstantTimeCompare([]byte(p.Bind), []byte(b)) != 1 || !known || c.Flow != AuthorizationCode {
+		return Connection{}, ErrBadState
+	}
+	verifier, err := openVerifier(state, p)
+	if err != nil {
+		return Connection{}, ErrBadState
+	}
+	c, err = m.resolve(ctx, c)
+	if err != nil {
+		return Connection{Connector: p.Connector, User: user}, err
+	}
 	cfg, err := c.config(ctx, m.opt.RedirectURL)
 	if err != nil {
 		return Connection{}, err
 	}
-	tok, err := cfg.Exchange(c.ctx(ctx), code, oauth2.VerifierOption(p.verifier))
+	tok, err := cfg.Exchange(c.ctx(ctx), code, oauth2.VerifierOption(verifier))
 	if err != nil {
-		return Connection{Connector: p.connector, User: user}, fmt.Errorf("%w (%s: %s)", ErrExchange, p.connector, providerError(err))
+		return Connection{Connector: p.Connector, User: user}, fmt.Errorf("%w (%s: %s)", ErrExchange, p.Connector, providerError(err))
 	}
-	conn := Connection{Connector: p.connector, User: user, Status: Connected, Scopes: grantedScopes(tok, c.Scopes),
+	if c.Resource != "" {
+		if err := CheckAudience(c.Connector, tok.AccessToken, c.Resource); err != nil {
+			return Connection{Connector: p.Connector, User: user}, err // not stored: it could never be sent
+		}
+	}
+	conn := Connection{Connector: p.Connector, User: user, Status: Connected, Scopes: grantedScopes(tok, c.Scopes),
 		ConnectedAt: now.UTC(), Access: tok.AccessToken, Refresh: tok.RefreshToken, Expiry: tok.Expiry}
 	if err := m.opt.Store.Save(ctx, conn); err != nil {
-		return Connection{}, fmt.Errorf("oauth: %s: store tokens for user %q: %w", p.connector, user, err)
+		return Connection{}, fmt.Errorf("oauth: %s: store tokens for user %q: %w", p.Connector, user, err)
 	}
-	m.forget(p.connector, user)
+	m.forget(p.Connector, user)
 	return conn.public(), nil
 }
 
@@ -536,6 +612,9 @@ func (m *Manager) Disconnect(ctx context.Context, connector, user string) (revok
 		return false, fmt.Errorf("oauth: %s: load connection: %w", connector, err)
 	}
 	var rerr error
+	if rc, err := m.resolve(ctx, c); err == nil {
+		c = rc
+	} // else: the provider cannot be found now; the tokens are still deleted here
 	if c.RevocationURL != "" {
 		// The refresh token first: revoking it ends the grant (RFC 7009
 		// 2.1); the access token too, for providers that keep it alive.

@@ -64,7 +64,7 @@ func (f *fixture) connect(t *testing.T) oauth.Connection {
 		t.Fatal(err)
 	}
 	q := back.Query()
-	c, err := f.m.Complete(context.Background(), "alice", "sess-a", q.Get("state"), q.Get("code"))
+	c, err := f.m.Complete(context.Background(), "sess-a", q.Get("state"), q.Get("code"))
 	if err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
@@ -96,22 +96,24 @@ func TestAuthorizationCodePKCEAndState(t *testing.T) {
 		t.Fatalf("provider redirected back without a code: %s", back)
 	}
 
-	// A forged state, another person, another browser session: refused
-	// for the state, before the code is exchanged (RFC 6749 10.12).
-	for name, c := range map[string]struct{ user, bind, state string }{
-		"forged state":          {"alice", "sess-a", "forged-" + state},
-		"other person":          {"bob", "sess-a", state},
-		"other browser session": {"alice", "sess-b", state},
+	// A forged state, another browser (another bind, or none): refused
+	// for the state, before the code is exchanged (RFC 6749 10.12). The
+	// forged ones first: they do not spend the real state.
+	for _, c := range []struct{ name, bind, state string }{
+		{"forged state", "sess-a", "forged-" + state},
+		{"empty state", "sess-a", ""},
+		{"other browser", "sess-b", state},
+		{"no browser binding", "", state},
 	} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := f.m.Complete(ctx, c.user, c.bind, c.state, code); !errors.Is(err, oauth.ErrBadState) {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := f.m.Complete(ctx, c.bind, c.state, code); !errors.Is(err, oauth.ErrBadState) {
 				t.Fatalf("err = %v, want ErrBadState", err)
 			}
 		})
 	}
-	// The state was spent by the refusal of "other person" above: the
+	// The state was spent by the refusal of "other browser" above: the
 	// legitimate callback now fails too, and a fresh flow is needed.
-	if _, err := f.m.Complete(ctx, "alice", "sess-a", state, code); !errors.Is(err, oauth.ErrBadState) {
+	if _, err := f.m.Complete(ctx, "sess-a", state, code); !errors.Is(err, oauth.ErrBadState) {
 		t.Fatalf("spent state: err = %v, want ErrBadState", err)
 	}
 	if n := f.as.Grants("authorization_code"); n != 0 {
@@ -145,7 +147,7 @@ func TestReplayedCodeRefusedByProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	code := back.Query().Get("code")
-	if _, err := f.m.Complete(ctx, "alice", "sess-a", back.Query().Get("state"), code); err != nil {
+	if _, err := f.m.Complete(ctx, "sess-a", back.Query().Get("state"), code); err != nil {
 		t.Fatal(err)
 	}
 	// The same code under a new, valid state (an attacker who saw the
@@ -154,7 +156,7 @@ func TestReplayedCodeRefusedByProvider(t *testing.T) {
 	u2, _ := f.m.Begin(ctx, "docs", "alice", "sess-a")
 	state2 := mustQuery(t, u2, "state")
 	before := f.as.Grants("authorization_code")
-	if _, err := f.m.Complete(ctx, "alice", "sess-a", state2, code); !errors.Is(err, oauth.ErrExchange) {
+	if _, err := f.m.Complete(ctx, "sess-a", state2, code); !errors.Is(err, oauth.ErrExchange) {
 		t.Fatalf("replayed code: err = %v, want ErrExchange", err)
 	}
 	if f.as.Grants("authorization_code") != before+1 {

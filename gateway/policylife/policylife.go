@@ -8,10 +8,11 @@ package policylife
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,10 @@ type Life struct {
 	bundleLoads *prometheus.CounterVec
 	decisions   *decisionlog.Exporter // nil without decision_logs
 	receipts    *receipts.Signer      // nil with receipts.disabled
+	// labels are the decision-log labels; byEntrance the same with each
+	// entrance's (decisionexport.go).
+	labels     map[string]string
+	byEntrance sync.Map
 }
 
 // DecisionLogPath is the decision logs' path, as OPA names the query.
@@ -88,7 +93,8 @@ func (l *Life) init(reg prometheus.Registerer) error {
 		"The policy revision in force (the bundle's manifest revision, or a digest of the Rego and data files); always 1.", []string{"revision"}, nil)
 	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, engine: l.engine}}
 	if dl := l.cfg.DecisionLogs; dl != nil {
-		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: decisionLabels(dl.Labels),
+		l.labels = decisionLabels(dl.Labels)
+		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: l.labels,
 			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: l.log})
 		if err != nil {
 			return fmt.Errorf("decision_logs: %w", err)
@@ -150,12 +156,11 @@ func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Hooks sets the engine's hooks for the life cycle.
+// Hooks sets the engine's hooks for the life cycle. The decision log is
+// fed from the audit records of decisions (the root's
+// decisionexport.go), not from the engine.
 func (l *Life) Hooks(pc *policy.Config) {
 	pc.OnBundle = l.bundleLoaded
-	if l.decisions != nil {
-		pc.OnDecision = l.logDecision
-	}
 }
 
 // Run runs the decision-log export until ctx ends.
@@ -176,32 +181,23 @@ func (l *Life) bundleLoaded(ok bool, _ error) {
 	l.bundleLoads.WithLabelValues(r).Inc()
 }
 
-type requestIDKey struct{}
+// Exporter is the decision-log exporter (nil without decision_logs).
+func (l *Life) Exporter() *decisionlog.Exporter { return l.decisions }
 
-// WithRequestID carries a call's request ID to the decision log, so that
-// an event names the audit record of the same call.
-func WithRequestID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, requestIDKey{}, id)
-}
+// EntranceLabel is the decision-log label naming the entrance a decision
+// came through (the root's decisionexport.go).
+const EntranceLabel = "entrance"
 
-// logDecision queues one decision for export. It never blocks: the input
-// is encoded here (what was decided, exactly) and the rest is the
-// exporter's, off the call path.
-func (l *Life) logDecision(ctx context.Context, in *policy.Input, d policy.Decision) {
-	b, err := json.Marshal(in)
-	if err != nil {
-		l.log.Error("decisionlog: input not encodable; event skipped", "tool", in.Tool, "error", err)
-		return
+// EntranceLabels are the export's labels with the entrance's; built
+// once per entrance (a handful), shared read-only by the events.
+func (l *Life) EntranceLabels(entrance string) map[string]string {
+	if m, ok := l.byEntrance.Load(entrance); ok {
+		return m.(map[string]string)
 	}
-	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Input: b, Result: d,
-		Revision: d.Revision, Timestamp: time.Now().UTC()}
-	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
-		ev.RequestID = id
-	}
-	if l.cfg.Policy.Bundle != nil {
-		ev.Bundles = map[string]decisionlog.Bundle{"sluice": {Revision: d.Revision}}
-	}
-	l.decisions.Log(ev)
+	m := maps.Clone(l.labels)
+	m[EntranceLabel] = entrance // from the code's kinds and transports: a fixed set
+	l.byEntrance.Store(entrance, m)
+	return m
 }
 
 // Execution is what a receipt says of an approved hold's execution.

@@ -10,13 +10,14 @@ import (
 )
 
 // Connections is what the Connections page needs: the gateway's OAuth
-// client (package gateway/oauth), adapted. Begin and Complete bind a
-// connect to the person and to the browser session it started in (bind,
-// which never leaves the server).
+// client (package gateway/oauth), adapted. Begin binds a connect to the
+// person and to the browser it started in (bind: the value of a cookie
+// only that browser holds); Complete finishes it for that person, given
+// the same bind, and returns the connection with its User.
 type Connections interface {
 	List(ctx context.Context, user string) ([]Connection, error)
 	Begin(ctx context.Context, connector, user, bind string) (authURL string, err error)
-	Complete(ctx context.Context, user, bind, state, code string) (Connection, error)
+	Complete(ctx context.Context, bind, state, code string) (Connection, error)
 	Disconnect(ctx context.Context, connector, user string) (revoked bool, err error)
 	// Connected runs once a connect is stored and audited (the gateway
 	// releases the calls held for it).
@@ -26,14 +27,22 @@ type Connections interface {
 // Connection is one connector as a person sees it on the page.
 type Connection struct {
 	Connector   string
+	User        string // set by Complete
 	Status      string // not_connected, connected, needs_reconnect
 	Scopes      []string
 	ConnectedAt time.Time
+	// Problem is why it cannot be connected now (a remote MCP server's
+	// authorization could not be discovered), shown beside it; "".
+	Problem string
 }
 
 // ErrConnectState is what Complete wraps for a callback whose state is
 // not this session's (forged, replayed, expired).
 var ErrConnectState = errors.New("review: connect state refused")
+
+// ErrConnectUnavailable is what Begin wraps when the connector cannot be
+// connected now; the rest of the error's text says why and is shown.
+var ErrConnectUnavailable = errors.New("cannot be connected now")
 
 type connectionsPage struct {
 	List []Connection
@@ -42,7 +51,7 @@ type connectionsPage struct {
 // me is the person's name as sandbox identities carry it (ident's
 // canonical form): the user a connection is stored for.
 func me(s *session) (string, bool) {
-	n, err := ident.Canonical(s.person.Name)
+	n, err := ident.Person(s.person.Name)
 	return n, err == nil && n != ""
 }
 
@@ -88,28 +97,61 @@ func (u *UI) handleConnect(w http.ResponseWriter, r *http.Request, s *session) {
 		u.fail(w, r, s, http.StatusServiceUnavailable, "The audit log cannot be written; the connect was not started.")
 		return
 	}
-	to, err := u.opt.Connections.Begin(r.Context(), connector, user, s.id)
+	// The browser's proof at the callback: a fresh value in a cookie of
+	// its own, SameSite=Lax because the callback is a cross-site
+	// navigation from the provider (the Strict session cookie is not sent
+	// on it), and scoped to the callback's path.
+	bind := randomToken()
+	to, err := u.opt.Connections.Begin(r.Context(), connector, user, bind)
+	if errors.Is(err, ErrConnectUnavailable) {
+		u.fail(w, r, s, http.StatusServiceUnavailable, clip(err.Error(), 600))
+		return
+	}
 	if err != nil {
 		u.fail(w, r, s, http.StatusNotFound, "No connector by that name acts with a person's own account.")
 		return
 	}
+	ck := u.cookie(r, connectCookie, bind, http.SameSiteLaxMode, int(connectCookieTTL/time.Second))
+	ck.Path = "/connections/callback"
+	http.SetCookie(w, ck)
 	http.Redirect(w, r, to, http.StatusSeeOther)
 }
 
-// handleConnectCallback is where the provider sends the person back.
-func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request, s *session) {
-	user, ok := me(s)
-	if !ok {
-		u.fail(w, r, s, http.StatusForbidden, "Your account name cannot own connections.")
-		return
+// connectCookie carries a started connect's bind to the callback.
+const (
+	connectCookie    = "sluice_connect"
+	connectCookieTTL = 10 * time.Minute
+)
+
+// handleConnectCallback is where the provider sends the person back. It
+// needs no review UI session (the provider's redirect may reach a replica
+// the person is not signed in to, and a cross-site navigation does not
+// carry the Strict session cookie): the state names the started connect
+// and its person, and the connect cookie proves the browser is the one
+// that started it.
+func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request) {
+	var s *session
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		s = u.sess.get(c.Value, u.opt.Now())
+	}
+	user := ""
+	if s != nil {
+		user, _ = me(s)
+	}
+	bind := ""
+	if c, err := r.Cookie(connectCookie); err == nil {
+		bind = c.Value
 	}
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
 		u.auditOrLog(r.Context(), "connection_refused", map[string]any{"user": user, "reason": "provider: " + clip(e, 64)})
-		u.renderConnections(w, r, s, http.StatusOK, "The provider did not grant access ("+clip(e, 64)+").")
+		u.fail(w, r, s, http.StatusOK, "The provider did not grant access ("+clip(e, 64)+").")
 		return
 	}
-	c, err := u.opt.Connections.Complete(r.Context(), user, s.id, q.Get("state"), q.Get("code"))
+	c, err := u.opt.Connections.Complete(r.Context(), bind, q.Get("state"), q.Get("code"))
+	if c.User != "" {
+		user = c.User
+	}
 	if err != nil {
 		reason := "exchange"
 		if errors.Is(err, ErrConnectState) {
@@ -124,6 +166,9 @@ func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request, s *se
 		u.fail(w, r, s, http.StatusBadRequest, msg)
 		return
 	}
+	clearCk := u.cookie(r, connectCookie, "", http.SameSiteLaxMode, -1)
+	clearCk.Path = "/connections/callback"
+	http.SetCookie(w, clearCk)
 	if err := u.opt.Audit(r.Context(), "connection_connected", map[string]any{"user": user, "connector": c.Connector, "scopes": c.Scopes}); err != nil {
 		// A connection the audit log does not show must not stand (as an
 		// unaudited grant does not): revoke and delete it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -13,22 +14,29 @@ import (
 type conns struct {
 	mu                                  sync.Mutex
 	begun, completed, disconnected, ran []string
+	bind                                string // Begin's
 }
 
 func (c *conns) note(l *[]string, s string) { c.mu.Lock(); *l = append(*l, s); c.mu.Unlock() }
 func (c *conns) List(context.Context, string) ([]Connection, error) {
 	return []Connection{{Connector: "docs", Status: "not_connected"}}, nil
 }
-func (c *conns) Begin(_ context.Context, connector, user, _ string) (string, error) {
+func (c *conns) Begin(_ context.Context, connector, user, bind string) (string, error) {
 	c.note(&c.begun, connector+"/"+user)
+	c.mu.Lock()
+	c.bind = bind
+	c.mu.Unlock()
 	return "https://idp.example/auth?state=s", nil
 }
-func (c *conns) Complete(_ context.Context, user, _, state, _ string) (Connection, error) {
-	if state != "good" {
+func (c *conns) Complete(_ context.Context, bind, state, _ string) (Connection, error) {
+	c.mu.Lock()
+	ok := bind != "" && bind == c.bind
+	c.mu.Unlock()
+	if state != "good" || !ok {
 		return Connection{Connector: "docs"}, ErrConnectState
 	}
-	c.note(&c.completed, "docs/"+user)
-	return Connection{Connector: "docs", Status: "connected", Scopes: []string{"read"}}, nil
+	c.note(&c.completed, "docs/alice")
+	return Connection{Connector: "docs", User: "alice", Status: "connected", Scopes: []string{"read"}}, nil
 }
 func (c *conns) Disconnect(_ context.Context, connector, user string) (bool, error) {
 	c.note(&c.disconnected, connector+"/"+user)
@@ -56,6 +64,7 @@ func TestConnectionsAuditFailsClosed(t *testing.T) {
 			csrf := b.login("alice", "alice-pw")
 			path := "/connections/docs/connect?csrf=" + csrf
 			if failing == "connection_connected" {
+				b.get(path)
 				path = "/connections/callback?state=good&code=x"
 			}
 			r, body := b.get(path)
@@ -97,4 +106,52 @@ func TestConnectNeedsCSRFAndStateRefusal(t *testing.T) {
 	if len(c.begun) != 1 || len(c.completed) != 0 {
 		t.Fatalf("begun %v completed %v", c.begun, c.completed)
 	}
+}
+
+// TestConnectCallbackNeedsTheBrowserNotTheSession: the provider's redirect
+// may reach a replica the person is not signed in to, and a cross-site
+// navigation does not carry the Strict session cookie; so the callback
+// needs no session, only the connect cookie set by Connect in that
+// browser (SameSite=Lax, HttpOnly, the callback's path). Another browser
+// with the same state and code (a leaked callback URL) is refused.
+func TestConnectCallbackNeedsTheBrowserNotTheSession(t *testing.T) {
+	c := &conns{}
+	e := newEnv(t, func(o *Options) { o.Connections = c })
+	b := e.browser()
+	csrf := b.login("alice", "alice-pw")
+	r, _ := b.get("/connections/docs/connect?csrf=" + csrf)
+	var ck *http.Cookie
+	for _, k := range r.Cookies() {
+		if k.Name == "sluice_connect" {
+			ck = k
+		}
+	}
+	if ck == nil || !ck.HttpOnly || ck.SameSite != http.SameSiteLaxMode || ck.Path != "/connections/callback" || ck.MaxAge != 600 || ck.Value == "" {
+		t.Fatalf("connect cookie = %+v", ck)
+	}
+	other := e.browser()
+	other.login("bob", "bob-pw")
+	if r, body := other.get("/connections/callback?state=good&code=x"); r.StatusCode != http.StatusBadRequest || !strings.Contains(body, "not valid for your session") {
+		t.Fatalf("another browser's callback: %d", r.StatusCode)
+	}
+	// The starting browser, signed out (another replica): connected.
+	b.c.Jar.SetCookies(mustURL(t, e.srv.URL), []*http.Cookie{{Name: "sluice_session", Value: "", MaxAge: -1, Path: "/"}})
+	r, _ = b.get("/connections/callback?state=good&code=x")
+	if r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != "/connections?connected=docs" {
+		t.Fatalf("callback without a session: %d %s", r.StatusCode, r.Header.Get("Location"))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.completed) != 1 || len(c.ran) != 1 || c.ran[0] != "docs/alice" {
+		t.Fatalf("completed %v, held calls released for %v", c.completed, c.ran)
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ident"
 )
 
 // oidcFlow is the authorization-code flow with state, nonce and PKCE.
@@ -185,6 +186,12 @@ func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
 	name, _ := claims[u.oidc.cfg.UsernameClaim].(string)
 	if name == "" || len(name) > 256 {
 		refuse("no_username_claim", nil)
+		return
+	}
+	if _, err := ident.Person(name); err != nil {
+		// "connection:SLUG" would match the approver of calls held until
+		// SLUG is connected; "group:G" a group approver's form.
+		refuse("not_a_person_name", err)
 		return
 	}
 	var groups []string

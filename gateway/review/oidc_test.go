@@ -149,6 +149,12 @@ func TestOIDCFlow(t *testing.T) {
 		}, want: 403, wantWhy: "code_exchange"},
 		{name: "callback replayed", replay: true, want: 403, wantWhy: "no_flow"},
 		{name: "no username claim", setup: func(p *provider) { p.user = "" }, want: 403, wantWhy: "no_username_claim"},
+		// A person named as the approver of calls held until docs is
+		// connected would approve them: not a person's name, however
+		// spelled.
+		{name: "username of a connection marker", setup: func(p *provider) { p.user = "connection:docs" }, want: 403, wantWhy: "not_a_person_name"},
+		{name: "username of a connection marker, other case", setup: func(p *provider) { p.user = "Connection:Docs" }, want: 403, wantWhy: "not_a_person_name"},
+		{name: "username of a group marker", setup: func(p *provider) { p.user = "group:finance" }, want: 403, wantWhy: "not_a_person_name"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -195,6 +201,14 @@ func TestOIDCFlow(t *testing.T) {
 			}
 			if c.wantWhy != "" && !strings.Contains(body, "("+c.wantWhy+")") {
 				t.Fatalf("refusal lacks reason %q: %.400s", c.wantWhy, body)
+			}
+			if c.wantWhy != "" {
+				e.mu.Lock()
+				audited := strings.Contains(strings.Join(e.audits, "\n"), "ui.login_failed")
+				e.mu.Unlock()
+				if !audited {
+					t.Fatalf("refusal %s not audited: %v", c.wantWhy, e.audits)
+				}
 			}
 			if c.wantUser == "" {
 				if r, _ := b.get("/"); r.StatusCode != http.StatusSeeOther && !c.replay {

@@ -89,6 +89,8 @@ type Options struct {
 	// Connections, when set, serves the Connections page (connections.go):
 	// a person connects the connectors that act with their own account.
 	Connections Connections
+	// Grants, when set, serves the Grants page (grants.go).
+	Grants Grants
 }
 
 // UI is the review web UI; mount it at "/" on the admin listener.
@@ -195,7 +197,7 @@ func New(opt Options) (*UI, error) {
 		"argsum":        func(doc []byte) string { return argSummary(doc) },
 		"pathesc":       url.PathEscape,
 	}
-	for _, name := range []string{"login", "queue", "hold", "history", "audit", "timeline", "error", "redirect", "queuefrag", "connections"} {
+	for _, name := range []string{"login", "queue", "hold", "history", "audit", "timeline", "error", "redirect", "queuefrag", "connections", "grants"} {
 		t, err := template.New("base.html").Funcs(funcs).ParseFS(templateFS, "templates/base.html", "templates/queuelist.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("review: template %s: %w", name, err)
@@ -224,9 +226,13 @@ func New(opt Options) (*UI, error) {
 	m.HandleFunc("GET /history", u.authed(u.handleHistory))
 	m.HandleFunc("GET /audit", u.authed(u.handleAudit))
 	m.HandleFunc("GET /sessions/{session}", u.authed(u.handleTimeline))
+	if opt.Grants != nil {
+		m.HandleFunc("GET /grants", u.authed(u.handleGrants))
+		m.HandleFunc("POST /grants/{id}/revoke", u.authed(u.handleRevokeGrant))
+	}
 	if opt.Connections != nil {
 		m.HandleFunc("GET /connections", u.authed(u.handleConnections))
-		m.HandleFunc("GET /connections/callback", u.authed(u.handleConnectCallback))
+		m.HandleFunc("GET /connections/callback", u.handleConnectCallback) // no session needed (connections.go)
 		m.HandleFunc("GET /connections/{connector}/connect", u.authed(u.handleConnect))
 		m.HandleFunc("POST /connections/{connector}/disconnect", u.authed(u.handleDisconnect))
 	}
@@ -304,6 +310,7 @@ type page struct {
 	CSRF    string
 	Nav     string
 	Conns   bool // the Connections page exists
+	Grants  bool // the Grants page exists
 	OIDC    bool
 	Message string
 	Data    any
@@ -331,7 +338,7 @@ func (u *UI) fail(w http.ResponseWriter, r *http.Request, s *session, status int
 }
 
 func (u *UI) page(s *session, title, nav string, data any) page {
-	return page{Title: title, Me: &s.person, CSRF: s.csrf, Nav: nav, Data: data, Conns: u.opt.Connections != nil}
+	return page{Title: title, Me: &s.person, CSRF: s.csrf, Nav: nav, Data: data, Conns: u.opt.Connections != nil, Grants: u.opt.Grants != nil}
 }
 
 // --- sign-in ---

@@ -22,7 +22,7 @@ func (s *Store) auditLogKey() string {
 		return s.replica
 	}
 	host, _ := os.Hostname()
-	return host + ":" + s.auditLog
+	return LegacyAuditLogKey(host, s.auditLog)
 }
 
 // AuditHead returns the audit log head recorded by SetAuditHead; ok is
@@ -82,4 +82,36 @@ func (s *Store) AuditHeads(ctx context.Context) ([]AuditHeadRow, error) {
 		return nil, fmt.Errorf("store: audit heads: %w", err)
 	}
 	return out, nil
+}
+
+// LegacyAuditLogKey is the audit_heads key a gateway on a shared store
+// used before replica ids (migration 8 to the replica_id default): its
+// host name and audit log path. Replica ids never hold ':'.
+func LegacyAuditLogKey(host, auditLog string) string { return host + ":" + auditLog }
+
+// RekeyLegacyAuditHead moves this gateway's head recorded under the
+// legacy key (this host's name and Options.AuditLog) to its replica id,
+// when no head is recorded under the id yet: so the first start after an
+// upgrade checks its file against the head its previous version recorded
+// (THREATS G9), and `sluice audit verify --heads` finds the file of every
+// head. It returns the key it moved from ("" when nothing moved). SQLite,
+// or no replica id: nothing to do.
+func (s *Store) RekeyLegacyAuditHead(ctx context.Context) (string, error) {
+	if s.b.Kind() == SQLite || s.replica == "" || s.auditLog == "" {
+		return "", nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("store: re-key audit head: %w", err)
+	}
+	from := LegacyAuditLogKey(host, s.auditLog)
+	n, err := s.db.exec(ctx, `UPDATE audit_heads SET log = ? WHERE log = ? AND NOT EXISTS (SELECT 1 FROM audit_heads WHERE log = ?)`,
+		s.replica, from, s.replica)
+	if err != nil {
+		return "", fmt.Errorf("store: re-key audit head %s: %w", from, err)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	return from, nil
 }

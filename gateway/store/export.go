@@ -22,8 +22,10 @@ import (
 //
 // and every other line one row: {"table":"holds","row":{"id":…,…}}, with
 // times as Unix nanoseconds and BLOB columns as base64. The tables are
-// holds, grants, ended_sessions and usage; rate-limit buckets and audit
-// heads belong to one database's gateways and are not moved.
+// holds, grants, ended_sessions, usage and oauth_connections (without
+// refresh leases; the tokens stay in the secret store); rate-limit
+// buckets, audit heads and started OAuth connects belong to one
+// database's gateways and are not moved.
 
 // ExportVersion is the format version Export writes and Import reads.
 const ExportVersion = 1
@@ -121,6 +123,16 @@ var exportTables = []exportTable{
 				return errors.New("row.count: negative")
 			}
 			return nonEmpty("hour")(r)
+		}},
+	{name: "oauth_connections", key: []string{"connector", "user"}, cols: []exportCol{
+		c("connector", colText), c(`"user"`, colText), c("status", colText), c("scopes", colText),
+		c("connected_at", colInt), c("updated", colInt)},
+		check: func(r map[string]any) error {
+			if err := nonEmpty("connector", "user")(r); err != nil {
+				return err
+			}
+			return checkOAuthConnection(OAuthConnection{Connector: r["connector"].(string), User: r["user"].(string),
+				Status: r["status"].(string), Scopes: strings.Fields(r["scopes"].(string))})
 		}},
 }
 

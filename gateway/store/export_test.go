@@ -50,6 +50,17 @@ func fillForExport(t *testing.T, s *Store, now time.Time) {
 			t.Fatal(err)
 		}
 	}
+	// An OAuth connection's row, with a refresh lease (not moved), and a
+	// started connect (not moved: it belongs to one database's gateways).
+	if _, err := s.PutOAuthConnection(ctx, OAuthConnection{Connector: "docs", User: "u", Status: "connected", Scopes: []string{"openid", "offline_access"}, ConnectedAt: now, Updated: now}, false); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.LeaseOAuthRefresh(ctx, "docs", "u", "r0", now, now.Add(time.Minute)); err != nil || !ok {
+		t.Fatalf("lease: %v %v", ok, err)
+	}
+	if err := s.PutOAuthPending(ctx, OAuthPending{ID: "p1", Connector: "docs", User: "u", Bind: "b", Verifier: "v", Created: now, Expires: now.Add(time.Minute)}, 8); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestExportSQLiteImportPostgres moves a SQLite store's state into a real
@@ -70,7 +81,7 @@ func TestExportSQLiteImportPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n["holds"] != 4 || n["grants"] != 1 || n["ended_sessions"] != 1 || n["usage"] != 1 {
+	if n["holds"] != 4 || n["grants"] != 1 || n["ended_sessions"] != 1 || n["usage"] != 1 || n["oauth_connections"] != 1 {
 		t.Fatalf("export counts %v", n)
 	}
 	if first, _, _ := strings.Cut(buf.String(), "\n"); !strings.Contains(first, `"sluice_store_export":1`) || !strings.Contains(first, `"kind":"sqlite"`) {
@@ -121,6 +132,15 @@ func TestExportSQLiteImportPostgres(t *testing.T) {
 	}
 	if us, err := dst.Usage(ctx, 10); err != nil || len(us) != 1 || us[0].Count != 3 {
 		t.Fatalf("usage after the move: %+v, %v", us, err)
+	}
+	if c, err := dst.GetOAuthConnection(ctx, "docs", "u"); err != nil || c.Status != "connected" || strings.Join(c.Scopes, " ") != "openid offline_access" || !c.ConnectedAt.Equal(now) {
+		t.Fatalf("OAuth connection after the move: %+v, %v", c, err)
+	}
+	if ok, err := dst.LeaseOAuthRefresh(ctx, "docs", "u", "r9", now, now.Add(time.Minute)); err != nil || !ok {
+		t.Fatalf("the source's refresh lease moved with the row: %v %v", ok, err)
+	}
+	if n, _ := dst.CountOAuthPending(ctx, "u"); n != 0 {
+		t.Fatalf("%d started connects moved", n)
 	}
 
 	// a non-empty target is refused without merge, and nothing changes

@@ -175,6 +175,9 @@ type Decision struct {
 	// Grant, if set, is stored in the same transaction: it exists if and
 	// only if this decision won.
 	Grant *GrantRow
+	// Lease, when To is "executing", leases the hold to this Store for
+	// that long (lease.go): the winner sends it and renews the lease.
+	Lease time.Duration
 }
 
 // Decide moves a pending, unexpired hold (expires after d.Now) to d.To,
@@ -185,9 +188,14 @@ type Decision struct {
 func (s *Store) Decide(ctx context.Context, d Decision) (bool, error) {
 	won := false
 	err := s.db.inTx(ctx, func(tx *txn) error {
-		n, err := tx.exec(`UPDATE holds SET status = ?, decided_by = ?, decision_reason = ?, decided = ?, version = version + 1
+		owner := ""
+		if d.Lease > 0 {
+			owner = s.leaseOwner
+		}
+		n, err := tx.exec(`UPDATE holds SET status = ?, decided_by = ?, decision_reason = ?, decided = ?, version = version + 1,
+		lease_owner = ?, lease_expires = `+s.clock()+` + ?
 		WHERE id = ? AND status = 'pending' AND expires > ? AND (? < 0 OR version = ?)`,
-			d.To, d.By, d.Reason, d.Now.UnixNano(), d.ID, d.Now.UnixNano(), d.Version, d.Version)
+			d.To, d.By, d.Reason, d.Now.UnixNano(), owner, d.Lease.Nanoseconds(), d.ID, d.Now.UnixNano(), d.Version, d.Version)
 		if err != nil {
 			return err
 		}

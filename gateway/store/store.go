@@ -26,6 +26,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -147,6 +148,11 @@ type Store struct {
 	auditLog   string // Options.AuditLog
 	replica    string // Options.Replica
 	origin     string // this Store in hold notifications (notify.go)
+	leaseOwner string // this Store in holds' leases (lease.go)
+	// replicaStop releases the replica id ClaimReplica took (nil: none);
+	// replicaErr is what ReplicaErr returns.
+	replicaStop func()
+	replicaErr  atomic.Pointer[error]
 }
 
 // Open opens a DSN: "sqlite:/path/to/file.db" (or ":memory:" after
@@ -175,7 +181,8 @@ func OpenWith(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog, replica: o.Replica, origin: newOrigin()}
+	s := &Store{b: b, db: newDB(sdb, b, o.QueryTimeout), now: time.Now, auditLog: o.AuditLog, replica: o.Replica, origin: newOrigin(),
+		leaseOwner: newLeaseOwner(o.Replica)}
 	s.endedCache.shared = b.shared()
 	fail := func(err error) (*Store, error) {
 		sdb.Close()
@@ -407,6 +414,9 @@ func (s *Store) Usage(ctx context.Context, limit int) ([]Usage, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
+	if s.replicaStop != nil {
+		s.replicaStop()
+	}
 	if s.ended != nil {
 		_ = s.ended.Close()
 	}

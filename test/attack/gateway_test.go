@@ -97,7 +97,11 @@ decisions contains {"action": "block", "rule": "team.nothing", "reason": "never 
 }
 `
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { t.Helper(); return newWorldWith(t, nil) }
+
+// newWorldWith is newWorld whose configuration edit changes before the
+// gateway starts (hosted_test.go adds its listener).
+func newWorldWith(t *testing.T, edit func(e *gwenv.Env, d gwenv.Doc)) *world {
 	t.Helper()
 	e := gwenv.New(t, gatewayBin(t))
 	w := &world{e: e, ghSecret: "ghp_" + strings.Repeat("s3cr3t", 6)}
@@ -177,6 +181,9 @@ func newWorld(t *testing.T) *world {
 		"placeholders": []map[string]any{{"secret": "gh-token", "hosts": []string{"api.test"}, "header": "Authorization", "prefix": "Bearer "}},
 	}
 	d["dns"] = map[string]any{"upstreams": []string{gwenv.DNSAddr}, "subdomain_threshold": 5}
+	if edit != nil {
+		edit(e, d)
+	}
 	w.doc, w.cfg = d, e.Write(d)
 	e.SetSecret(w.cfg, "gh-token", w.ghSecret)
 	w.g = e.Start(d, w.cfg)

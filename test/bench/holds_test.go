@@ -47,46 +47,7 @@ func benchHolds(t *testing.T, w *world) []*section {
 		mem.add(&row{Name: "gateway idle", Bytes: idle, Note: "after 100 allowed calls"})
 	}
 
-	// Fill: eight agents' sessions ask at once.
-	t0 := time.Now()
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var fillErr error
-	for k := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			id := benchAgent
-			id.Session = fmt.Sprintf("fill-%d", k)
-			fc := sandboxClient(g.sock, id)
-			for i := range work {
-				var err error
-				for try := 0; try < 3; try++ { // a loaded machine can time out a policy evaluation (fails closed)
-					if _, err = toolCall(fc, "bench.create_item", fmt.Sprintf(`{"body":{"name":"hold-%d","amount":%d,"currency":"EUR"}}`, i, i+1), 202); err == nil {
-						break
-					}
-				}
-				if err != nil {
-					mu.Lock()
-					fillErr = err
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	for i := range pending {
-		mu.Lock()
-		stop := fillErr != nil
-		mu.Unlock()
-		if stop {
-			break
-		}
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	fill := time.Since(t0)
+	fill, fillErr := fillHolds(g, pending)
 	if fillErr != nil {
 		mem.skip(fmt.Sprintf("gateway with %d pending holds", pending), "filling: "+fillErr.Error())
 	} else if full, err := rssBytes(g.pid()); err != nil {
@@ -139,4 +100,49 @@ func benchHolds(t *testing.T, w *world) []*section {
 		lat.Verdicts = append(lat.Verdicts, fmt.Sprintf("issue 4: approve → agent result ≤ 20 ms plus the upstream's time: %s (median %s, p99 %s; the upstream itself answers in tens of µs here)", v, fmtDur(m), fmtDur(pct(r.Lat, 99))))
 	}
 	return []*section{mem, lat}
+}
+
+// fillHolds makes pending held bench.create_item calls through g's
+// socket, eight agents' sessions asking at once, and returns how long
+// that took.
+func fillHolds(g *gw, pending int) (time.Duration, error) {
+	t0 := time.Now()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var fillErr error
+	for k := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := benchAgent
+			id.Session = fmt.Sprintf("fill-%d", k)
+			fc := sandboxClient(g.sock, id)
+			for i := range work {
+				var err error
+				for try := 0; try < 3; try++ { // a loaded machine can time out a policy evaluation (fails closed)
+					if _, err = toolCall(fc, "bench.create_item", fmt.Sprintf(`{"body":{"name":"hold-%d","amount":%d,"currency":"EUR"}}`, i, i+1), 202); err == nil {
+						break
+					}
+				}
+				if err != nil {
+					mu.Lock()
+					fillErr = err
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range pending {
+		mu.Lock()
+		stop := fillErr != nil
+		mu.Unlock()
+		if stop {
+			break
+		}
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return time.Since(t0), fillErr
 }

@@ -25,6 +25,7 @@ func benchStore(t *testing.T, w *world) []*section {
 	args := `{"body":` + itemBody + `}`
 	ps := []*probe{}
 	pgDSN := ""
+	var srv *pgtest.Server
 	add := func(name, note string, o gwOpts) {
 		g, err := w.startGateway(t, o)
 		if err != nil {
@@ -38,8 +39,9 @@ func benchStore(t *testing.T, w *world) []*section {
 	add("sluice, SQLite store", "store: sqlite:… (WAL, one gateway per file)", gwOpts{Name: "store-sqlite", Rego: benchRego, Credential: true})
 	if err := pgtest.Available(); err != nil {
 		ps = append(ps, &probe{name: "sluice, PostgreSQL store", err: err})
-	} else if srv, err := pgtest.Start(pgtest.Options{}); err != nil {
+	} else if srv, err = pgtest.Start(pgtest.Options{}); err != nil {
 		ps = append(ps, &probe{name: "sluice, PostgreSQL store", err: err})
+		srv = nil
 	} else {
 		t.Cleanup(srv.Remove)
 		db, err := srv.NewDatabase(t.Context())
@@ -94,7 +96,7 @@ func benchStore(t *testing.T, w *world) []*section {
 		}
 		wake.Verdicts = append(wake.Verdicts, fmt.Sprintf("issue 20: approve on B → result on A p50 ≤ 20 ms, p99 ≤ 100 ms: %s (p50 %s, p99 %s)", v, fmtDur(p50), fmtDur(p99)))
 	}
-	return []*section{s, wake}
+	return []*section{s, wake, benchPGHolds(t, w, srv)} // pgholds_test.go
 }
 
 // holdThenApprove makes one held bench.create_item call through c,

@@ -145,7 +145,7 @@ func newRig(t *testing.T) *rig {
 	}
 	r.gw = gw
 	ui, err := review.New(review.Options{
-		Holds: gw.Holds(), Users: cfg.Approvers.Users, Log: log,
+		Holds: gw.Holds(), Grants: gw.Holds(), Users: cfg.Approvers.Users, Log: log,
 		AuditFile: cfg.Audit.Path,
 	})
 	if err != nil {

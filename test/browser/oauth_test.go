@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -231,29 +232,63 @@ func (r *oauthRig) connectSlug(p *person, slug string) {
 	)
 }
 
+// storedConnection is alice's connection as stored: its row (through the
+// gateway: the SQLite store is the gateway's alone) and its tokens, read
+// from the local secret store where they are kept.
 func (r *oauthRig) storedConnection() (oauth.Connection, error) {
+	ctx := context.Background()
+	c, err := r.gw.OAuth().Get(ctx, "docs", "alice")
+	if err != nil {
+		return c, err
+	}
+	if c.Status == oauth.NotConnected {
+		return c, oauth.ErrNoConnection
+	}
+	rec, err := r.storedTokens()
+	if errors.Is(err, vault.ErrNotFound) {
+		return c, nil // needs_reconnect keeps no tokens
+	}
+	if err != nil {
+		return c, err
+	}
+	c.Access, _ = rec["access"].(string)
+	c.Refresh, _ = rec["refresh"].(string)
+	return c, nil
+}
+
+func (r *oauthRig) localStore() *vault.Local {
+	r.t.Helper()
 	st, err := vault.OpenLocal(r.cfg.Secrets.Local.Path, r.cfg.Secrets.Local.KeyFile)
 	if err != nil {
-		return oauth.Connection{}, err
+		r.t.Fatal(err)
 	}
-	return oauth.LocalStore{Local: st}.Load(context.Background(), "docs", "alice")
+	return st
+}
+
+// storedTokens is alice's tokens secret (oauth2.docs at user:alice).
+func (r *oauthRig) storedTokens() (map[string]any, error) {
+	v, err := r.localStore().Get(context.Background(), "oauth2.docs", vault.UserScope("alice"))
+	if err != nil {
+		return nil, err
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(v.Reveal(), &rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }
 
 // expireStored makes the stored access token expired and drops the
 // gateway's cache, so the next call must refresh.
 func (r *oauthRig) expireStored() {
 	r.t.Helper()
-	st, err := vault.OpenLocal(r.cfg.Secrets.Local.Path, r.cfg.Secrets.Local.KeyFile)
+	rec, err := r.storedTokens()
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	ls := oauth.LocalStore{Local: st}
-	c, err := ls.Load(context.Background(), "docs", "alice")
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	c.Expiry = time.Now().Add(-time.Minute)
-	if err := ls.Save(context.Background(), c); err != nil {
+	rec["expiry"] = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	b, _ := json.Marshal(rec)
+	if err := r.localStore().Set(context.Background(), "oauth2.docs", vault.UserScope("alice"), vault.NewSecret(b)); err != nil {
 		r.t.Fatal(err)
 	}
 	r.gw.OAuth().Expire()

@@ -179,6 +179,10 @@ var gatewayFloors = map[string][]string{
 	// Approval receipts: signing and offline verification (cmd/sluice
 	// receipts verify), standard library only.
 	"gateway/receipts": nil,
+
+	// Per-run credentials of hosted sandboxes: HMAC tokens naming one
+	// identity, standard library only (the root checks ended sessions).
+	"gateway/runtoken": nil,
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond

@@ -335,7 +335,10 @@ func TestOTelMCPCall(t *testing.T) {
 		t.Fatalf("mcp connect: %v", err)
 	}
 	defer cs.Close()
-	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{}})
+	metaTrace, metaSpan := randHex(16), randHex(8)
+	f17 := casebook.Expect(t, "F17", "the MCP client puts a forged W3C traceparent in a tools/call's params._meta",
+		"a link of the call span only (sluice.link.from=sandbox): no span has the forged trace ID or the forged span as parent; the audit records carry the gateway's trace")
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Meta: sdk.Meta{"traceparent": "00-" + metaTrace + "-" + metaSpan + "-01"}, Name: "tickets.list_tickets", Arguments: map[string]any{}})
 	if err != nil || res.IsError {
 		t.Fatalf("tools/call: %v %+v", err, res)
 	}
@@ -368,5 +371,20 @@ func TestOTelMCPCall(t *testing.T) {
 	}
 	if !linked {
 		t.Errorf("F13 over MCP: the server span does not link the client's traceparent: %+v", server.Links)
+	}
+
+	// F17: the _meta traceparent is a link of the call span, nothing more.
+	metaLinked, metaParented := false, 0
+	for _, l := range call.Links {
+		metaLinked = metaLinked || (l.TraceID == metaTrace && l.SpanID == metaSpan && l.Attrs["sluice.link.from"] == "sandbox")
+	}
+	for _, s := range sink.Spans() {
+		if s.TraceID == metaTrace || s.ParentID == metaSpan {
+			metaParented++
+		}
+	}
+	f17.Observef("call span links _meta.traceparent: %v; spans in its trace or under its span: %d; audit trace_id %s (forged %s)", metaLinked, metaParented, traceID, metaTrace)
+	if !metaLinked || metaParented != 0 || traceID == metaTrace {
+		t.Errorf("F17: call span links %+v; %d spans in the forged _meta trace or under its span", call.Links, metaParented)
 	}
 }

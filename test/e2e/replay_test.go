@@ -4,7 +4,11 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +21,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/replay"
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // TestPolicyReplay records real traffic with the real binary (every
@@ -35,6 +40,7 @@ func TestPolicyReplay(t *testing.T) {
 		{"match": "tickets.delete_ticket", "action": "block"},
 		{"match": "*", "action": "block"},
 	}
+	recorded := d["policies"] // the rules the traffic was decided by
 	path := e.Write(d)
 	g := e.Start(d, path)
 	for _, c := range []struct{ tool, args string }{
@@ -173,6 +179,11 @@ decisions contains {"action": "block", "reason": "over the bundle's refund limit
 		t.Fatalf("a bundle that does not load must be an error with no report: %v\n%s", err, out)
 	}
 
+	// A signed candidate: the config requires a signature
+	// (policy.bundle.verification), and --bundle is held to it.
+	d["policies"] = recorded
+	replaySignedBundle(t, e, d, audit, bun)
+
 	// An edited record breaks the chain: an error naming file and line.
 	b, err := os.ReadFile(audit)
 	if err != nil {
@@ -197,6 +208,87 @@ decisions contains {"action": "block", "reason": "over the bundle's refund limit
 		}
 	}
 	t.Fatal("no record of the 5000 refund to edit")
+}
+
+// replaySignedBundle replays the limits bundle signed as `opa sign` signs
+// (OPA's own signer, RS256) with a config whose policy.bundle.verification
+// names the public key: the good signature replays; a byte changed after
+// signing, another key's signature or none at all exits 1 naming the
+// signature failure, with no report (F19).
+func replaySignedBundle(t *testing.T, e *gwenv.Env, d gwenv.Doc, audit string, bun bundle.Bundle) {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := filepath.Join(dir, "bundle.pub")
+	writeFile(t, pub, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})))
+	write := func(name string, k *rsa.PrivateKey, tamper bool) string {
+		b := bun
+		b.Signatures = bundle.SignaturesConfig{}
+		b.Modules = append([]bundle.ModuleFile(nil), bun.Modules...)
+		if k != nil {
+			der, err := x509.MarshalPKCS8PrivateKey(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			priv := string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+			if err := b.GenerateSignature(bundle.NewSigningConfig(priv, "RS256", ""), "default", false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tamper { // one byte of the signed module (in the reason text)
+			raw := bytes.Clone(b.Modules[0].Raw)
+			raw[bytes.Index(raw, []byte("over the"))] = 'O'
+			b.Modules[0].Raw = raw
+		}
+		var buf bytes.Buffer
+		if err := bundle.NewWriter(&buf).DisableFormat(true).Write(b); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, name+".tar.gz")
+		writeFile(t, p, buf.String())
+		return p
+	}
+	good := write("signed", key, false)
+	d["policy"] = map[string]any{"bundle": map[string]any{"file": good, "verification": map[string]any{"key_file": pub}}}
+	d.Gateway()["sandbox_socket"] = filepath.Join(e.Dir, "signed.sock") // Write names the file after it
+	cfg := e.Write(d)
+
+	out, err := e.CLI("", "policy", "replay", "--config", cfg, "--audit", audit, "--bundle", good, "--json")
+	if err != nil {
+		t.Fatalf("replay --bundle with a good signature: %v\n%s", err, out)
+	}
+	rep := decodeReport(t, out)
+	if rep.Replayed != 7 || rep.Changed != 1 || len(rep.Changes) != 1 || rep.Changes[0].ToRule != "refund_limit" {
+		t.Fatalf("replay of the signed bundle: want the 5000 refund ask → block by refund_limit:\n%s", out)
+	}
+
+	c := casebook.Expect(t, "F19", "a candidate OPA bundle whose signature does not verify given to `sluice policy replay --bundle` under policy.bundle.verification",
+		"exit 1 naming the signature failure (digest mismatch, verification error, missing .signatures.json); nothing replayed, no report")
+	var seen []string
+	for _, tc := range []struct{ name, file, want string }{
+		{"a byte changed after signing", write("tampered", key, true), "digest mismatch"},
+		{"signed by another key", write("other", other, false), "verification"},
+		{"unsigned", write("unsigned", nil, false), "missing .signatures.json"},
+	} {
+		out, err := e.CLI("", "policy", "replay", "--config", cfg, "--audit", audit, "--bundle", tc.file, "--json")
+		seen = append(seen, fmt.Sprintf("%s: %v: %s", tc.name, err, strings.TrimSpace(out)))
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(strings.ToLower(out), tc.want) || strings.Contains(out, `"changes"`) {
+			t.Errorf("%s: want exit 1 naming %q and no report: %v\n%s", tc.name, tc.want, err, out)
+		}
+	}
+	c.Observef("%s", strings.Join(seen, " | "))
 }
 
 func decodeReport(t *testing.T, out string) replay.Report {

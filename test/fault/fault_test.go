@@ -31,86 +31,90 @@ func poll(g *gwenv.Gateway, id string) gwenv.Reply {
 // pending and another approved and mid-send (its upstream hangs). After a
 // restart the pending hold is still pending and can be approved once; the
 // one that was executing becomes outcome_unknown, is audited, and is
-// never re-sent.
+// never re-sent. On SQLite and on PostgreSQL (eachStore).
 func TestKill9WithHeldCalls(t *testing.T) {
-	e := newEnv(t)
-	d := e.BaseConfig("kill")
-	path := e.Write(d)
-	g := e.Start(d, path)
-	g1 := casebook.Expect(t, "G1", "kill -9 of the gateway (sluice serve) with a pending Ask hold, then restart",
-		"after restart the poll is still 202 pending, nothing upstream; approving it runs it exactly once")
-	g2 := casebook.Expect(t, "G2", "kill -9 while an approved hold is being sent (upstream hangs), then restart",
-		"hold becomes outcome_unknown (audited hold_outcome_unknown), poll 502 upstream_error, second approve 409, exactly 1 upstream request (never re-sent)")
+	eachStore(t, func(t *testing.T, sk storeKind) {
+		e := newEnv(t)
+		d := e.BaseConfig("kill")
+		sk.apply(d)
+		path := e.Write(d)
+		g := e.Start(d, path)
+		g1 := casebook.Expect(t, "G1", sk.threat("kill -9 of the gateway (sluice serve) with a pending Ask hold, then restart"),
+			"after restart the poll is still 202 pending, nothing upstream; approving it runs it exactly once")
+		g2 := casebook.Expect(t, "G2", sk.threat("kill -9 while an approved hold is being sent (upstream hangs), then restart"),
+			"hold becomes outcome_unknown (audited hold_outcome_unknown), poll 502 upstream_error, second approve 409, exactly 1 upstream request (never re-sent)")
 
-	pending := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":1}}`)
-	running := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":2}}`)
-	for _, r := range []gwenv.Reply{pending, running} {
-		if r.Status != http.StatusAccepted || r.HoldState != "pending" || r.HoldID == "" {
-			t.Fatalf("ask: %d %s, want 202 pending", r.Status, r.Body)
+		pending := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":1}}`)
+		running := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":2}}`)
+		for _, r := range []gwenv.Reply{pending, running} {
+			if r.Status != http.StatusAccepted || r.HoldState != "pending" || r.HoldID == "" {
+				t.Fatalf("ask: %d %s, want 202 pending", r.Status, r.Body)
+			}
 		}
-	}
-	e.Up.SetMode(gwenv.ModeHang)
-	go func() {
-		// The approve blocks while the upstream hangs; the gateway dies under it.
-		req, _ := http.NewRequest(http.MethodPost, "http://"+g.Admin+"/api/v1/holds/"+running.HoldID+"/approve", strings.NewReader(`{"reason":"ok"}`))
-		req.Header.Set("Authorization", "Bearer "+gwenv.CarolToken)
-		if resp, err := g.AdminClient().Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	e.Up.AwaitRequest(t, 30*time.Second)
-	g.Kill9()
-	// During the outage the socket refuses connections (sandboxd's relay
-	// turns that into its own error); nothing is held or sent.
-	_, outage := net.DialTimeout("unix", g.Sock, 5*time.Second)
+		e.Up.SetMode(gwenv.ModeHang)
+		go func() {
+			// The approve blocks while the upstream hangs; the gateway dies under it.
+			req, _ := http.NewRequest(http.MethodPost, "http://"+g.Admin+"/api/v1/holds/"+running.HoldID+"/approve", strings.NewReader(`{"reason":"ok"}`))
+			req.Header.Set("Authorization", "Bearer "+gwenv.CarolToken)
+			if resp, err := g.AdminClient().Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		e.Up.AwaitRequest(t, 30*time.Second)
+		g.Kill9()
+		// During the outage the socket refuses connections (sandboxd's relay
+		// turns that into its own error); nothing is held or sent.
+		_, outage := net.DialTimeout("unix", g.Sock, 5*time.Second)
 
-	e.Up.SetMode(gwenv.ModeOK)
-	g = e.Start(d, path)
-	p1 := poll(g, pending.HoldID)
-	p2 := poll(g, running.HoldID)
-	early := len(e.Up.Requests()) // the hung amount 2 only
-	rec := g.AwaitAudit("hold_outcome_unknown", running.HoldID)
-	g1.Observef("after restart: pending hold poll %d %s, upstream requests %d", p1.Status, p1.HoldState, len(e.Up.Requests()))
-	g2.Observef("after restart: running hold poll %d %s, audit %v", p2.Status, p2.Code, rec["event"])
-	if p1.Status != http.StatusAccepted || p1.HoldState != "pending" {
-		t.Errorf("pending hold after restart: %d %s, want 202 pending", p1.Status, p1.Body)
-	}
-	if p2.Status != http.StatusBadGateway || p2.Code != "upstream_error" || !strings.Contains(string(p2.Body), "not re-sent") {
-		t.Errorf("executing hold after restart: %d %s, want 502 upstream_error (outcome unknown, not re-sent)", p2.Status, p2.Body)
-	}
-	st, code, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+running.HoldID+"/approve", gwenv.CarolToken, `{"reason":"again"}`)
-	if st != http.StatusConflict {
-		t.Errorf("approve the outcome_unknown hold again: %d %s, want 409", st, code)
-	}
-	// Control: the pending one is approved once and runs.
-	st, _, body := g.AdminDo(http.MethodPost, "/api/v1/holds/"+pending.HoldID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`)
-	hold, _ := body["hold"].(map[string]any)
-	if st != http.StatusOK || hold["status"] != "executed" {
-		t.Fatalf("approve the pending hold after restart: %d %v, want 200 executed", st, body)
-	}
-	done := g.Do(agentA, http.MethodGet, "/v1/holds/"+pending.HoldID+"?wait=5s", "", nil)
-	if done.Status != http.StatusOK || !strings.Contains(string(done.Body), "refund") {
-		t.Errorf("poll the approved hold: %d %s", done.Status, done.Body)
-	}
-	reqs := e.Up.Requests()
-	var amounts []string
-	for _, r := range reqs {
-		amounts = append(amounts, r.Body)
-		if r.Header.Get("X-Api-Key") != e.Secret {
-			t.Errorf("upstream request without the credential: %+v", r)
+		e.Up.SetMode(gwenv.ModeOK)
+		g = e.Start(d, path)
+		p1 := poll(g, pending.HoldID)
+		// SQLite: at the start; PostgreSQL: once the dead process's lease passed.
+		rec := g.AwaitAudit("hold_outcome_unknown", running.HoldID)
+		p2 := poll(g, running.HoldID)
+		early := len(e.Up.Requests()) // the hung amount 2 only
+		g1.Observef("after restart: pending hold poll %d %s, upstream requests %d", p1.Status, p1.HoldState, len(e.Up.Requests()))
+		g2.Observef("after restart: running hold poll %d %s, audit %v", p2.Status, p2.Code, rec["event"])
+		if p1.Status != http.StatusAccepted || p1.HoldState != "pending" {
+			t.Errorf("pending hold after restart: %d %s, want 202 pending", p1.Status, p1.Body)
 		}
-	}
-	g1.Observef("during the outage dial: %v; after restart: pending hold poll %d %s with %d upstream requests (the hung one); approved: %d %v, poll %d", outage, p1.Status, p1.HoldState, early, st, hold["status"], done.Status)
-	if !errors.Is(outage, syscall.ECONNREFUSED) && !errors.Is(outage, syscall.ENOENT) {
-		t.Errorf("dial during the outage: %v, want ECONNREFUSED or ENOENT", outage)
-	}
-	if early != 1 {
-		t.Errorf("%d upstream requests after the restart, before any new approval; want only the hung one", early)
-	}
-	g2.Observef("after restart: running hold poll %d %s, audit %v, second approve 409; upstream request bodies %v", p2.Status, p2.Code, rec["event"], amounts)
-	if len(reqs) != 2 || !strings.Contains(reqs[0].Body, `"amount":2`) || !strings.Contains(reqs[1].Body, `"amount":1`) {
-		t.Errorf("upstream saw %v; want the hung amount 2 once (never re-sent) and the approved amount 1 once", amounts)
-	}
+		if p2.Status != http.StatusBadGateway || p2.Code != "upstream_error" || !strings.Contains(string(p2.Body), "not re-sent") {
+			t.Errorf("executing hold after restart: %d %s, want 502 upstream_error (outcome unknown, not re-sent)", p2.Status, p2.Body)
+		}
+		st, code, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+running.HoldID+"/approve", gwenv.CarolToken, `{"reason":"again"}`)
+		if st != http.StatusConflict {
+			t.Errorf("approve the outcome_unknown hold again: %d %s, want 409", st, code)
+		}
+		// Control: the pending one is approved once and runs.
+		st, _, body := g.AdminDo(http.MethodPost, "/api/v1/holds/"+pending.HoldID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`)
+		hold, _ := body["hold"].(map[string]any)
+		if st != http.StatusOK || hold["status"] != "executed" {
+			t.Fatalf("approve the pending hold after restart: %d %v, want 200 executed", st, body)
+		}
+		done := g.Do(agentA, http.MethodGet, "/v1/holds/"+pending.HoldID+"?wait=5s", "", nil)
+		if done.Status != http.StatusOK || !strings.Contains(string(done.Body), "refund") {
+			t.Errorf("poll the approved hold: %d %s", done.Status, done.Body)
+		}
+		reqs := e.Up.Requests()
+		var amounts []string
+		for _, r := range reqs {
+			amounts = append(amounts, r.Body)
+			if r.Header.Get("X-Api-Key") != e.Secret {
+				t.Errorf("upstream request without the credential: %+v", r)
+			}
+		}
+		g1.Observef("during the outage dial: %v; after restart: pending hold poll %d %s with %d upstream requests (the hung one); approved: %d %v, poll %d", outage, p1.Status, p1.HoldState, early, st, hold["status"], done.Status)
+		if !errors.Is(outage, syscall.ECONNREFUSED) && !errors.Is(outage, syscall.ENOENT) {
+			t.Errorf("dial during the outage: %v, want ECONNREFUSED or ENOENT", outage)
+		}
+		if early != 1 {
+			t.Errorf("%d upstream requests after the restart, before any new approval; want only the hung one", early)
+		}
+		g2.Observef("after restart: running hold poll %d %s, audit %v, second approve 409; upstream request bodies %v", p2.Status, p2.Code, rec["event"], amounts)
+		if len(reqs) != 2 || !strings.Contains(reqs[0].Body, `"amount":2`) || !strings.Contains(reqs[1].Body, `"amount":1`) {
+			t.Errorf("upstream saw %v; want the hung amount 2 once (never re-sent) and the approved amount 1 once", amounts)
+		}
+	})
 }
 
 // TestAuditFullDisk (G5): the audit file lives on a tiny tmpfs; once the

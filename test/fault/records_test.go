@@ -283,71 +283,74 @@ func metricValue(t *testing.T, g *gwenv.Gateway, series string) (string, bool) {
 // approval, and approval latency counts it; a call is counted under the
 // same rule label when the config's policies are reordered.
 func TestMetricsRecordsFromTheStart(t *testing.T) {
-	e := newEnv(t)
-	c := casebook.Expect(t, "G13", "first scrape of a fresh gateway, then a hold approved, then the same call under reordered policies (real binary)",
-		"every sluice family at 0 and go_/process_ families present; sluice_holds_pending 0 -> 1 -> 0; sluice_approval_latency_seconds_count{approved} 1; same rule label under both orders")
-	d := e.BaseConfig("metrics")
-	g := e.Start(d, e.Write(d))
-	var missing []string
-	for _, series := range []string{
-		`sluice_decisions_total{action="ask",rule="default"}`,
-		`sluice_policy_reloads_total{result="error"}`,
-		`sluice_connections_refused_total{code="untrusted_peer"}`,
-		`sluice_audit_failures_total`,
-		`sluice_secret_reflected_total`,
-		`sluice_upstream_responses_total{class="4xx",connector="tickets",path="tool_call"}`,
-		`sluice_egress_active`,
-		`sluice_dns_answers_total{rcode="NOERROR"}`,
-		`sluice_dns_exfiltration_signals_total`,
-		`sluice_request_duration_seconds_count{decision="block"}`,
-		`sluice_approval_latency_seconds_count{decision="approved"}`,
-		`sluice_holds_pending`,
-	} {
-		if v, ok := metricValue(t, g, series); !ok || v != "0" {
-			missing = append(missing, series+"="+v)
+	eachStore(t, func(t *testing.T, sk storeKind) {
+		e := newEnv(t)
+		c := casebook.Expect(t, "G13", sk.threat("first scrape of a fresh gateway, then a hold approved, then the same call under reordered policies (real binary)"),
+			"every sluice family at 0 and go_/process_ families present; sluice_holds_pending 0 -> 1 -> 0; sluice_approval_latency_seconds_count{approved} 1; same rule label under both orders")
+		d := e.BaseConfig("metrics")
+		sk.apply(d)
+		g := e.Start(d, e.Write(d))
+		var missing []string
+		for _, series := range []string{
+			`sluice_decisions_total{action="ask",rule="default"}`,
+			`sluice_policy_reloads_total{result="error"}`,
+			`sluice_connections_refused_total{code="untrusted_peer"}`,
+			`sluice_audit_failures_total`,
+			`sluice_secret_reflected_total`,
+			`sluice_upstream_responses_total{class="4xx",connector="tickets",path="tool_call"}`,
+			`sluice_egress_active`,
+			`sluice_dns_answers_total{rcode="NOERROR"}`,
+			`sluice_dns_exfiltration_signals_total`,
+			`sluice_request_duration_seconds_count{decision="block"}`,
+			`sluice_approval_latency_seconds_count{decision="approved"}`,
+			`sluice_holds_pending`,
+		} {
+			if v, ok := metricValue(t, g, series); !ok || v != "0" {
+				missing = append(missing, series+"="+v)
+			}
 		}
-	}
-	fds, okFD := metricValue(t, g, "process_open_fds")
-	_, okGo := metricValue(t, g, "go_goroutines")
-	if len(missing) > 0 || !okFD || !okGo {
-		t.Errorf("first scrape: not at 0 or absent: %v; process_open_fds %q %v; go_goroutines %v", missing, fds, okFD, okGo)
-	}
+		fds, okFD := metricValue(t, g, "process_open_fds")
+		_, okGo := metricValue(t, g, "go_goroutines")
+		if len(missing) > 0 || !okFD || !okGo {
+			t.Errorf("first scrape: not at 0 or absent: %v; process_open_fds %q %v; go_goroutines %v", missing, fds, okFD, okGo)
+		}
 
-	held := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":1}}`)
-	if held.Status != http.StatusAccepted || held.HoldID == "" {
-		t.Fatalf("ask: %d %s, want 202 pending", held.Status, held.Body)
-	}
-	during, _ := metricValue(t, g, "sluice_holds_pending")
-	if st, _, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+held.HoldID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`); st != http.StatusOK {
-		t.Fatalf("approve: %d", st)
-	}
-	g.AwaitAudit("hold_approved", held.HoldID)
-	after, _ := metricValue(t, g, "sluice_holds_pending")
-	lat, _ := metricValue(t, g, `sluice_approval_latency_seconds_count{decision="approved"}`)
-	if during != "1" || after != "0" || lat != "1" {
-		t.Errorf("sluice_holds_pending %q while held, %q after approval (want 1, 0); approval latency count %q (want 1)", during, after, lat)
-	}
+		held := g.Call(agentA, "tickets.create_refund", `{"body":{"amount":1}}`)
+		if held.Status != http.StatusAccepted || held.HoldID == "" {
+			t.Fatalf("ask: %d %s, want 202 pending", held.Status, held.Body)
+		}
+		during, _ := metricValue(t, g, "sluice_holds_pending")
+		if st, _, _ := g.AdminDo(http.MethodPost, "/api/v1/holds/"+held.HoldID+"/approve", gwenv.CarolToken, `{"reason":"ok"}`); st != http.StatusOK {
+			t.Fatalf("approve: %d", st)
+		}
+		g.AwaitAudit("hold_approved", held.HoldID)
+		after, _ := metricValue(t, g, "sluice_holds_pending")
+		lat, _ := metricValue(t, g, `sluice_approval_latency_seconds_count{decision="approved"}`)
+		if during != "1" || after != "0" || lat != "1" {
+			t.Errorf("sluice_holds_pending %q while held, %q after approval (want 1, 0); approval latency count %q (want 1)", during, after, lat)
+		}
 
-	// The same allowed call under the policies in the other order.
-	labelOf := func(g *gwenv.Gateway) string {
-		if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
-			t.Fatalf("list: %d %s", r.Status, r.Body)
+		// The same allowed call under the policies in the other order.
+		labelOf := func(g *gwenv.Gateway) string {
+			if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
+				t.Fatalf("list: %d %s", r.Status, r.Body)
+			}
+			_, body, _ := g.AdminGet("/metrics")
+			m := regexp.MustCompile(`(?m)^sluice_decisions_total\{action="allow",rule="([^"]*)"\} 1$`).FindSubmatch(body)
+			if m == nil {
+				t.Fatalf("no allow decision counted once in /metrics")
+			}
+			return string(m[1])
 		}
-		_, body, _ := g.AdminGet("/metrics")
-		m := regexp.MustCompile(`(?m)^sluice_decisions_total\{action="allow",rule="([^"]*)"\} 1$`).FindSubmatch(body)
-		if m == nil {
-			t.Fatalf("no allow decision counted once in /metrics")
+		first := labelOf(g)
+		r := e.BaseConfig("metrics-reordered")
+		p := r["policies"].([]map[string]any)
+		p[0], p[1] = p[1], p[0] // the refund rule first, list second; the catch-all stays last
+		second := labelOf(e.Start(r, e.Write(r)))
+		c.Observef("first scrape: %d series not at 0 %v; process_open_fds %s; go_goroutines %v; pending %s -> %s; approval latency count %s; rule label %q / reordered %q",
+			len(missing), missing, fds, okGo, during, after, lat, first, second)
+		if first != second || first != "policy:tickets.list_tickets:allow" {
+			t.Errorf("rule label %q, reordered %q; want both policy:tickets.list_tickets:allow", first, second)
 		}
-		return string(m[1])
-	}
-	first := labelOf(g)
-	r := e.BaseConfig("metrics-reordered")
-	p := r["policies"].([]map[string]any)
-	p[0], p[1] = p[1], p[0] // the refund rule first, list second; the catch-all stays last
-	second := labelOf(e.Start(r, e.Write(r)))
-	c.Observef("first scrape: %d series not at 0 %v; process_open_fds %s; go_goroutines %v; pending %s -> %s; approval latency count %s; rule label %q / reordered %q",
-		len(missing), missing, fds, okGo, during, after, lat, first, second)
-	if first != second || first != "policy:tickets.list_tickets:allow" {
-		t.Errorf("rule label %q, reordered %q; want both policy:tickets.list_tickets:allow", first, second)
-	}
+	})
 }

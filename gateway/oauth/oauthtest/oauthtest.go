@@ -45,7 +45,10 @@ type Server struct {
 	grants map[string]int
 	// Revocations counts requests to the revocation endpoint.
 	Revocations atomic.Int64
-	redirects   []string // Location headers sent back to a client's callback
+	// Transport, when set, is how Consent's browser reaches the server
+	// (a server inside a network namespace).
+	Transport http.RoundTripper
+	redirects []string // Location headers sent back to a client's callback
 }
 
 // Redirects returns every redirect the server sent a browser back to a
@@ -144,9 +147,15 @@ func (s *Server) RevokeConsent(t testing.TB, clientID string) {
 // form, then the provider's redirect back. It returns the redirect to the
 // client's callback (with code and state) without following it.
 func (s *Server) Consent(authURL string) (*url.URL, error) {
+	return s.ConsentAs(authURL, s.Username())
+}
+
+// ConsentAs is Consent signed in as username ("test-user2" is the
+// example's second user, subject id2).
+func (s *Server) ConsentAs(authURL, username string) (*url.URL, error) {
 	jar, _ := cookiejar.New(nil)
 	var back *url.URL
-	c := &http.Client{Jar: jar, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+	c := &http.Client{Jar: jar, Transport: s.Transport, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if !strings.HasPrefix(req.URL.String(), s.URL) {
 			back = req.URL
 			return http.ErrUseLastResponse
@@ -166,7 +175,7 @@ func (s *Server) Consent(authURL string) (*url.URL, error) {
 	if id == "" {
 		return nil, fmt.Errorf("oauthtest: no login page: %s %s", resp.Status, resp.Request.URL)
 	}
-	resp, err = c.PostForm(s.URL+"/login/username", url.Values{"id": {id}, "username": {s.Username()}, "password": {Password}})
+	resp, err = c.PostForm(s.URL+"/login/username", url.Values{"id": {id}, "username": {username}, "password": {Password}})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,187 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/creds"
+	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/vault"
+)
+
+// A provider: mcp connector with credential.oauth2 is a remote MCP server
+// that speaks MCP authorization: the gateway is its OAuth client per
+// person (gateway/oauth/discover.go finds the authorization server from
+// the server's metadata and registers a client when none is configured),
+// each person connects on the Connections page like any
+// credential.oauth2 connector, and a call carries the caller's own token
+// in a session of its own (mcpremote.Options.PerCredential). The tool
+// list has no caller: it is fetched with the token of a person who has
+// connected (the most recently updated connection that still works).
+
+// EventMCPAuthorizationRefused is the audit event of a remote MCP
+// server whose authorization metadata the gateway refused (another
+// resource, another issuer, plain http, no PKCE…): the connector, the
+// step and the reason. Its tools stay unavailable; nothing is sent.
+const EventMCPAuthorizationRefused = "mcp_authorization_refused"
+
+// mcpOAuthClient is the OAuth client of a provider: mcp connector with
+// credential.oauth2: its endpoints (and, without client_id, the client)
+// are discovered; plain http is allowed only inside allow_private.
+func mcpOAuthClient(cc config.Connector, allow []netip.Prefix) *oauth.Client {
+	o := cc.Credential.OAuth2
+	return &oauth.Client{Connector: cc.Slug, Flow: oauth.AuthorizationCode, ClientID: o.ClientID,
+		Scopes: slices.Clone(o.Scopes), RevocationURL: o.RevocationURL, Resource: cc.URL,
+		Discovery: &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }, ClientName: "sluice (" + cc.Slug + ")"}}
+}
+
+// isMCPOAuth says whether up is a remote MCP server with MCP authorization.
+func isMCPOAuth(up *upstream) bool {
+	return up != nil && up.cfg.Provider == "mcp" && up.oauth != nil
+}
+
+// mcpOAuthRegistered gives the discovering clients the store their
+// registered clients are kept in (newOAuth: the secret store tokens are kept in, local or Vault KV).
+func mcpOAuthRegistered(clients []oauth.Client, st oauth.Store) {
+	ls, ok := st.(oauth.RegisteredStore)
+	if !ok {
+		return
+	}
+	for i := range clients {
+		if clients[i].Discovery != nil {
+			clients[i].Discovery.Registered = ls
+		}
+	}
+}
+
+// remoteOAuthHeader is how a remote MCP server with MCP authorization is
+// listed: its authorization discovered (a failure is the remote's
+// unavailability reason, by step), then the token of a person who has
+// connected it. m is the OAuth manager, al where a refused authorization
+// is audited, src where the connections are listed, publicURL
+// approvals.public_url (the Connections page named in the reason).
+func remoteOAuthHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string) func(up *upstream) func(ctx context.Context) (http.Header, error) {
+	return func(up *upstream) func(ctx context.Context) (http.Header, error) {
+		return oauthListHeader(m, al, log, src, publicURL, up)
+	}
+}
+
+func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string, up *upstream) func(ctx context.Context) (http.Header, error) {
+	slug := up.cfg.Slug
+	var mu sync.Mutex
+	var last string // the refusal last audited, so a remote that stays refused is recorded once
+	return func(ctx context.Context) (http.Header, error) {
+		if m == nil {
+			return nil, errors.New("bug(): the OAuth client of a remote MCP server is not set up")
+		}
+		err := m.Discover(ctx, slug)
+		mu.Lock()
+		var de *oauth.DiscoveryError
+		if errors.As(err, &de) && de.Reason != last {
+			last = de.Reason
+			f := map[string]any{"connector": slug, "url": config.RedactURL(up.cfg.URL), "step": de.Step, "reason": de.Reason}
+			if _, aerr := al.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPAuthorizationRefused, Fields: f}, false); aerr != nil {
+				log.Error("audit: a remote MCP server's refused authorization could not be recorded", "connector", slug, "err", aerr)
+			}
+		} else if err == nil {
+			last = ""
+		}
+		mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		users, err := connectedUsers(ctx, src, slug)
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range users {
+			tok, err := m.Token(ctx, slug, u)
+			if err != nil {
+				continue // needs reconnecting, or refused: the next person's
+			}
+			return http.Header{"Authorization": {"Bearer " + string(tok.Value)}}, nil
+		}
+		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, connectionsURL(publicURL)(slug))
+	}
+}
+
+// connectedUsers are the people with a stored connection to connector,
+// the most recently updated first.
+func connectedUsers(ctx context.Context, src CredentialSource, connector string) ([]string, error) {
+	ls, ok := src.(creds.Local)
+	if !ok {
+		return nil, errors.New("MCP authorization keeps connections in the local store; it needs secrets.backend: local")
+	}
+	es, err := ls.Store.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the connections cannot be listed: %w", err)
+	}
+	slices.SortStableFunc(es, func(a, b vault.Entry) int { return strings.Compare(b.Updated, a.Updated) })
+	var users []string
+	for _, e := range es {
+		if u, ok := strings.CutPrefix(string(e.Scope), "user:"); ok && e.Name == "oauth2."+connector {
+			users = append(users, u)
+		}
+	}
+	return users, nil
+}
+
+// kickRemote lists connector's remote MCP server again soon (after a
+// person connected it: its listing may have waited for that).
+func kickRemote(cat *catalog, connector string) {
+	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
+		r.Kick()
+	}
+}
+
+// connectionProblem is why connector cannot be connected now (its MCP
+// authorization could not be discovered), for the Connections page; "".
+func connectionProblem(c *oauth.Client) string {
+	if c.Discovery == nil {
+		return ""
+	}
+	if err := c.Discovery.Status(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// checkMCPOAuth is validate's look at a remote MCP server with MCP
+// authorization: its metadata discovered as serve would (nothing is
+// registered), and reported as a warning either way: the tools are listed
+// only once a person connects, and a server whose authorization cannot be
+// discovered is served unavailable (serve keeps trying).
+func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transport http.RoundTripper) error {
+	allow := allowPrivate(cc)
+	d := &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }}
+	hc := &http.Client{Transport: transport, Timeout: 15 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	rm, err := d.ResourceMetadata(ctx, hc, cc.Slug, cc.URL)
+	if err != nil {
+		return warnf("%s.credential.oauth2: the remote MCP server's authorization cannot be discovered: %v; serve lists it unavailable and tries again", key, err)
+	}
+	var why []string
+	for _, issuer := range rm.AuthorizationServers {
+		sm, err := d.ServerMetadata(ctx, hc, cc.Slug, issuer)
+		if err != nil {
+			why = append(why, err.Error())
+			continue
+		}
+		if cc.Credential.OAuth2.ClientID == "" && sm.RegistrationEndpoint == "" {
+			return warnf("%s.credential.oauth2.client_id: must be set: the authorization server %s offers no dynamic client registration (RFC 7591)", key, sm.Issuer)
+		}
+		return warnf("%s: the remote MCP server speaks MCP authorization (authorization server %s); its tools are listed once a person connects it on the Connections page", key, sm.Issuer)
+	}
+	return warnf("%s.credential.oauth2: no authorization server of the remote MCP server is usable: %s; serve lists it unavailable and tries again", key, strings.Join(why, "; "))
+}
