@@ -18,6 +18,7 @@ command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip) # test/e2e runs pip inside a sandbox
 command -v node >/dev/null 2>&1 || need+=(nodejs) # test/e2e runs the TypeScript MCP SDK's client in a sandbox
 command -v npm >/dev/null 2>&1 || need+=(npm)
+for p in buildah podman runc; do command -v $p >/dev/null 2>&1 || need+=($p); done # test/deploy builds the gateway image and runs it (runc: crun refuses the hybrid cgroup layout)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql) # the PostgreSQL store (gateway/store/pgtest) and Vault's database engine
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}"

@@ -16,8 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cgroupRoot is where the controllers are mounted.
-const cgroupRoot = "/sys/fs/cgroup"
+// cgroupRoot is where the controllers are mounted (a variable only so
+// that tests can run the v2 code in a cgroup2 hierarchy of their own).
+var cgroupRoot = "/sys/fs/cgroup"
 
 // cgroup is one sandbox's group: a v2 directory, or one directory per v1
 // controller (pids, memory, cpu) on hybrid hosts.
