@@ -1,16 +1,13 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
-	"net"
 	"net/http"
 	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -68,8 +65,8 @@ type callTrace struct {
 // process (the HTTP server span carries it otherwise) or when it came in
 // an MCP request's _meta; an approved hold's execution links to the span
 // that created the hold.
-func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
-	if !s.tel.tracing {
+func (t *telemetry) startCall(ctx context.Context, c *toolCall) context.Context {
+	if !t.tracing {
 		c.trace = callTrace{root: ctx, span: noSpan, stage: noSpan}
 		return ctx
 	}
@@ -86,7 +83,7 @@ func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
 			links = append(links, l)
 		}
 	}
-	ctx, span := s.tel.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
+	ctx, span := t.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
 		trace.WithAttributes(attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport))))
 	c.trace = callTrace{root: ctx, span: span, stage: noSpan}
 	c.rec.TraceID = tracing.TraceID(ctx)
@@ -96,23 +93,23 @@ func (s *Server) startCall(ctx context.Context, c *toolCall) context.Context {
 // stage ends the call's running stage span and starts the next, a child
 // of the root; the context it returns is the new stage's, for the work
 // done in it.
-func (s *Server) stage(c *toolCall, name string) context.Context {
+func (t *telemetry) stage(c *toolCall, name string) context.Context {
 	c.trace.stage.End()
-	if !s.tel.tracing {
+	if !t.tracing {
 		return c.trace.root
 	}
-	ctx, span := s.tel.tracer.Start(c.trace.root, name)
+	ctx, span := t.tracer.Start(c.trace.root, name)
 	c.trace.stage = span
 	return ctx
 }
 
 // span starts a span that is not a stage (an audit write), a child of
 // ctx's; none with tracing off.
-func (s *Server) span(ctx context.Context, name string) (context.Context, trace.Span) {
-	if !s.tel.tracing {
+func (t *telemetry) span(ctx context.Context, name string) (context.Context, trace.Span) {
+	if !t.tracing {
 		return ctx, noSpan
 	}
-	return s.tel.tracer.Start(ctx, name)
+	return t.tracer.Start(ctx, name)
 }
 
 // endCall ends the running stage and the root, with the outcome: the
@@ -120,10 +117,10 @@ func (s *Server) span(ctx context.Context, name string) (context.Context, trace.
 // names the gateway chose: the tool is named once it resolved (before, it
 // is the caller's text), a refusal by its code (its message may quote an
 // argument).
-func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
+func (t *telemetry) endCall(c *toolCall, refused *refusal.Error) {
 	c.trace.stage.End()
 	c.trace.stage = noSpan
-	if !s.tel.tracing {
+	if !t.tracing {
 		return
 	}
 	span := c.trace.span
@@ -132,7 +129,7 @@ func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
 		attrs = append(attrs, attrTool.String(c.rec.Tool))
 	}
 	if c.rec.Decided {
-		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
+		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(t.ruleLabel(c.decision.Rule)))
 	}
 	if c.holdID != "" {
 		attrs = append(attrs, attrHoldID.String(c.holdID))
@@ -152,16 +149,12 @@ func (s *Server) endCall(c *toolCall, refused *refusal.Error) {
 // clientSpan starts the HTTP client span of the request to the upstream
 // (OTel HTTP client conventions: named by its method, the operation's
 // path template as url.template, never the URL filled in with the
-// arguments) and puts its context on the request's headers in place of
+// arguments: template, the tool's PathTemplate) and puts its context on the request's headers in place of
 // anything the sandbox set.
-func (s *Server) clientSpan(ctx context.Context, c *toolCall, req *http.Request) (context.Context, trace.Span) {
-	if !s.tel.tracing {
+func (t *telemetry) clientSpan(ctx context.Context, req *http.Request, template string) (context.Context, trace.Span) {
+	if !t.tracing {
 		tracing.Inject(ctx, req.Header) // removes a sandbox's
 		return ctx, noSpan
-	}
-	var template string
-	if t, ok := s.catalog.Tool(c.rec.Tool); ok {
-		template = t.PathTemplate
 	}
 	attrs := []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(req.Method), semconv.ServerAddressKey.String(req.URL.Hostname())}
 	if p := req.URL.Port(); p != "" {
@@ -172,7 +165,7 @@ func (s *Server) clientSpan(ctx context.Context, c *toolCall, req *http.Request)
 	if template != "" {
 		attrs = append(attrs, semconv.URLTemplateKey.String(template))
 	}
-	ctx, span := s.tel.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, span := t.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	tracing.Inject(ctx, req.Header)
 	return ctx, span
 }
@@ -192,121 +185,15 @@ func endClientSpan(span trace.Span, status int, err error) {
 	span.End()
 }
 
-// httpServer wraps the sandbox socket's handler: every request the mux
-// routes is timed into http.server.request.duration (method, route,
-// status), and with tracing on gets an HTTP server span named by its
-// route ("POST /v1/tools/{tool}"), the sandbox's traceparent as a link.
-// Raw egress (CONNECT, absolute URLs) is not timed: a tunnel's lifetime
-// is not a request's duration; it is traced when tracing is on.
-func (s *Server) httpServer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		egress := r.Method == http.MethodConnect || r.URL.IsAbs()
-		if egress && !s.tel.tracing {
-			next.ServeHTTP(w, r)
-			return
-		}
-		start := time.Now()
-		var span trace.Span = noSpan
-		if s.tel.tracing {
-			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(semconv.HTTPRequestMethodKey.String(method(r.Method)))}
-			if l, ok := tracing.SandboxLink(r.Header.Get(tracing.HeaderTraceparent)); ok {
-				opts = append(opts, trace.WithLinks(l))
-			}
-			var ctx context.Context
-			// A new root by design: nothing the sandbox sent is a parent.
-			ctx, span = s.tel.tracer.Start(r.Context(), method(r.Method), append(opts, trace.WithNewRoot())...)
-			r = r.WithContext(ctx)
-		}
-		if egress { // traced only: the handler may hijack the connection
-			next.ServeHTTP(w, r)
-			span.End()
-			return
-		}
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r)
-		status := sw.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		route := r.Pattern // set by the mux on this request
-		m := method(r.Method)
-		s.tel.serverDuration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
-			semconv.HTTPRequestMethodKey.String(m), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status)))
-		if s.tel.tracing {
-			if rt := routeOf(route); rt != "" {
-				span.SetName(m + " " + rt)
-				span.SetAttributes(semconv.HTTPRouteKey.String(rt))
-			}
-			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
-			if status >= 500 {
-				span.SetStatus(codes.Error, "")
-			}
-			span.End()
-		}
-	})
-}
-
-// method is an HTTP method as a metric and span label: a known one, else
-// _OTHER (the caller chooses it; its cardinality must not be theirs).
-func method(m string) string {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
-		return m
+// httpServer wraps the sandbox socket's handler in its request metric
+// and server spans (tracing.Server).
+func (t *telemetry) httpServer(next http.Handler) http.Handler {
+	var tr trace.Tracer
+	if t.tracing {
+		tr = t.tracer
 	}
-	return "_OTHER"
+	return tracing.Server(next, tr, t.serverDuration)
 }
-
-// routeOf is a mux pattern's path ("POST /v1/tools/{tool}" →
-// "/v1/tools/{tool}"), "" for the catch-all.
-func routeOf(pattern string) string {
-	for i := 0; i < len(pattern); i++ {
-		if pattern[i] == ' ' {
-			pattern = pattern[i+1:]
-			break
-		}
-	}
-	if pattern == "/" {
-		return ""
-	}
-	return pattern
-}
-
-// statusWriter notes the status a handler wrote. It passes Flush, Hijack
-// and Unwrap through, so streaming (MCP, DNS streams) and upgrades work
-// as without it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return http.NewResponseController(w.ResponseWriter).Hijack()
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // checkMethod is the ext_authz RPC, as OTel's RPC conventions name it.
 const checkMethod = "envoy.service.auth.v3.Authorization/Check"
@@ -315,13 +202,13 @@ const checkMethod = "envoy.service.auth.v3.Authorization/Check"
 // conventions), a new root: the checked request's traceparent is a link
 // (THREATS F13), as on the sandbox socket. The pipeline's call span is
 // its child.
-func (s *Server) checkSpan(ctx context.Context, r *extauthz.Request) (context.Context, trace.Span) {
+func (t *telemetry) checkSpan(ctx context.Context, r *extauthz.Request) (context.Context, trace.Span) {
 	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(semconv.RPCSystemNameKey.String("grpc"), semconv.RPCMethodKey.String(checkMethod))}
 	if l, ok := tracing.SandboxLink(r.Headers.Get(tracing.HeaderTraceparent)); ok {
 		opts = append(opts, trace.WithLinks(l))
 	}
-	return s.tel.tracer.Start(ctx, checkMethod, opts...)
+	return t.tracer.Start(ctx, checkMethod, opts...)
 }
 
 // endCheckSpan records the verdict: the HTTP status Envoy answers (or
@@ -340,12 +227,12 @@ func endCheckSpan(span trace.Span, v extauthz.Verdict) {
 
 // tracedCheck wraps the ext_authz door's tool-call hook in its Check
 // span; with tracing off it is the hook itself.
-func (s *Server) tracedCheck(call func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict {
-	if !s.tel.tracing {
+func (t *telemetry) tracedCheck(call func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, extauthz.Match, time.Duration) extauthz.Verdict {
+	if !t.tracing {
 		return call
 	}
 	return func(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
-		ctx, span := s.checkSpan(ctx, r)
+		ctx, span := t.checkSpan(ctx, r)
 		v := call(ctx, r, m, wait)
 		endCheckSpan(span, v)
 		return v
@@ -353,14 +240,22 @@ func (s *Server) tracedCheck(call func(context.Context, *extauthz.Request, extau
 }
 
 // tracedEgressCheck is tracedCheck for the door's raw-egress hook.
-func (s *Server) tracedEgressCheck(egress func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict {
-	if !s.tel.tracing {
+func (t *telemetry) tracedEgressCheck(egress func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict) func(context.Context, *extauthz.Request, time.Duration) extauthz.Verdict {
+	if !t.tracing {
 		return egress
 	}
 	return func(ctx context.Context, r *extauthz.Request, wait time.Duration) extauthz.Verdict {
-		ctx, span := s.checkSpan(ctx, r)
+		ctx, span := t.checkSpan(ctx, r)
 		v := egress(ctx, r, wait)
 		endCheckSpan(span, v)
 		return v
 	}
+}
+
+// pathTemplate is tool's path template, "" when cat has no such tool.
+func pathTemplate(cat *catalog, tool string) string {
+	if t, ok := cat.Tool(tool); ok {
+		return t.PathTemplate
+	}
+	return ""
 }

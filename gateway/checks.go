@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -60,7 +61,16 @@ func PolicyConfig(cfg *config.Config, log *slog.Logger) policy.Config {
 		rules[i] = policy.Rule{Match: p.Match, Action: p.Action, Approvers: p.Approvers, Reason: p.Reason}
 	}
 	return policy.Config{Rules: rules, Paths: cfg.Rego, Egress: egressAllowlists(cfg), ConnectPorts: cfg.Egress.ConnectPorts, Logger: log,
-		Bundle: bundleConfig(cfg)} // policylife.go
+		Bundle: policylife.BundleConfig(cfg)}
+}
+
+// egressAllowlists maps each agent to its agents[].egress list for policy.
+func egressAllowlists(cfg *config.Config) map[string][]string {
+	m := make(map[string][]string, len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		m[a.Name] = a.Egress
+	}
+	return m
 }
 
 // Check loads every spec (once), decides how each credential is attached,

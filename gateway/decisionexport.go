@@ -2,16 +2,17 @@ package gateway
 
 import (
 	"encoding/json"
-	"maps"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/policylife"
+	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/policy/decisionlog"
 )
 
 // The decision-log export is fed from the audit records of decisions,
-// the one place every decision of every entrance passes (appendAudit):
+// the one place every decision of every entrance passes (auditLog.append):
 // a tool call's decision record (HTTP, MCP or Envoy's door), an ask's
 // hold_created record, raw egress's decision records (forward proxy,
 // CONNECT, interception, DNS) whether the decision was made or served
@@ -27,13 +28,23 @@ const eventHoldCreated = "hold_created"
 // EntranceLabel is the decision-log label naming the entrance a decision
 // came through: tool_call/http, tool_call/mcp, tool_call/envoy, tool_call
 // (an ask's hold), http, connect, dns (raw egress).
-const EntranceLabel = "entrance"
+const EntranceLabel = policylife.EntranceLabel
 
-// exportDecision queues the decision rec states, written at time at, for
-// the decision-log export. It never blocks (decisionlog.Exporter.Log).
-func (s *Server) exportDecision(rec audit.Record, at time.Time) {
-	x := s.life.decisions
-	if x == nil || (rec.Event != call.EventDecision && rec.Event != eventHoldCreated) {
+// decisionExport is what queues the decision a record states, written at
+// time at, for life's decision-log export (nil without decision_logs). It
+// never blocks (decisionlog.Exporter.Log). engine is the policy in force
+// (a hold_created record does not name its revision); bundle says the
+// policy comes from a bundle.
+func decisionExport(life *policylife.Life, engine func() *policy.Engine, bundle bool) func(rec audit.Record, at time.Time) {
+	x := life.Exporter()
+	if x == nil {
+		return nil
+	}
+	return func(rec audit.Record, at time.Time) { exportDecision(x, life, engine, bundle, rec, at) }
+}
+
+func exportDecision(x *decisionlog.Exporter, life *policylife.Life, engine func() *policy.Engine, bundle bool, rec audit.Record, at time.Time) {
+	if rec.Event != call.EventDecision && rec.Event != eventHoldCreated {
 		return
 	}
 	get := func(k string) any {
@@ -58,7 +69,7 @@ func (s *Server) exportDecision(rec audit.Record, at time.Time) {
 	}
 	rev := str(call.KeyPolicyRevision)
 	if rev == "" {
-		rev = s.engine.Load().Revision() // a hold_created record does not name it
+		rev = engine().Revision() // a hold_created record does not name it
 	}
 	if rev != "" {
 		result["revision"] = rev
@@ -70,25 +81,13 @@ func (s *Server) exportDecision(rec audit.Record, at time.Time) {
 			entrance += "/" + t
 		}
 	}
-	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Result: result,
-		Revision: rev, Timestamp: at.UTC(), RequestID: rec.RequestID, Labels: s.life.entranceLabels(entrance)}
+	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: policylife.DecisionLogPath, Result: result,
+		Revision: rev, Timestamp: at.UTC(), RequestID: rec.RequestID, Labels: life.EntranceLabels(entrance)}
 	if in, ok := get(call.KeyInput).(json.RawMessage); ok {
 		ev.Input = in // exactly what was decided and recorded (audit.record_inputs)
 	}
-	if s.cfg.Policy.Bundle != nil {
+	if bundle {
 		ev.Bundles = map[string]decisionlog.Bundle{"sluice": {Revision: rev}}
 	}
 	x.Log(ev)
-}
-
-// entranceLabels are the export's labels with the entrance's; built
-// once per entrance (a handful), shared read-only by the events.
-func (l *policyLife) entranceLabels(entrance string) map[string]string {
-	if m, ok := l.byEntrance.Load(entrance); ok {
-		return m.(map[string]string)
-	}
-	m := maps.Clone(l.labels)
-	m[EntranceLabel] = entrance // from the code's kinds and transports: a fixed set
-	l.byEntrance.Store(entrance, m)
-	return m
 }

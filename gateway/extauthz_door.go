@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -22,51 +23,59 @@ import (
 	"github.com/sluice-gw/sluice/policy"
 )
 
-// The Envoy door (gateway/extauthz) is wired here: its Deps are the
-// pipeline (Call, in decide-only mode), the catalogue's request→tool
-// matcher, and raw egress's decision. The door itself never decides.
+// envoyDoor is the root's side of the Envoy door (gateway/extauthz): the
+// hooks the door is given (its Deps) are the pipeline (call, in
+// decide-only mode), the catalogue's request→tool matcher, and raw
+// egress's decision, audited here. The door itself never decides.
+type envoyDoor struct {
+	cfg        *config.Config
+	log        *slog.Logger
+	tel        *telemetry           // the Check spans, the audit failure counter
+	connectors map[string]*upstream // the catalogue's, by slug
+	call       func(ctx context.Context, r call.Request) call.Outcome
+	decide     func(ctx context.Context, in *policy.Input) policy.Decision
+	session    func(ctx context.Context, session string) *refusal.Error // an ended session refuses
+	append     func(ctx context.Context, rec audit.Record, written bool) (audit.Record, error)
+}
 
-// serveExtAuthz starts gateway.ext_authz's gRPC listener (Check, and ADS
-// when xds is set) and returns the function that stops it; off, it
-// returns a no-op.
-func (s *Server) serveExtAuthz(ctx context.Context) (stop func(), err error) {
-	e := s.cfg.Gateway.ExtAuthz
+// serve starts gateway.ext_authz's gRPC listener (Check, and ADS when xds
+// is set) and returns the function that stops it, the listener's address
+// and the ADS server (nil without xds); off, it returns a no-op.
+func (d *envoyDoor) serve(ctx context.Context) (stop func(), addr string, x *extauthz.XDS, err error) {
+	e := d.cfg.Gateway.ExtAuthz
 	if e == nil {
-		return func() {}, nil
+		return func() {}, "", nil, nil
 	}
-	l, opts, err := extauthz.Listen(e, s.log)
+	l, opts, err := extauthz.Listen(e, d.log)
 	if err != nil {
-		return nil, fmt.Errorf("gateway.ext_authz: %w", err)
+		return nil, "", nil, fmt.Errorf("gateway.ext_authz: %w", err)
 	}
-	var x *extauthz.XDS
 	xctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	if e.XDS != nil {
-		x = extauthz.NewXDS(xctx, s.log)
-		if err := x.Update(ctx, s.cfg); err != nil {
+		x = extauthz.NewXDS(xctx, d.log)
+		if err := x.Update(ctx, d.cfg); err != nil {
 			cancel()
 			l.Close()
-			return nil, fmt.Errorf("gateway.ext_authz.xds: %w", err)
+			return nil, "", nil, fmt.Errorf("gateway.ext_authz.xds: %w", err)
 		}
-		s.xds = x
 	}
-	g := extauthz.NewGRPC(opts, extauthz.NewAuthz(s.extAuthzDeps()), x)
-	addr := l.Addr().String()
-	s.authzAddr.Store(&addr)
+	g := extauthz.NewGRPC(opts, extauthz.NewAuthz(d.deps()), x)
+	addr = l.Addr().String()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := g.Serve(l); err != nil {
-			s.log.Error("ext_authz: serve", "err", err)
+			d.log.Error("ext_authz: serve", "err", err)
 		}
 	}()
-	s.log.Info("ext_authz serving", "listen", e.Listen, "xds", x != nil)
+	d.log.Info("ext_authz serving", "listen", e.Listen, "xds", x != nil)
 	return func() {
 		cancel() // ends ADS streams, so GracefulStop does not wait on them
 		t := time.AfterFunc(5*time.Second, g.Stop)
 		g.GracefulStop()
 		t.Stop()
 		<-done
-	}, nil
+	}, addr, x, nil
 }
 
 // extAuthzProblems is what `sluice validate` finds in gateway.ext_authz
@@ -91,24 +100,16 @@ func extAuthzProblems(cfg *config.Config) []error {
 	return errs
 }
 
-// ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).
-func (s *Server) ExtAuthzAddr() string {
-	if p := s.authzAddr.Load(); p != nil {
-		return *p
-	}
-	return ""
-}
-
-func (s *Server) extAuthzDeps() extauthz.Deps {
-	e := s.cfg.Gateway.ExtAuthz
+func (d *envoyDoor) deps() extauthz.Deps {
+	e := d.cfg.Gateway.ExtAuthz
 	return extauthz.Deps{
-		Log:        s.log,
+		Log:        d.log,
 		Principals: e.Principals,
 		HoldWait:   e.HoldWait.Std(),
-		Match:      s.envoyRoutes(),            // extauthz_route.go
-		Call:       s.tracedCheck(s.envoyCall), // calltrace.go
-		Egress:     s.tracedEgressCheck(s.envoyEgress),
-		Refused:    s.envoyRefused,
+		Match:      d.envoyRoutes(),                // extauthz_route.go
+		Call:       d.tel.tracedCheck(d.envoyCall), // calltrace.go
+		Egress:     d.tel.tracedEgressCheck(d.envoyEgress),
+		Refused:    d.envoyRefused,
 	}
 }
 
@@ -119,11 +120,11 @@ func (s *Server) extAuthzDeps() extauthz.Deps {
 // one with the longer base path that matches wins; a tie is ambiguous. A
 // connector's host with no such operation is NoOperation, never raw
 // egress.
-func (s *Server) matchTool(slugs []string, host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
+func (d *envoyDoor) matchTool(slugs []string, host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
 	var best extauthz.Match
 	bestLen, found := -1, extauthz.NoConnector
 	for _, slug := range slugs {
-		up := s.catalog.connectors[slug]
+		up := d.connectors[slug]
 		b := up.conn.BaseURL
 		if b == nil || !strings.EqualFold(b.Hostname(), host) {
 			continue
@@ -162,21 +163,21 @@ func basePort(scheme, port string) int {
 // pipeline, in decide-only mode: the request is the one Envoy holds, on
 // the connector's base URL, and an allow hands back the credential
 // headers to attach.
-func (s *Server) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
+func (d *envoyDoor) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.Match, wait time.Duration) extauthz.Verdict {
 	if r.BodyTruncated {
 		// Envoy would send a body the policy never saw: decide on what is
 		// sent, or not at all.
-		return s.envoyRefuse(ctx, r, refusal.New(http.StatusRequestEntityTooLarge, refusal.SchemaViolation,
+		return d.envoyRefuse(ctx, r, refusal.New(http.StatusRequestEntityTooLarge, refusal.SchemaViolation,
 			"the request body is larger than Envoy sends to the gateway (with_request_body.max_request_bytes); a tool call is decided on its whole body"))
 	}
-	up := s.catalog.connectors[m.Connector]
+	up := d.connectors[m.Connector]
 	u := up.conn.BaseURL.Scheme + "://" + up.conn.BaseURL.Host + r.Path
 	if r.RawQuery != "" {
 		u += "?" + r.RawQuery
 	}
 	req, err := http.NewRequestWithContext(ctx, r.Method, u, bytes.NewReader(r.Body))
 	if err != nil {
-		return s.envoyRefuse(ctx, r, refusal.New(http.StatusBadRequest, refusal.BadRequest, "the request cannot be rebuilt on the connector's base URL"))
+		return d.envoyRefuse(ctx, r, refusal.New(http.StatusBadRequest, refusal.BadRequest, "the request cannot be rebuilt on the connector's base URL"))
 	}
 	if len(r.Body) == 0 {
 		req.Body, req.ContentLength = http.NoBody, 0
@@ -186,7 +187,7 @@ func (s *Server) envoyCall(ctx context.Context, r *extauthz.Request, m extauthz.
 	if hw <= 0 {
 		hw = -1 // no time left under Envoy's deadline: answer with the hold at once
 	}
-	o := s.Call(ctx, call.Request{
+	o := d.call(ctx, call.Request{
 		Identity: r.Identity, Tool: m.Tool, Transport: call.Envoy, Mode: call.Decide,
 		HTTP: req, HoldWait: hw, Envoy: r.Envoy, TraceParent: r.Headers.Get("traceparent"),
 	})
@@ -234,16 +235,16 @@ const holdRetryAfter = 5 * time.Second
 // egress (kind http, or connect for CONNECT), as the forward proxy would:
 // the session's state, then policy (the agents' egress allowlists and the
 // modules), audited before the answer. Raw egress is never held.
-func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Duration) extauthz.Verdict {
-	rec := s.envoyRecord(ctx, r)
+func (d *envoyDoor) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Duration) extauthz.Verdict {
+	rec := d.envoyRecord(ctx, r)
 	id, e := canonicalCaller(r.Identity)
 	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
 	if e == nil {
-		e = s.sessionRefusal(ctx, id.Session) // unknown state refuses too: raw egress is never held to re-check
+		e = d.session(ctx, id.Session) // unknown state refuses too: raw egress is never held to re-check
 	}
 	if e == nil && egress.NarrowedOut(egress.CallerOf(id), r.Host) { // egress/narrow.go: the sandbox's narrowing, before policy
-		d := egress.NarrowDecision
-		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
+		nd := egress.NarrowDecision
+		rec.Decision, rec.Decided = call.Decision{Action: nd.Action.String(), Rule: nd.Rule, Reason: nd.Reason, Revision: nd.Revision}, true
 		e = refusal.New(http.StatusForbidden, refusal.EgressDenied, fmt.Sprintf("%s is not on sandbox %q's egress list (narrowed by sandboxd --egress)", r.Host, id.Sandbox))
 	}
 	if e == nil {
@@ -258,18 +259,18 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 		} else if len(r.Body) > 0 && !r.BodyTruncated && utf8.Valid(r.Body) {
 			in.Request.Body = string(r.Body)
 		}
-		d := s.Decide(ctx, in)
-		rec.Decision, rec.Decided = call.Decision{Action: d.Action.String(), Rule: d.Rule, Reason: d.Reason, Revision: d.Revision}, true
-		switch d.Action {
+		dec := d.decide(ctx, in)
+		rec.Decision, rec.Decided = call.Decision{Action: dec.Action.String(), Rule: dec.Rule, Reason: dec.Reason, Revision: dec.Revision}, true
+		switch dec.Action {
 		case policy.Allow:
 		case policy.Ask:
 			e = refusal.New(http.StatusForbidden, refusal.EgressDenied, "raw egress cannot be held for approval; it was not sent")
 		default:
 			msg := fmt.Sprintf("%s is not on agent %q's egress allowlist", r.Host, id.Agent)
-			if d.Rule != "default" {
+			if dec.Rule != "default" {
 				msg = "blocked by policy"
-				if d.Reason != "" {
-					msg += ": " + d.Reason
+				if dec.Reason != "" {
+					msg += ": " + dec.Reason
 				}
 			}
 			e = refusal.New(http.StatusForbidden, refusal.EgressDenied, msg)
@@ -280,10 +281,10 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 	} else {
 		rec.Status = http.StatusOK
 	}
-	if ae := s.auditRecord(ctx, rec, e); ae != nil {
+	if ae := d.auditRecord(ctx, rec, e); ae != nil {
 		e, rec.Status = ae, ae.Status
 	}
-	s.logRecord(rec, e)
+	d.logRecord(rec, e)
 	if e != nil {
 		return extauthz.Verdict{Status: e.Status, Code: string(e.Code), Message: e.Message, RetryAfter: e.RetryAfter, RequestID: rec.RequestID}
 	}
@@ -291,29 +292,29 @@ func (s *Server) envoyEgress(ctx context.Context, r *extauthz.Request, _ time.Du
 }
 
 // envoyRefused audits a request the door refused before the pipeline.
-func (s *Server) envoyRefused(ctx context.Context, r *extauthz.Request, v extauthz.Verdict) string {
+func (d *envoyDoor) envoyRefused(ctx context.Context, r *extauthz.Request, v extauthz.Verdict) string {
 	e := refusal.New(v.Status, refusal.Code(v.Code), v.Message)
-	rec := s.envoyRecord(ctx, r)
+	rec := d.envoyRecord(ctx, r)
 	rec.Sandbox, rec.Agent, rec.Session, rec.User, rec.Egress = r.Identity.Sandbox, r.Identity.Agent, r.Identity.Session, r.Identity.User, r.Identity.Egress
 	rec.Status = v.Status
-	if ae := s.auditRecord(ctx, rec, e); ae != nil {
+	if ae := d.auditRecord(ctx, rec, e); ae != nil {
 		e = ae
 	}
-	s.logRecord(rec, e)
+	d.logRecord(rec, e)
 	return rec.RequestID
 }
 
 // envoyRefuse refuses a mapped request before the pipeline ran, audited.
-func (s *Server) envoyRefuse(ctx context.Context, r *extauthz.Request, e *refusal.Error) extauthz.Verdict {
+func (d *envoyDoor) envoyRefuse(ctx context.Context, r *extauthz.Request, e *refusal.Error) extauthz.Verdict {
 	v := extauthz.Verdict{Status: e.Status, Code: string(e.Code), Message: e.Message}
-	v.RequestID = s.envoyRefused(ctx, r, v)
+	v.RequestID = d.envoyRefused(ctx, r, v)
 	return v
 }
 
 // envoyRecord starts the record of a Check the pipeline does not run:
 // raw egress or a refusal before it. Its trace is ctx's (the Check's
 // server span, when tracing is on), as a tool call's is.
-func (s *Server) envoyRecord(ctx context.Context, r *extauthz.Request) *call.Record {
+func (d *envoyDoor) envoyRecord(ctx context.Context, r *extauthz.Request) *call.Record {
 	rec := &call.Record{RequestID: refusal.NewRequestID(), Start: time.Now(), Kind: call.KindHTTP, Transport: call.Envoy, DestHost: r.Host, Port: r.Port,
 		TraceID: tracing.TraceID(ctx)}
 	if r.Method == http.MethodConnect {
@@ -324,7 +325,7 @@ func (s *Server) envoyRecord(ctx context.Context, r *extauthz.Request) *call.Rec
 
 // auditRecord writes rec's decision record; an audit log that cannot be
 // written refuses (503 audit_unavailable).
-func (s *Server) auditRecord(ctx context.Context, rec *call.Record, refused *refusal.Error) *refusal.Error {
+func (d *envoyDoor) auditRecord(ctx context.Context, rec *call.Record, refused *refusal.Error) *refusal.Error {
 	var code refusal.Code
 	if refused != nil {
 		code = refused.Code
@@ -334,14 +335,14 @@ func (s *Server) auditRecord(ctx context.Context, rec *call.Record, refused *ref
 	for i, f := range fs {
 		sorted[i] = audit.Field{Key: f.Key, Value: f.Value}
 	}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rec.RequestID, Event: call.EventDecision, Sorted: sorted}, false); err != nil {
-		s.tel.audits.Add(ctx, 1)
+	if _, err := d.append(ctx, audit.Record{RequestID: rec.RequestID, Event: call.EventDecision, Sorted: sorted}, false); err != nil {
+		d.tel.audits.Add(ctx, 1)
 		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is let through until it can").Wrap(err)
 	}
 	return nil
 }
 
-func (s *Server) logRecord(rec *call.Record, e *refusal.Error) {
+func (d *envoyDoor) logRecord(rec *call.Record, e *refusal.Error) {
 	msg, level, attrs := rec.Line(e, rec.Reason(e))
-	s.log.LogAttrs(context.Background(), level, msg, attrs...)
+	d.log.LogAttrs(context.Background(), level, msg, attrs...)
 }

@@ -413,7 +413,7 @@ func TestEnvoyRawEgressNarrowed(t *testing.T) {
 	}
 	id.Egress = narrow
 	connect := func(host string) extauthz.Verdict {
-		return g.envoyEgress(context.Background(), &extauthz.Request{Identity: id, IdentitySource: "context_extensions",
+		return g.envoy.envoyEgress(context.Background(), &extauthz.Request{Identity: id, IdentitySource: "context_extensions",
 			Protocol: "HTTP/1.1", Scheme: "http", Method: http.MethodConnect, Host: host, Port: 443, ExplicitPort: true}, 0)
 	}
 	if v := connect("pypi.org"); v.Allow || v.Status != http.StatusForbidden || v.Code != "egress_denied" {

@@ -14,10 +14,10 @@ import (
 // connectors on it, in slug order. A Check then asks only those
 // connectors' specs (connectors.Match) instead of scanning and sorting
 // every connector's base URL per request.
-func (s *Server) envoyRoutes() func(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
+func (d *envoyDoor) envoyRoutes() func(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
 	byHost := map[string][]string{}
-	for _, slug := range slices.Sorted(maps.Keys(s.catalog.connectors)) {
-		if b := s.catalog.connectors[slug].conn.BaseURL; b != nil {
+	for _, slug := range slices.Sorted(maps.Keys(d.connectors)) {
+		if b := d.connectors[slug].conn.BaseURL; b != nil {
 			h := strings.ToLower(b.Hostname())
 			byHost[h] = append(byHost[h], slug)
 		}
@@ -29,6 +29,6 @@ func (s *Server) envoyRoutes() func(host string, port int, method, path, query s
 			// one is looked up folded, as matchTool compares.
 			slugs = byHost[strings.ToLower(host)]
 		}
-		return s.matchTool(slugs, host, port, method, path, query)
+		return d.matchTool(slugs, host, port, method, path, query)
 	}
 }

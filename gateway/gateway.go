@@ -21,13 +21,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
@@ -35,13 +35,16 @@ import (
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/h1"
+	"github.com/sluice-gw/sluice/gateway/heads"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/mcp"
-	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"github.com/sluice-gw/sluice/vault"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -83,9 +86,9 @@ type Server struct {
 	catalog *catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
-	audit   *audit.Log
+	audit   auditLog // the one audit write is its append (auditlog.go)
 	store   *store.Store
-	heads   auditHeads // audithead.go
+	heads   *heads.Recorder // the audit log's recorded head (THREATS G9)
 	tel     *telemetry
 	holds   *holds.Manager
 	icpt    *egress.Interceptor // nil without egress.intercept / egress.placeholders
@@ -94,8 +97,8 @@ type Server struct {
 	reviewUI  http.Handler
 	webhook   *http.Client
 
-	// life is the policy life cycle: bundles, decision logs, receipts (policylife.go).
-	life policyLife
+	// life is the policy life cycle: bundles, decision logs, receipts.
+	life *policylife.Life
 
 	policyMu  sync.Mutex // serialises reloads
 	engine    atomic.Pointer[policy.Engine]
@@ -118,47 +121,16 @@ type Server struct {
 
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
+	envoy     *envoyDoor               // the Envoy door's hooks (extauthz_door.go)
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
 
 	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
 
-	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthcreds.go)
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthconn.go)
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
 }
-
-// catalog is the loaded tools and, per tool, how to reach its API.
-type catalog struct {
-	tools      map[string]*connectors.Tool
-	aliases    map[string]*connectors.Tool // Tool.Alias → tool
-	list       []*connectors.Tool
-	connectors map[string]*upstream
-	remotes    map[string]*mcpremote.Remote // provider: mcp connectors by slug; their tools change (mcp_remote.go)
-}
-
-// upstream is one connector's provisioned destination.
-type upstream struct {
-	cfg       config.Connector
-	conn      *connectors.Connector
-	allow     []netip.Prefix
-	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
-	creds     *creds.Plan                // how the credential is attached; nil without one
-	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (creds.OAuthClient)
-	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
-}
-
-// Tool finds a tool by its name or its function-safe alias.
-func (c *catalog) Tool(name string) (*connectors.Tool, bool) {
-	if t, ok := c.tools[name]; ok {
-		return t, true
-	}
-	if t, ok := c.aliases[name]; ok {
-		return t, true
-	}
-	return c.remoteTool(name)
-}
-func (c *catalog) Tools() []*connectors.Tool { return c.withRemotes() }
 
 // New provisions a gateway from cfg: loads every connector's spec, compiles
 // the policy (a policy that fails to compile is reported and the server
@@ -197,7 +169,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
 		}
 	}
-	if err := s.initPolicyLife(); err != nil { // policylife.go
+	if s.life, err = policylife.New(cfg, log, s.engine.Load, tel.reg); err != nil {
 		return nil, err
 	}
 	if err := s.loadPolicy(ctx); err != nil {
@@ -216,18 +188,19 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if err := s.newOAuth(); err != nil { // oauthcreds.go
+	if s.oauth, err = newOAuth(cfg, s.catalog, s.creds, func() *store.Store { return s.store }, log); err != nil { // oauthconn.go
 		return nil, err
 	}
-	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: s.connectionsURL})
+	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connectionsURL(cfg.Approvals.PublicURL)})
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
 	aopts := auditOptions(cfg.Audit) // egress_audit.go
 	aopts.Replica = cfg.Gateway.ReplicaID
-	if s.audit, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
+	if s.audit.Log, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
+	s.audit.export = decisionExport(s.life, s.engine.Load, cfg.Policy.Bundle != nil) // decisionexport.go
 	if n := s.audit.Stats().TruncatedTail; n > 0 {
 		// What `sluice audit verify` calls an unfinished write: the last
 		// stop left a record half-written (a full disk, a crash). It was
@@ -239,12 +212,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.audit.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	if err := s.store.ClaimReplica(ctx, s.replicaLost); err != nil { // replica.go (THREATS G21)
+	if err := s.store.ClaimReplica(ctx, replicaLost(log)); err != nil { // replica.go (THREATS G21)
 		s.audit.Close()
 		s.store.Close()
 		return nil, err
 	}
-	if err := s.checkAuditHead(ctx); err != nil { // audithead.go (THREATS G9)
+	s.heads = heads.New(cfg.Audit, s.audit.Log, s.store, log)
+	if err := s.heads.Check(ctx); err != nil { // THREATS G9, G22
 		s.audit.Close()
 		s.store.Close()
 		return nil, err
@@ -274,99 +248,16 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, err
 	}
-	s.startRemotes(ctx) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
+	s.remotes.audit, s.remotes.log, s.remotes.changed = s.audit, log, s.mcpChanged
+	// A remote with MCP authorization lists with a connected person's
+	// token (mcp_oauth.go); the hosted door's tokens (hosted_door.go).
+	s.remotes.oauthHeader = remoteOAuthHeader(s.oauth, s.audit, log, s.creds, cfg.Approvals.PublicURL)
+	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
+	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
+	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
+		session: sessionCheck(s.store), append: s.audit.append} // extauthz_door.go
 	built = true
 	return s, nil
-}
-
-// loadCatalogWith loads every connector's spec and decides how its credential
-// is attached (newCredPlan); sl adds validate's strictness and defect
-// report to each load. errs refuse serve; warns are printed.
-func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, sl specLoad) (c *catalog, warns []error, err error) {
-	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
-	var errs []error
-	local := creds.ExistingLocal(cfg)
-	for i, cc := range cfg.Connectors {
-		key := fmt.Sprintf("connectors[%d]", i)
-		allow := allowPrivate(cc)
-		if cc.Provider == "mcp" {
-			errs = append(errs, c.addRemote(ctx, key, cc, d, allow, cfg, local)...) // mcp_remote.go
-			continue
-		}
-		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
-		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
-			continue
-		}
-		if conn.BaseURL == nil {
-			errs = append(errs, fmt.Errorf("%s.base_url: the spec names no server; set base_url", key))
-			continue
-		}
-		u := &upstream{cfg: cc, conn: conn, allow: allow}
-		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !creds.PlaintextOK(conn.BaseURL.Hostname(), u.allow) {
-			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
-			continue
-		}
-		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
-			var oerrs []error
-			if u.oauth, oerrs = creds.OAuthClient(key, cc, conn, u.allow); len(oerrs) > 0 {
-				errs = append(errs, oerrs...)
-				continue
-			}
-		}
-		if cc.Credential != nil {
-			plan, perrs, pwarns := creds.NewPlan(key, cc, conn, creds.StoredShape(ctx, cfg, cc, local))
-			warns = append(warns, pwarns...)
-			if len(perrs) > 0 {
-				errs = append(errs, perrs...)
-				continue
-			}
-			u.creds = plan
-		}
-		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
-		c.connectors[cc.Slug] = u
-		for _, t := range conn.Tools {
-			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
-				errs = append(errs, fmt.Errorf("%s: tool %s has the alias %s of tool %s", key, t.Name, t.Alias, other.Name))
-				continue
-			}
-			c.tools[t.Name] = t
-			c.aliases[t.Alias] = t
-			c.list = append(c.list, t)
-		}
-	}
-	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
-	return c, warns, errors.Join(errs...)
-}
-
-// newTransport builds a connector's transport. Every dial goes through the
-// guard with this connector's allow list; no proxy from the environment is
-// ever used; redirects are not followed because callers use RoundTrip.
-//
-// The idle pool is sized to the load the gateway admits: each sandbox
-// socket connection carries one call at a time, so at most
-// gateway.max_connections calls are in flight, and every upstream
-// connection they used can wait for the next call instead of being closed
-// and dialled again (a fixed 64 made 71% of calls at 1,000 callers dial;
-// issue 22). Only connections a load actually opened are kept, and each
-// for IdleConnTimeout.
-func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, maxIdle int) *http.Transport {
-	maxIdle = max(maxIdle, 2) // http.Transport's own default per host
-
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return d.DialContext(ctx, network, addr, allow)
-		},
-		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           maxIdle,
-		MaxIdleConnsPerHost:    maxIdle,
-		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    10 * time.Second,
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
 }
 
 func (s *Server) loadPolicy(ctx context.Context) error {
@@ -384,7 +275,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 			s.mcpChanged() // what a caller may list may have changed
 		}
 	}
-	s.policyHooks(&pc) // policylife.go
+	s.life.Hooks(&pc) // gateway/policylife
 	e, err := policy.New(ctx, pc)
 	s.tel.reload(err == nil)
 	s.setPolicyErr(err)
@@ -408,6 +299,120 @@ func (s *Server) setPolicyErr(err error) {
 // Decide evaluates the current policy. With no policy loaded it blocks.
 func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 	return s.engine.Load().Decide(ctx, in) // a nil *Engine blocks
+}
+
+// adminHandler is the admin listener's handler (package admin), wired to
+// this server's state; Serve builds it once, after SetAdminAuth and
+// SetReviewUI.
+func (s *Server) adminHandler() http.Handler {
+	d := admin.Deps{
+		Config: s.cfg, Log: s.log, Holds: s.holds, Store: s.store,
+		Audit: func(ctx context.Context, rec audit.Record) error {
+			_, err := s.audit.append(ctx, rec, false)
+			return err
+		},
+		Policy: s.engine.Load,
+		PolicyErr: func() string {
+			if p := s.policyErr.Load(); p != nil {
+				return *p
+			}
+			return ""
+		},
+		AuditErr:     s.audit.Err,
+		StoreProblem: func(ctx context.Context) string { return storeProblem(ctx, s.store) },
+		Metrics:      s.tel.handler,
+		JWKS:         creds.JWKS(s.creds, s.log),
+		Tools:        func() int { return len(s.catalog.Tools()) },
+		Placeholders: func() any { return s.icpt.Placeholders() },
+		CloseSession: s.sessConns.closeSession,
+		MintToken:    s.hosted.mintToken, // hosted_door.go
+		Receipts:     s.life.Receipts(),
+		Person:       s.adminAuth,
+		UI:           s.reviewUI,
+	}
+	if s.icpt != nil {
+		d.CACert = s.icpt.CACertPEM
+	}
+	if se, ok := s.creds.(SessionEnder); ok {
+		d.EndSession = se.EndSession
+	}
+	return admin.New(d).Handler()
+}
+
+// The root's side of the seam with raw egress: what egress is given.
+
+// newRawEgress provisions raw egress for this server.
+func (s *Server) newRawEgress() *egress.Proxy { return egress.New(s.egressDeps()) }
+
+// egressDeps wires raw egress to this server.
+func (s *Server) egressDeps() egress.Deps {
+	return egress.Deps{
+		Config:   s.cfg,
+		Log:      s.log,
+		Dialer:   s.dialer,
+		Identity: ingress.IdentityFrom,
+		Engine:   s.engine.Load,
+		Append:   s.audit.append,
+		Session:  sessionCheck(s.store),
+		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
+			if tok, ok, err := placeholderToken(ctx, s.oauth, secret, c); ok { // oauthconn.go
+				return tok, err
+			}
+			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
+		},
+		Track:            s.sessConns.add,
+		OnStop:           s.stop.OnStop,
+		AtClose:          s.stop.AtClose,
+		Repeats:          s.repeats.allow,
+		Interceptor:      s.icpt,
+		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
+		Decisions:        s.tel.decisions,
+		Reflected:        s.tel.reflected,
+		AuditFailures:    s.tel.audits,
+		RuleLabel:        s.tel.ruleLabel,
+		UpstreamAnswered: s.tel.upstreamAnswered,
+	}
+}
+
+// newMCPDoor mounts the MCP door (gateway/mcp) on the sandbox socket. Its
+// hooks are the pipeline's own entrances: the list is Tools (GET
+// /v1/tools's), every tools/call is Call with transport mcp, and
+// sluice.await_hold is Poll. The door decides, sends and audits nothing
+// itself.
+func (s *Server) newMCPDoor() *mcp.Door {
+	g := s.cfg.Gateway
+	d := mcp.New(mcp.Deps{
+		Identify: func(r *http.Request) (wire.Identity, bool) { return ingress.IdentityFrom(r.Context()) },
+		Tools:    s.Tools,
+		Call:     s.Call,
+		Poll:     s.Poll,
+		Remote:   s.catalog.mcpRemote, // mcp_remote.go
+		Title: func(name string) string {
+			if t, ok := s.catalog.Tool(name); ok {
+				return t.Summary
+			}
+			return ""
+		},
+		Output: func(name string, body []byte) bool {
+			t, ok := s.catalog.Tool(name)
+			return ok && t.MatchesOutput(body)
+		},
+		HoldWait:        g.HoldWait.Std(),
+		Aliases:         g.MCP.ToolNames == "aliases",
+		MaxMessageBytes: g.MCP.MaxMessageBytes,
+		Logger:          s.log,
+	})
+	s.mcpDoor.Store(d)
+	return d
+}
+
+// mcpChanged tells the MCP door that what callers may list may have
+// changed (a policy reload): open sessions whose list changed get
+// notifications/tools/list_changed.
+func (s *Server) mcpChanged() {
+	if d := s.mcpDoor.Load(); d != nil {
+		go d.Changed(context.Background())
+	}
 }
 
 // Serve listens on the sandbox socket and the admin address and serves
@@ -436,19 +441,23 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.serveHosted(sl); err != nil { // hosted_door.go
+	if err := s.hosted.serveHosted(sl); err != nil { // hosted_door.go
 		sl.Close()
 		return err
 	}
-	stopAuthz, err := s.serveExtAuthz(ctx) // extauthz_door.go
+	stopAuthz, authzAddr, xds, err := s.envoy.serve(ctx) // extauthz_door.go
 	if err != nil {
 		sl.Close()
 		return err
 	}
+	if authzAddr != "" {
+		s.authzAddr.Store(&authzAddr)
+	}
+	s.xds = xds
 	defer stopAuthz()
 	servers := []*http.Server{{
 		Handler:           sl.HostedGate(s.sandboxHandler()), // hosted_door.go
-		ConnContext:       s.connContext,                     // session_conns.go
+		ConnContext:       s.sessConns.connContext,           // session_conns.go
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
@@ -471,13 +480,13 @@ func (s *Server) Serve(ctx context.Context) error {
 		listeners = append(listeners, al)
 	}
 	go s.watchPolicy(ctx)
-	go s.runPolicyLife(ctx) // policylife.go
+	go s.life.Run(ctx) // gateway/policylife
 	go s.holds.Run(ctx)
 	headDone := make(chan struct{})
-	go func() { defer close(headDone); s.headLoop(ctx) }()
+	go func() { defer close(headDone); s.heads.Run(ctx) }()
 	defer func() { <-headDone }()
 	countDone := make(chan struct{})
-	go func() { defer close(countDone); s.countLoop(ctx) }()
+	go func() { defer close(countDone); s.usage.loop(ctx, s.store, s.log) }()
 	defer func() { <-countDone }()
 	errc := make(chan error, len(servers))
 	for i := range servers {
@@ -517,6 +526,21 @@ func (s *Server) RelayAddr() string {
 	return ""
 }
 
+// Unavailable lists the remote MCP servers among agentConnectors whose
+// tools cannot be listed now, each with why (GET /v1/tools shows it to
+// agents granted the connector; the log says it when it starts).
+func (s *Server) Unavailable(agentConnectors []string) []map[string]string {
+	return s.catalog.unavailable(agentConnectors)
+}
+
+// ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).
+func (s *Server) ExtAuthzAddr() string {
+	if p := s.authzAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // Reload re-reads the policy (SIGHUP). On failure the previous policy keeps
 // serving and the error is returned.
 // The policy engine logs the outcome; callers need not.
@@ -536,7 +560,7 @@ func (s *Server) Reload(ctx context.Context) error {
 // After a cold start whose policy failed to compile there is no engine to
 // watch with, so it polls the files' stamps until a load succeeds.
 func (s *Server) watchPolicy(ctx context.Context) {
-	watched := policyFiles(s.cfg) // policylife.go: the rego paths and a bundle file
+	watched := policylife.Files(s.cfg) // the rego paths and a bundle file
 	if len(watched) == 0 && s.cfg.Policy.Bundle == nil {
 		return
 	}
@@ -550,7 +574,7 @@ func (s *Server) watchPolicy(ctx context.Context) {
 		case <-t.C:
 		}
 		// A bundle server that was down at start is asked again every tick.
-		if st := regoStamp(watched); st != last || bundleURL(s.cfg) {
+		if st := regoStamp(watched); st != last || policylife.BundleURL(s.cfg) {
 			last = st
 			_ = s.loadPolicy(ctx) // logged and counted by loadPolicy
 		}
@@ -580,15 +604,18 @@ func regoStamp(paths []string) string {
 	return b.String()
 }
 
+// HostedAddr is gateway.hosted's listener address once Ready, "" when off.
+func (s *Server) HostedAddr() string { return s.hosted.Addr() }
+
 // Catalog returns the loaded tools.
 func (s *Server) Catalog() Catalog { return s.catalog }
 
 // Close releases the stores. Call it after Serve returns.
 func (s *Server) Close() error {
-	s.closeHeads()
+	s.heads.Close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
-	s.stopRemotes()
+	s.remotes.stop()
 	for _, u := range s.catalog.connectors {
 		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {
 			t.CloseIdleConnections()
@@ -599,60 +626,25 @@ func (s *Server) Close() error {
 	return err
 }
 
-type usageKey struct{ agent, tool, action string }
+// shutdownGrace bounds a graceful shutdown: requests still running after
+// it have their connections closed.
+const shutdownGrace = 10 * time.Second
 
-// usage aggregates call counters in memory; countLoop flushes them to the
-// store once a second, off the request path: a slow disk must not add
-// latency to calls, and the audit log, not the counters, is the record.
-type usage struct {
-	mu sync.Mutex
-	m  map[usageKey]int64
-}
-
-func (u *usage) add(k usageKey) {
-	u.mu.Lock()
-	u.m[k]++
-	u.mu.Unlock()
-}
-
-func (u *usage) take() []store.Usage {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	rows := make([]store.Usage, 0, len(u.m))
-	for k, n := range u.m {
-		rows = append(rows, store.Usage{Agent: k.agent, Tool: k.tool, Action: k.action, Count: n})
-	}
-	clear(u.m)
-	return rows
-}
-
-func (s *Server) countLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			s.flushUsage(context.Background())
-			return
-		case <-t.C:
-			s.flushUsage(ctx)
+// shutdown stops servers gracefully. Long-lived requests are told first
+// (stopHooks.begin: a DNS stream stops reading questions, answers those in
+// flight and ends its body), so that Shutdown waits for them only as long
+// as their answers take; whatever still runs after shutdownGrace has its
+// connection closed rather than outliving Serve. Then the idle upstream
+// connections of raw egress are closed.
+func (s *Server) shutdown(servers []*http.Server) {
+	s.stop.Begin()
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	for _, srv := range servers {
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Warn("gateway: shutdown: grace period over; closing the connections still busy", "grace", shutdownGrace.String(), "err", err)
+			_ = srv.Close()
 		}
 	}
-}
-
-func (s *Server) flushUsage(ctx context.Context) {
-	if err := s.store.AddUsage(ctx, s.usage.take()); err != nil {
-		s.log.Warn("store: usage counters not written", "err", err)
-	}
-}
-
-func (s *Server) count(agent, tool, action string) { s.usage.add(usageKey{agent, tool, action}) }
-
-// egressAllowlists maps each agent to its agents[].egress list for policy.
-func egressAllowlists(cfg *config.Config) map[string][]string {
-	m := make(map[string][]string, len(cfg.Agents))
-	for _, a := range cfg.Agents {
-		m[a.Name] = a.Egress
-	}
-	return m
+	s.stop.CloseAll()
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
@@ -25,8 +24,8 @@ import (
 //
 // A re-send that names its hold (Sluice-Hold) is never granted: it must
 // get its hold's answer, not a second execution.
-func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
-	if s.holds == nil || c.req.HoldID != "" || c.decision.Action != policy.Ask {
+func useGrant(ctx context.Context, hm *holds.Manager, l auditLog, c *toolCall, tool *connectors.Tool, req *http.Request) (bool, *refusal.Error) {
+	if hm == nil || c.req.HoldID != "" || c.decision.Action != policy.Ask {
 		return false, nil
 	}
 	hr, err := c.holdRequest(req)
@@ -35,7 +34,7 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 		return false, e
 	}
 	key := holds.GrantKey{Agent: c.rec.Agent, User: c.rec.User, Tool: tool.Name, SHA256: hr.Hash()}
-	g, ok, err := s.holds.MatchGrant(ctx, key, c.decision.Approvers)
+	g, ok, err := hm.MatchGrant(ctx, key, c.decision.Approvers)
 	if e := storeRefusal(err); e != nil {
 		return false, e
 	}
@@ -55,72 +54,11 @@ func (s *Server) useGrant(ctx context.Context, c *toolCall, tool *connectors.Too
 	if c.rec.Egress != "" {
 		f["egress"] = c.rec.Egress
 	}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
+	if _, err := l.append(ctx, audit.Record{RequestID: c.rec.RequestID, Event: "grant_used", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 		return false, e
 	}
 	c.decide(policy.Decision{Action: policy.Allow, Rule: "grant:" + g.ID,
 		Reason: "always allowed by " + g.By + " (grant " + g.ID + " from hold " + g.Hold + "; policy " + c.decision.Rule + " asked)"})
 	return true, nil
-}
-
-// grantTTL parses the approve body's ttl: "" is holds.DefaultGrantTTL, at
-// most holds.MaxGrantTTL. A ttl without always is refused rather than
-// silently ignored.
-func grantTTL(always bool, v string) (time.Duration, *refusal.Error) {
-	if !always {
-		return 0, refusal.New(http.StatusBadRequest, refusal.BadRequest, `ttl needs "always": true`)
-	}
-	if v == "" {
-		return holds.DefaultGrantTTL, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 || d > holds.MaxGrantTTL {
-		return 0, refusal.New(http.StatusBadRequest, refusal.BadRequest, "ttl must be a duration like 8h, more than 0 and at most 24h")
-	}
-	return d, nil
-}
-
-// adminGrants routes the grants API of the admin listener: any
-// authenticated approver may list and revoke (revoking only takes a
-// permission away); grants are made only by approving a hold.
-func (s *Server) adminGrants(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v1/grants", s.withPerson(s.handleListGrants))
-	mux.HandleFunc("DELETE /api/v1/grants/{id}", s.withPerson(s.handleRevokeGrant))
-}
-
-func (s *Server) handleListGrants(w http.ResponseWriter, r *http.Request, _ holds.Person) {
-	all := false
-	switch v := r.URL.Query().Get("status"); v {
-	case "", "active":
-	case "all":
-		all = true
-	default:
-		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "status must be active or all"), refusal.NewRequestID())
-		return
-	}
-	limit := 0
-	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, "limit must be 1..1000"), refusal.NewRequestID())
-			return
-		}
-		limit = n
-	}
-	gs, err := s.holds.Grants(r.Context(), all, limit)
-	if err != nil {
-		s.holdsError(w, err)
-		return
-	}
-	refusal.WriteJSON(w, http.StatusOK, map[string]any{"grants": gs})
-}
-
-func (s *Server) handleRevokeGrant(w http.ResponseWriter, r *http.Request, p holds.Person) {
-	g, err := s.holds.RevokeGrant(r.Context(), r.PathValue("id"), p)
-	if err != nil {
-		s.holdsError(w, err)
-		return
-	}
-	refusal.WriteJSON(w, http.StatusOK, map[string]any{"grant": g})
 }

@@ -8,16 +8,23 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/review"
 	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -35,7 +42,7 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 	if !s.approvalsEnabled() {
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and no approval service is running; it was not sent")
 	}
-	hctx := s.stage(c, stageHold) // the hold's creation and its wait (calltrace.go)
+	hctx := s.tel.stage(c, stageHold) // the hold's creation and its wait (calltrace.go)
 	if len(c.decision.Approvers) == 0 {
 		// Nobody could approve it: holding it would only make it expire.
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "this call needs approval and its rule names no approvers; it was not sent")
@@ -271,7 +278,17 @@ func (s *Server) executeHold(ctx context.Context, h holds.Hold) (holds.Result, b
 	if err != nil {
 		return holds.Result{HTTPStatus: http.StatusInternalServerError, Body: []byte(`{"error":{"code":"internal","message":"bug: response not encodable"}}`), Answered: true}, false
 	}
-	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true, Receipt: s.receipt(h, c)}, true // policylife.go
+	return holds.Result{HTTPStatus: http.StatusOK, Body: data, Answered: true, Receipt: s.receipt(h, c)}, true
+}
+
+// receipt signs the receipt of an approved hold's execution c (nil: it
+// was not executed).
+func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
+	if c == nil {
+		return nil
+	}
+	return s.life.Receipt(h, policylife.Execution{Answered: c.answered, Decision: c.decision,
+		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential})
 }
 
 // storedRequest rebuilds an approved hold's request exactly as stored.
@@ -325,4 +342,199 @@ func canonicalRequest(req *http.Request) (holds.Request, error) {
 		req.Body = io.NopCloser(bytes.NewReader(b))
 	}
 	return holds.Request{Method: req.Method, URL: req.URL.String(), Headers: req.Header.Clone(), Body: body}, nil
+}
+
+// Holds returns the holds manager (the review UI decides through it).
+func (s *Server) Holds() *holds.Manager { return s.holds }
+
+// SetAdminAuth adds a way to authenticate people on the admin API besides
+// bearer tokens (the review UI's cookie sessions). fn must verify its own
+// CSRF protection for state-changing requests. Call before Serve.
+func (s *Server) SetAdminAuth(fn func(*http.Request) (holds.Person, bool)) { s.adminAuth = fn }
+
+// SetReviewUI mounts the review web UI at "/" on the admin listener
+// (replacing the index page). Call before Serve.
+func (s *Server) SetReviewUI(h http.Handler) { s.reviewUI = h }
+
+// approvalsEnabled says whether anyone could ever decide a hold: without
+// approver accounts an ask is refused as approval_unavailable instead of
+// being held until it expires.
+func (s *Server) approvalsEnabled() bool {
+	return s.holds != nil && (len(s.cfg.Approvers.Users) > 0 || s.cfg.Approvers.OIDC != nil)
+}
+
+func (s *Server) newHolds() *holds.Manager {
+	return holds.New(holds.Options{
+		Store:                s.store,
+		Execute:              s.executeHold,
+		Audit:                s.auditHold,
+		Notify:               s.notifyHold,
+		MaxPendingPerAgent:   s.cfg.Gateway.MaxPendingHolds,
+		MaxPendingPerSandbox: s.cfg.Gateway.MaxPendingHoldsPerSandbox,
+		Lease:                s.cfg.Gateway.HoldLease.Std(),
+		Logger:               s.log,
+	})
+}
+
+// newReviewUI mounts the review web UI when anyone can sign in to it
+// (approvers with a password_hash, or OIDC), and lets its sessions use the
+// admin API too.
+func (s *Server) newReviewUI() error {
+	var users []config.User
+	for _, u := range s.cfg.Approvers.Users {
+		if u.PasswordHash != "" {
+			users = append(users, u)
+		}
+	}
+	oc := s.cfg.Approvers.OIDC
+	if len(users) == 0 && oc == nil {
+		return nil
+	}
+	opt := review.Options{
+		Holds:  s.holds,
+		Grants: s.holds, // review/grants.go: the Grants page
+		Users:  users,
+		Log:    s.log,
+		Audit: func(ctx context.Context, event string, fields map[string]any) error {
+			_, err := s.audit.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: event, Fields: fields}, false)
+			return err
+		},
+		AuditFile:     s.cfg.Audit.Path,
+		SecureCookies: strings.HasPrefix(s.cfg.Approvals.PublicURL, "https://"),
+	}
+	if oc != nil {
+		secret, err := os.ReadFile(oc.ClientSecretFile)
+		if err != nil {
+			return fmt.Errorf("approvers.oidc.client_secret_file: %w", err)
+		}
+		opt.OIDC = &review.OIDC{Issuer: oc.Issuer, ClientID: oc.ClientID, ClientSecret: strings.TrimSpace(string(secret)),
+			RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/oidc/callback", GroupsClaim: oc.GroupsClaim}
+	}
+	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
+		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // below
+	}
+	ui, err := review.New(opt)
+	if err != nil {
+		return fmt.Errorf("review UI: %w", err)
+	}
+	s.reviewUI, s.adminAuth = ui, ui.Person
+	return nil
+}
+
+// auditHold appends a hold's audit record.
+func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extra map[string]any) error {
+	f := map[string]any{
+		"hold": h.ID, "tool": h.Tool, "sha256": h.SHA256, "rule": h.Rule,
+		"sandbox": h.Caller.Sandbox, "agent": h.Caller.Agent, "session": h.Caller.Session, "user": h.Caller.User,
+	}
+	if h.Caller.Egress != "" {
+		f["egress"] = h.Caller.Egress
+	}
+	if event == "hold_created" {
+		f["decision"], f["approvers"], f["reason"] = "ask", h.Approvers, h.Reason
+		if id := tracing.TraceIDOf(h.TraceParent); id != "" {
+			f[call.KeyTraceID] = id // the held call's trace
+		}
+	}
+	for k, v := range extra {
+		f[k] = v
+	}
+	if d, ok := strings.CutPrefix(event, "hold_"); ok && (d == "approved" || d == "denied") && !h.Decided.IsZero() {
+		s.tel.approval.WithLabelValues(d).Observe(h.Decided.Sub(h.Created).Seconds())
+	}
+	_, err := s.audit.append(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
+	return err
+}
+
+// holdLink is the review UI's page of a hold.
+func (s *Server) holdLink(id string) string {
+	base := s.cfg.Approvals.PublicURL
+	if base == "" {
+		base = "http://" + s.AdminAddr()
+	}
+	return strings.TrimRight(base, "/") + "/holds/" + id
+}
+
+// notifyHold posts the Slack-compatible webhook for a new hold. Failures
+// are logged; they never affect the hold.
+func (s *Server) notifyHold(h holds.Hold) {
+	u := s.cfg.Approvals.WebhookURL
+	if u == "" {
+		return
+	}
+	text := fmt.Sprintf("sluice: %s (agent %s, user %s) is waiting for approval: %s %s. Rule %s. Review: %s",
+		h.Tool, h.Caller.Agent, h.Caller.User, h.Request.Method, h.Request.URL, h.Rule, s.holdLink(h.ID))
+	body, _ := json.Marshal(map[string]string{"text": text})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		s.log.Warn("approvals: webhook request", "hold", h.ID, "err", err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.webhook.Do(req)
+	if err != nil {
+		// The URL may carry a token (Slack's do): log only the failure kind.
+		s.log.Warn("approvals: webhook not delivered", "hold", h.ID, "err", errors.Unwrap(err))
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		s.log.Warn("approvals: webhook refused", "hold", h.ID, "status", resp.StatusCode)
+	}
+}
+
+// OAuth returns the OAuth manager of the credential.oauth2 connectors,
+// nil without any (tests, and embedders that drop its cache on reload).
+func (s *Server) OAuth() *oauth.Manager { return s.oauth }
+
+// connectionApprover is the approver a call held for a connection names:
+// only the connect of that connector by the call's person approves it.
+func connectionApprover(connector string) string { return "connection:" + connector }
+
+// holdForConnection holds a call to a credential.oauth2 connector with
+// on_missing: hold whose person has no usable connection: like an ask,
+// until they connect (connectHeld approves it then and it is sent once),
+// or until the hold expires. held is false when the call goes on to the
+// credential stage (connected, refuse mode, an approved hold's execution,
+// a decided-only call, no person).
+func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream, args *connectors.Args, req *http.Request) (o call.Outcome, e *refusal.Error, held bool) {
+	if up.oauth == nil || up.cfg.Credential.OAuth2.OnMissing != "hold" || c.held != nil || c.req.Mode == call.Decide || c.rec.User == "" || s.oauth == nil {
+		return call.Outcome{}, nil, false
+	}
+	conn, err := s.oauth.Get(ctx, tool.Connector, c.rec.User)
+	if err != nil {
+		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the OAuth connection for this connector cannot be read").Wrap(err), true
+	}
+	if conn.Status == oauth.Connected {
+		return call.Outcome{}, nil, false
+	}
+	c.decision.Approvers = []string{connectionApprover(tool.Connector)}
+	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, connectionsURL(s.cfg.Approvals.PublicURL)(tool.Connector), conn.Status)
+	o, e = s.holdCall(ctx, c, tool, args, req)
+	return o, e, true
+}
+
+// connectHeld sends, once each, the calls held for user's connection of
+// connector (approved as connectionApprover, through the same execution
+// as any approval).
+func (s *Server) connectHeld(connector, user string) {
+	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_oauth.go)
+	ctx := context.Background()
+	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
+	if err != nil {
+		s.log.Error("oauth: held calls not released after a connect", "connector", connector, "user", user, "err", err)
+		return
+	}
+	who := holds.Person{Name: connectionApprover(connector)}
+	for _, h := range hs {
+		if len(h.Approvers) != 1 || h.Approvers[0] != who.Name || !ident.Same(h.Caller.User, user) {
+			continue
+		}
+		if _, err := s.holds.Approve(ctx, h.ID, who, user+" connected "+connector); err != nil {
+			s.log.Warn("oauth: held call not released", "hold", h.ID, "err", err)
+		}
+	}
 }

@@ -5,17 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/runtoken"
+	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -41,8 +44,14 @@ const HostedHost = "hosted"
 // maxMintBytes bounds a mint request's body.
 const maxMintBytes = 4 << 10
 
-// hostedDoor is the Server's hosted-sandbox state.
+// hostedDoor is the hosted sandboxes' door: per-run tokens, their
+// listener and the mint. New gives it what it reads.
 type hostedDoor struct {
+	cfg   *config.Config
+	log   *slog.Logger
+	store *store.Store // whether a token's session ended
+	audit auditLog     // refusals and mints are audited
+
 	key  atomic.Pointer[runtoken.Key] // loaded at Serve (nil: gateway.hosted off, or not serving yet)
 	addr atomic.Pointer[string]       // the listener's address once listening
 
@@ -58,7 +67,7 @@ type hostedDoor struct {
 // serveHosted loads the token key and opens gateway.hosted's listener into
 // sl (a no-op without gateway.hosted). A key that cannot be loaded, or a
 // certificate, refuses the start.
-func (s *Server) serveHosted(sl *ingress.Listener) error {
+func (s *hostedDoor) serveHosted(sl *ingress.Listener) error {
 	h := s.cfg.Gateway.Hosted
 	if h == nil {
 		return nil
@@ -71,20 +80,20 @@ func (s *Server) serveHosted(sl *ingress.Listener) error {
 	if err != nil {
 		return err
 	}
-	s.hosted.key.Store(key)
+	s.key.Store(key)
 	a, err := sl.ListenHosted(h.Listen, tcfg, ingress.HostedOptions{Check: s.checkHosted, Refused: s.hostedRefused})
 	if err != nil {
 		return err
 	}
 	addr := a.String()
-	s.hosted.addr.Store(&addr)
+	s.addr.Store(&addr)
 	s.log.Info("hosted listener serving", "hosted", addr)
 	return nil
 }
 
-// HostedAddr is gateway.hosted's listener address once Ready, "" when off.
-func (s *Server) HostedAddr() string {
-	if p := s.hosted.addr.Load(); p != nil {
+// Addr is gateway.hosted's listener address once Ready, "" when off.
+func (d *hostedDoor) Addr() string {
+	if p := d.addr.Load(); p != nil {
 		return *p
 	}
 	return ""
@@ -94,8 +103,8 @@ func (s *Server) HostedAddr() string {
 // (constant time) and expiry, the Basic user naming the token's session,
 // and the session not ended in the store (a store that cannot answer
 // refuses: fail closed).
-func (s *Server) checkHosted(ctx context.Context, session, token string) ingress.HostedVerdict {
-	key := s.hosted.key.Load()
+func (s *hostedDoor) checkHosted(ctx context.Context, session, token string) ingress.HostedVerdict {
+	key := s.key.Load()
 	if key == nil {
 		return ingress.HostedVerdict{Refused: "hosted_off"}
 	}
@@ -133,7 +142,7 @@ func (s *Server) checkHosted(ctx context.Context, session, token string) ingress
 // Neither the token nor the Basic user it came with is recorded (either
 // may be the secret: a client can swap them); the identity is the
 // token's claims, and only when its MAC verified.
-func (s *Server) hostedRefused(r ingress.HostedRefusal) {
+func (s *hostedDoor) hostedRefused(r ingress.HostedRefusal) {
 	rid := refusal.NewRequestID()
 	fields := map[string]any{"reason": r.Reason, "remote": r.Remote, "method": r.Method, "status": r.Status, "transport": "hosted"}
 	if r.Target != "" {
@@ -142,17 +151,17 @@ func (s *Server) hostedRefused(r ingress.HostedRefusal) {
 	if r.ID.Session != "" {
 		fields["sandbox"], fields["agent"], fields["session"], fields["user"], fields["token_id"] = r.ID.Sandbox, r.ID.Agent, r.ID.Session, r.ID.User, r.TokenID
 	}
-	if _, err := s.appendAudit(context.Background(), audit.Record{RequestID: rid, Event: "hosted_token_refused", Fields: fields}, false); err != nil {
+	if _, err := s.audit.append(context.Background(), audit.Record{RequestID: rid, Event: "hosted_token_refused", Fields: fields}, false); err != nil {
 		s.log.Error("hosted listener: refusal not audited", "request_id", rid, "err", err)
 	}
 	quiet := int64(0)
 	if r.ID.Session == "" {
-		now, last := time.Now().Unix(), s.hosted.anonLast.Load()
-		if now == last || !s.hosted.anonLast.CompareAndSwap(last, now) {
-			s.hosted.anonQuiet.Add(1)
+		now, last := time.Now().Unix(), s.anonLast.Load()
+		if now == last || !s.anonLast.CompareAndSwap(last, now) {
+			s.anonQuiet.Add(1)
 			return
 		}
-		quiet = s.hosted.anonQuiet.Swap(0)
+		quiet = s.anonQuiet.Swap(0)
 	}
 	s.log.Warn("hosted listener: refused", "request_id", rid, "decision", "block", "reason", r.Reason, "remote", r.Remote,
 		"agent", r.ID.Agent, "session", r.ID.Session, "dest_host", r.Target, "status", r.Status, "not_logged_since", quiet)
@@ -189,22 +198,17 @@ func (t runtokenJSON) MarshalJSON() ([]byte, error) { return json.Marshal(string
 // DefaultMintTTL is a minted token's lifetime when the request names none.
 const DefaultMintTTL = time.Hour
 
-// handleMintToken is POST /api/v1/sessions/{session}/tokens: a per-run
-// token for one (agent, session, user), for a hosted sandbox. Only a
-// machine caller (a token of gateway.session_tokens_sha256: the platform
-// that starts the sandbox) may mint; an approver may not, since a token
-// names the user a call acts for and a person who could mint one for
-// someone else could approve that person's held calls. The token is
-// refused for a session already ended; the mint is audited
-// (session_token_minted, with the token's id, never the token).
-func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
-	rid := refusal.NewRequestID()
-	by, ok := s.machineCaller(r)
-	if !ok {
-		refusal.WriteUnauthenticated(w, "a session token (gateway.session_tokens_sha256) is required to mint a per-run token", rid)
-		return
-	}
-	h, key := s.cfg.Gateway.Hosted, s.hosted.key.Load()
+// mintToken is POST /api/v1/sessions/{session}/tokens (admin.Deps.MintToken):
+// a per-run token for one (agent, session, user), for a hosted sandbox.
+// Only a machine caller (a token of gateway.session_tokens_sha256: the
+// platform that starts the sandbox) may mint, which the admin API checked
+// (by); an approver may not, since a token names the user a call acts for
+// and a person who could mint one for someone else could approve that
+// person's held calls. The token is refused for a session already ended;
+// the mint is audited (session_token_minted, with the token's id, never
+// the token).
+func (s *hostedDoor) mintToken(w http.ResponseWriter, r *http.Request, rid, by string) {
+	h, key := s.cfg.Gateway.Hosted, s.key.Load()
 	if h == nil || key == nil {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "hosted sandboxes are off: set gateway.hosted"), rid)
 		return
@@ -229,8 +233,8 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 		if *v == "" && k == "user" {
 			continue
 		}
-		if !validSessionID(*v) {
-			bad(k, fmt.Sprintf("must be 1..%d printable characters without spaces", maxSessionIDLen))
+		if !admin.ValidSessionID(*v) {
+			bad(k, fmt.Sprintf("must be 1..%d printable characters without spaces", admin.MaxSessionIDLen))
 			return
 		}
 		if k == "session" || k == "user" { // canonical, as the preamble's are (canonicalIdentity)
@@ -256,7 +260,7 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 		}
 		// A narrowing never widens: refused (and audited) as sandboxd's is.
 		id := wire.Identity{Sandbox: req.Sandbox, Agent: req.Agent, Session: session, User: req.User, Host: HostedHost, Egress: egress}
-		if e := s.checkNarrowing(r.Context(), rid, id, agent.Egress); e != nil {
+		if e := checkNarrowing(r.Context(), s.audit, rid, id, agent.Egress); e != nil {
 			refusal.Write(w, e, rid)
 			return
 		}
@@ -298,7 +302,7 @@ func (s *Server) handleMintToken(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusInternalServerError, refusal.BadRequest, "the token could not be made"), rid)
 		return
 	}
-	if _, err := s.appendAudit(r.Context(), audit.Record{RequestID: rid, Event: "session_token_minted", Fields: map[string]any{
+	if _, err := s.audit.append(r.Context(), audit.Record{RequestID: rid, Event: "session_token_minted", Fields: map[string]any{
 		"session": session, "agent": req.Agent, "user": req.User, "sandbox": req.Sandbox, "egress": egress, "by": by,
 		"token_id": claims.Nonce, "expires": claims.ExpiresAt().UTC().Format(time.RFC3339), "transport": "hosted",
 	}}, false); err != nil {

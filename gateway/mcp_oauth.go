@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -67,23 +68,31 @@ func mcpOAuthRegistered(clients []oauth.Client, st oauth.Store) {
 // remoteOAuthHeader is how a remote MCP server with MCP authorization is
 // listed: its authorization discovered (a failure is the remote's
 // unavailability reason, by step), then the token of a person who has
-// connected it.
-func (s *Server) remoteOAuthHeader(up *upstream) func(ctx context.Context) (http.Header, error) {
+// connected it. m is the OAuth manager, al where a refused authorization
+// is audited, src where the connections are listed, publicURL
+// approvals.public_url (the Connections page named in the reason).
+func remoteOAuthHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string) func(up *upstream) func(ctx context.Context) (http.Header, error) {
+	return func(up *upstream) func(ctx context.Context) (http.Header, error) {
+		return oauthListHeader(m, al, log, src, publicURL, up)
+	}
+}
+
+func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string, up *upstream) func(ctx context.Context) (http.Header, error) {
 	slug := up.cfg.Slug
 	var mu sync.Mutex
 	var last string // the refusal last audited, so a remote that stays refused is recorded once
 	return func(ctx context.Context) (http.Header, error) {
-		if s.oauth == nil {
+		if m == nil {
 			return nil, errors.New("bug(): the OAuth client of a remote MCP server is not set up")
 		}
-		err := s.oauth.Discover(ctx, slug)
+		err := m.Discover(ctx, slug)
 		mu.Lock()
 		var de *oauth.DiscoveryError
 		if errors.As(err, &de) && de.Reason != last {
 			last = de.Reason
 			f := map[string]any{"connector": slug, "url": config.RedactURL(up.cfg.URL), "step": de.Step, "reason": de.Reason}
-			if _, aerr := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPAuthorizationRefused, Fields: f}, false); aerr != nil {
-				s.log.Error("audit: a remote MCP server's refused authorization could not be recorded", "connector", slug, "err", aerr)
+			if _, aerr := al.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPAuthorizationRefused, Fields: f}, false); aerr != nil {
+				log.Error("audit: a remote MCP server's refused authorization could not be recorded", "connector", slug, "err", aerr)
 			}
 		} else if err == nil {
 			last = ""
@@ -92,25 +101,25 @@ func (s *Server) remoteOAuthHeader(up *upstream) func(ctx context.Context) (http
 		if err != nil {
 			return nil, err
 		}
-		users, err := s.connectedUsers(ctx, slug)
+		users, err := connectedUsers(ctx, src, slug)
 		if err != nil {
 			return nil, err
 		}
 		for _, u := range users {
-			tok, err := s.oauth.Token(ctx, slug, u)
+			tok, err := m.Token(ctx, slug, u)
 			if err != nil {
 				continue // needs reconnecting, or refused: the next person's
 			}
 			return http.Header{"Authorization": {"Bearer " + string(tok.Value)}}, nil
 		}
-		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, s.connectionsURL(slug))
+		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, connectionsURL(publicURL)(slug))
 	}
 }
 
 // connectedUsers are the people with a stored connection to connector,
 // the most recently updated first.
-func (s *Server) connectedUsers(ctx context.Context, connector string) ([]string, error) {
-	ls, ok := s.creds.(creds.Local)
+func connectedUsers(ctx context.Context, src CredentialSource, connector string) ([]string, error) {
+	ls, ok := src.(creds.Local)
 	if !ok {
 		return nil, errors.New("MCP authorization keeps connections in the local store; it needs secrets.backend: local")
 	}
@@ -130,8 +139,8 @@ func (s *Server) connectedUsers(ctx context.Context, connector string) ([]string
 
 // kickRemote lists connector's remote MCP server again soon (after a
 // person connected it: its listing may have waited for that).
-func (s *Server) kickRemote(connector string) {
-	if r := s.catalog.remotes[connector]; r != nil && isMCPOAuth(s.catalog.connectors[connector]) {
+func kickRemote(cat *catalog, connector string) {
+	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
 		r.Kick()
 	}
 }

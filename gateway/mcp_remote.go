@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/netip"
@@ -43,7 +44,7 @@ func mcpCredential(cc config.Connector) config.Connector {
 
 // addRemote provisions a provider: mcp connector: its guarded transport,
 // its credential plan and the Remote that lists its tools (started by
-// startRemotes). Its upstream's transport is the Remote: a call's send is
+// remoteRuns.start). Its upstream's transport is the Remote: a call's send is
 // a tools/call.
 func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector, d *guard.Dialer, allow []netip.Prefix, cfg *config.Config, local func() *vault.Local) []error {
 	cc = mcpCredential(cc)
@@ -131,32 +132,39 @@ type remoteRuns struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   sync.WaitGroup
+
+	audit   auditLog // a list change is audited
+	log     *slog.Logger
+	changed func() // the MCP door's sessions are told (mcpChanged)
+	// oauthHeader lists a remote with MCP authorization with a connected
+	// person's token (remoteOAuthHeader, mcp_oauth.go).
+	oauthHeader func(up *upstream) func(ctx context.Context) (http.Header, error)
 }
 
-// startRemotes lists each remote MCP server once (bounded by
+// start lists each remote MCP server once (bounded by
 // gateway.upstream_timeout; a server that is down leaves its tools
 // unavailable and the gateway serves the rest), then keeps each list
 // fresh until Close.
-func (s *Server) startRemotes(ctx context.Context) {
-	if len(s.catalog.remotes) == 0 {
+func (rr *remoteRuns) start(ctx context.Context, cat *catalog, src CredentialSource) {
+	if len(cat.remotes) == 0 {
 		return
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.remotes.mu.Lock()
-	s.remotes.cancel = cancel
-	s.remotes.mu.Unlock()
+	rr.mu.Lock()
+	rr.cancel = cancel
+	rr.mu.Unlock()
 	var first sync.WaitGroup
-	for slug, r := range s.catalog.remotes {
-		up := s.catalog.connectors[slug]
-		header := remoteHeader(s.creds, up)
-		if isMCPOAuth(up) {
-			header = s.remoteOAuthHeader(up) // a connected person's token (mcp_oauth.go)
+	for slug, r := range cat.remotes {
+		up := cat.connectors[slug]
+		header := remoteHeader(src, up)
+		if isMCPOAuth(up) && rr.oauthHeader != nil {
+			header = rr.oauthHeader(up) // a connected person's token (mcp_oauth.go)
 		}
-		r.SetHooks(header, s.remoteChanged, s.log)
+		r.SetHooks(header, rr.remoteChanged, rr.log)
 		first.Add(1)
-		s.remotes.done.Add(1)
+		rr.done.Add(1)
 		go func() {
-			defer s.remotes.done.Done()
+			defer rr.done.Done()
 			r.Refresh(rctx)
 			first.Done()
 			r.Run(rctx)
@@ -165,15 +173,15 @@ func (s *Server) startRemotes(ctx context.Context) {
 	first.Wait()
 }
 
-// stopRemotes ends the listing loops and closes the remote sessions.
-func (s *Server) stopRemotes() {
-	s.remotes.mu.Lock()
-	cancel := s.remotes.cancel
-	s.remotes.cancel = nil
-	s.remotes.mu.Unlock()
+// stop ends the listing loops and closes the remote sessions.
+func (rr *remoteRuns) stop() {
+	rr.mu.Lock()
+	cancel := rr.cancel
+	rr.cancel = nil
+	rr.mu.Unlock()
 	if cancel != nil {
 		cancel()
-		s.remotes.done.Wait()
+		rr.done.Wait()
 	}
 }
 
@@ -257,17 +265,17 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 
 // remoteChanged audits a remote server's list change and tells the MCP
 // door, whose sessions then get notifications/tools/list_changed.
-func (s *Server) remoteChanged(ctx context.Context, c mcpremote.Change) {
+func (rr *remoteRuns) remoteChanged(ctx context.Context, c mcpremote.Change) {
 	if !c.Empty() {
 		f := map[string]any{"connector": c.Connector, "added": nonNil(c.Added), "removed": nonNil(c.Removed), "changed": nonNil(c.Changed), "fingerprints": c.Fingerprints}
-		if _, err := s.appendAudit(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPToolsChanged, Fields: f}, false); err != nil {
+		if _, err := rr.audit.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPToolsChanged, Fields: f}, false); err != nil {
 			// The list is already swapped: a changed tool is refused its
 			// old grants whether or not this record was written.
-			s.log.Error("audit: the remote MCP server's tool change could not be recorded", "connector", c.Connector, "err", err)
+			rr.log.Error("audit: the remote MCP server's tool change could not be recorded", "connector", c.Connector, "err", err)
 		}
-		s.log.Info("mcp remote: tools changed", "connector", c.Connector, "added", c.Added, "removed", c.Removed, "changed", c.Changed)
+		rr.log.Info("mcp remote: tools changed", "connector", c.Connector, "added", c.Added, "removed", c.Removed, "changed", c.Changed)
 	}
-	s.mcpChanged()
+	rr.changed()
 }
 
 func nonNil(s []string) []string {
@@ -278,28 +286,26 @@ func nonNil(s []string) []string {
 }
 
 // mcpRemote is the MCP door's view of a remote tool (mcp.Deps.Remote).
-func (s *Server) mcpRemote(name string) (mcp.Remote, bool) {
-	t, ok := s.catalog.Tool(name)
+func (c *catalog) mcpRemote(name string) (mcp.Remote, bool) {
+	t, ok := c.Tool(name)
 	if !ok {
 		return mcp.Remote{}, false
 	}
-	rt, ok := s.catalog.remoteInfo(t)
+	rt, ok := c.remoteInfo(t)
 	if !ok {
 		return mcp.Remote{}, false
 	}
 	return mcp.Remote{Name: t.Name, Title: rt.Title, Description: rt.Description, InputSchema: rt.InputSchema, OutputSchema: rt.OutputSchema, Annotations: rt.Annotations}, true
 }
 
-// Unavailable lists the remote MCP servers among agentConnectors whose
-// tools cannot be listed now, each with why (GET /v1/tools shows it to agents granted the
-// connector; the log says it when it starts).
-func (s *Server) Unavailable(agentConnectors []string) []map[string]string {
+// unavailable is Server.Unavailable.
+func (c *catalog) unavailable(agentConnectors []string) []map[string]string {
 	var out []map[string]string
-	for _, slug := range slices.Sorted(maps.Keys(s.catalog.remotes)) {
+	for _, slug := range slices.Sorted(maps.Keys(c.remotes)) {
 		if !slices.Contains(agentConnectors, slug) {
 			continue
 		}
-		if set := s.catalog.remotes[slug].Current(); set.Unavailable != "" {
+		if set := c.remotes[slug].Current(); set.Unavailable != "" {
 			out = append(out, map[string]string{"connector": slug, "reason": set.Unavailable, "since": set.When.UTC().Format(time.RFC3339)})
 		}
 	}

@@ -17,7 +17,7 @@ import (
 
 // checkNarrowing refuses (and audits) an identity whose narrowing names a
 // host the agent's allowlist does not cover: a narrowing never widens.
-func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identity, allow []string) *refusal.Error {
+func checkNarrowing(ctx context.Context, l auditLog, rid string, id wire.Identity, allow []string) *refusal.Error {
 	hosts, err := wire.ParseEgress(id.Egress)
 	if err != nil {
 		return refusal.New(http.StatusForbidden, refusal.EgressNotGranted, err.Error())
@@ -33,7 +33,7 @@ func (s *Server) checkNarrowing(ctx context.Context, rid string, id wire.Identit
 	}
 	f := map[string]any{"sandbox": id.Sandbox, "agent": id.Agent, "session": id.Session, "user": id.User,
 		"egress": id.Egress, "not_granted": wider, "code": string(refusal.EgressNotGranted)}
-	if _, err := s.appendAudit(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
+	if _, err := l.append(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is served until it can").Wrap(err)
 		return e
 	}

@@ -56,9 +56,9 @@ func TestOAuthOldStoreMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	s := &Server{store: st}
-	split := oauth.SplitStore{Rows: oauthRows{s}, Secrets: local}
-	m, err := oauth.New(oauth.Options{Store: split, RedirectURL: "http://sluice.test/connections/callback", Pending: oauthPending{s}, Lease: oauthLease{s},
+	get := func() *store.Store { return st }
+	split := oauth.SplitStore{Rows: oauthRows{get}, Secrets: local}
+	m, err := oauth.New(oauth.Options{Store: split, RedirectURL: "http://sluice.test/connections/callback", Pending: oauthPending{get}, Lease: oauthLease{get},
 		Clients: []oauth.Client{{Connector: "docs", Flow: oauth.AuthorizationCode, ClientID: "c", AuthURL: "http://127.0.0.1:1/auth", TokenURL: "http://127.0.0.1:1/token", HTTP: http.DefaultClient}}})
 	if err != nil {
 		t.Fatal(err)

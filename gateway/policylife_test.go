@@ -16,6 +16,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/bundle"
 
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/receipts"
 )
 
@@ -221,7 +222,7 @@ func TestDecisionLogsReachCollector(t *testing.T) {
 		t.Fatalf("erased = %v", ev["erased"])
 	}
 	res := ev["result"].(map[string]any)
-	if res["action"] != "ask" || ev["path"] != DecisionLogPath || ev["decision_id"] == "" || ev["labels"].(map[string]any)["env"] != "test" ||
+	if res["action"] != "ask" || ev["path"] != policylife.DecisionLogPath || ev["decision_id"] == "" || ev["labels"].(map[string]any)["env"] != "test" ||
 		ev["revision"] == "" || ev["request_id"] == "" {
 		t.Fatalf("event lacks OPA's fields: %s", raw)
 	}
@@ -260,7 +261,7 @@ func TestDecisionLogsCollectorDown(t *testing.T) {
 	if md > 3*mb+2*time.Millisecond {
 		t.Fatalf("median call with the collector down = %v, without an export = %v", md, mb)
 	}
-	st := g.life.decisions.Stats()
+	st := g.life.Stats()
 	if st.Queued > 50 || st.Dropped == 0 || st.Sent != 0 {
 		t.Fatalf("exporter stats = %+v: want at most 50 queued, some dropped, none sent", st)
 	}

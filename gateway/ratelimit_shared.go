@@ -56,19 +56,19 @@ func sharedLimitKey(c policy.Caller) string {
 }
 
 // sharedRateLimits says whether agents[].rate_limit is enforced by
-// sharedLimit (a shared store) instead of the per-replica callLimits.
-func (s *Server) sharedRateLimits() bool { return s.store.Kind() == store.Postgres }
+// sharedLimits.take (a shared store st) instead of the per-replica
+// callLimits.
+func sharedRateLimits(st *store.Store) bool { return st.Kind() == store.Postgres }
 
-// sharedLimit refuses a call past the caller's shared limit (429
+// take refuses a call past the caller's shared limit (429
 // rate_limited), or when the shared bucket cannot be read (503
 // store_unavailable: fail closed); nil on an unshared store or for an
 // agent without a limit.
-func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Agent) *refusal.Error {
-	if !s.sharedRateLimits() || a == nil || a.RateLimit == nil {
+func (sl *sharedLimits) take(ctx context.Context, st *store.Store, c policy.Caller, a *config.Agent) *refusal.Error {
+	if !sharedRateLimits(st) || a == nil || a.RateLimit == nil {
 		return nil
 	}
 	rl, agent := a.RateLimit, a.Name
-	sl := &s.sharedLimits
 	now := time.Now()
 	sl.mu.Lock()
 	if l := sl.m[c]; l != nil && l.tokens > 0 && now.Before(l.until) {
@@ -78,7 +78,7 @@ func (s *Server) sharedLimit(ctx context.Context, c policy.Caller, a *config.Age
 	}
 	sl.mu.Unlock()
 	// Config.Validate already set a burst of 0 to per_second rounded up.
-	n, err := s.store.TakeTokens(ctx, sharedLimitKey(c), leaseSize(rl), rl.PerSecond, rl.Burst)
+	n, err := st.TakeTokens(ctx, sharedLimitKey(c), leaseSize(rl), rl.PerSecond, rl.Burst)
 	if err != nil {
 		if e := storeRefusal(err); e != nil {
 			return e

@@ -15,11 +15,11 @@ import (
 // in it. An input larger than audit.record_input_max loses its bodies
 // (args.body, request.body); one still too large is not recorded, and the
 // record says what was cut and the size before the cut.
-func (s *Server) recordInput(c *toolCall, in *policy.Input) {
-	if !s.cfg.Audit.InputsRecorded() || in == nil {
+func (c *toolCall) recordInput(a config.Audit, in *policy.Input) {
+	if !a.InputsRecorded() || in == nil {
 		return
 	}
-	c.rec.Input, c.rec.InputCut, c.rec.InputSize = encodeInput(in, s.cfg.Audit.RecordInputMax)
+	c.rec.Input, c.rec.InputCut, c.rec.InputSize = encodeInput(in, a.RecordInputMax)
 }
 
 // encodeInput is recordInput's encoding of in within max bytes (0 is

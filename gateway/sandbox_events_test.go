@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/config"
 )
 
@@ -35,7 +36,7 @@ func TestSandboxEvents(t *testing.T) {
 			{"two objects", "tok-sandboxd", good + good, 400, "bad_request", "one JSON object"},
 			{"negative limit", "tok-sandboxd", `{"event":"timeout","sandbox":"sb-1","limit":-1}`, 400, "bad_request", "limit must not be negative"},
 			{"egress not canonical", "tok-sandboxd", `{"event":"oom","sandbox":"sb-1","egress":"b.org,a.org"}`, 400, "bad_request", "egress"},
-			{"too big", "tok-sandboxd", `{"event":"oom","sandbox":"` + strings.Repeat("x", maxSandboxEventBytes) + `"}`, 400, "bad_request", "at most 4096 bytes"},
+			{"too big", "tok-sandboxd", `{"event":"oom","sandbox":"` + strings.Repeat("x", admin.MaxSandboxEventBytes) + `"}`, 400, "bad_request", "at most 4096 bytes"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				r := g.admin(t, tc.token, "POST", "/api/v1/sandbox-events", tc.body)

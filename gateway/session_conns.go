@@ -4,9 +4,12 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"sync"
 
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 // sessionConns are the open connections of every session: each admitted
@@ -82,9 +85,49 @@ func (sc *sessionConns) count(session string) int {
 // ingress.ConnContext attaches the admitted connection's identity to its requests
 // and registers the connection under its session, so that ending the
 // session closes it (sessionConns).
-func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
+func (sc *sessionConns) connContext(ctx context.Context, c net.Conn) context.Context {
 	if ic, ok := c.(*ingress.Conn); ok {
-		ic.OnClose(s.sessConns.add(ic.Identity().Session, ic))
+		ic.OnClose(sc.add(ic.Identity().Session, ic))
 	}
 	return ingress.ConnContext(ctx, c)
+}
+
+// SessionEnder revokes what a session was given when the session ends.
+// When the credential source (Options.Credentials, or the configured
+// secrets backend) implements it, POST /api/v1/sessions/{session}/end calls
+// EndSession after the session is recorded as ended and its pending holds
+// are expired. This is where the Vault backend plugs lease revocation in
+// (issue 5); no backend implements it yet, so today ending a session refuses
+// its later calls and expires its holds, and revokes nothing.
+//
+// EndSession runs on every end request, a repeat included, so it must be
+// idempotent. An error answers the request 502 revocation_failed (the
+// session stays ended); the caller retries.
+type SessionEnder interface {
+	EndSession(ctx context.Context, session string) error
+}
+
+// sessionRefusal refuses a call whose identity carries an ended session;
+// a store failure refuses too (fail closed). A call without a session is
+// never refused here.
+func sessionRefusal(ctx context.Context, st *store.Store, session string) *refusal.Error {
+	if session == "" {
+		return nil
+	}
+	ended, err := st.SessionEnded(ctx, session)
+	if e := storeRefusal(err); e != nil {
+		return e
+	}
+	if err != nil {
+		return refusal.New(http.StatusServiceUnavailable, refusal.SessionUnavailable, "whether this session has ended cannot be read; the call was not sent").Wrap(err)
+	}
+	if ended {
+		return refusal.New(http.StatusForbidden, refusal.SessionEnded, "this session has ended; nothing more is sent for it")
+	}
+	return nil
+}
+
+// sessionCheck is sessionRefusal over st, as the doors' hooks take it.
+func sessionCheck(st *store.Store) func(ctx context.Context, session string) *refusal.Error {
+	return func(ctx context.Context, session string) *refusal.Error { return sessionRefusal(ctx, st, session) }
 }

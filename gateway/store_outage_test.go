@@ -2,11 +2,12 @@ package gateway
 
 import (
 	"encoding/json"
-	"github.com/sluice-gw/sluice/gateway/refusal"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-gw/sluice/gateway/refusal"
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/store/pgtest"

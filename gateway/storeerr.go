@@ -24,14 +24,14 @@ func storeRefusal(err error) *refusal.Error {
 // often and must not queue behind a hung database.
 const storeReadyTimeout = 2 * time.Second
 
-// storeProblem is /readyz's store check: "" when the store answers.
-func (s *Server) storeProblem(ctx context.Context) string {
+// storeProblem is /readyz's check of st: "" when the store answers.
+func storeProblem(ctx context.Context, st *store.Store) string {
 	ctx, cancel := context.WithTimeout(ctx, storeReadyTimeout)
 	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
-		return "store: unavailable (" + s.store.Kind().String() + "); calls that need state are refused 503 store_unavailable"
+	if err := st.Ping(ctx); err != nil {
+		return "store: unavailable (" + st.Kind().String() + "); calls that need state are refused 503 store_unavailable"
 	}
-	if err := s.store.ReplicaErr(); err != nil { // THREATS G21, replica.go
+	if err := st.ReplicaErr(); err != nil { // THREATS G21, replica.go
 		return err.Error()
 	}
 	return ""

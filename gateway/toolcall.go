@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/creds"
-	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -35,22 +33,70 @@ import (
 // admin API and the review UI live only on the admin listener.
 func (s *Server) sandboxHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/tools", s.handleListTools)
-	mux.HandleFunc("POST /v1/tools/{tool}", s.handleToolCall)
-	mux.HandleFunc("GET /v1/holds/{id}", s.handlePollHold)
-	mux.Handle("/mcp", s.newMCPDoor()) // mcp_door.go: the same listing and pipeline over MCP
-	eg := s.newRawEgress()             // egress_wire.go: package egress
+	toolAPI{list: s.tools, unavailable: s.Unavailable, agent: s.cfg.Agent, call: s.Call, poll: s.Poll}.route(mux) // toolapi.go
+	mux.Handle("/mcp", s.newMCPDoor())                                                                            // gateway.go: the same listing and pipeline over MCP
+	eg := s.newRawEgress()                                                                                        // gateway.go: package egress
 	mux.HandleFunc("POST /v1/dns", eg.ServeDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
 	})
-	return s.httpServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // calltrace.go
+	return s.tel.httpServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { // calltrace.go
 		if r.Method == http.MethodConnect || r.URL.IsAbs() {
 			eg.ServeProxy(w, r) // raw egress: forward proxy and CONNECT
 			return
 		}
 		mux.ServeHTTP(w, r)
 	}))
+}
+
+// Tools lists the tools id's agent is granted and not blocked from, as
+// every door offers them. A tool the policy would block outright (with
+// nothing of the call known but its name) is left out; ask and allow
+// tools are listed. An agent that is not configured is refused, not
+// answered with an empty list, so a misnamed agent shows at once.
+func (s *Server) Tools(ctx context.Context, id wire.Identity) ([]call.Tool, *refusal.Error) {
+	return s.tools(ctx, refusal.NewRequestID(), id)
+}
+
+// tools is Tools with the request ID an audited refusal is recorded under.
+func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]call.Tool, *refusal.Error) {
+	id, e := canonicalCaller(id)
+	if e != nil {
+		return nil, e
+	}
+	agent := s.cfg.Agent(id.Agent)
+	if agent == nil {
+		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
+	}
+	if id.Egress != "" {
+		if e := checkNarrowing(ctx, s.audit, rid, id, agent.Egress); e != nil { // narrow.go
+			return nil, e
+		}
+	}
+	views := []call.Tool{}
+	now := time.Now().UTC()
+	for _, t := range s.catalog.Tools() {
+		if !slices.Contains(agent.Connectors, t.Connector) {
+			continue
+		}
+		// Decided as a call with no arguments yet: a tool that policy
+		// blocks whatever the arguments are is not offered at all.
+		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: decisionexport.go)
+		if s.Decide(ctx, in).Action == policy.Block {
+			continue
+		}
+		desc := t.Summary
+		if desc == "" {
+			desc = t.Description
+		}
+		v := call.Tool{Name: t.Name, Alias: t.Alias, Description: desc, Method: t.Method, Path: t.PathTemplate, Risk: t.Risk.String(), Schema: t.Schema}
+		if t.OutputReady() { // compiled on the first list: a schema that does not compile is not shown
+			v.OutputSchema = t.OutputSchema
+		}
+		views = append(views, v)
+	}
+	return views, nil
 }
 
 // toolCall is one call's state as it moves through the pipeline; its
@@ -103,7 +149,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	} else if c.rec.Transport == "" {
 		c.rec.Transport = call.HTTP
 	}
-	ctx = s.startCall(ctx, c)
+	ctx = s.tel.startCall(ctx, c)
 
 	o, e := s.pipeline(ctx, c)
 	if e != nil {
@@ -116,7 +162,7 @@ func (s *Server) run(ctx context.Context, r call.Request, held *holds.Hold) (cal
 	} else {
 		c.rec.Status = o.Status
 	}
-	s.endCall(c, e)
+	s.tel.endCall(c, e)
 	s.logCall(c, e)
 	o.RequestID = c.rec.RequestID
 	if c.rec.Decided {
@@ -140,7 +186,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution. A
 	// hold created while its session was being ended is never sent.
-	sessErr := s.sessionRefusal(ctx, id.Session)
+	sessErr := sessionRefusal(ctx, s.store, id.Session)
 	if sessErr != nil && (sessErr.Code == refusal.SessionEnded || c.held != nil) {
 		return call.Outcome{}, sessErr
 	}
@@ -149,22 +195,22 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// call (one bucket across replicas on a shared store). An approved
 	// hold was limited when it was made.
 	agent := s.cfg.Agent(id.Agent)
-	s.stage(c, stageLimit)
+	s.tel.stage(c, stageLimit)
 	if c.held == nil {
-		if agent != nil && agent.RateLimit != nil && !s.sharedRateLimits() {
+		if agent != nil && agent.RateLimit != nil && !sharedRateLimits(s.store) {
 			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
 				e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
 				e.RetryAfter = wait
 				return call.Outcome{}, e
 			}
 		}
-		if e := s.sharedLimit(ctx, c.caller(), agent); e != nil {
+		if e := s.sharedLimits.take(ctx, s.store, c.caller(), agent); e != nil {
 			return call.Outcome{}, e
 		}
 	}
 
 	// Resolve: the tool, and the agent's grant of its connector.
-	s.stage(c, stageResolve)
+	s.tel.stage(c, stageResolve)
 	tool, ok := s.catalog.Tool(c.rec.Tool)
 	if !ok {
 		msg := fmt.Sprintf("no tool is named %q", c.rec.Tool)
@@ -182,7 +228,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Validate: the arguments, before any policy runs, and the request
 	// they make (an approved hold's is the stored one, exactly).
-	s.stage(c, stageValidate)
+	s.tel.stage(c, stageValidate)
 	args, req, e := s.validate(ctx, c, tool, up)
 	if e != nil {
 		return call.Outcome{}, e
@@ -190,24 +236,24 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	c.rec.DestHost = req.URL.Hostname()
 
 	// Decide.
-	dctx := s.stage(c, stageDecide)
+	dctx := s.tel.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
-	if e := s.usageInput(dctx, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
+	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
 		return call.Outcome{}, e
 	}
 	c.decide(s.Decide(dctx, in))
-	s.recordInput(c, in) // recordinput.go: the decision record carries its input
+	c.recordInput(s.cfg.Audit, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
 		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
 	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
 		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
-		s.count(id.Agent, tool.Name, c.rec.Decision.Action)
+		s.usage.count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
 	// Grant or hold.
-	s.stage(c, stageGrant)
+	s.tel.stage(c, stageGrant)
 	switch {
 	case c.decision.Action == policy.Block:
 		msg := "blocked by policy"
@@ -232,7 +278,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	case c.decision.Action == policy.Ask:
 		// An "always allow" grant for exactly this call turns ask into
 		// allow (grants.go); otherwise the call is held.
-		granted, e := s.useGrant(ctx, c, tool, req)
+		granted, e := useGrant(ctx, s.holds, s.audit, c, tool, req)
 		if e != nil {
 			return call.Outcome{}, e
 		}
@@ -261,7 +307,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 
 	// A person's OAuth connection missing, with on_missing: hold: held
-	// until they connect (oauthcreds.go).
+	// until they connect (holdcall.go).
 	if o, e, held := s.holdForConnection(ctx, c, tool, up, args, req); held {
 		return o, e
 	}
@@ -272,7 +318,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if c.req.Mode == call.Decide {
 		before, query = req.Header.Clone(), req.URL.RawQuery
 	}
-	scr, e := s.credential(s.stage(c, stageCredential), c, tool, up, req)
+	scr, e := s.credential(s.tel.stage(c, stageCredential), c, tool, up, req)
 	if e != nil {
 		return call.Outcome{}, e
 	}
@@ -389,7 +435,7 @@ func (s *Server) send(ctx context.Context, c *toolCall, up *upstream, req *http.
 	}
 
 	// Upstream, through the guard.
-	uctx := s.stage(c, stageSend)
+	uctx := s.tel.stage(c, stageSend)
 	res, e := s.roundTrip(uctx, c, up, req, scr)
 	if e != nil {
 		c.rec.Status = e.Status
@@ -445,7 +491,7 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ctx, cspan := s.clientSpan(ctx, c, req)
+	ctx, cspan := s.tel.clientSpan(ctx, req, pathTemplate(s.catalog, c.rec.Tool))
 	defer cspan.End()
 	req = req.WithContext(httptraceDial(ctx, &c.rec))
 	resp, err := up.transport.RoundTrip(req)
@@ -478,7 +524,7 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	if int64(len(raw)) > limit {
 		return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, fmt.Sprintf("the upstream reply is larger than %d bytes", limit))
 	}
-	s.stage(c, stageScrub)
+	s.tel.stage(c, stageScrub)
 	if scr != nil {
 		// The one check both tool calls and intercepted requests pass
 		// (THREATS D11): codings undone or refused, opaque bodies refused,
@@ -515,11 +561,11 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 		code = refused.Code
 	}
 	sorted := call.AppendFields(make([]audit.Field, 0, 20), &c.rec, event, code)
-	actx, span := s.span(ctx, "sluice.audit")
+	actx, span := s.tel.span(ctx, "sluice.audit")
 	defer span.End()
 	written := c.presync
 	c.presync = false
-	if _, err := s.appendAudit(actx, audit.Record{RequestID: c.rec.RequestID, Event: event, Sorted: sorted}, written); err != nil {
+	if _, err := s.audit.append(actx, audit.Record{RequestID: c.rec.RequestID, Event: event, Sorted: sorted}, written); err != nil {
 		// The call's one tool_call line (logCall) names the cause.
 		s.tel.audits.Add(ctx, 1)
 		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
@@ -536,104 +582,6 @@ func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	}
 	msg, level, attrs := c.rec.Line(refused, reason)
 	s.log.LogAttrs(context.Background(), level, msg, attrs...)
-}
-
-// stripHeaderArgs removes headers that only the gateway may set: identity,
-// client-address claims (egress.IsForwardingField, as on every egress path),
-// hop-by-hop and framing headers, and content codings and ranges the
-// scrubber could not see through.
-func stripHeaderArgs(a *connectors.Args) {
-	for k := range a.Headers {
-		lk := strings.ToLower(k)
-		switch {
-		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
-			egress.IsForwardingField(lk),
-			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
-			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
-			lk == "range", lk == "if-range",
-			lk == "traceparent", lk == "tracestate": // the gateway's own trace context is sent (calltrace.go)
-			delete(a.Headers, k)
-		}
-	}
-}
-
-// idempotencyArg sends key in tool's idempotency header when the
-// arguments set none (Request.IdempotencyKey): before validation, so the
-// key is checked, decided and held as part of the call.
-func idempotencyArg(a *connectors.Args, tool *connectors.Tool, key string) {
-	if key == "" || tool.IdempotencyHeader == "" {
-		return
-	}
-	for k := range a.Headers {
-		if strings.EqualFold(k, tool.IdempotencyHeader) {
-			return
-		}
-	}
-	if a.Headers == nil {
-		a.Headers = map[string]any{}
-	}
-	a.Headers[tool.IdempotencyHeader] = key
-}
-
-// formedRequest checks that a door's formed request (call.Request.HTTP) is
-// tool's operation on its connector's base URL: the same method, scheme
-// and host, and a path the tool's template matches under the base path.
-// It returns a copy for the pipeline to decide on and put the credential
-// on, with its body read (bounded) and replaced on both.
-func formedRequest(ctx context.Context, hr *http.Request, tool *connectors.Tool, base *url.URL) (*http.Request, error) {
-	if hr.URL == nil || base == nil {
-		return nil, errors.New("the request has no URL")
-	}
-	if hr.Method != tool.Method {
-		return nil, fmt.Errorf("the request's method %s is not %s's (%s)", hr.Method, tool.Name, tool.Method)
-	}
-	if !strings.EqualFold(hr.URL.Scheme, base.Scheme) || !strings.EqualFold(hr.URL.Host, base.Host) {
-		return nil, fmt.Errorf("the request is not for %s's connector (%s://%s)", tool.Name, base.Scheme, base.Host)
-	}
-	rest, ok := strings.CutPrefix(hr.URL.EscapedPath(), strings.TrimRight(base.EscapedPath(), "/"))
-	if !ok || !matchTemplate(tool.PathTemplate, rest) {
-		return nil, fmt.Errorf("the request's path is not %s's (%s)", tool.Name, tool.PathTemplate)
-	}
-	var body []byte
-	if hr.Body != nil && hr.Body != http.NoBody {
-		b, err := io.ReadAll(io.LimitReader(hr.Body, connectors.MaxArgsBytes+1))
-		hr.Body.Close()
-		if err != nil {
-			return nil, errors.New("the request's body could not be read")
-		}
-		if len(b) > connectors.MaxArgsBytes {
-			return nil, fmt.Errorf("the request's body is larger than %d bytes", connectors.MaxArgsBytes)
-		}
-		body = b
-		hr.Body = io.NopCloser(bytes.NewReader(b))
-	}
-	req := hr.Clone(ctx)
-	req.Body, req.ContentLength = http.NoBody, 0
-	if body != nil {
-		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	}
-	return req, nil
-}
-
-// matchTemplate says whether an escaped path is an OpenAPI path template's:
-// literal segments equal, each {param} segment one non-empty segment.
-func matchTemplate(tmpl, path string) bool {
-	ts, ps := strings.Split(tmpl, "/"), strings.Split(path, "/")
-	if len(ts) != len(ps) {
-		return false
-	}
-	for i, t := range ts {
-		if strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}") {
-			if ps[i] == "" {
-				return false
-			}
-			continue
-		}
-		if t != ps[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // credential attaches the connector's credential to req, where the caller

@@ -5,13 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -135,4 +138,119 @@ func orNone(tags []string) []string {
 		return []string{}
 	}
 	return tags
+}
+
+// stripHeaderArgs removes headers that only the gateway may set: identity,
+// client-address claims (egress.IsForwardingField, as on every egress path),
+// hop-by-hop and framing headers, and content codings and ranges the
+// scrubber could not see through.
+func stripHeaderArgs(a *connectors.Args) {
+	for k := range a.Headers {
+		lk := strings.ToLower(k)
+		switch {
+		case strings.HasPrefix(lk, "x-sluice-"), strings.HasPrefix(lk, "sluice-"), strings.HasPrefix(lk, "proxy-"),
+			egress.IsForwardingField(lk),
+			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
+			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
+			lk == "range", lk == "if-range",
+			lk == "traceparent", lk == "tracestate": // the gateway's own trace context is sent (calltrace.go)
+			delete(a.Headers, k)
+		}
+	}
+}
+
+// idempotencyArg sends key in tool's idempotency header when the
+// arguments set none (Request.IdempotencyKey): before validation, so the
+// key is checked, decided and held as part of the call.
+func idempotencyArg(a *connectors.Args, tool *connectors.Tool, key string) {
+	if key == "" || tool.IdempotencyHeader == "" {
+		return
+	}
+	for k := range a.Headers {
+		if strings.EqualFold(k, tool.IdempotencyHeader) {
+			return
+		}
+	}
+	if a.Headers == nil {
+		a.Headers = map[string]any{}
+	}
+	a.Headers[tool.IdempotencyHeader] = key
+}
+
+// formedRequest checks that a door's formed request (call.Request.HTTP) is
+// tool's operation on its connector's base URL: the same method, scheme
+// and host, and a path the tool's template matches under the base path.
+// It returns a copy for the pipeline to decide on and put the credential
+// on, with its body read (bounded) and replaced on both.
+func formedRequest(ctx context.Context, hr *http.Request, tool *connectors.Tool, base *url.URL) (*http.Request, error) {
+	if hr.URL == nil || base == nil {
+		return nil, errors.New("the request has no URL")
+	}
+	if hr.Method != tool.Method {
+		return nil, fmt.Errorf("the request's method %s is not %s's (%s)", hr.Method, tool.Name, tool.Method)
+	}
+	if !strings.EqualFold(hr.URL.Scheme, base.Scheme) || !strings.EqualFold(hr.URL.Host, base.Host) {
+		return nil, fmt.Errorf("the request is not for %s's connector (%s://%s)", tool.Name, base.Scheme, base.Host)
+	}
+	rest, ok := strings.CutPrefix(hr.URL.EscapedPath(), strings.TrimRight(base.EscapedPath(), "/"))
+	if !ok || !matchTemplate(tool.PathTemplate, rest) {
+		return nil, fmt.Errorf("the request's path is not %s's (%s)", tool.Name, tool.PathTemplate)
+	}
+	var body []byte
+	if hr.Body != nil && hr.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(hr.Body, connectors.MaxArgsBytes+1))
+		hr.Body.Close()
+		if err != nil {
+			return nil, errors.New("the request's body could not be read")
+		}
+		if len(b) > connectors.MaxArgsBytes {
+			return nil, fmt.Errorf("the request's body is larger than %d bytes", connectors.MaxArgsBytes)
+		}
+		body = b
+		hr.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	req := hr.Clone(ctx)
+	req.Body, req.ContentLength = http.NoBody, 0
+	if body != nil {
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
+	return req, nil
+}
+
+// matchTemplate says whether an escaped path is an OpenAPI path template's:
+// literal segments equal, each {param} segment one non-empty segment.
+func matchTemplate(tmpl, path string) bool {
+	ts, ps := strings.Split(tmpl, "/"), strings.Split(path, "/")
+	if len(ts) != len(ps) {
+		return false
+	}
+	for i, t := range ts {
+		if strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}") {
+			if ps[i] == "" {
+				return false
+			}
+			continue
+		}
+		if t != ps[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// ToolExample returns example arguments for a tool (name or alias), made
+// from its argument schema (connectors.Tool.Example), for `sluice policy
+// input --example`. They are only a starting point: ToolCallInput still
+// validates them as the gateway would, and says what a pattern or format
+// rejected.
+func ToolExample(ctx context.Context, cfg *config.Config, name string) ([]byte, error) {
+	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	if err != nil {
+		return nil, err
+	}
+	tool, ok := cat.Tool(name)
+	if !ok {
+		return nil, &RefusedError{404, "unknown_tool", fmt.Sprintf("no tool is named %q", name)}
+	}
+	return tool.Example()
 }

@@ -3,12 +3,15 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/policy"
@@ -23,8 +26,8 @@ import (
 // store. An approved hold being executed is not counted again (it was
 // when it was held) but sees the windows as they are now. When the store
 // cannot count, nothing is decided and nothing is sent (503).
-func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.Tool, args *connectors.Args, req *http.Request, in *policy.Input) *refusal.Error {
-	counted, arg := s.cfg.Usage.Counted(tool.Name)
+func usageInput(ctx context.Context, st *store.Store, cfg config.Usage, c *toolCall, tool *connectors.Tool, args *connectors.Args, req *http.Request, in *policy.Input) *refusal.Error {
+	counted, arg := cfg.Counted(tool.Name)
 	if !counted {
 		return nil
 	}
@@ -34,7 +37,7 @@ func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.T
 		}
 		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the usage this call's policy reads cannot be counted; the call was not sent").Wrap(err)
 	}
-	if s.store == nil {
+	if st == nil {
 		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "bug(): usage is counted but the gateway has no store; the call was not sent")
 	}
 	var amount float64
@@ -49,7 +52,7 @@ func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.T
 			scopes = append(scopes, sc)
 		}
 	}
-	ws, err := s.store.CountUsage(ctx, tool.Name, scopes, amount, c.held == nil, time.Now())
+	ws, err := st.CountUsage(ctx, tool.Name, scopes, amount, c.held == nil, time.Now())
 	if err != nil {
 		return unavailable(err)
 	}
@@ -65,7 +68,7 @@ func (s *Server) usageInput(ctx context.Context, c *toolCall, tool *connectors.T
 		if err != nil {
 			return unavailable(err)
 		}
-		if u.ApprovedBefore, err = s.store.ApprovedBefore(ctx, c.rec.Session, tool.Name, hr.Hash()); err != nil {
+		if u.ApprovedBefore, err = st.ApprovedBefore(ctx, c.rec.Session, tool.Name, hr.Hash()); err != nil {
 			return unavailable(err)
 		}
 	}
@@ -103,3 +106,55 @@ func argNumber(body any, path string) float64 {
 	}
 	return math.Abs(f)
 }
+
+type usageKey struct{ agent, tool, action string }
+
+// usage aggregates call counters in memory; loop flushes them to the
+// store once a second, off the request path: a slow disk must not add
+// latency to calls, and the audit log, not the counters, is the record.
+type usage struct {
+	mu sync.Mutex
+	m  map[usageKey]int64
+}
+
+func (u *usage) add(k usageKey) {
+	u.mu.Lock()
+	u.m[k]++
+	u.mu.Unlock()
+}
+
+func (u *usage) take() []store.Usage {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	rows := make([]store.Usage, 0, len(u.m))
+	for k, n := range u.m {
+		rows = append(rows, store.Usage{Agent: k.agent, Tool: k.tool, Action: k.action, Count: n})
+	}
+	clear(u.m)
+	return rows
+}
+
+// loop flushes the counters to st once a second until ctx ends, and a
+// last time then.
+func (u *usage) loop(ctx context.Context, st *store.Store, log *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			u.flush(context.Background(), st, log)
+			return
+		case <-t.C:
+			u.flush(ctx, st, log)
+		}
+	}
+}
+
+func (u *usage) flush(ctx context.Context, st *store.Store, log *slog.Logger) {
+	if err := st.AddUsage(ctx, u.take()); err != nil {
+		log.Warn("store: usage counters not written", "err", err)
+	}
+}
+
+// count counts one call of agent's to tool decided action.
+func (u *usage) count(agent, tool, action string) { u.add(usageKey{agent, tool, action}) }

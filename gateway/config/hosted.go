@@ -34,7 +34,7 @@ const DefaultMaxTokenTTL = 24 * time.Hour
 // MaxMaxTokenTTL is the longest gateway.hosted.max_token_ttl accepted.
 const MaxMaxTokenTTL = 30 * 24 * time.Hour
 
-func (c *Config) resolveHosted() {
+func resolveHosted(c *Config) {
 	h := c.Gateway.Hosted
 	if h == nil {
 		return
@@ -50,7 +50,7 @@ func (c *Config) resolveHosted() {
 }
 
 // validateHosted checks gateway.hosted; bad reports a key and a problem.
-func (c *Config) validateHosted(bad func(key, format string, args ...any)) {
+func validateHosted(c *Config, bad func(key, format string, args ...any)) {
 	h := c.Gateway.Hosted
 	if h == nil {
 		return

@@ -227,7 +227,7 @@ func baseDomain(name string) string {
 // A refused question is not one of these: dnsRefusal records it.
 func (e answerer) dnsAnswered(ctx context.Context, c *egressCall, qtype uint16, rcode, answers int) {
 	c.ensureRID()
-	c.traceFrom(ctx) // egress_trace.go
+	traceFrom(c, ctx) // egress_trace.go
 	f := call.AppendFields(make([]audit.Field, 0, 22), &c.Record, call.EventDNSAnswered, "")
 	f = append(f, audit.Field{Key: call.KeyAnswers, Value: answers},
 		audit.Field{Key: call.KeyQType, Value: mdns.Type(qtype).String()},

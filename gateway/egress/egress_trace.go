@@ -12,7 +12,7 @@ import (
 // sandbox socket's HTTP server span, a new root: the sandbox's own
 // traceparent is only its link). With tracing off ctx has no valid span
 // and the record no trace_id.
-func (c *egressCall) traceFrom(ctx context.Context) {
+func traceFrom(c *egressCall, ctx context.Context) {
 	if c.TraceID != "" {
 		return
 	}

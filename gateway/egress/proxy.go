@@ -107,7 +107,7 @@ func (e *Proxy) ServeProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		c.Kind = call.KindConnect
 	}
-	c.traceFrom(r.Context()) // egress_trace.go: the request's server span
+	traceFrom(c, r.Context()) // egress_trace.go: the request's server span
 	id, ok := e.d.Identity(r.Context())
 	if !ok {
 		e.refuse(w, c, egressRefuse(http.StatusForbidden, refusal.IdentityRequired, psDenied, "bug: connection has no identity"))
@@ -301,7 +301,7 @@ func (e *Proxy) record(ctx context.Context, c *egressCall, event string, ref *re
 	if ref != nil {
 		code = ref.Code
 	}
-	c.traceFrom(ctx) // egress_trace.go
+	traceFrom(c, ctx) // egress_trace.go
 	return e.recordFields(ctx, c, event, call.AppendFields(make([]audit.Field, 0, 19), &c.Record, event, code), presync)
 }
 

@@ -150,6 +150,23 @@ var gatewayFloors = map[string][]string{
 	// call; it neither decides, holds nor sends.
 	"gateway/creds": {"connectors", "gateway/config", "gateway/oauth", "gateway/refusal", "policy", "vault"},
 
+	// The admin listener: people and monitoring, never sandboxes. It
+	// drives the holds manager and the store's session ends, audits
+	// through a hook, and reads the policy in force for /readyz; the root
+	// hands it the rest (its Deps). It never reaches a tool call's
+	// pipeline, the socket or raw egress.
+	"gateway/admin": {"gateway/audit", "gateway/config", "gateway/holds", "gateway/ident", "gateway/receipts",
+		"gateway/refusal", "gateway/store", "policy", "sandboxd/wire"},
+
+	// The audit log's recorded head (THREATS G9): kept in the store and
+	// in signed checkpoints; it reads the log, it never writes a record.
+	"gateway/heads": {"gateway/audit", "gateway/config", "gateway/store"},
+
+	// The policy's life cycle: bundle settings, decision-log export
+	// (policy/decisionlog), receipts; it signs what the root hands it and
+	// decides nothing.
+	"gateway/policylife": {"gateway/config", "gateway/holds", "gateway/receipts", "policy"},
+
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,
 	// sends nor attaches anything.
@@ -388,6 +405,10 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"gateway/egress", "gateway/review"},
 		{"gateway/egress", "connectors"},
 		{"gateway/review", "gateway"},
+		{"gateway/admin", "gateway"},
+		{"gateway/admin", "gateway/egress"},
+		{"gateway/admin", "gateway/ingress"},
+		{"gateway/admin", "connectors"},
 		{"gateway/newthing", "gateway/refusal"},
 	}
 	for _, c := range cases {

@@ -21,8 +21,16 @@ func auditOptions(a config.Audit) audit.Options {
 // caller's context: an audit log that takes longer is unavailable.
 const auditTimeout = 30 * time.Second
 
-// appendAudit is the one way the gateway writes an audit record (a test
-// holds every other file to it). The write is detached from ctx's
+// auditLog is the gateway's audit log: the hash-chained file, and the one
+// way records are written to it (append).
+type auditLog struct {
+	*audit.Log
+	// export feeds the decision-log export from each record written
+	// (decisionexport.go); nil: none.
+	export func(rec audit.Record, at time.Time)
+}
+
+// append is the one way the gateway writes an audit record. The write is detached from ctx's
 // cancellation and has its own deadline (THREATS G10): a caller that hangs
 // up while its call is at the upstream cancels its request's context,
 // and a record written with that context was lost (`audit_unavailable:
@@ -30,18 +38,18 @@ const auditTimeout = 30 * time.Second
 // that happened is written, whatever the caller does. written is
 // AppendWritten: the record need only reach the file, a later one's fsync
 // makes it durable.
-func (s *Server) appendAudit(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
+func (l auditLog) append(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 	defer cancel()
 	var out audit.Record
 	var err error
 	if written {
-		out, err = s.audit.AppendWritten(ctx, rec)
+		out, err = l.AppendWritten(ctx, rec)
 	} else {
-		out, err = s.audit.Append(ctx, rec)
+		out, err = l.Append(ctx, rec)
 	}
-	if err == nil {
-		s.exportDecision(rec, out.Time) // decisionexport.go: the decision log is fed from the record
+	if err == nil && l.export != nil {
+		l.export(rec, out.Time) // decisionexport.go: the decision log is fed from the record
 	}
 	return out, err
 }

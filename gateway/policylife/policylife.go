@@ -1,9 +1,16 @@
-package gateway
+// Package policylife is the policy's life cycle around the engine: the
+// bundle's configuration and the files whose change reloads it, bundle
+// loads and the revision in force on /metrics, the decision-log export
+// (OPA's format), and the signer of approval receipts. The gateway hands
+// it the config, the engine's getter and its metric registry; it decides
+// nothing.
+package policylife
 
 import (
 	"context"
 	"fmt"
-	"net/http"
+	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"time"
@@ -13,15 +20,18 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/receipts"
-	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/policy/decisionlog"
 )
 
-// policyLife is the policy life cycle around the engine: bundle loads and
-// the revision in force on /metrics, the decision-log export, and the
-// signer of approval receipts.
-type policyLife struct {
+// Life is the policy life cycle around the engine: bundle loads and the
+// revision in force on /metrics, the decision-log export, and the signer
+// of approval receipts. Make it with New.
+type Life struct {
+	cfg    *config.Config
+	log    *slog.Logger
+	engine func() *policy.Engine // the policy in force (its revision is on /metrics)
+
 	bundleLoads *prometheus.CounterVec
 	decisions   *decisionlog.Exporter // nil without decision_logs
 	receipts    *receipts.Signer      // nil with receipts.disabled
@@ -34,8 +44,8 @@ type policyLife struct {
 // DecisionLogPath is the decision logs' path, as OPA names the query.
 const DecisionLogPath = "sluice/main/decision"
 
-// bundleConfig is cfg's policy.bundle as the engine takes it.
-func bundleConfig(cfg *config.Config) *policy.BundleConfig {
+// BundleConfig is cfg's policy.bundle as the engine takes it.
+func BundleConfig(cfg *config.Config) *policy.BundleConfig {
 	b := cfg.Policy.Bundle
 	if b == nil {
 		return nil
@@ -47,9 +57,9 @@ func bundleConfig(cfg *config.Config) *policy.BundleConfig {
 	return bc
 }
 
-// policyFiles are the files whose change reloads the policy: the rego
+// Files are the files whose change reloads the policy: the rego
 // paths (Rego and data documents) and a bundle file.
-func policyFiles(cfg *config.Config) []string {
+func Files(cfg *config.Config) []string {
 	out := append([]string(nil), cfg.Rego...)
 	if b := cfg.Policy.Bundle; b != nil && b.File != "" {
 		out = append(out, b.File)
@@ -57,16 +67,22 @@ func policyFiles(cfg *config.Config) []string {
 	return out
 }
 
-// bundleURL says the policy comes (partly) from a bundle server: when it
+// BundleURL says the policy comes (partly) from a bundle server: when it
 // was down at start, the load is retried on every tick.
-func bundleURL(cfg *config.Config) bool {
+func BundleURL(cfg *config.Config) bool {
 	return cfg.Policy.Bundle != nil && cfg.Policy.Bundle.URL != ""
 }
 
-// initPolicyLife registers the metrics and makes the exporter and the
-// signer; New calls it before the policy is first loaded.
-func (s *Server) initPolicyLife() error {
-	l := &s.life
+// New registers the life cycle's metrics on reg and makes the
+// decision-log exporter and the receipts signer, as cfg says; the gateway
+// calls it before the policy is first loaded. engine is the policy in
+// force (its revision is on /metrics).
+func New(cfg *config.Config, log *slog.Logger, engine func() *policy.Engine, reg prometheus.Registerer) (*Life, error) {
+	l := &Life{cfg: cfg, log: log, engine: engine}
+	return l, l.init(reg)
+}
+
+func (l *Life) init(reg prometheus.Registerer) error {
 	l.bundleLoads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_policy_bundle_loads_total",
 		Help: "OPA bundles read (from the file or the bundle server), by result: ok, or error (refused: the previous policy kept deciding).",
@@ -75,11 +91,11 @@ func (s *Server) initPolicyLife() error {
 	l.bundleLoads.WithLabelValues("error")
 	revision := prometheus.NewDesc("sluice_policy_revision_info",
 		"The policy revision in force (the bundle's manifest revision, or a digest of the Rego and data files); always 1.", []string{"revision"}, nil)
-	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, s: s}}
-	if dl := s.cfg.DecisionLogs; dl != nil {
+	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, engine: l.engine}}
+	if dl := l.cfg.DecisionLogs; dl != nil {
 		l.labels = decisionLabels(dl.Labels)
 		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: l.labels,
-			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: s.log})
+			Buffer: dl.Buffer, Batch: dl.Batch, Flush: dl.Flush.Std(), Timeout: dl.Timeout.Std(), Logger: l.log})
 		if err != nil {
 			return fmt.Errorf("decision_logs: %w", err)
 		}
@@ -87,12 +103,7 @@ func (s *Server) initPolicyLife() error {
 	}
 	// Zero without decision_logs: every family is there from the start.
 	stat := func(f func(decisionlog.Stats) int64) func() float64 {
-		return func() float64 {
-			if l.decisions == nil {
-				return 0
-			}
-			return float64(f(l.decisions.Stats()))
-		}
+		return func() float64 { return float64(f(l.Stats())) }
 	}
 	cs = append(cs,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_decision_logs_sent_total", Help: "Decision-log events delivered."},
@@ -105,12 +116,12 @@ func (s *Server) initPolicyLife() error {
 			stat(func(st decisionlog.Stats) int64 { return int64(st.Queued) })),
 	)
 	for _, c := range cs {
-		if err := s.tel.reg.Register(c); err != nil {
+		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("gateway: metric: %w", err)
 		}
 	}
-	if !s.cfg.Receipts.Disabled {
-		key, err := receipts.LoadKey(s.cfg.ReceiptsKeyFile(), true)
+	if !l.cfg.Receipts.Disabled {
+		key, err := receipts.LoadKey(l.cfg.ReceiptsKeyFile(), true)
 		if err != nil {
 			return fmt.Errorf("receipts.key_file: %w", err)
 		}
@@ -133,94 +144,99 @@ func decisionLabels(cfg map[string]string) map[string]string {
 
 // revisionCollector reports the revision in force at each scrape.
 type revisionCollector struct {
-	desc *prometheus.Desc
-	s    *Server
+	desc   *prometheus.Desc
+	engine func() *policy.Engine
 }
 
 func (c *revisionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
-	if e := c.s.engine.Load(); e != nil {
+	if e := c.engine(); e != nil {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, e.Revision())
 	}
 }
 
-// policyHooks sets the engine's hooks for the life cycle. The decision
-// log is fed from the audit records of decisions (decisionexport.go),
-// not from the engine.
-func (s *Server) policyHooks(pc *policy.Config) {
-	pc.OnBundle = s.bundleLoaded
+// Hooks sets the engine's hooks for the life cycle. The decision log is
+// fed from the audit records of decisions (the root's
+// decisionexport.go), not from the engine.
+func (l *Life) Hooks(pc *policy.Config) {
+	pc.OnBundle = l.bundleLoaded
 }
 
-// runPolicyLife runs the decision-log export until ctx ends.
-func (s *Server) runPolicyLife(ctx context.Context) {
-	if s.life.decisions != nil {
-		_ = s.life.decisions.Run(ctx) // returns nil when ctx ends
+// Run runs the decision-log export until ctx ends.
+func (l *Life) Run(ctx context.Context) {
+	if l.decisions != nil {
+		_ = l.decisions.Run(ctx) // returns nil when ctx ends
 	}
 }
 
-func (s *Server) bundleLoaded(ok bool, _ error) {
-	if s.life.bundleLoads == nil {
+func (l *Life) bundleLoaded(ok bool, _ error) {
+	if l.bundleLoads == nil {
 		return
 	}
 	r := "ok"
 	if !ok {
 		r = "error" // logged by the engine, with the reason
 	}
-	s.life.bundleLoads.WithLabelValues(r).Inc()
+	l.bundleLoads.WithLabelValues(r).Inc()
 }
 
-// receipt signs the receipt of an approved hold that was executed: c is
-// the execution. Nothing is signed for a hold that was not sent.
-func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
-	if s.life.receipts == nil || c == nil || !c.answered {
+// Exporter is the decision-log exporter (nil without decision_logs).
+func (l *Life) Exporter() *decisionlog.Exporter { return l.decisions }
+
+// EntranceLabel is the decision-log label naming the entrance a decision
+// came through (the root's decisionexport.go).
+const EntranceLabel = "entrance"
+
+// EntranceLabels are the export's labels with the entrance's; built
+// once per entrance (a handful), shared read-only by the events.
+func (l *Life) EntranceLabels(entrance string) map[string]string {
+	if m, ok := l.byEntrance.Load(entrance); ok {
+		return m.(map[string]string)
+	}
+	m := maps.Clone(l.labels)
+	m[EntranceLabel] = entrance // from the code's kinds and transports: a fixed set
+	l.byEntrance.Store(entrance, m)
+	return m
+}
+
+// Execution is what a receipt says of an approved hold's execution.
+type Execution struct {
+	Answered       bool            // the upstream answered over HTTP: nothing is signed otherwise
+	Decision       policy.Decision // the decision it was sent under
+	UpstreamStatus int
+	Credential     string // where the credential went, never its value
+}
+
+// Stats are the decision-log exporter's counters (zero without
+// decision_logs).
+func (l *Life) Stats() decisionlog.Stats {
+	if l.decisions == nil {
+		return decisionlog.Stats{}
+	}
+	return l.decisions.Stats()
+}
+
+// Receipts is the signer of approval receipts (nil: receipts.disabled).
+func (l *Life) Receipts() *receipts.Signer { return l.receipts }
+
+// Receipt signs the receipt of an approved hold that was executed (e).
+// Nothing is signed for a hold that was not sent.
+func (l *Life) Receipt(h holds.Hold, e Execution) []byte {
+	if l.receipts == nil || !e.Answered {
 		return nil
 	}
 	r := receipts.Receipt{
 		HoldID: h.ID, RequestID: h.RequestID, Tool: h.Tool,
 		Caller:   receipts.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User},
 		Approver: h.DecidedBy, ApprovedAt: h.Decided, ExecutedAt: time.Now(),
-		RequestSHA256: h.SHA256, PolicyRevision: c.decision.Revision, Decision: c.decision.Action.String(),
-		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential,
+		RequestSHA256: h.SHA256, PolicyRevision: e.Decision.Revision, Decision: e.Decision.Action.String(),
+		UpstreamStatus: e.UpstreamStatus, Credential: e.Credential,
 	}
-	b, err := s.life.receipts.Sign(r)
+	b, err := l.receipts.Sign(r)
 	if err != nil {
-		s.log.Error("bug(): receipts: sign", "hold", h.ID, "error", err)
+		l.log.Error("bug(): receipts: sign", "hold", h.ID, "error", err)
 		return nil
 	}
 	return b
-}
-
-// adminReceipts serves GET /api/v1/holds/{id}/receipt (the signed receipt
-// of an executed hold, as a file) and GET /api/v1/receipts/key (the
-// verification key).
-func (s *Server) adminReceipts(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v1/holds/{id}/receipt", s.withPerson(func(w http.ResponseWriter, r *http.Request, _ holds.Person) {
-		h, err := s.holds.Get(r.Context(), r.PathValue("id"))
-		if err != nil {
-			s.holdsError(w, err)
-			return
-		}
-		if h.Result == nil || len(h.Result.Receipt) == 0 {
-			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "this hold has no receipt: it has not been executed (or receipts are disabled)"), refusal.NewRequestID())
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Disposition", `attachment; filename="receipt-`+h.ID+`.json"`)
-		rc := h.Result.Receipt
-		if rc[len(rc)-1] != '\n' {
-			rc = append(rc, '\n') // the store keeps it compact; the file ends in a newline
-		}
-		_, _ = w.Write(rc)
-	}))
-	mux.HandleFunc("GET /api/v1/receipts/key", func(w http.ResponseWriter, r *http.Request) {
-		if s.life.receipts == nil {
-			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "receipts are disabled"), refusal.NewRequestID())
-			return
-		}
-		pub := s.life.receipts.Public()
-		refusal.WriteJSON(w, http.StatusOK, map[string]any{
-			"algorithm": "Ed25519", "key_id": s.life.receipts.KeyID(), "public_key_pem": string(receipts.PublicPEM(pub)),
-		})
-	})
 }

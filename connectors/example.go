@@ -1,38 +1,25 @@
-package gateway
+package connectors
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
 	"regexp/syntax"
 	"sort"
 	"strings"
-
-	"github.com/sluice-gw/sluice/gateway/config"
-	"github.com/sluice-gw/sluice/gateway/guard"
 )
 
-// ToolExample returns example arguments for a tool (name or alias), made
-// from its argument schema, for `sluice policy input --example`: each
-// property's example, default, const or first enum value when the spec
-// gives one, otherwise a value of its type (strings "example", numbers
-// their minimum or 1, one item per array), every property of every
-// object included. They are only a starting point: ToolCallInput still
-// validates them as the gateway would, and says what a pattern or format
-// rejected.
-func ToolExample(ctx context.Context, cfg *config.Config, name string) ([]byte, error) {
-	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
-	if err != nil {
-		return nil, err
-	}
-	tool, ok := cat.Tool(name)
-	if !ok {
-		return nil, &RefusedError{404, "unknown_tool", fmt.Sprintf("no tool is named %q", name)}
-	}
+// Example returns example arguments for t, made from its argument
+// schema: each property's example, default, const or first enum value
+// when the spec gives one, otherwise a value of its type (strings
+// "example", numbers their minimum or 1, one item per array), every
+// property of every object included, and no empty path, query or headers
+// object. They are only a starting point: validating them as a call's
+// arguments says what a pattern or format rejected.
+func (t *Tool) Example() ([]byte, error) {
 	var schema map[string]any
-	if err := json.Unmarshal(tool.Schema, &schema); err != nil {
-		return nil, fmt.Errorf("bug(): tool %s: its schema is not a JSON object: %w", tool.Name, err)
+	if err := json.Unmarshal(t.Schema, &schema); err != nil {
+		return nil, fmt.Errorf("bug(): tool %s: its schema is not a JSON object: %w", t.Name, err)
 	}
 	v := exampleOf(schema, schema, 0)
 	if m, ok := v.(map[string]any); ok {

@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/creds"
+	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/mcpremote"
+	"github.com/sluice-gw/sluice/gateway/oauth"
+)
+
+// catalog is the loaded tools and, per tool, how to reach its API.
+type catalog struct {
+	tools      map[string]*connectors.Tool
+	aliases    map[string]*connectors.Tool // Tool.Alias → tool
+	list       []*connectors.Tool
+	connectors map[string]*upstream
+	remotes    map[string]*mcpremote.Remote // provider: mcp connectors by slug; their tools change (mcp_remote.go)
+}
+
+// upstream is one connector's provisioned destination.
+type upstream struct {
+	cfg       config.Connector
+	conn      *connectors.Connector
+	allow     []netip.Prefix
+	transport http.RoundTripper          // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
+	creds     *creds.Plan                // how the credential is attached; nil without one
+	oauth     *oauth.Client              // credential.oauth2, resolved against the spec (creds.OAuthClient)
+	scrub     atomic.Pointer[scrubCache] // the scrubber of the last credential attached
+}
+
+// Tool finds a tool by its name or its function-safe alias.
+func (c *catalog) Tool(name string) (*connectors.Tool, bool) {
+	if t, ok := c.tools[name]; ok {
+		return t, true
+	}
+	if t, ok := c.aliases[name]; ok {
+		return t, true
+	}
+	return c.remoteTool(name)
+}
+func (c *catalog) Tools() []*connectors.Tool { return c.withRemotes() }
+
+// loadCatalogWith loads every connector's spec and decides how its credential
+// is attached (newCredPlan); sl adds validate's strictness and defect
+// report to each load. errs refuse serve; warns are printed.
+func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, sl specLoad) (c *catalog, warns []error, err error) {
+	c = &catalog{tools: map[string]*connectors.Tool{}, aliases: map[string]*connectors.Tool{}, connectors: map[string]*upstream{}}
+	var errs []error
+	local := creds.ExistingLocal(cfg)
+	for i, cc := range cfg.Connectors {
+		key := fmt.Sprintf("connectors[%d]", i)
+		allow := allowPrivate(cc)
+		if cc.Provider == "mcp" {
+			errs = append(errs, c.addRemote(ctx, key, cc, d, allow, cfg, local)...) // mcp_remote.go
+			continue
+		}
+		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
+		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
+			continue
+		}
+		if conn.BaseURL == nil {
+			errs = append(errs, fmt.Errorf("%s.base_url: the spec names no server; set base_url", key))
+			continue
+		}
+		u := &upstream{cfg: cc, conn: conn, allow: allow}
+		if cc.Credential != nil && conn.BaseURL.Scheme == "http" && !creds.PlaintextOK(conn.BaseURL.Hostname(), u.allow) {
+			errs = append(errs, fmt.Errorf("%s.base_url: a credential is sent over plain http only to an address inside allow_private; use https", key))
+			continue
+		}
+		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
+			var oerrs []error
+			if u.oauth, oerrs = creds.OAuthClient(key, cc, conn, u.allow); len(oerrs) > 0 {
+				errs = append(errs, oerrs...)
+				continue
+			}
+		}
+		if cc.Credential != nil {
+			plan, perrs, pwarns := creds.NewPlan(key, cc, conn, creds.StoredShape(ctx, cfg, cc, local))
+			warns = append(warns, pwarns...)
+			if len(perrs) > 0 {
+				errs = append(errs, perrs...)
+				continue
+			}
+			u.creds = plan
+		}
+		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+		c.connectors[cc.Slug] = u
+		for _, t := range conn.Tools {
+			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
+				errs = append(errs, fmt.Errorf("%s: tool %s has the alias %s of tool %s", key, t.Name, t.Alias, other.Name))
+				continue
+			}
+			c.tools[t.Name] = t
+			c.aliases[t.Alias] = t
+			c.list = append(c.list, t)
+		}
+	}
+	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
+	return c, warns, errors.Join(errs...)
+}
+
+// newTransport builds a connector's transport. Every dial goes through the
+// guard with this connector's allow list; no proxy from the environment is
+// ever used; redirects are not followed because callers use RoundTrip.
+//
+// The idle pool is sized to the load the gateway admits: each sandbox
+// socket connection carries one call at a time, so at most
+// gateway.max_connections calls are in flight, and every upstream
+// connection they used can wait for the next call instead of being closed
+// and dialled again (a fixed 64 made 71% of calls at 1,000 callers dial;
+// issue 22). Only connections a load actually opened are kept, and each
+// for IdleConnTimeout.
+func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, maxIdle int) *http.Transport {
+	maxIdle = max(maxIdle, 2) // http.Transport's own default per host
+
+	return &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr, allow)
+		},
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           maxIdle,
+		MaxIdleConnsPerHost:    maxIdle,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+}
