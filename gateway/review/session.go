@@ -120,15 +120,11 @@ type memSessions struct {
 	m  map[string]store.UISession
 }
 
-func live(u store.UISession, now time.Time) bool {
-	return now.Before(u.Expires) && now.Before(u.LastSeen.Add(u.Idle))
-}
-
 func (ms *memSessions) PutUISession(_ context.Context, u store.UISession) error {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	for h, o := range ms.m { // sweep ended ones while here
-		if !live(o, u.Created) {
+		if !o.Live(u.Created) {
 			delete(ms.m, h)
 		}
 	}
@@ -145,7 +141,7 @@ func (ms *memSessions) TouchUISession(_ context.Context, idHash string, now time
 	if !ok {
 		return store.UISession{}, store.ErrNotFound
 	}
-	if !live(u, now) {
+	if !u.Live(now) {
 		delete(ms.m, idHash)
 		return store.UISession{}, store.ErrNotFound
 	}
@@ -161,7 +157,7 @@ func (ms *memSessions) UISessionAlive(_ context.Context, idHash string, now time
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	u, ok := ms.m[idHash]
-	return ok && live(u, now), nil
+	return ok && u.Live(now), nil
 }
 
 func (ms *memSessions) DeleteUISession(_ context.Context, idHash string) error {

@@ -31,8 +31,8 @@ type UISession struct {
 	Idle     time.Duration // the session ends this long after its last use
 }
 
-// live says whether u is live at now by its own row's terms.
-func (u UISession) live(now time.Time) bool {
+// Live says whether u is live at now by its own row's terms.
+func (u UISession) Live(now time.Time) bool {
 	return now.Before(u.Expires) && now.Before(u.LastSeen.Add(u.Idle))
 }
 
@@ -94,7 +94,7 @@ func (s *Store) UISessionAlive(ctx context.Context, idHash string, now time.Time
 	if err != nil {
 		return false, fmt.Errorf("store: read ui session: %w", err)
 	}
-	return u.live(now), nil
+	return u.Live(now), nil
 }
 
 // DeleteUISession ends the session idHash on every replica (sign-out, a
