@@ -86,6 +86,9 @@ type Config struct {
 	// never starts: the mapping is an allow-list kept on the host, not
 	// something a pod's own spec can choose.
 	Pods []PodRule `yaml:"pods"`
+	// KubeAPI is where pods rules with agent_from or session_from read
+	// the pod's labels and service account (default: in-cluster).
+	KubeAPI KubeAPI `yaml:"kube_api"`
 	// AdoptWait is how long a sandbox outlives a sandboxd that died
 	// (kill -9, a crash, an upgrade): its init waits that long for a new
 	// sandboxd to re-adopt it, then ends. 0: sandboxes die with sandboxd.
@@ -123,10 +126,17 @@ const (
 // PodRule gives the pods of one Kubernetes namespace their identity. The
 // session is the pod's own (namespace/name/uid), so ending it ends one pod.
 type PodRule struct {
-	Namespace string   `yaml:"namespace"` // the pod's namespace, exactly
-	Agent     string   `yaml:"agent"`
-	User      string   `yaml:"user"`
-	Egress    []string `yaml:"egress"` // narrows the agent's egress allowlist, as a pin's egress does
+	Namespace string `yaml:"namespace"` // the pod's namespace, exactly
+	Agent     string `yaml:"agent"`
+	// AgentFrom takes the agent from the pod instead ("label:KEY" or
+	// "serviceaccount"); the value must be one of Agents.
+	AgentFrom string   `yaml:"agent_from"`
+	Agents    []string `yaml:"agents"`
+	// SessionFrom takes the session from the pod ("label:KEY" or
+	// "serviceaccount"), as namespace/value; default namespace/name/uid.
+	SessionFrom string   `yaml:"session_from"`
+	User        string   `yaml:"user"`
+	Egress      []string `yaml:"egress"` // narrows the agent's egress allowlist, as a pin's egress does
 }
 
 // relayDNSCache is DNSCache as relay.Options.DNSCacheFor says it (there 0
@@ -389,10 +399,9 @@ func (c Config) Validate() error {
 			bad("config: pods[%d].namespace: %q is mapped twice", i, r.Namespace)
 		}
 		seen[r.Namespace] = true
-		if r.Agent == "" {
-			bad("config: pods[%d].agent: is required", i)
-		}
+		errs = append(errs, r.validate(i))
 	}
+	errs = append(errs, c.KubeAPI.validate())
 	errs = append(errs, checkGatewayAdmin(c.GatewayAdmin), c.GatewayTLS.validate(c.Host), c.Limits.Validate("limits"))
 	return errors.Join(errs...)
 }

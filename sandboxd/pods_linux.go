@@ -88,7 +88,7 @@ func (m *Manager) PinPod(ctx context.Context, r PodPinRequest) (PinInfo, bool, e
 	rule := m.cfg.podRule(r.Namespace)
 	if rule == nil {
 		m.events.write(event{Event: "pod_refused", Sandbox: r.ContainerID, NetNS: r.NetNS, Error: "no pods rule maps namespace " + r.Namespace})
-		return PinInfo{}, false, fmt.Errorf("%w: pods: no rule in sandboxd.yaml maps namespace %q", ErrDenied, r.Namespace)
+		return PinInfo{}, false, podRefusedf("pods: no rule in sandboxd.yaml maps namespace %q", r.Namespace)
 	}
 	if e := m.podPin(r.ContainerID); e != nil {
 		if e.info.NetNS != r.NetNS {
@@ -102,8 +102,21 @@ func (m *Manager) PinPod(ctx context.Context, r PodPinRequest) (PinInfo, bool, e
 		m.events.write(event{Event: "pod_resealed", Sandbox: e.info.ID, Agent: e.info.Agent, Session: e.info.Session, NetNS: e.info.NetNS})
 		return e.info, false, nil
 	}
+	var meta *podMeta
+	if rule.needsPod() {
+		var err error
+		if meta, err = kubePod(ctx, m.cfg.KubeAPI, r.Namespace, r.Name, r.UID); err != nil {
+			m.events.write(event{Event: "pod_refused", Sandbox: r.ContainerID, NetNS: r.NetNS, Error: err.Error()})
+			return PinInfo{}, false, fmt.Errorf("%w: pods: %w", ErrFailed, err)
+		}
+	}
+	agent, session, err := rule.podIdentity(r, meta)
+	if err != nil {
+		m.events.write(event{Event: "pod_refused", Sandbox: r.ContainerID, NetNS: r.NetNS, Error: err.Error()})
+		return PinInfo{}, false, err
+	}
 	ref := &PodRef{ContainerID: r.ContainerID, Namespace: r.Namespace, Name: r.Name, UID: r.UID}
-	in, err := m.pin(ctx, PinRequest{NetNS: r.NetNS, Agent: rule.Agent, Session: podSession(r), User: rule.User, Egress: rule.Egress}, pinAs{pod: ref})
+	in, err := m.pin(ctx, PinRequest{NetNS: r.NetNS, Agent: agent, Session: session, User: rule.User, Egress: rule.Egress}, pinAs{pod: ref})
 	return in, err == nil, err
 }
 
