@@ -410,6 +410,7 @@ func (s *Server) newReviewUI() error {
 		opt.OIDC = &review.OIDC{Issuer: oc.Issuer, ClientID: oc.ClientID, ClientSecret: strings.TrimSpace(string(secret)),
 			RedirectURL: strings.TrimRight(s.cfg.Approvals.PublicURL, "/") + "/oidc/callback", GroupsClaim: oc.GroupsClaim}
 	}
+	opt.Sessions = s.store // sign-ins shared by the replicas sharing the store
 	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
 		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // below
 	}

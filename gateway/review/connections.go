@@ -132,7 +132,7 @@ const (
 func (u *UI) handleConnectCallback(w http.ResponseWriter, r *http.Request) {
 	var s *session
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		s = u.sess.get(c.Value, u.opt.Now())
+		s, _ = u.sess.get(r.Context(), c.Value, u.opt.Now()) // optional here: the connect cookie and state decide
 	}
 	user := ""
 	if s != nil {

@@ -202,7 +202,9 @@ func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	u.startSession(w, r, holds.Person{Name: name, Groups: groups}, "oidc")
+	if !u.startSession(w, r, holds.Person{Name: name, Groups: groups}, "oidc") {
+		return
+	}
 	// A page, not a redirect: the Strict session cookie is not sent on a
 	// redirect chain that a cross-site navigation started, but it is on a
 	// navigation this page starts.

@@ -1,6 +1,7 @@
 package review
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/sha256"
@@ -239,7 +240,7 @@ func (u *UI) sessionPerson(t *testing.T, b *browser) holds.Person {
 	su, _ := url.Parse(b.e.srv.URL)
 	for _, c := range b.c.Jar.Cookies(su) {
 		if c.Name == sessionCookie {
-			if s := u.sess.get(c.Value, u.opt.Now()); s != nil {
+			if s, _ := u.sess.get(context.Background(), c.Value, u.opt.Now()); s != nil {
 				return s.person
 			}
 		}

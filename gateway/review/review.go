@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 // Holds is what the UI needs of the holds manager (*holds.Manager).
@@ -91,6 +92,10 @@ type Options struct {
 	Connections Connections
 	// Grants, when set, serves the Grants page (grants.go).
 	Grants Grants
+	// Sessions keeps the sign-in sessions (the gateway's store, so that
+	// every replica sharing it shares them). Default: this process's
+	// memory.
+	Sessions SessionStore
 }
 
 // UI is the review web UI; mount it at "/" on the admin listener.
@@ -146,11 +151,14 @@ func New(opt Options) (*UI, error) {
 	if opt.LoginWindow <= 0 {
 		opt.LoginWindow = 15 * time.Minute
 	}
+	if opt.Sessions == nil {
+		opt.Sessions = &memSessions{m: map[string]store.UISession{}}
+	}
 	u := &UI{
 		opt:   opt,
 		log:   opt.Log,
 		users: map[string]config.User{},
-		sess:  &sessions{m: map[string]*session{}, ttl: opt.SessionTTL, idle: opt.SessionIdle},
+		sess:  &sessions{st: opt.Sessions, ttl: opt.SessionTTL, idle: opt.SessionIdle},
 		limit: &limiter{fails: map[string][]time.Time{}, max: opt.LoginFailures, window: opt.LoginWindow},
 		pages: map[string]*template.Template{},
 	}
@@ -278,7 +286,10 @@ func (u *UI) authed(h func(http.ResponseWriter, *http.Request, *session)) http.H
 	return func(w http.ResponseWriter, r *http.Request) {
 		var s *session
 		if c, err := r.Cookie(sessionCookie); err == nil {
-			s = u.sess.get(c.Value, u.opt.Now())
+			if s, err = u.sess.get(r.Context(), c.Value, u.opt.Now()); err != nil {
+				u.sessionFail(w, r, nil, err)
+				return
+			}
 		}
 		if s == nil {
 			if r.Method == http.MethodGet && r.URL.Path != "/ui/events" && r.URL.Path != "/ui/queue" {
@@ -396,22 +407,44 @@ func (u *UI) handleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u.limit.reset(name, addr)
-	u.startSession(w, r, holds.Person{Name: us.Name, Groups: slices.Clone(us.Groups)}, "password")
+	if !u.startSession(w, r, holds.Person{Name: us.Name, Groups: slices.Clone(us.Groups)}, "password") {
+		return
+	}
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
-func (u *UI) startSession(w http.ResponseWriter, r *http.Request, p holds.Person, method string) {
+// startSession stores a new session and sets its cookie; false (the page
+// sent) when the session store did not take it.
+func (u *UI) startSession(w http.ResponseWriter, r *http.Request, p holds.Person, method string) bool {
 	if c, err := r.Cookie(sessionCookie); err == nil { // no fixation: a new ID every sign-in
-		u.sess.remove(c.Value)
+		if err := u.sess.remove(r.Context(), c.Value); err != nil {
+			u.sessionFail(w, r, nil, err)
+			return false
+		}
 	}
-	s := u.sess.create(p, method, u.opt.Now())
+	s, err := u.sess.create(r.Context(), p, method, u.opt.Now())
+	if err != nil {
+		u.sessionFail(w, r, nil, err)
+		return false
+	}
 	http.SetCookie(w, u.cookie(r, sessionCookie, s.id, http.SameSiteStrictMode, int(u.opt.SessionTTL/time.Second)))
 	http.SetCookie(w, u.cookie(r, "sluice_login", "", http.SameSiteStrictMode, -1))
 	u.audit(r.Context(), "ui.login", map[string]any{"user": p.Name, "groups": p.Groups, "method": method})
+	return true
+}
+
+// sessionFail answers a request whose session the store could not read or
+// write: 503, and the person is not treated as signed in (or out).
+func (u *UI) sessionFail(w http.ResponseWriter, r *http.Request, s *session, err error) {
+	u.log.Error("review: sessions", "err", err.Error())
+	u.fail(w, r, s, http.StatusServiceUnavailable, "The session store is unavailable; try again shortly.")
 }
 
 func (u *UI) handleLogout(w http.ResponseWriter, r *http.Request, s *session) {
-	u.sess.remove(s.id)
+	if err := u.sess.remove(r.Context(), s.id); err != nil { // not signed out: say so
+		u.sessionFail(w, r, s, err)
+		return
+	}
 	http.SetCookie(w, u.cookie(r, sessionCookie, "", http.SameSiteStrictMode, -1))
 	u.audit(r.Context(), "ui.logout", map[string]any{"user": s.person.Name})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
@@ -609,8 +642,8 @@ func (u *UI) handleEvents(w http.ResponseWriter, r *http.Request, s *session) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if !u.sess.alive(s.id, u.opt.Now()) {
-				return
+			if ok, err := u.sess.alive(ctx, s.id, u.opt.Now()); !ok || err != nil {
+				return // signed out or expired on any replica, or unknown: the stream ends
 			}
 			// Also a resync: the manager drops events for a subscriber that
 			// falls behind, so the page re-lists at least this often.
@@ -666,8 +699,8 @@ func (u *UI) Person(r *http.Request) (holds.Person, bool) {
 	if err != nil {
 		return holds.Person{}, false
 	}
-	s := u.sess.get(c.Value, u.opt.Now())
-	if s == nil {
+	s, err := u.sess.get(r.Context(), c.Value, u.opt.Now())
+	if err != nil || s == nil {
 		return holds.Person{}, false
 	}
 	switch r.Method {

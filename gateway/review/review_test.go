@@ -471,19 +471,25 @@ func TestSessionExpiry(t *testing.T) {
 			25 * time.Minute, 25 * time.Minute, 25 * time.Minute, 25 * time.Minute}, false},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, nil)
-			b := e.browser()
-			b.login("alice", "alice-pw")
-			var r *http.Response
-			for _, d := range c.steps {
-				e.advance(d)
-				r, _ = b.get("/")
-			}
-			if (r.StatusCode == 200) != c.alive {
-				t.Fatalf("status %d, alive want %v", r.StatusCode, c.alive)
-			}
-		})
+		for _, where := range []string{"memory", "store"} { // Options.Sessions unset, or the gateway's store
+			t.Run(c.name+"/"+where, func(t *testing.T) {
+				e := newEnv(t, func(o *Options) {
+					if where == "store" {
+						o.Sessions = sessionStore(t)
+					}
+				})
+				b := e.browser()
+				b.login("alice", "alice-pw")
+				var r *http.Response
+				for _, d := range c.steps {
+					e.advance(d)
+					r, _ = b.get("/")
+				}
+				if (r.StatusCode == 200) != c.alive {
+					t.Fatalf("status %d, alive want %v", r.StatusCode, c.alive)
+				}
+			})
+		}
 	}
 }
 

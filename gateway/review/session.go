@@ -1,33 +1,52 @@
 package review
 
 import (
+	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
+	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
-// session is one signed-in person. The cookie carries only the random ID;
-// everything else stays on the server, so a logout or expiry is final.
+// session is one signed-in person as a request sees it. The cookie
+// carries only the random ID; the rest is in the session table (the
+// gateway's store), keyed by the ID's SHA-256, so a logout or expiry on
+// any replica is final on all.
 type session struct {
-	id       string
-	person   holds.Person
-	csrf     string // per-session token every POST must carry
-	method   string // "password" or "oidc"
-	created  time.Time
-	lastSeen time.Time
+	id     string // the cookie's value; never stored
+	person holds.Person
+	csrf   string // per-session token every POST must carry (sessionCSRF(id))
+	method string // "password" or "oidc"
 }
 
-// sessions is the in-memory session table. Sessions do not survive a
-// restart: people sign in again, which is the safe direction.
+// SessionStore keeps the UI's sessions where every gateway replica
+// sharing the store sees them (*store.Store). Sessions are keyed by
+// sessionHash(id); a row's own expiry and idle timeout decide whether it
+// is live (see store.UISession).
+type SessionStore interface {
+	PutUISession(ctx context.Context, s store.UISession) error
+	// TouchUISession returns the live session and records its use, or
+	// store.ErrNotFound.
+	TouchUISession(ctx context.Context, idHash string, now time.Time) (store.UISession, error)
+	UISessionAlive(ctx context.Context, idHash string, now time.Time) (bool, error)
+	DeleteUISession(ctx context.Context, idHash string) error
+}
+
+// sessions is the session table as the UI uses it. There is no cache in
+// front of the store: every request reads its row, so a session ended on
+// another replica is refused here at once.
 type sessions struct {
-	mu   sync.Mutex
-	m    map[string]*session
+	st   SessionStore
 	ttl  time.Duration // absolute lifetime
 	idle time.Duration // lifetime without requests
 }
@@ -40,53 +59,112 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-func (ss *sessions) create(p holds.Person, method string, now time.Time) *session {
-	s := &session{id: randomToken(), person: p, csrf: randomToken(), method: method, created: now, lastSeen: now}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for id, o := range ss.m { // sweep expired ones while here
-		if ss.expired(o, now) {
-			delete(ss.m, id)
-		}
-	}
-	ss.m[s.id] = s
-	return s
+// sessionHash is what the store keys a session by: a reader of the table
+// learns no ID it could present.
+func sessionHash(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(h[:])
 }
 
-func (ss *sessions) expired(s *session, now time.Time) bool {
-	return now.Sub(s.created) >= ss.ttl || now.Sub(s.lastSeen) >= ss.idle
+// sessionCSRF is the session's CSRF token, derived from its ID (so every
+// replica computes the same token and none is stored): unpredictable
+// without the ID, and it reveals neither the ID nor the stored hash
+// (another prefix).
+func sessionCSRF(id string) string {
+	h := sha256.Sum256([]byte("sluice review csrf\x00" + id))
+	return base64.RawURLEncoding.EncodeToString(h[:])
 }
 
-// get returns the live session with this ID and marks it used, or nil.
-func (ss *sessions) get(id string, now time.Time) *session {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	s := ss.m[id]
-	if s == nil {
-		return nil
+func (ss *sessions) create(ctx context.Context, p holds.Person, method string, now time.Time) (*session, error) {
+	s := &session{id: randomToken(), person: p, method: method}
+	s.csrf = sessionCSRF(s.id)
+	err := ss.st.PutUISession(ctx, store.UISession{IDHash: sessionHash(s.id), Person: p.Name, Groups: p.Groups, Method: method,
+		Created: now, Expires: now.Add(ss.ttl), Idle: ss.idle})
+	if err != nil {
+		return nil, err
 	}
-	if ss.expired(s, now) {
-		delete(ss.m, id)
-		return nil
+	return s, nil
+}
+
+// get returns the live session with this ID and marks it used, or nil
+// when there is none (an error only when the store did not answer).
+func (ss *sessions) get(ctx context.Context, id string, now time.Time) (*session, error) {
+	if id == "" {
+		return nil, nil
 	}
-	s.lastSeen = now
-	c := *s
-	return &c
+	u, err := ss.st.TouchUISession(ctx, sessionHash(id), now)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &session{id: id, person: holds.Person{Name: u.Person, Groups: u.Groups}, csrf: sessionCSRF(id), method: u.Method}, nil
 }
 
 // alive reports whether the session still exists and has not expired,
 // without counting as activity (the live event stream checks this).
-func (ss *sessions) alive(id string, now time.Time) bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	s := ss.m[id]
-	return s != nil && !ss.expired(s, now)
+func (ss *sessions) alive(ctx context.Context, id string, now time.Time) (bool, error) {
+	return ss.st.UISessionAlive(ctx, sessionHash(id), now)
 }
 
-func (ss *sessions) remove(id string) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	delete(ss.m, id)
+func (ss *sessions) remove(ctx context.Context, id string) error {
+	return ss.st.DeleteUISession(ctx, sessionHash(id))
+}
+
+// memSessions is the SessionStore of a UI given none: this process's
+// memory, with the store's rules. Its sessions do not survive a restart
+// and are not seen by other processes.
+type memSessions struct {
+	mu sync.Mutex
+	m  map[string]store.UISession
+}
+
+func (ms *memSessions) PutUISession(_ context.Context, u store.UISession) error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for h, o := range ms.m { // sweep ended ones while here
+		if !o.Live(u.Created) {
+			delete(ms.m, h)
+		}
+	}
+	u.LastSeen = u.Created
+	u.Groups = slices.Clone(u.Groups)
+	ms.m[u.IDHash] = u
+	return nil
+}
+
+func (ms *memSessions) TouchUISession(_ context.Context, idHash string, now time.Time) (store.UISession, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	u, ok := ms.m[idHash]
+	if !ok {
+		return store.UISession{}, store.ErrNotFound
+	}
+	if !u.Live(now) {
+		delete(ms.m, idHash)
+		return store.UISession{}, store.ErrNotFound
+	}
+	if u.LastSeen.Before(now) {
+		u.LastSeen = now
+		ms.m[idHash] = u
+	}
+	u.Groups = slices.Clone(u.Groups)
+	return u, nil
+}
+
+func (ms *memSessions) UISessionAlive(_ context.Context, idHash string, now time.Time) (bool, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	u, ok := ms.m[idHash]
+	return ok && u.Live(now), nil
+}
+
+func (ms *memSessions) DeleteUISession(_ context.Context, idHash string) error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	delete(ms.m, idHash)
+	return nil
 }
 
 // tokenEqual compares CSRF tokens in constant time.

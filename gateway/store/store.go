@@ -1,5 +1,6 @@
 // Package store keeps the gateway's state: usage counters, held calls,
-// "always allow" grants, ended sessions and the audit log's head.
+// "always allow" grants, ended sessions, review UI sign-ins and the audit
+// log's head.
 //
 // One Store type serves two engines (see Backend): SQLite
 // (modernc.org/sqlite, WAL), the embedded default that one gateway process
