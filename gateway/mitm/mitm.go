@@ -24,6 +24,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/sluice-gw/sluice/internal/keyfile"
 )
 
 // File names inside the CA directory.
@@ -129,23 +131,12 @@ func create(keyPath, certPath string, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("mitm: sign CA certificate: %w", err)
 	}
-	f, err := os.OpenFile(keyPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return nil // another process created it first; load theirs
-	}
+	created, err := keyfile.Create(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))
 	if err != nil {
 		return fmt.Errorf("mitm: create CA key: %w", err)
 	}
-	if err := pem.Encode(f, &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}); err != nil {
-		f.Close()
-		return fmt.Errorf("mitm: write CA key: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("mitm: write CA key: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("mitm: write CA key: %w", err)
+	if !created {
+		return nil // another process created it first; load theirs
 	}
 	tmp := certPath + ".tmp"
 	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), 0o644); err != nil {
@@ -302,16 +293,9 @@ func LoadOrCreateHMACKey(dir string) ([]byte, error) {
 		if _, err := rand.Read(k); err != nil {
 			return nil, fmt.Errorf("mitm: placeholder key: %w", err)
 		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err == nil {
-			_, err = f.Write(k)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return nil, fmt.Errorf("mitm: write placeholder key: %w", err)
-			}
-		} else if !errors.Is(err, fs.ErrExist) {
+		// Whole or not at all: another replica or process may be
+		// reading it as it is made (keyfile).
+		if _, err := keyfile.Create(path, k); err != nil {
 			return nil, fmt.Errorf("mitm: create placeholder key: %w", err)
 		}
 	}

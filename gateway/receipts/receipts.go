@@ -26,9 +26,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sluice-gw/sluice/internal/keyfile"
 )
 
 // Version is the receipt format's version.
@@ -187,30 +188,16 @@ func LoadKey(path string, create bool) (ed25519.PrivateKey, error) {
 }
 
 func createKey(path string) (ed25519.PrivateKey, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("receipts: key: %w", err)
-	}
 	seed := make([]byte, ed25519.SeedSize)
 	if _, err := rand.Read(seed); err != nil {
 		return nil, fmt.Errorf("receipts: key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
-		return LoadKey(path, false) // another process made it first
-	}
+	created, err := keyfile.Create(path, []byte(hex.EncodeToString(seed)+"\n"))
 	if err != nil {
 		return nil, fmt.Errorf("receipts: key: %w", err)
 	}
-	if _, err := f.WriteString(hex.EncodeToString(seed) + "\n"); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("receipts: key: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("receipts: key: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("receipts: key: %w", err)
+	if !created {
+		return LoadKey(path, false) // another process made it first
 	}
 	return ed25519.NewKeyFromSeed(seed), nil
 }

@@ -23,9 +23,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sluice-gw/sluice/internal/keyfile"
 )
 
 // KeySize is the MAC key's size in bytes.
@@ -192,25 +193,16 @@ func LoadKey(path string, create bool) (*Key, error) {
 }
 
 func createKey(path string) (*Key, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("runtoken: key: %w", err)
-	}
 	raw := make([]byte, KeySize)
 	if _, err := rand.Read(raw); err != nil {
 		return nil, fmt.Errorf("runtoken: key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
-		return LoadKey(path, false) // another replica or process made it first
-	}
+	created, err := keyfile.Create(path, []byte(hex.EncodeToString(raw)+"\n"))
 	if err != nil {
 		return nil, fmt.Errorf("runtoken: key: %w", err)
 	}
-	_, werr := f.WriteString(hex.EncodeToString(raw) + "\n")
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		return nil, fmt.Errorf("runtoken: key: %w", err)
+	if !created {
+		return LoadKey(path, false) // another replica or process made it first
 	}
 	return NewKey(raw)
 }

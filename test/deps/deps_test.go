@@ -77,7 +77,7 @@ func allowed(from, to string) (bool, string) {
 		return true, ""
 	case under(from, "cmd/sandboxd"):
 		return under(to, "sandboxd") || under(to, "dns") || to == "internal/buildinfo", "cmd/sandboxd links only sandboxd, dns and internal/buildinfo: a sandbox host holds no credentials and makes no decisions"
-	case under(from, "internal/buildinfo"), under(from, "internal/yamlkeys"):
+	case under(from, "internal/buildinfo"), under(from, "internal/yamlkeys"), under(from, "internal/keyfile"):
 		return false, from + " imports no sluice package: a floor both hosts' config parsers may share"
 	case strings.HasPrefix(from, "gateway/"):
 		return allowedInGateway(from, to)
@@ -111,7 +111,7 @@ var gatewayFloors = map[string][]string{
 	// keys are refused by the check sandboxd.yaml uses too.
 	"gateway/config": {"sandboxd/wire", "internal/yamlkeys"},
 	"gateway/guard":  nil,
-	"gateway/mitm":   nil,
+	"gateway/mitm":   {"internal/keyfile"}, // its CA and placeholder keys made whole or not at all
 	"gateway/scrub":  nil,
 	"gateway/store":  nil,
 	"gateway/holds":  {"gateway/store", "gateway/ident"},
@@ -177,12 +177,14 @@ var gatewayFloors = map[string][]string{
 	"gateway/tracing": nil,
 
 	// Approval receipts: signing and offline verification (cmd/sluice
-	// receipts verify), standard library only.
-	"gateway/receipts": nil,
+	// receipts verify), standard library only (and the one way a key file
+	// is made, internal/keyfile).
+	"gateway/receipts": {"internal/keyfile"},
 
 	// Per-run credentials of hosted sandboxes: HMAC tokens naming one
-	// identity, standard library only (the root checks ended sessions).
-	"gateway/runtoken": nil,
+	// identity, standard library only (the root checks ended sessions), and
+	// internal/keyfile for the key.
+	"gateway/runtoken": {"internal/keyfile"},
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond
