@@ -136,18 +136,12 @@ func (p *jsonParser) object(depth int) (*ast.Term, error) {
 			return nil, err
 		}
 		items = append(items, [2]*ast.Term{names.term(k), v})
-		p.space()
-		if p.i >= len(p.b) {
-			return nil, p.errorf("unexpected end of an object")
+		end, err := p.memberEnd()
+		if err != nil {
+			return nil, err
 		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-		case '}':
-			p.i++
+		if end {
 			return ast.NewTerm(newObject(items)), nil
-		default:
-			return nil, p.errorf("want ',' or '}' in an object")
 		}
 	}
 }
@@ -301,18 +295,13 @@ func ParseObjectFields(raw []byte, want []string, inputs string) ([]*ast.Term, e
 			if err != nil {
 				return nil, err
 			}
-			p.space()
-			if p.i >= len(p.b) {
-				return nil, p.errorf("unexpected end of an object")
+			end, err := p.memberEnd()
+			if err != nil {
+				return nil, err
 			}
-			if p.b[p.i] == '}' {
-				p.i++
+			if end {
 				break
 			}
-			if p.b[p.i] != ',' {
-				return nil, p.errorf("want ',' or '}' in an object")
-			}
-			p.i++
 		}
 	}
 	p.space()
@@ -362,18 +351,12 @@ func (p *jsonParser) input() (*ast.Term, error) {
 			return nil, err
 		}
 		items = append(items, [2]*ast.Term{names.term(k), v})
-		p.space()
-		if p.i >= len(p.b) {
-			return nil, p.errorf("unexpected end of an object")
+		end, err := p.memberEnd()
+		if err != nil {
+			return nil, err
 		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-		case '}':
-			p.i++
+		if end {
 			return ast.NewTerm(newObject(items)), nil
-		default:
-			return nil, p.errorf("want ',' or '}' in an object")
 		}
 	}
 }
@@ -525,7 +508,13 @@ func (p *jsonParser) number() (*ast.Term, error) {
 	if err := p.scanNumber(); err != nil {
 		return nil, err
 	}
-	return ast.NumberTerm(json.Number(p.b[start:p.i])), nil
+	// OPA's own check, as the strict decoder's ast.InterfaceToValue
+	// makes it: a number whose exponent OPA cannot evaluate is refused.
+	n, err := ast.NumberChecked(string(p.b[start:p.i]))
+	if err != nil {
+		return nil, p.errorf("%v", err)
+	}
+	return ast.NewTerm(n), nil
 }
 
 // scanNumber moves past a number, checking its grammar.
@@ -808,28 +797,13 @@ func fieldOK(v *ast.Term, f shapeField) bool {
 }
 
 // DecideParsed decides p as Decide decides the input it was parsed from.
-func (e *Engine) DecideParsed(ctx context.Context, pi *ParsedInput) (d Decision) {
-	if e == nil {
-		return policyError("policy not loaded")
-	}
-	if e.blockAll != "" {
-		return policyError(e.blockAll)
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			e.log.Error("bug(): policy: panic during decision", "panic", fmt.Sprint(r))
-			d = policyError("bug(): policy evaluation panicked")
+func (e *Engine) DecideParsed(ctx context.Context, pi *ParsedInput) Decision {
+	return e.guarded(func(p *prepared) Decision {
+		if pi == nil {
+			return policyError("policy: no input")
 		}
-	}()
-	p := e.cur.Load()
-	if p == nil {
-		return policyError("policy not loaded")
-	}
-	defer func() { d.Revision = p.revision }()
-	if pi == nil {
-		return policyError("policy: no input")
-	}
-	return e.eval(ctx, p, &Input{Kind: pi.Kind, Tool: pi.Tool}, pi.value)
+		return e.eval(ctx, p, &Input{Kind: pi.Kind, Tool: pi.Tool}, pi.value)
+	})
 }
 
 func isNull(t *ast.Term) bool {
@@ -838,4 +812,22 @@ func isNull(t *ast.Term) bool {
 	}
 	_, ok := t.Value.(ast.Null)
 	return ok
+}
+
+// memberEnd reads what follows an object's member: ',' (more follow) or
+// '}' (end is true), after optional space; anything else is an error.
+func (p *jsonParser) memberEnd() (end bool, err error) {
+	p.space()
+	if p.i >= len(p.b) {
+		return false, p.errorf("unexpected end of an object")
+	}
+	switch p.b[p.i] {
+	case ',':
+		p.i++
+		return false, nil
+	case '}':
+		p.i++
+		return true, nil
+	}
+	return false, p.errorf("want ',' or '}' in an object")
 }
