@@ -291,7 +291,30 @@ func BlockAll(reason string) *Engine {
 
 // Decide evaluates in. It never returns allow on error: an evaluation error,
 // timeout or undefined result is a Block whose Reason says why.
-func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
+func (e *Engine) Decide(ctx context.Context, in *Input) Decision {
+	return e.guarded(func(p *prepared) Decision {
+		if in == nil {
+			return policyError("policy: no input")
+		}
+		if !validKind(in.Kind) {
+			return policyError(fmt.Sprintf("policy: unknown input kind %q", in.Kind))
+		}
+		if in.Findings == nil {
+			in.Findings = scanInput(in) // scan.go: before the decision, on what is sent
+		}
+		val, err := inputValue(in)
+		if err != nil {
+			return policyError(fmt.Sprintf("policy: build input: %v", err))
+		}
+		return e.eval(ctx, p, in, val)
+	})
+}
+
+// guarded runs decide on the loaded policy, the one way in for every
+// decision (Decide, DecideParsed): no policy, a block-all load error or a
+// panic is a Block saying why, and the decision carries the revision
+// that made it.
+func (e *Engine) guarded(decide func(p *prepared) Decision) (d Decision) {
 	if e == nil {
 		return policyError("policy not loaded")
 	}
@@ -309,20 +332,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (d Decision) {
 		return policyError("policy not loaded")
 	}
 	defer func() { d.Revision = p.revision }()
-	if in == nil {
-		return policyError("policy: no input")
-	}
-	if !validKind(in.Kind) {
-		return policyError(fmt.Sprintf("policy: unknown input kind %q", in.Kind))
-	}
-	if in.Findings == nil {
-		in.Findings = scanInput(in) // scan.go: before the decision, on what is sent
-	}
-	val, err := inputValue(in)
-	if err != nil {
-		return policyError(fmt.Sprintf("policy: build input: %v", err))
-	}
-	return e.eval(ctx, p, in, val)
+	return decide(p)
 }
 
 // eval decides val, the input document in's AST value (in: what the

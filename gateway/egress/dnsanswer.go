@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/policy/findings"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -291,32 +292,12 @@ const (
 	entropyBits     = 3.8
 )
 
-// labelEntropy is the Shannon entropy of label in bits per byte.
-func labelEntropy(label string) float64 {
-	if label == "" {
-		return 0
-	}
-	var counts [256]int
-	for i := 0; i < len(label); i++ {
-		counts[label[i]]++
-	}
-	n := float64(len(label))
-	h := 0.0
-	for _, c := range counts {
-		if c > 0 {
-			p := float64(c) / n
-			h -= p * math.Log2(p)
-		}
-	}
-	return h
-}
-
 // highEntropyLabel returns label's entropy and whether it crosses the signal.
 func highEntropyLabel(label string) (float64, bool) {
 	if len(label) < entropyMinLabel {
 		return 0, false
 	}
-	h := labelEntropy(label)
+	h := findings.Shannon(label)
 	return h, h >= entropyBits
 }
 

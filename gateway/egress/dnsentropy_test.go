@@ -8,6 +8,7 @@ import (
 
 	mdns "github.com/miekg/dns"
 	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
+	"github.com/sluice-gw/sluice/policy/findings"
 )
 
 func TestLabelEntropy(t *testing.T) {
@@ -33,11 +34,11 @@ func TestLabelEntropy(t *testing.T) {
 			}
 		})
 	}
-	if h := labelEntropy("ab"); h != 1 {
-		t.Errorf("labelEntropy(ab) = %v, want 1", h)
+	if h := findings.Shannon("ab"); h != 1 {
+		t.Errorf("findings.Shannon(ab) = %v, want 1", h)
 	}
-	if h := labelEntropy("aaaa"); h != 0 {
-		t.Errorf("labelEntropy(aaaa) = %v, want 0", h)
+	if h := findings.Shannon("aaaa"); h != 0 {
+		t.Errorf("findings.Shannon(aaaa) = %v, want 0", h)
 	}
 }
 

@@ -268,13 +268,15 @@ func random(run string) bool {
 		}
 	}
 	if hexOnly {
-		return len(run) >= minHexEntropyLen && shannon(run) >= minHexEntropy
+		return len(run) >= minHexEntropyLen && Shannon(run) >= minHexEntropy
 	}
-	return len(run) >= minEntropyLen && upper && lower && digit && shannon(run) >= minEntropy
+	return len(run) >= minEntropyLen && upper && lower && digit && Shannon(run) >= minEntropy
 }
 
-// shannon is the entropy of s's characters, in bits per character.
-func shannon(s string) float64 {
+// Shannon is the entropy of s's bytes, in bits per byte (0 for ""): the
+// measure of a random-looking secret here and of an exfiltrating DNS label
+// in gateway/egress.
+func Shannon(s string) float64 {
 	var counts [256]int
 	for i := 0; i < len(s); i++ {
 		counts[s[i]]++
