@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sluice-gw/sluice/internal/keyfile"
 )
 
 // KeySize is the length of the local store's key file: an AES-256 key.
@@ -166,26 +168,14 @@ func loadOrCreateKey(keyPath string) ([]byte, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("vault: create key: %w", err)
 	}
-	// Write a complete temp file, then link it into place: link fails if
-	// the name exists (like O_EXCL), and no process can ever read a
-	// half-written key.
-	dir := filepath.Dir(keyPath)
-	tmp, err := os.CreateTemp(dir, ".sluice-key-*")
+	// Whole or not at all, once: another process may be making or
+	// reading it at this moment (internal/keyfile).
+	created, err := keyfile.Create(keyPath, key)
 	if err != nil {
 		return nil, fmt.Errorf("vault: create key: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if err := writeSync(tmp, key); err != nil {
-		return nil, fmt.Errorf("vault: create key: %w", err)
-	}
-	if err := os.Link(tmp.Name(), keyPath); err != nil {
-		if errors.Is(err, fs.ErrExist) { // another process created it first
-			return readKey(keyPath)
-		}
-		return nil, fmt.Errorf("vault: create key: %w", err)
-	}
-	if err := syncDir(dir); err != nil {
-		return nil, fmt.Errorf("vault: create key: %w", err)
+	if !created { // another process created it first
+		return readKey(keyPath)
 	}
 	return key, nil
 }
