@@ -173,7 +173,12 @@ func serveWithBrowser(t *testing.T, gw *gateway.Server) (string, context.Context
 		t.Fatal("gateway not ready")
 	}
 	t.Cleanup(func() { cancel(); <-done; gw.Close() })
+	return "http://" + gw.AdminAddr(), startBrowser(t)
+}
 
+// startBrowser starts a Chromium that ends with the test.
+func startBrowser(t *testing.T) context.Context {
+	t.Helper()
 	// chromedp's defaults (headless, no first run, no background networking,
 	// no sync, and disable-dev-shm-usage, without which pages never load in a
 	// small container) plus what this machine needs.
@@ -186,7 +191,7 @@ func serveWithBrowser(t *testing.T, gw *gateway.Server) (string, context.Context
 		t.Fatalf("start chromium: %v", err)
 	}
 	t.Cleanup(func() { bcancel(); acancel() })
-	return "http://" + gw.AdminAddr(), bctx
+	return bctx
 }
 
 func tailAudit(path string, n int) ([]json.RawMessage, error) {

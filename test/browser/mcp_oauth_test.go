@@ -95,7 +95,6 @@ func TestMCPAuthorizationRemote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.gw = gw
 	r.base, r.browser = serveWithBrowser(t, gw)
 	sandbox := wire.Identity{Sandbox: "sb-7", Agent: "triage", Session: "s-7", User: "alice", Host: "h1"}
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,9 +20,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/sluice-gw/sluice/gateway"
 	"github.com/sluice-gw/sluice/gateway/config"
-	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -101,10 +99,13 @@ approvers:
     - { name: alice, groups: [eng], password_hash: "%[6]s" }
 `
 
+// oauthRig is the real `sluice serve` binary with the docs, held-docs
+// and svc connectors of oauthYAML, zitadel's authorization server and a
+// recording upstream on loopback, and a Chromium.
 type oauthRig struct {
 	t       *testing.T
 	as      *oauthtest.Server
-	gw      *gateway.Server
+	gw      *serveProc
 	cfg     *config.Config
 	base    string
 	browser context.Context
@@ -168,6 +169,10 @@ func newOAuthRig(t *testing.T) *oauthRig {
 		t.Fatal(err)
 	}
 	y := fmt.Sprintf(oauthYAML, dir, os.Getuid(), admin, up.URL, r.as.URL, pwHash(t, "alice-pw"))
+	path := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := config.Parse([]byte(y), dir)
 	if err != nil {
 		t.Fatal(err)
@@ -182,12 +187,8 @@ func newOAuthRig(t *testing.T) *oauthRig {
 			t.Fatal(err)
 		}
 	}
-	gw, err := gateway.New(context.Background(), cfg, gateway.Options{Logger: slog.New(slog.NewJSONHandler(r, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.gw = gw
-	r.base, r.browser = serveWithBrowser(t, gw)
+	r.gw = startServe(t, path, admin, r)
+	r.base, r.browser = "http://"+admin, startBrowser(t)
 	return r
 }
 
@@ -232,25 +233,15 @@ func (r *oauthRig) connectSlug(p *person, slug string) {
 	)
 }
 
-// storedConnection is alice's connection as stored: its row (through the
-// gateway: the SQLite store is the gateway's alone) and its tokens, read
-// from the local secret store where they are kept.
+// storedConnection is alice's docs tokens as the gateway stored them, in
+// the local secret store (its row is in the gateway's SQLite store, which
+// the page shows); an error wrapping vault.ErrNotFound when there are none.
 func (r *oauthRig) storedConnection() (oauth.Connection, error) {
-	ctx := context.Background()
-	c, err := r.gw.OAuth().Get(ctx, "docs", "alice")
-	if err != nil {
-		return c, err
-	}
-	if c.Status == oauth.NotConnected {
-		return c, oauth.ErrNoConnection
-	}
 	rec, err := r.storedTokens()
-	if errors.Is(err, vault.ErrNotFound) {
-		return c, nil // needs_reconnect keeps no tokens
-	}
 	if err != nil {
-		return c, err
+		return oauth.Connection{}, err
 	}
+	c := oauth.Connection{Connector: "docs", User: "alice"}
 	c.Access, _ = rec["access"].(string)
 	c.Refresh, _ = rec["refresh"].(string)
 	return c, nil
@@ -278,10 +269,11 @@ func (r *oauthRig) storedTokens() (map[string]any, error) {
 	return rec, nil
 }
 
-// expireStored makes the stored access token expired and drops the
-// gateway's cache, so the next call must refresh.
+// expireStored makes the stored access token expired and restarts the
+// gateway (its token cache is its memory), so the next call must refresh.
 func (r *oauthRig) expireStored() {
 	r.t.Helper()
+	r.gw.stop()
 	rec, err := r.storedTokens()
 	if err != nil {
 		r.t.Fatal(err)
@@ -291,7 +283,7 @@ func (r *oauthRig) expireStored() {
 	if err := r.localStore().Set(context.Background(), "oauth2.docs", vault.UserScope("alice"), vault.NewSecret(b)); err != nil {
 		r.t.Fatal(err)
 	}
-	r.gw.OAuth().Expire()
+	r.gw.start()
 }
 
 func refusalCode(t *testing.T, body string) refusal.Code {
@@ -303,6 +295,13 @@ func refusalCode(t *testing.T, body string) refusal.Code {
 }
 
 func auditHas(t *testing.T, path string, want ...string) bool {
+	return auditFind(t, path, want...) != nil
+}
+
+// auditFind is the first of the last 400 audit records that contains
+// every string of want (nil: none does).
+func auditFind(t *testing.T, path string, want ...string) json.RawMessage {
+	t.Helper()
 	recs, err := tailAudit(path, 400)
 	if err != nil {
 		t.Fatal(err)
@@ -313,10 +312,10 @@ func auditHas(t *testing.T, path string, want ...string) bool {
 			ok = ok && bytes.Contains(rec, []byte(w))
 		}
 		if ok {
-			return true
+			return rec
 		}
 	}
-	return false
+	return nil
 }
 
 func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
@@ -345,6 +344,11 @@ func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
 	}
 	p.shot("oauth-02-connected")
 
+	conn, err := r.storedConnection()
+	if err != nil || conn.Access == "" || conn.Refresh == "" {
+		t.Fatalf("stored connection: %v %v", conn, err)
+	}
+
 	// E14: the callback that connected, replayed; and a forged state.
 	redirects := r.as.Redirects()
 	if len(redirects) != 1 {
@@ -368,10 +372,35 @@ func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
 			}
 		})
 	}
-	conn, err := r.storedConnection()
-	if err != nil || conn.Status != oauth.Connected || conn.Access == "" {
-		t.Fatalf("stored connection: %v %v", conn, err)
-	}
+
+	t.Run("used code under a fresh state", func(t *testing.T) {
+		cb := casebook.Expect(t, "E14", "OAuth connect: the used code replayed under a fresh state this browser started (Chromium, signed in)",
+			"the state passes, the provider refuses the used code: 400 page, audited connection_refused reason exchange; the stored connection unchanged")
+		// Connect again, up to the provider's sign-in page, whose auth
+		// request holds the state the gateway issued for this browser.
+		p.do(chromedp.Navigate(r.base+"/connections"), chromedp.WaitVisible(chromedp.CSS("#disconnect-docs")))
+		csrf := eval[string](p, `document.querySelector("#conn-docs input[name=csrf]").value`)
+		p.do(chromedp.Navigate(r.base+"/connections/docs/connect?csrf="+url.QueryEscape(csrf)), chromedp.WaitVisible(chromedp.CSS("#username")))
+		u, err := url.Parse(eval[string](p, `location.href`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ar, err := r.as.Storage.AuthRequestByID(context.Background(), u.Query().Get("authRequestID"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := strings.SplitN(strings.SplitN(redirects[0], "code=", 2)[1], "&", 2)[0]
+		before := r.as.Grants("authorization_code")
+		p.do(chromedp.Navigate(r.base+"/connections/callback?state="+url.QueryEscape(ar.GetState())+"&code="+used), chromedp.WaitVisible(chromedp.CSS("#error-message")))
+		msg := eval[string](p, `document.querySelector("#error-message").innerText`)
+		exchanged := r.as.Grants("authorization_code") - before
+		audited := auditHas(t, r.cfg.Audit.Path, `"connection_refused"`, `"reason":"exchange"`)
+		now, err := r.storedConnection()
+		cb.Observef("page %q, %d code exchanges refused, audited %v, connection unchanged %v", msg, exchanged, audited, err == nil && now.Access == conn.Access && now.Refresh == conn.Refresh)
+		if !strings.Contains(msg, "did not accept") || exchanged != 1 || !audited || err != nil || now.Access != conn.Access || now.Refresh != conn.Refresh {
+			t.Fatalf("page %q, %d exchanges, audited %v, stored %v %v", msg, exchanged, audited, now.Access == conn.Access, err)
+		}
+	})
 
 	// A call carries alice's token; the reply that reflects it is scrubbed
 	// (D18) and the audit record names the connection, not the token.
@@ -443,8 +472,8 @@ func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
 		st, body, _ := r.call("docs.get_doc", `{"path":{"id":"d4"}}`)
 		audited := auditHas(t, r.cfg.Audit.Path, `"connection_disconnected"`, `"revoked":true`)
 		cb.Observef("revocation requests %d, deleted %v, provider refuses the refresh token %v, next call %d %s, audited %v",
-			r.as.Revocations.Load()-revBefore, stErr != nil, provErr != nil, st, refusalCode(t, body), audited)
-		if r.as.Revocations.Load() == revBefore || stErr == nil || provErr == nil || st != 403 || refusalCode(t, body) != refusal.ConnectionRequired || !audited {
+			r.as.Revocations.Load()-revBefore, errors.Is(stErr, vault.ErrNotFound), provErr != nil, st, refusalCode(t, body), audited)
+		if r.as.Revocations.Load() == revBefore || !errors.Is(stErr, vault.ErrNotFound) || provErr == nil || st != 403 || refusalCode(t, body) != refusal.ConnectionRequired || !audited {
 			t.Fatal("disconnect did not revoke and delete")
 		}
 	})
@@ -491,17 +520,20 @@ func TestOAuthHeldUntilConnected(t *testing.T) {
 		st, body, _ := r.call("held-docs.get_doc", `{"path":{"id":"h1"}}`)
 		ch <- res{st, body}
 	}()
-	var hs []holds.Hold
-	for end := time.Now().Add(20 * time.Second); len(hs) == 0; time.Sleep(50 * time.Millisecond) {
-		var err error
-		if hs, err = r.gw.Holds().List(context.Background(), holds.Filter{Status: []holds.Status{holds.Pending}}); err != nil {
-			t.Fatal(err)
+	var created struct {
+		Fields struct{ Hold, Tool, User, Reason string }
+	}
+	for end := time.Now().Add(20 * time.Second); created.Fields.Hold == ""; time.Sleep(50 * time.Millisecond) {
+		if rec := auditFind(t, r.cfg.Audit.Path, `"hold_created"`); rec != nil {
+			if err := json.Unmarshal(rec, &created); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if time.Now().After(end) {
 			t.Fatal("the call for a person without a connection was not held")
 		}
 	}
-	if h := hs[0]; h.Tool != "held-docs.get_doc" || h.Caller.User != "alice" || !strings.Contains(h.Reason, "connect held-docs") {
+	if h := created.Fields; h.Tool != "held-docs.get_doc" || h.User != "alice" || !strings.Contains(h.Reason, "connect held-docs") {
 		t.Fatalf("hold %+v", h)
 	}
 	if n := len(r.upstreamAuths()); n != 0 {
@@ -528,8 +560,8 @@ func TestOAuthHeldUntilConnected(t *testing.T) {
 	if a := r.upstreamAuths(); len(a) != 1 || a[0] != "Bearer "+c.Access {
 		t.Fatalf("upstream saw %d calls (want 1, with alice's token)", len(a))
 	}
-	h, err := r.gw.Holds().Get(context.Background(), hs[0].ID)
-	if err != nil || h.Status != holds.Done || h.DecidedBy != "connection:held-docs" {
-		t.Fatalf("hold after the connect: %+v %v", h, err)
+	hold := fmt.Sprintf(`"hold":%q`, created.Fields.Hold)
+	if !auditHas(t, r.cfg.Audit.Path, `"hold_approved"`, hold, `"by":"connection:held-docs"`) || !auditHas(t, r.cfg.Audit.Path, `"hold_executed"`, hold) {
+		t.Fatal("the hold was not approved by the connect and executed (audit)")
 	}
 }
