@@ -2,6 +2,13 @@ package review
 
 import (
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,30 +20,40 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/store"
 )
 
 // oidcFlow is the authorization-code flow with state, nonce and PKCE.
 // Discovery is lazy (and retried until it works), so a provider outage
 // does not stop the gateway from starting; it only blocks OIDC sign-in.
+// A started sign-in is kept in the SessionStore (the gateway's store), so
+// the provider's redirect may reach any replica.
 type oidcFlow struct {
 	cfg OIDC
+	st  SessionStore
 
 	mu       sync.Mutex
 	provider *oidc.Provider
 	verifier *oidc.IDTokenVerifier
 	oauth    *oauth2.Config
-	pending  map[string]oidcPending // by the random ID in the sluice_oidc cookie
 }
 
-// oidcPending is one sign-in in progress.
+// oidcPending is one sign-in in progress. It is stored sealed under a key
+// derived from the random id in the browser's sluice_oidc cookie, keyed
+// by that id's hash: the store never holds the id, so a reader of it can
+// neither match a row to a browser nor read the state, nonce or verifier.
 type oidcPending struct {
-	state, nonce, verifier string
-	started                time.Time
+	State    string `json:"state"`
+	Nonce    string `json:"nonce"`
+	Verifier string `json:"verifier"`
 }
 
-const oidcPendingTTL = 10 * time.Minute
+const (
+	oidcPendingTTL = 10 * time.Minute
+	oidcPendingMax = 10000 // unfinished sign-ins kept at most
+)
 
-func newOIDCFlow(c OIDC) (*oidcFlow, error) {
+func newOIDCFlow(c OIDC, st SessionStore) (*oidcFlow, error) {
 	if c.Issuer == "" || c.ClientID == "" || c.RedirectURL == "" {
 		return nil, errors.New("review: oidc: issuer, client_id and redirect URL are required")
 	}
@@ -49,7 +66,17 @@ func newOIDCFlow(c OIDC) (*oidcFlow, error) {
 	if c.HTTPClient == nil {
 		c.HTTPClient = http.DefaultClient
 	}
-	return &oidcFlow{cfg: c, pending: map[string]oidcPending{}}, nil
+	return &oidcFlow{cfg: c, st: st}, nil
+}
+
+// oidcSeal is the store's key of the sign-in whose cookie holds id, and
+// the AEAD its row is sealed with (bound to that key).
+func oidcSeal(id string) (string, cipher.AEAD) {
+	h := sha256.Sum256([]byte("sluice oidc pending\x00" + id))
+	k := sha256.Sum256([]byte("sluice oidc pending key\x00" + id))
+	b, _ := aes.NewCipher(k[:]) // 32 bytes: AES-256, never an error
+	g, _ := cipher.NewGCM(b)
+	return hex.EncodeToString(h[:]), g
 }
 
 func (f *oidcFlow) ctx(ctx context.Context) context.Context {
@@ -77,30 +104,44 @@ func (f *oidcFlow) setup(ctx context.Context) (*oauth2.Config, *oidc.IDTokenVeri
 	return f.oauth, f.verifier, nil
 }
 
-func (f *oidcFlow) begin(now time.Time) (id string, p oidcPending) {
-	p = oidcPending{state: randomToken(), nonce: randomToken(), verifier: oauth2.GenerateVerifier(), started: now}
+// begin starts a sign-in: its id (for the cookie) and its secrets, kept
+// sealed in the store.
+func (f *oidcFlow) begin(ctx context.Context, now time.Time) (id string, p oidcPending, err error) {
+	p = oidcPending{State: randomToken(), Nonce: randomToken(), Verifier: oauth2.GenerateVerifier()}
 	id = randomToken()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k, v := range f.pending {
-		if now.Sub(v.started) > oidcPendingTTL {
-			delete(f.pending, k)
-		}
+	key, g := oidcSeal(id)
+	plain, err := json.Marshal(p)
+	if err != nil {
+		return "", p, fmt.Errorf("bug(): review: oidc pending: %w", err)
 	}
-	if len(f.pending) > 10000 {
-		f.pending = map[string]oidcPending{}
-	}
-	f.pending[id] = p
-	return id, p
+	nonce := make([]byte, g.NonceSize())
+	_, _ = rand.Read(nonce)
+	sealed := base64.RawURLEncoding.EncodeToString(g.Seal(nonce, nonce, plain, []byte(key)))
+	err = f.st.PutUIOIDCPending(ctx, store.UIOIDCPending{IDHash: key, Sealed: sealed, Created: now, Expires: now.Add(oidcPendingTTL)}, oidcPendingMax)
+	return id, p, err
 }
 
-// take returns and forgets a pending sign-in: each is usable once.
-func (f *oidcFlow) take(id string, now time.Time) (oidcPending, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p, ok := f.pending[id]
-	delete(f.pending, id)
-	return p, ok && now.Sub(p.started) <= oidcPendingTTL
+// take returns and forgets the sign-in whose cookie holds id: each is
+// usable once, on any replica, until it expires. ok is false for one
+// unknown, used, expired or not sealed under id; err is a store failure.
+func (f *oidcFlow) take(ctx context.Context, id string, now time.Time) (p oidcPending, ok bool, err error) {
+	key, g := oidcSeal(id)
+	row, err := f.st.TakeUIOIDCPending(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return p, false, nil
+	}
+	if err != nil {
+		return p, false, err
+	}
+	b, err := base64.RawURLEncoding.DecodeString(row.Sealed)
+	if err != nil || len(b) < g.NonceSize() || !now.Before(row.Expires) {
+		return p, false, nil
+	}
+	plain, err := g.Open(nil, b[:g.NonceSize()], b[g.NonceSize():], []byte(key))
+	if err != nil || json.Unmarshal(plain, &p) != nil {
+		return oidcPending{}, false, nil
+	}
+	return p, true, nil
 }
 
 func (u *UI) handleOIDCLogin(w http.ResponseWriter, r *http.Request) {
@@ -114,10 +155,15 @@ func (u *UI) handleOIDCLogin(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, nil, http.StatusBadGateway, "The identity provider cannot be reached.")
 		return
 	}
-	id, p := u.oidc.begin(u.opt.Now())
+	id, p, err := u.oidc.begin(r.Context(), u.opt.Now())
+	if err != nil {
+		u.log.Error("review: oidc: keep the started sign-in", "err", err.Error())
+		u.fail(w, r, nil, http.StatusServiceUnavailable, "Sign-in cannot be started now. Try again.")
+		return
+	}
 	// Lax, not Strict: the provider's redirect back is a cross-site navigation.
 	http.SetCookie(w, u.cookie(r, "sluice_oidc", id, http.SameSiteLaxMode, int(oidcPendingTTL/time.Second)))
-	http.Redirect(w, r, oc.AuthCodeURL(p.state, oidc.Nonce(p.nonce), oauth2.S256ChallengeOption(p.verifier)), http.StatusFound)
+	http.Redirect(w, r, oc.AuthCodeURL(p.State, oidc.Nonce(p.Nonce), oauth2.S256ChallengeOption(p.Verifier)), http.StatusFound)
 }
 
 func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
@@ -139,7 +185,11 @@ func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
 		refuse("no_flow", nil)
 		return
 	}
-	p, ok := u.oidc.take(c.Value, u.opt.Now())
+	p, ok, err := u.oidc.take(r.Context(), c.Value, u.opt.Now())
+	if err != nil {
+		refuse("store", err) // closed: a sign-in that cannot be checked is refused
+		return
+	}
 	if !ok {
 		refuse("no_flow", nil)
 		return
@@ -149,7 +199,7 @@ func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
 		refuse("provider_error", errors.New(e))
 		return
 	}
-	if !tokenEqual(q.Get("state"), p.state) {
+	if !tokenEqual(q.Get("state"), p.State) {
 		refuse("state_mismatch", nil)
 		return
 	}
@@ -159,7 +209,7 @@ func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := u.oidc.ctx(r.Context())
-	tok, err := oc.Exchange(ctx, q.Get("code"), oauth2.VerifierOption(p.verifier))
+	tok, err := oc.Exchange(ctx, q.Get("code"), oauth2.VerifierOption(p.Verifier))
 	if err != nil {
 		refuse("code_exchange", err)
 		return
@@ -174,7 +224,7 @@ func (u *UI) handleOIDCCallback(w http.ResponseWriter, r *http.Request) {
 		refuse("id_token_invalid", err)
 		return
 	}
-	if !tokenEqual(idt.Nonce, p.nonce) {
+	if !tokenEqual(idt.Nonce, p.Nonce) {
 		refuse("nonce_mismatch", nil)
 		return
 	}

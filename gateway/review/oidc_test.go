@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -16,8 +17,11 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/store/pgtest"
 )
 
 // provider is a tiny real OpenID provider: discovery, JWKS, an authorize
@@ -247,4 +251,100 @@ func (u *UI) sessionPerson(t *testing.T, b *browser) holds.Person {
 	}
 	t.Fatal("no session")
 	return holds.Person{}
+}
+
+// TestOIDCCallbackOnAnotherReplica: two UIs, each with its own store on
+// one PostgreSQL database (replicas behind one public URL). The sign-in
+// starts on r0; the provider's redirect reaches r1, which never saw it:
+// signed in (and so on r0). The same callback again, on either, is
+// refused no_flow. While it was pending, the table held neither the
+// cookie's id nor the state, nonce or verifier.
+func TestOIDCCallbackOnAnotherReplica(t *testing.T) {
+	pg := pgtest.StartT(t, pgtest.Options{})
+	dsn := pg.SuperURL(pg.NewDatabaseT(t))
+	p := newProvider(t)
+	var rs [2]*env
+	for i := range rs {
+		st, err := store.Open(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		rs[i] = newEnv(t, func(o *Options) {
+			o.Sessions = st
+			o.OIDC = &OIDC{Issuer: p.srv.URL, ClientID: "sluice", ClientSecret: "s3cret", RedirectURL: "http://placeholder/oidc/callback"}
+		})
+	}
+	for _, e := range rs { // one public URL, which the provider sends r1
+		e.ui.oidc.cfg.RedirectURL = rs[1].srv.URL + "/oidc/callback"
+	}
+	b0 := rs[0].browser()
+	b1 := &browser{t: t, e: rs[1], c: b0.c} // the same browser (cookies are per host, not port)
+	r, _ := b0.get("/oidc/login")
+	if r.StatusCode != http.StatusFound {
+		t.Fatalf("oidc/login on r0: %d", r.StatusCode)
+	}
+	var cookie string
+	for _, c := range r.Cookies() {
+		if c.Name == "sluice_oidc" {
+			cookie = c.Value
+		}
+	}
+	ar, err := b0.c.Get(r.Header.Get("Location"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar.Body.Close()
+	cb, err := url.Parse(ar.Header.Get("Location"))
+	if err != nil || cookie == "" || !strings.HasPrefix(cb.String(), rs[1].srv.URL) {
+		t.Fatalf("the provider's redirect %q (cookie set %v): %v", cb, cookie != "", err)
+	}
+
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	rs1, err := conn.Query(context.Background(), `SELECT row_to_json(x)::text FROM ui_oidc_pending x`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rs1.Next() {
+		var s string
+		if err := rs1.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, s)
+	}
+	rs1.Close()
+	conn.Close(context.Background())
+	all := strings.Join(rows, "\n")
+	if len(rows) != 1 || strings.Contains(all, cookie) || strings.Contains(all, cb.Query().Get("state")) || strings.Contains(all, p.challenge) {
+		t.Fatalf("pending sign-ins in the database: %d rows; the cookie's id, the state or the challenge in them: %v %v %v",
+			len(rows), strings.Contains(all, cookie), strings.Contains(all, cb.Query().Get("state")), strings.Contains(all, p.challenge))
+	}
+
+	r, body := b1.get(cb.RequestURI())
+	if r.StatusCode != http.StatusOK || !strings.Contains(body, `http-equiv="refresh"`) {
+		t.Fatalf("callback on r1: %d %s", r.StatusCode, body[strings.Index(body, "<main"):])
+	}
+	for i, b := range []*browser{b1, b0} {
+		if r, q := b.get("/"); r.StatusCode != 200 || !strings.Contains(q, `Signed in as <b>alice</b>`) {
+			t.Fatalf("queue on r%d after the sign-in on r1: %d", 1-i, r.StatusCode)
+		}
+	}
+	// The callback again (the cookie replayed with it), on each replica.
+	for i, e := range rs {
+		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+cb.RequestURI(), nil)
+		req.AddCookie(&http.Cookie{Name: "sluice_oidc", Value: cookie})
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "(no_flow)") {
+			t.Fatalf("the callback replayed on r%d: %d %.300s", i, r.StatusCode, body)
+		}
+	}
 }

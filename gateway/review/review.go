@@ -184,7 +184,7 @@ func New(opt Options) (*UI, error) {
 	}
 	u.dummyPWH = h
 	if opt.OIDC != nil {
-		if u.oidc, err = newOIDCFlow(*opt.OIDC); err != nil {
+		if u.oidc, err = newOIDCFlow(*opt.OIDC, opt.Sessions); err != nil {
 			return nil, err
 		}
 	}

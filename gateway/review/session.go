@@ -40,6 +40,12 @@ type SessionStore interface {
 	TouchUISession(ctx context.Context, idHash string, now time.Time) (store.UISession, error)
 	UISessionAlive(ctx context.Context, idHash string, now time.Time) (bool, error)
 	DeleteUISession(ctx context.Context, idHash string) error
+	// OIDC sign-ins started and not yet finished (oidc.go), so that the
+	// provider's redirect may reach any replica: Put drops the expired
+	// and the oldest beyond max-1; Take deletes and returns one, once
+	// however many callbacks race for it, or store.ErrNotFound.
+	PutUIOIDCPending(ctx context.Context, p store.UIOIDCPending, max int) error
+	TakeUIOIDCPending(ctx context.Context, idHash string) (store.UIOIDCPending, error)
 }
 
 // sessions is the session table as the UI uses it. There is no cache in
@@ -116,8 +122,9 @@ func (ss *sessions) remove(ctx context.Context, id string) error {
 // memory, with the store's rules. Its sessions do not survive a restart
 // and are not seen by other processes.
 type memSessions struct {
-	mu sync.Mutex
-	m  map[string]store.UISession
+	mu   sync.Mutex
+	m    map[string]store.UISession
+	oidc map[string]store.UIOIDCPending
 }
 
 func (ms *memSessions) PutUISession(_ context.Context, u store.UISession) error {
@@ -165,6 +172,32 @@ func (ms *memSessions) DeleteUISession(_ context.Context, idHash string) error {
 	defer ms.mu.Unlock()
 	delete(ms.m, idHash)
 	return nil
+}
+
+func (ms *memSessions) PutUIOIDCPending(_ context.Context, p store.UIOIDCPending, max int) error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for h, o := range ms.oidc {
+		if !p.Created.Before(o.Expires) {
+			delete(ms.oidc, h)
+		}
+	}
+	if ms.oidc == nil || (max > 0 && len(ms.oidc) >= max) {
+		ms.oidc = map[string]store.UIOIDCPending{} // a flood of unfinished sign-ins: start over
+	}
+	ms.oidc[p.IDHash] = p
+	return nil
+}
+
+func (ms *memSessions) TakeUIOIDCPending(_ context.Context, idHash string) (store.UIOIDCPending, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	p, ok := ms.oidc[idHash]
+	if !ok {
+		return store.UIOIDCPending{}, store.ErrNotFound
+	}
+	delete(ms.oidc, idHash)
+	return p, nil
 }
 
 // tokenEqual compares CSRF tokens in constant time.
