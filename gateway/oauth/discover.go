@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/oauth2"
+
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -640,4 +642,34 @@ func (m *Manager) Discover(ctx context.Context, connector string) error {
 	}
 	_, err := m.resolve(ctx, c)
 	return err
+}
+
+// registrationEnded says whether err is the token endpoint refusing rc's
+// client (invalid_client) when the gateway registered that client: the
+// server ended the registration (revoked, expired). The client is then
+// forgotten, here and in the RegisteredStore, so the next use registers
+// a new one instead of sending the dead one forever; only the client that
+// was refused is forgotten, so however many calls saw the refusal, one
+// new registration follows. A configured client id is never forgotten.
+func (m *Manager) registrationEnded(ctx context.Context, rc *Client, err error) bool {
+	var re *oauth2.RetrieveError
+	c := m.clients[rc.Connector]
+	if !errors.As(err, &re) || re.ErrorCode != "invalid_client" || c == nil || c.Discovery == nil || c.ClientID != "" {
+		return false
+	}
+	d := c.Discovery
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done != nil && d.done.ClientID == rc.ClientID {
+		d.done = nil
+	}
+	if d.Registered != nil {
+		if kept, lerr := d.Registered.LoadRegistered(ctx, c.Connector); lerr == nil && kept.ClientID == rc.ClientID {
+			if serr := d.Registered.SaveRegistered(ctx, c.Connector, Registered{}); serr != nil {
+				m.opt.Log.Error("oauth: the ended registered client is still kept; it is refused again at its next use", "connector", c.Connector, "err", serr.Error())
+			}
+		}
+	}
+	m.opt.Log.Warn("oauth: the authorization server ended the registered client; a new one is registered at the next use", "connector", c.Connector, "client", rc.ClientID)
+	return true
 }

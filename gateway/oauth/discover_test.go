@@ -387,3 +387,65 @@ func TestSameResource(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPAuthorizationClientEnded: the authorization server ends the
+// client the gateway registered (RFC 7591; its token endpoint answers
+// invalid_client). Alice's and Bob's refreshes, at once, are refused:
+// each connection needs reconnecting (nothing is returned to send), the
+// kept client is forgotten, and the next connect registers a new client
+// once — not one per refusal, and the dead one is never tried again —
+// with which Alice's tokens then refresh.
+func TestMCPAuthorizationClientEnded(t *testing.T) {
+	srv := oauthtest.StartMCP(t, redirect)
+	store := localStore(t)
+	m, _ := mcpManager(t, srv, store, "", 1000*time.Hour) // every Token refreshes
+	ctx := context.Background()
+	connect := func(user string) {
+		t.Helper()
+		u, err := m.Begin(ctx, "remote", user, "sess-"+user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := srv.AS.Consent(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Complete(ctx, "sess-"+user, back.Query().Get("state"), back.Query().Get("code")); err != nil {
+			t.Fatalf("Complete for %s: %v", user, err)
+		}
+	}
+	connect("alice")
+	connect("bob")
+	if n := srv.Registrations.Load(); n != 1 {
+		t.Fatalf("registrations = %d, want 1", n)
+	}
+	srv.RevokeClient(oauthtest.RegisteredID(1))
+	errs := make(chan error, 2)
+	for _, user := range []string{"alice", "bob"} {
+		go func() { _, err := m.Token(ctx, "remote", user); errs <- err }()
+	}
+	for range 2 {
+		var re *oauth.RequiredError
+		if err := <-errs; !errors.As(err, &re) || re.Status != oauth.NeedsReconnect {
+			t.Fatalf("a refresh with the ended client: %v, want needs_reconnect", err)
+		}
+	}
+	if reg, err := store.LoadRegistered(ctx, "remote"); err != nil || reg.ClientID != "" {
+		t.Fatalf("kept client after invalid_client: %v %v, want none", reg, err)
+	}
+	refreshes := srv.AS.Grants("refresh_token")
+	connect("alice")
+	u, err := m.Begin(ctx, "remote", "bob", "sess-bob")
+	if err != nil || !strings.Contains(u, "client_id="+oauthtest.RegisteredID(2)+"&") {
+		t.Fatalf("bob's connect after the new registration: %v (client %v)", err, strings.Contains(u, oauthtest.RegisteredID(2)))
+	}
+	if n := srv.Registrations.Load(); n != 2 {
+		t.Fatalf("registrations = %d, want 2 (one new client for every connection)", n)
+	}
+	if _, err := m.Token(ctx, "remote", "alice"); err != nil {
+		t.Fatalf("alice's refresh with the new client: %v", err)
+	}
+	if got := srv.AS.Grants("refresh_token") - refreshes; got != 1 {
+		t.Fatalf("%d refreshes after reconnecting, want 1", got)
+	}
+}

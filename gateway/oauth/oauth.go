@@ -430,6 +430,9 @@ func (m *Manager) personToken(ctx context.Context, c *Client, user string) (cach
 		return cached{}, err
 	}
 	tok, err := cfg.TokenSource(c.ctx(ctx), &oauth2.Token{RefreshToken: conn.Refresh}).Token()
+	if m.registrationEnded(ctx, c, err) { // the refresh token was the ended client's
+		return cached{}, m.needsReconnect(ctx, conn, "the provider ended the registered client: invalid_client")
+	}
 	if err != nil {
 		var re *oauth2.RetrieveError
 		if errors.As(err, &re) && (re.ErrorCode == "invalid_grant" || re.ErrorCode == "unauthorized_client") {
@@ -561,6 +564,7 @@ func (m *Manager) Complete(ctx context.Context, bind, state, code string) (Conne
 	}
 	tok, err := cfg.Exchange(c.ctx(ctx), code, oauth2.VerifierOption(verifier))
 	if err != nil {
+		m.registrationEnded(ctx, c, err) // the next connect registers anew
 		return Connection{Connector: p.Connector, User: user}, fmt.Errorf("%w (%s: %s)", ErrExchange, p.Connector, providerError(err))
 	}
 	if c.Resource != "" {

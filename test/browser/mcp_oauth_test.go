@@ -156,14 +156,7 @@ func TestMCPAuthorizationRemote(t *testing.T) {
 	}
 
 	// alice connects docs on the Connections page (PKCE, state, resource=).
-	p.do(chromedp.Navigate(r.base+"/connections"), chromedp.WaitVisible(chromedp.CSS("#connect-docs")),
-		chromedp.Click(chromedp.CSS("#connect-docs")),
-		chromedp.WaitVisible(chromedp.CSS("#username")),
-		chromedp.SendKeys(chromedp.CSS("#username"), docs.AS.Username()),
-		chromedp.SendKeys(chromedp.CSS("#password"), oauthtest.Password),
-		chromedp.Submit(chromedp.CSS("#password")),
-		chromedp.WaitVisible(chromedp.CSS(`#conn-docs [data-status="connected"]`)),
-	)
+	connectAs(p, r.base, "docs", docs.AS.Username())
 	p.shot("mcp-oauth-01-connected")
 	if n := docs.Registrations.Load(); n != 1 {
 		t.Fatalf("registrations = %d, want 1", n)
@@ -253,6 +246,34 @@ func TestMCPAuthorizationRemote(t *testing.T) {
 		}
 		if leaked || !reflected || !named || !strings.Contains(string(b), "you sent ") {
 			t.Fatalf("echo: %s; leaked %v reflected %v named %v", b, leaked, reflected, named)
+		}
+	})
+
+	t.Run("D25 the registered client ended", func(t *testing.T) {
+		cb := casebook.Expect(t, "D25", "the authorization server ends the client the gateway registered for docs (its token endpoint answers invalid_client); alice's access token has expired; her sandbox calls docs.whoami, then she reconnects on the Connections page",
+			"403 connection_required, nothing sent to the MCP server; the Connections page says needs_reconnect; the reconnect registers one new client, and the call then runs with her new token")
+		docs.RevokeClient(oauthtest.RegisteredID(1))
+		r.writeExpired()
+		gw.OAuth().Expire()
+		call := func() (int, string) {
+			resp, err := hc.Post("http://sluice/v1/tools/docs.whoami", "application/json", strings.NewReader(`{"body":{}}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		seen := len(docs.Seen())
+		st, body := call()
+		sent := len(docs.Seen()) - seen
+		p.do(chromedp.Navigate(r.base+"/connections"), chromedp.WaitVisible(chromedp.CSS(`#conn-docs [data-status="needs_reconnect"]`)))
+		connectAs(p, r.base, "docs", docs.AS.Username())
+		after, afterBody := call()
+		cb.Observef("first call %d %s, %d request(s) reached the MCP server; reconnect made %d registration(s) in all; next call %d",
+			st, refusalCode(t, body), sent, docs.Registrations.Load(), after)
+		if st != 403 || refusalCode(t, body) != refusal.ConnectionRequired || sent != 0 || docs.Registrations.Load() != 2 || after != 200 {
+			t.Fatalf("first call %d %s (sent %d); registrations %d; after the reconnect %d %s", st, body, sent, docs.Registrations.Load(), after, afterBody)
 		}
 	})
 }

@@ -223,10 +223,17 @@ func (r *oauthRig) connect(p *person) { r.connectSlug(p, "docs") }
 
 func (r *oauthRig) connectSlug(p *person, slug string) {
 	r.t.Helper()
-	p.do(chromedp.Navigate(r.base+"/connections"), chromedp.WaitVisible(chromedp.CSS("#connect-"+slug)),
+	connectAs(p, r.base, slug, r.as.Username())
+}
+
+// connectAs clicks Connect for slug on the Connections page at base and
+// signs in at the provider as username, until the page says connected.
+func connectAs(p *person, base, slug, username string) {
+	p.r.t.Helper()
+	p.do(chromedp.Navigate(base+"/connections"), chromedp.WaitVisible(chromedp.CSS("#connect-"+slug)),
 		chromedp.Click(chromedp.CSS("#connect-"+slug)),
 		chromedp.WaitVisible(chromedp.CSS("#username")),
-		chromedp.SendKeys(chromedp.CSS("#username"), r.as.Username()),
+		chromedp.SendKeys(chromedp.CSS("#username"), username),
 		chromedp.SendKeys(chromedp.CSS("#password"), oauthtest.Password),
 		chromedp.Submit(chromedp.CSS("#password")),
 		chromedp.WaitVisible(chromedp.CSS(`#conn-`+slug+` [data-status="connected"]`)),
@@ -274,6 +281,13 @@ func (r *oauthRig) storedTokens() (map[string]any, error) {
 func (r *oauthRig) expireStored() {
 	r.t.Helper()
 	r.gw.stop()
+	r.writeExpired()
+	r.gw.start()
+}
+
+// writeExpired makes alice's stored docs access token expired.
+func (r *oauthRig) writeExpired() {
+	r.t.Helper()
 	rec, err := r.storedTokens()
 	if err != nil {
 		r.t.Fatal(err)
@@ -283,7 +297,6 @@ func (r *oauthRig) expireStored() {
 	if err := r.localStore().Set(context.Background(), "oauth2.docs", vault.UserScope("alice"), vault.NewSecret(b)); err != nil {
 		r.t.Fatal(err)
 	}
-	r.gw.start()
 }
 
 func refusalCode(t *testing.T, body string) refusal.Code {

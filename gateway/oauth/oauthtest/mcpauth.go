@@ -55,6 +55,19 @@ type MCPAuth struct {
 	authRes    []string // resource= of each authorization request
 	seen       []string // bearer tokens the MCP server received (valid or not)
 	nextClient int
+	revoked    map[string]bool // client ids whose registration the server ended
+}
+
+// RevokeClient ends the registration of client id: the token endpoint
+// answers its requests 401 invalid_client (RFC 6749 5.2), as a server
+// that expired or deleted a dynamically registered client does.
+func (m *MCPAuth) RevokeClient(id string) {
+	m.mu.Lock()
+	if m.revoked == nil {
+		m.revoked = map[string]bool{}
+	}
+	m.revoked[id] = true
+	m.mu.Unlock()
 }
 
 // RegistrationPool is how many clients the registration endpoint can hand
@@ -142,9 +155,20 @@ func StartMCPOn(t testing.TB, asLn, mcpLn net.Listener, redirect string) *MCPAut
 				s.mu.Lock()
 				s.grants[r.PostForm.Get("grant_type")]++
 				s.mu.Unlock()
+				id, _, ok := r.BasicAuth()
+				if !ok {
+					id = r.PostForm.Get("client_id")
+				}
 				m.mu.Lock()
 				m.tokenRes = append(m.tokenRes, r.PostForm.Get("resource"))
+				gone := m.revoked[id]
 				m.mu.Unlock()
+				if gone {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusUnauthorized)
+					_, _ = w.Write([]byte(`{"error":"invalid_client","error_description":"client registration ended"}`))
+					return
+				}
 			}
 		case "/authorize", "/auth":
 			m.mu.Lock()
