@@ -59,8 +59,9 @@ func TestOAuthPlaceholderBoundToHosts(t *testing.T) {
 	var seen []seenReq
 	tl := e.NS.Listen(t, egressIP+":443")
 	ts := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
-		seen = append(seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization")})
+		seen = append(seen, seenReq{host: r.Host, path: r.URL.RequestURI(), auth: r.Header.Get("Authorization"), body: string(b)})
 		mu.Unlock()
 		rw.Header().Set("X-Echo", r.Header.Get("Authorization"))
 		fmt.Fprintf(rw, "you sent %s", r.Header.Get("Authorization"))
@@ -116,9 +117,12 @@ func TestOAuthPlaceholderBoundToHosts(t *testing.T) {
 		Proxy: http.ProxyURL(proxyURL), DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: roots},
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return wire.Dial(ctx, g.Sock, agentA) },
 	}}
-	do := func(u string, hdr http.Header) (int, string) {
+	do := func(u string, hdr http.Header, body ...string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, u, nil)
+		if len(body) > 0 {
+			req, _ = http.NewRequest(http.MethodPost, u, strings.NewReader(body[0]))
+		}
 		for k, vs := range hdr {
 			req.Header[k] = vs
 		}
@@ -178,6 +182,24 @@ func TestOAuthPlaceholderBoundToHosts(t *testing.T) {
 			}
 		})
 	}
+
+	// In a body the placeholder is never substituted and the request is
+	// not refused: it streams upstream (a body is not read before it is
+	// sent), so other.test gets the placeholder, never the token, and the
+	// record says so once the body has gone by.
+	t.Run("in the body", func(t *testing.T) {
+		cb := casebook.Expect(t, "D4", "an egress placeholder bound to an OAuth connection, sent in the request body to a host it is not bound to (TLS intercepted)",
+			"sent unchanged: the host gets the placeholder, never the token; audited placeholder_host_mismatch")
+		payload := `{"note":"` + placeholder + `"}`
+		st, _ := do("https://other.test/upload", nil, payload)
+		rec := g.For(t).AwaitAuditFields("placeholder_host_mismatch", map[string]any{"dest_host": "other.test"})
+		got := seenOn("other.test")
+		cb.Observef("%d, other.test got the body unchanged %v (the token %v), audited %v", st, len(got) == 1 && got[0].body == payload,
+			len(got) == 1 && strings.Contains(got[0].body, token), rec != nil)
+		if st != http.StatusOK || len(got) != 1 || got[0].body != payload || strings.Contains(got[0].body, token) {
+			t.Fatalf("%d; other.test got %d requests", st, len(got))
+		}
+	})
 }
 
 func codeOf(reply string) string {
