@@ -362,6 +362,14 @@ func TestOAuthConnectCallRefreshRevokeDisconnect(t *testing.T) {
 		t.Fatalf("stored connection: %v %v", conn, err)
 	}
 
+	// The authorization request carried a PKCE S256 challenge, a state
+	// and the gateway's callback (the provider checked the verifier at the
+	// code exchange).
+	if ar := r.as.AuthRequests(); len(ar) != 1 || ar[0].Get("code_challenge_method") != "S256" || len(ar[0].Get("code_challenge")) < 43 ||
+		len(ar[0].Get("state")) < 32 || ar[0].Get("redirect_uri") != r.cfg.Approvals.PublicURL+"/connections/callback" {
+		t.Fatalf("authorization requests: %v", ar)
+	}
+
 	// E14: the callback that connected, replayed; and a forged state.
 	redirects := r.as.Redirects()
 	if len(redirects) != 1 {

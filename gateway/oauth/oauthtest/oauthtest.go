@@ -48,7 +48,16 @@ type Server struct {
 	// Transport, when set, is how Consent's browser reaches the server
 	// (a server inside a network namespace).
 	Transport http.RoundTripper
-	redirects []string // Location headers sent back to a client's callback
+	redirects []string     // Location headers sent back to a client's callback
+	auths     []url.Values // the query of each authorization request
+}
+
+// AuthRequests returns the query of every authorization request, oldest
+// first (to check a client's PKCE challenge and state).
+func (s *Server) AuthRequests() []url.Values {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]url.Values(nil), s.auths...)
 }
 
 // Redirects returns every redirect the server sent a browser back to a
@@ -125,6 +134,10 @@ func StartOn(t testing.TB, ln net.Listener, redirect string, clientIDs ...string
 			}
 		case "/revoke":
 			s.Revocations.Add(1)
+		case "/auth":
+			s.mu.Lock()
+			s.auths = append(s.auths, r.URL.Query())
+			s.mu.Unlock()
 		}
 		router.ServeHTTP(&recorder{ResponseWriter: w, s: s, redirect: redirect}, r)
 	})
