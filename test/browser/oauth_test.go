@@ -99,9 +99,10 @@ approvers:
     - { name: alice, groups: [eng], password_hash: "%[6]s" }
 `
 
-// oauthRig is the real `sluice serve` binary with the docs, held-docs
-// and svc connectors of oauthYAML, zitadel's authorization server and a
-// recording upstream on loopback, and a Chromium.
+// oauthRig is the real `sluice serve` binary (oauthYAML's docs,
+// held-docs and svc connectors, or mcp_oauth_test.go's remotes),
+// zitadel's authorization server and a recording upstream on loopback,
+// and a Chromium.
 type oauthRig struct {
 	t       *testing.T
 	as      *oauthtest.Server
