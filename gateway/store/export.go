@@ -24,9 +24,9 @@ import (
 // times as Unix nanoseconds and BLOB columns as base64. The tables are
 // holds, grants, ended_sessions, usage and oauth_connections (without
 // refresh leases; the tokens stay in the secret store); rate-limit
-// buckets, audit heads, started OAuth connects and review UI sessions
-// belong to one database's gateways and are not moved (people sign in
-// again).
+// buckets, audit heads, started OAuth connects, review UI sessions and
+// started OIDC sign-ins belong to one database's gateways and are not
+// moved (people sign in again).
 
 // ExportVersion is the format version Export writes and Import reads.
 const ExportVersion = 1
