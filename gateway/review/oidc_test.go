@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -346,5 +347,69 @@ func TestOIDCCallbackOnAnotherReplica(t *testing.T) {
 		if r.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "(no_flow)") {
 			t.Fatalf("the callback replayed on r%d: %d %.300s", i, r.StatusCode, body)
 		}
+	}
+}
+
+// brokenOIDCStore is a SessionStore whose pending sign-ins cannot be
+// written (put) or read (take).
+type brokenOIDCStore struct {
+	SessionStore
+	put, take bool
+}
+
+func (b brokenOIDCStore) PutUIOIDCPending(ctx context.Context, p store.UIOIDCPending, max int) error {
+	if b.put {
+		return errors.New("database down")
+	}
+	return b.SessionStore.PutUIOIDCPending(ctx, p, max)
+}
+
+func (b brokenOIDCStore) TakeUIOIDCPending(ctx context.Context, idHash string) (store.UIOIDCPending, error) {
+	if b.take {
+		return store.UIOIDCPending{}, errors.New("database down")
+	}
+	return b.SessionStore.TakeUIOIDCPending(ctx, idHash)
+}
+
+// TestOIDCStoreDown: a sign-in that cannot be kept is not started (503,
+// no redirect to the provider); one that cannot be read back is refused
+// (reason store, audited), with no session.
+func TestOIDCStoreDown(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		put, take bool
+	}{{"put", true, false}, {"take", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t)
+			e := newEnv(t, func(o *Options) {
+				o.Sessions = brokenOIDCStore{SessionStore: &memSessions{m: map[string]store.UISession{}}, put: c.put, take: c.take}
+				o.OIDC = &OIDC{Issuer: p.srv.URL, ClientID: "sluice", ClientSecret: "s3cret", RedirectURL: "http://placeholder/oidc/callback"}
+			})
+			e.ui.oidc.cfg.RedirectURL = e.srv.URL + "/oidc/callback"
+			b := e.browser()
+			r, _ := b.get("/oidc/login")
+			if c.put {
+				if r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Location") != "" {
+					t.Fatalf("oidc/login with the store down: %d %q", r.StatusCode, r.Header.Get("Location"))
+				}
+				return
+			}
+			ar, err := b.c.Get(r.Header.Get("Location"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ar.Body.Close()
+			cb, _ := url.Parse(ar.Header.Get("Location"))
+			r, body := b.get(cb.RequestURI())
+			e.mu.Lock()
+			audited := strings.Contains(strings.Join(e.audits, "\n"), "ui.login_failed")
+			e.mu.Unlock()
+			if r.StatusCode != http.StatusForbidden || !strings.Contains(body, "(store)") || !audited {
+				t.Fatalf("callback with the store down: %d, audited %v", r.StatusCode, audited)
+			}
+			if r, _ := b.get("/"); r.StatusCode != http.StatusSeeOther {
+				t.Fatalf("signed in after a refused callback: %d", r.StatusCode)
+			}
+		})
 	}
 }
