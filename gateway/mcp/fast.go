@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -37,14 +36,12 @@ import (
 
 // fastSession is what the fast path knows of one SDK session: it exists
 // from the moment the session's initialize succeeded until the session
-// ends (ServerSession.Wait returns).
+// ends (ServerSession.Wait returns, or a DELETE of it began).
 type fastSession struct {
 	c       *caller
 	version string // the protocol version the initialize result negotiated (Door.mu)
-
-	mu       sync.Mutex
-	inflight map[int64]struct{}  // fast calls' integer ids in flight
-	strIDs   map[string]struct{} // and string ids
+	// calls are the session's calls in flight on either path (inflight.go).
+	calls *inflight
 }
 
 // noteInitialize records a session whose initialize the SDK answered, so
@@ -64,7 +61,7 @@ func (m *Door) noteInitialize(c *caller, ss *sdk.ServerSession, res *sdk.Initial
 		m.mu.Unlock()
 		return
 	}
-	fs = &fastSession{c: c, version: res.ProtocolVersion, inflight: map[int64]struct{}{}, strIDs: map[string]struct{}{}}
+	fs = &fastSession{c: c, version: res.ProtocolVersion, calls: newInflight()}
 	m.fastSessions[sid] = fs
 	m.mu.Unlock()
 	go func() {
@@ -74,14 +71,33 @@ func (m *Door) noteInitialize(c *caller, ss *sdk.ServerSession, res *sdk.Initial
 			delete(m.fastSessions, sid)
 		}
 		m.mu.Unlock()
+		fs.calls.end()
 	}()
 }
 
-// forgetFast stops the fast path taking sid's calls.
-func (m *Door) forgetFast(sid string) {
+// endFast stops the fast path taking sid's calls and returns the set of
+// them (nil: none was taken), for the DELETE to wait for.
+func (m *Door) endFast(sid string) *inflight {
 	m.mu.Lock()
+	fs := m.fastSessions[sid]
 	delete(m.fastSessions, sid)
 	m.mu.Unlock()
+	if fs == nil {
+		return nil
+	}
+	fs.calls.end()
+	return fs.calls
+}
+
+// sessionCalls is sid's set of calls in flight, nil before its
+// initialize succeeded or once it ended.
+func (m *Door) sessionCalls(sid string) *inflight {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if fs := m.fastSessions[sid]; fs != nil {
+		return fs.calls
+	}
+	return nil
 }
 
 // fastMsg is a tools/call the fast path takes.
@@ -127,14 +143,31 @@ func (m *Door) serveFast(w http.ResponseWriter, r *http.Request, body []byte) bo
 	if !ok {
 		return false // await_hold, or a tool this caller does not list
 	}
-	if !fs.begin(msg) {
-		// As the SDK answers a second call with an id in flight.
-		rpcError(w, http.StatusBadRequest, msg.rawID(), codeInvalidRequest, "duplicate in-flight request ID "+string(msg.rawID()))
+	key := msg.key()
+	dup, ended := fs.calls.beginFast(key)
+	if ended {
+		return false // a DELETE of the session began: the SDK refuses the call
+	}
+	if dup {
+		// As the SDK answers a second call with an id in flight, on
+		// either path.
+		rpcError(w, http.StatusBadRequest, msg.rawID(), codeInvalidRequest, duplicateID(key))
 		return true
 	}
-	defer fs.end(msg)
+	defer fs.calls.endFast(key)
 	m.fastCalls.Add(1)
 	res := m.runCall(r.Context(), fs.c.id, name, typed, msg.args, "", nil) // the fast path takes no _meta, so no traceparent
+	h := w.Header()
+	h.Set("Cache-Control", "no-cache, no-transform")
+	if fs.calls.isEnded() {
+		// The session was deleted while the call ran (the DELETE waits
+		// for it): the SDK delivers no result of a call it ran then, an
+		// empty event stream; nor does the fast path. The call is
+		// audited as any other.
+		h.Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		return true
+	}
 	var buf bytes.Buffer
 	buf.Grow(512)
 	buf.WriteString(`{"jsonrpc":"2.0","id":`)
@@ -147,39 +180,19 @@ func (m *Door) serveFast(w http.ResponseWriter, r *http.Request, body []byte) bo
 		return true
 	}
 	buf.WriteByte('}')
-	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-cache, no-transform")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(buf.Bytes())
 	return true
 }
 
-func (fs *fastSession) begin(msg fastMsg) bool {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
+// key is the id as the SDK's jsonrpc reads it (idKey): an integer id is
+// at most 2^53, exact as a float64.
+func (msg fastMsg) key() any {
 	if msg.isStr {
-		if _, dup := fs.strIDs[msg.strID]; dup {
-			return false
-		}
-		fs.strIDs[msg.strID] = struct{}{}
-		return true
+		return msg.strID
 	}
-	if _, dup := fs.inflight[msg.intID]; dup {
-		return false
-	}
-	fs.inflight[msg.intID] = struct{}{}
-	return true
-}
-
-func (fs *fastSession) end(msg fastMsg) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if msg.isStr {
-		delete(fs.strIDs, msg.strID)
-	} else {
-		delete(fs.inflight, msg.intID)
-	}
+	return msg.intID
 }
 
 // rawID is the id as the SDK writes it back.
