@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -283,55 +282,122 @@ func parseFast(body []byte) (fastMsg, bool) {
 	if !json.Valid(body) {
 		return msg, false
 	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
-		return msg, false
-	}
 	var seen [4]bool
-	for d.More() {
-		tok, err := d.Token()
-		if err != nil {
-			return msg, false
-		}
-		var raw json.RawMessage
-		if err := d.Decode(&raw); err != nil {
-			return msg, false
-		}
+	ok := eachMember(body, func(key, raw []byte) bool {
 		i := -1
-		switch tok {
+		switch string(key) {
 		case "jsonrpc":
 			i = 0
 			if string(raw) != `"2.0"` {
-				return msg, false
+				return false
 			}
 		case "method":
 			i = 1
 			if string(raw) != `"tools/call"` {
-				return msg, false
+				return false
 			}
 		case "id":
 			i = 2
 			if !msg.setID(raw) {
-				return msg, false
+				return false
 			}
 		case "params":
 			i = 3
 			if !msg.setParams(raw) {
-				return msg, false
+				return false
 			}
 		}
 		if i < 0 || seen[i] {
-			return msg, false
+			return false
 		}
 		seen[i] = true
+		return true
+	})
+	return msg, ok && seen == [4]bool{true, true, true, true}
+}
+
+// eachMember calls f with each member of obj, one JSON object that
+// json.Valid accepted (and nothing else but whitespace), in order: the
+// member's name as written between its quotes (escapes not decoded, so an
+// escaped name is never one the fast path knows) and its value as written.
+// It stops and reports false when f does, or when obj is not an object.
+// One pass, no decoder: the fast path's parse was half of its own cost.
+func eachMember(obj []byte, f func(key, val []byte) bool) bool {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return false
 	}
-	if _, err := d.Token(); err != nil {
-		return msg, false
+	i = skipSpace(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return skipSpace(obj, i+1) == len(obj)
 	}
-	if _, err := d.Token(); err != io.EOF {
-		return msg, false // anything after the object
+	for i < len(obj) && obj[i] == '"' {
+		kend := valueEnd(obj, i)
+		key := obj[i+1 : kend-1]
+		i = skipSpace(obj, kend)
+		if i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		i = skipSpace(obj, i+1)
+		vend := valueEnd(obj, i)
+		if vend <= i || !f(key, obj[i:vend]) {
+			return false
+		}
+		i = skipSpace(obj, vend)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+			continue
+		}
+		return i < len(obj) && obj[i] == '}' && skipSpace(obj, i+1) == len(obj)
 	}
-	return msg, seen == [4]bool{true, true, true, true}
+	return false
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// valueEnd is the index just past the JSON value that starts at b[i], in
+// a document json.Valid accepted (len(b) if it runs off the end).
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		for j := i + 1; j < len(b); j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				return j + 1
+			}
+		}
+		return len(b)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = valueEnd(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+		j++
+	}
+	return j
 }
 
 // maxExactID bounds an integer id: every integer up to 2^53 is exact as
@@ -361,21 +427,9 @@ func (msg *fastMsg) setID(raw json.RawMessage) bool {
 }
 
 func (msg *fastMsg) setParams(raw json.RawMessage) bool {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
-		return false
-	}
 	var haveName, haveArgs bool
-	for d.More() {
-		tok, err := d.Token()
-		if err != nil {
-			return false
-		}
-		var v json.RawMessage
-		if err := d.Decode(&v); err != nil {
-			return false
-		}
-		switch tok {
+	ok := eachMember(raw, func(key, v []byte) bool {
+		switch string(key) {
 		case "name":
 			name, ok := plainString(v, 256)
 			if haveName || !ok || !toolName(name) {
@@ -390,8 +444,9 @@ func (msg *fastMsg) setParams(raw json.RawMessage) bool {
 		default:
 			return false
 		}
-	}
-	return haveName
+		return true
+	})
+	return ok && haveName
 }
 
 // plainString reads raw as a JSON string of at most max printable ASCII

@@ -590,3 +590,58 @@ func TestDeleteWaitsForCalls(t *testing.T) {
 		})
 	}
 }
+
+// FuzzEachMember: for any input json.Valid accepts, eachMember walks a
+// top-level object exactly as encoding/json's decoder reads it — the same
+// names (those written in plain ASCII without escapes: no other name is
+// one the fast path knows) and the same values, in order —
+// and refuses anything that is not an object.
+func FuzzEachMember(f *testing.F) {
+	for _, s := range []string{
+		`{}`, ` { "a" : 1 , "b":[1,{"c":"}"}],"d":"x\"y\\","e":{"f":[]} } `, `[1]`, `"s"`, `{"a":{"b":{"c":[[["]"]]]}}}`,
+		`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t.get","arguments":{"q":"<a&b> é"}}}`, `{"a":true,"b":null,"c":-1.5e3}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := []byte(s)
+		if !json.Valid(b) {
+			return
+		}
+		type member struct{ k, v string }
+		var got []member
+		ok := eachMember(b, func(k, v []byte) bool {
+			got = append(got, member{string(k), string(v)})
+			return true
+		})
+		d := json.NewDecoder(bytes.NewReader(b))
+		tok, _ := d.Token()
+		if tok != json.Delim('{') {
+			if ok {
+				t.Fatalf("eachMember walked %q, which is not an object", s)
+			}
+			return
+		}
+		if !ok {
+			t.Fatalf("eachMember refused the object %q", s)
+		}
+		var want []member
+		for d.More() {
+			k, _ := d.Token()
+			var v json.RawMessage
+			if err := d.Decode(&v); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, member{k.(string), string(v)})
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: eachMember %q, decoder %q", s, got, want)
+		}
+		for i := range got {
+			_, plain := plainString(json.RawMessage(`"`+got[i].k+`"`), len(got[i].k))
+			if (plain && got[i].k != want[i].k) || got[i].v != want[i].v {
+				t.Fatalf("%q: member %d: eachMember %q, decoder %q", s, i, got[i], want[i])
+			}
+		}
+	})
+}
