@@ -84,3 +84,27 @@ func BenchmarkClientShare(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFastPathDoor is the door's own share of a tools/call on the
+// fast path (the gate, the parse, the result's encoding), the pipeline
+// stubbed by the fast rig's hook and no network: run it with -cpuprofile
+// to see where the door spends.
+func BenchmarkFastPathDoor(b *testing.B) {
+	rig := newFastRig(b)
+	h := rig.headers()
+	h.Set("Content-Type", "application/json")
+	msg := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t.get","arguments":` + clientShareArgs + `}}`
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(msg))
+		r.Header = h
+		w := httptest.NewRecorder()
+		rig.d.ServeHTTP(w, r)
+		if w.Code != http.StatusOK || rig.d.FastCalls() == 0 {
+			b.Fatalf("%d %s", w.Code, w.Body)
+		}
+	}
+}
+
+// clientShareArgs are the bench's arguments (the 170-byte body).
+const clientShareArgs = `{"body":{"id":"it-1","name":"widget","amount":250,"currency":"EUR","note":"bench","tags":["a","b","c"],"lines":[{"sku":"w-1","qty":2},{"sku":"w-2","qty":1}]}}`

@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -37,14 +35,12 @@ import (
 
 // fastSession is what the fast path knows of one SDK session: it exists
 // from the moment the session's initialize succeeded until the session
-// ends (ServerSession.Wait returns).
+// ends (ServerSession.Wait returns, or a DELETE of it began).
 type fastSession struct {
 	c       *caller
 	version string // the protocol version the initialize result negotiated (Door.mu)
-
-	mu       sync.Mutex
-	inflight map[int64]struct{}  // fast calls' integer ids in flight
-	strIDs   map[string]struct{} // and string ids
+	// calls are the session's calls in flight on either path (inflight.go).
+	calls *inflight
 }
 
 // noteInitialize records a session whose initialize the SDK answered, so
@@ -64,7 +60,7 @@ func (m *Door) noteInitialize(c *caller, ss *sdk.ServerSession, res *sdk.Initial
 		m.mu.Unlock()
 		return
 	}
-	fs = &fastSession{c: c, version: res.ProtocolVersion, inflight: map[int64]struct{}{}, strIDs: map[string]struct{}{}}
+	fs = &fastSession{c: c, version: res.ProtocolVersion, calls: newInflight()}
 	m.fastSessions[sid] = fs
 	m.mu.Unlock()
 	go func() {
@@ -74,14 +70,33 @@ func (m *Door) noteInitialize(c *caller, ss *sdk.ServerSession, res *sdk.Initial
 			delete(m.fastSessions, sid)
 		}
 		m.mu.Unlock()
+		fs.calls.end()
 	}()
 }
 
-// forgetFast stops the fast path taking sid's calls.
-func (m *Door) forgetFast(sid string) {
+// endFast stops the fast path taking sid's calls and returns the set of
+// them (nil: none was taken), for the DELETE to wait for.
+func (m *Door) endFast(sid string) *inflight {
 	m.mu.Lock()
+	fs := m.fastSessions[sid]
 	delete(m.fastSessions, sid)
 	m.mu.Unlock()
+	if fs == nil {
+		return nil
+	}
+	fs.calls.end()
+	return fs.calls
+}
+
+// sessionCalls is sid's set of calls in flight, nil before its
+// initialize succeeded or once it ended.
+func (m *Door) sessionCalls(sid string) *inflight {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if fs := m.fastSessions[sid]; fs != nil {
+		return fs.calls
+	}
+	return nil
 }
 
 // fastMsg is a tools/call the fast path takes.
@@ -127,14 +142,31 @@ func (m *Door) serveFast(w http.ResponseWriter, r *http.Request, body []byte) bo
 	if !ok {
 		return false // await_hold, or a tool this caller does not list
 	}
-	if !fs.begin(msg) {
-		// As the SDK answers a second call with an id in flight.
-		rpcError(w, http.StatusBadRequest, msg.rawID(), codeInvalidRequest, "duplicate in-flight request ID "+string(msg.rawID()))
+	key := msg.key()
+	dup, ended := fs.calls.beginFast(key)
+	if ended {
+		return false // a DELETE of the session began: the SDK refuses the call
+	}
+	if dup {
+		// As the SDK answers a second call with an id in flight, on
+		// either path.
+		rpcError(w, http.StatusBadRequest, msg.rawID(), codeInvalidRequest, duplicateID(key))
 		return true
 	}
-	defer fs.end(msg)
+	defer fs.calls.endFast(key)
 	m.fastCalls.Add(1)
 	res := m.runCall(r.Context(), fs.c.id, name, typed, msg.args, "", nil) // the fast path takes no _meta, so no traceparent
+	h := w.Header()
+	h.Set("Cache-Control", "no-cache, no-transform")
+	if fs.calls.isEnded() {
+		// The session was deleted while the call ran (the DELETE waits
+		// for it): the SDK delivers no result of a call it ran then, an
+		// empty event stream; nor does the fast path. The call is
+		// audited as any other.
+		h.Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		return true
+	}
 	var buf bytes.Buffer
 	buf.Grow(512)
 	buf.WriteString(`{"jsonrpc":"2.0","id":`)
@@ -147,39 +179,19 @@ func (m *Door) serveFast(w http.ResponseWriter, r *http.Request, body []byte) bo
 		return true
 	}
 	buf.WriteByte('}')
-	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-cache, no-transform")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(buf.Bytes())
 	return true
 }
 
-func (fs *fastSession) begin(msg fastMsg) bool {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
+// key is the id as the SDK's jsonrpc reads it (idKey): an integer id is
+// at most 2^53, exact as a float64.
+func (msg fastMsg) key() any {
 	if msg.isStr {
-		if _, dup := fs.strIDs[msg.strID]; dup {
-			return false
-		}
-		fs.strIDs[msg.strID] = struct{}{}
-		return true
+		return msg.strID
 	}
-	if _, dup := fs.inflight[msg.intID]; dup {
-		return false
-	}
-	fs.inflight[msg.intID] = struct{}{}
-	return true
-}
-
-func (fs *fastSession) end(msg fastMsg) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if msg.isStr {
-		delete(fs.strIDs, msg.strID)
-	} else {
-		delete(fs.inflight, msg.intID)
-	}
+	return msg.intID
 }
 
 // rawID is the id as the SDK writes it back.
@@ -270,55 +282,122 @@ func parseFast(body []byte) (fastMsg, bool) {
 	if !json.Valid(body) {
 		return msg, false
 	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
-		return msg, false
-	}
 	var seen [4]bool
-	for d.More() {
-		tok, err := d.Token()
-		if err != nil {
-			return msg, false
-		}
-		var raw json.RawMessage
-		if err := d.Decode(&raw); err != nil {
-			return msg, false
-		}
+	ok := eachMember(body, func(key, raw []byte) bool {
 		i := -1
-		switch tok {
+		switch string(key) {
 		case "jsonrpc":
 			i = 0
 			if string(raw) != `"2.0"` {
-				return msg, false
+				return false
 			}
 		case "method":
 			i = 1
 			if string(raw) != `"tools/call"` {
-				return msg, false
+				return false
 			}
 		case "id":
 			i = 2
 			if !msg.setID(raw) {
-				return msg, false
+				return false
 			}
 		case "params":
 			i = 3
 			if !msg.setParams(raw) {
-				return msg, false
+				return false
 			}
 		}
 		if i < 0 || seen[i] {
-			return msg, false
+			return false
 		}
 		seen[i] = true
+		return true
+	})
+	return msg, ok && seen == [4]bool{true, true, true, true}
+}
+
+// eachMember calls f with each member of obj, one JSON object that
+// json.Valid accepted (and nothing else but whitespace), in order: the
+// member's name as written between its quotes (escapes not decoded, so an
+// escaped name is never one the fast path knows) and its value as written.
+// It stops and reports false when f does, or when obj is not an object.
+// One pass, no decoder: the fast path's parse was half of its own cost.
+func eachMember(obj []byte, f func(key, val []byte) bool) bool {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return false
 	}
-	if _, err := d.Token(); err != nil {
-		return msg, false
+	i = skipSpace(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return skipSpace(obj, i+1) == len(obj)
 	}
-	if _, err := d.Token(); err != io.EOF {
-		return msg, false // anything after the object
+	for i < len(obj) && obj[i] == '"' {
+		kend := valueEnd(obj, i)
+		key := obj[i+1 : kend-1]
+		i = skipSpace(obj, kend)
+		if i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		i = skipSpace(obj, i+1)
+		vend := valueEnd(obj, i)
+		if vend <= i || !f(key, obj[i:vend]) {
+			return false
+		}
+		i = skipSpace(obj, vend)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+			continue
+		}
+		return i < len(obj) && obj[i] == '}' && skipSpace(obj, i+1) == len(obj)
 	}
-	return msg, seen == [4]bool{true, true, true, true}
+	return false
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// valueEnd is the index just past the JSON value that starts at b[i], in
+// a document json.Valid accepted (len(b) if it runs off the end).
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		for j := i + 1; j < len(b); j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				return j + 1
+			}
+		}
+		return len(b)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = valueEnd(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+		j++
+	}
+	return j
 }
 
 // maxExactID bounds an integer id: every integer up to 2^53 is exact as
@@ -348,21 +427,9 @@ func (msg *fastMsg) setID(raw json.RawMessage) bool {
 }
 
 func (msg *fastMsg) setParams(raw json.RawMessage) bool {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
-		return false
-	}
 	var haveName, haveArgs bool
-	for d.More() {
-		tok, err := d.Token()
-		if err != nil {
-			return false
-		}
-		var v json.RawMessage
-		if err := d.Decode(&v); err != nil {
-			return false
-		}
-		switch tok {
+	ok := eachMember(raw, func(key, v []byte) bool {
+		switch string(key) {
 		case "name":
 			name, ok := plainString(v, 256)
 			if haveName || !ok || !toolName(name) {
@@ -377,8 +444,9 @@ func (msg *fastMsg) setParams(raw json.RawMessage) bool {
 		default:
 			return false
 		}
-	}
-	return haveName
+		return true
+	})
+	return ok && haveName
 }
 
 // plainString reads raw as a JSON string of at most max printable ASCII

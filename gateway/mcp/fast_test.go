@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -396,6 +398,250 @@ func FuzzAppendString(f *testing.F) {
 		want, _ := json.Marshal(s)
 		if !bytes.Equal(buf.Bytes(), want) {
 			t.Fatalf("appendString(%q) = %s, encoding/json %s", s, buf.Bytes(), want)
+		}
+	})
+}
+
+// blocker holds rig's pipeline calls: each reports on entered, then waits
+// until the gate it found open is released or its context ends (reported
+// on ctxEnded). It counts the calls it got.
+type blocker struct {
+	entered  chan struct{}
+	ctxEnded chan error
+	calls    atomic.Int64
+	mu       sync.Mutex
+	gate     chan struct{}
+}
+
+func (rig *fastRig) block() *blocker {
+	b := &blocker{entered: make(chan struct{}, 64), ctxEnded: make(chan error, 64), gate: make(chan struct{})}
+	inner := rig.d.deps.Call
+	rig.d.deps.Call = func(ctx context.Context, r call.Request) call.Outcome {
+		b.calls.Add(1)
+		b.mu.Lock()
+		gate := b.gate
+		b.mu.Unlock()
+		b.entered <- struct{}{}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			b.ctxEnded <- ctx.Err()
+		}
+		return inner(ctx, r)
+	}
+	return b
+}
+
+// hold makes the calls that enter from now on wait for release.
+func (b *blocker) hold() (release func()) {
+	g := make(chan struct{})
+	b.mu.Lock()
+	b.gate = g
+	b.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(g) }) }
+}
+
+// The same call in the form the fast path takes and in one it leaves to
+// the SDK (a progress token needs the SDK's stream).
+const (
+	fastForm = `{"jsonrpc":"2.0","id":ID,"method":"tools/call","params":{"name":"t.get","arguments":{}}}`
+	sdkForm  = `{"jsonrpc":"2.0","id":ID,"method":"tools/call","params":{"name":"t.get","arguments":{},"_meta":{"progressToken":"p"}}}`
+)
+
+// TestDuplicateIDAcrossPaths: a call whose id is in flight on the other
+// path (the SDK's or the fast path's) of the same session is refused as
+// the SDK refuses a duplicate among its own calls (400, -32600, the id),
+// and never run: exactly one call reaches the pipeline. The paths are
+// raced at the same instant as well as taken in turn.
+func TestDuplicateIDAcrossPaths(t *testing.T) {
+	rig := newFastRig(t)
+	b := rig.block()
+	for _, tc := range []struct{ name, first, second, id string }{
+		{"SDK call in flight, fast duplicate", sdkForm, fastForm, `11`},
+		{"fast call in flight, SDK duplicate", fastForm, sdkForm, `12`},
+		{"string ids, SDK first", sdkForm, fastForm, `"dup-a"`},
+		{"string ids, fast first", fastForm, sdkForm, `"dup-b"`},
+		{"an escaped string id to the SDK, its plain form in flight on the fast path", fastForm, strings.Replace(sdkForm, "ID", `"dup\u002dc"`, 1), `"dup-c"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := b.calls.Load()
+			release := b.hold()
+			defer time.AfterFunc(5*time.Second, release).Stop() // both ran: fail, not hang
+			done := make(chan int, 1)
+			go func() {
+				st, _, _ := rig.post(t, rig.headers(), strings.Replace(tc.first, "ID", tc.id, 1))
+				done <- st
+			}()
+			<-b.entered
+			st, _, msgs := rig.post(t, rig.headers(), strings.Replace(tc.second, "ID", tc.id, 1))
+			release()
+			if st != http.StatusBadRequest || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"code":-32600`) || !strings.Contains(string(msgs[0]), "duplicate in-flight request ID") {
+				t.Errorf("the duplicate: %d %s; want 400 with JSON-RPC error -32600", st, msgs)
+			}
+			var m struct{ ID json.RawMessage }
+			if len(msgs) == 1 && (json.Unmarshal(msgs[0], &m) != nil || !jsonEqual(m.ID, []byte(tc.id))) {
+				t.Errorf("the duplicate's answer names id %s, want %s", m.ID, tc.id)
+			}
+			if st := <-done; st != http.StatusOK {
+				t.Errorf("the first call: %d", st)
+			}
+			if n := b.calls.Load() - before; n != 1 {
+				t.Errorf("the pipeline got %d calls, want 1", n)
+			}
+		})
+	}
+	t.Run("raced at the same instant", func(t *testing.T) {
+		// Each round sends both forms with one id at once; a call is held
+		// until one of the two answers came back, which is the refused
+		// one unless both ran (then both wait 2s and the count shows it).
+		for round := range 30 {
+			before := b.calls.Load()
+			release := b.hold()
+			id := strconv.Itoa(1000 + round)
+			start := make(chan struct{})
+			sts := make(chan int, 2)
+			for _, form := range []string{fastForm, sdkForm} {
+				go func() {
+					<-start
+					st, _, _ := rig.post(t, rig.headers(), strings.Replace(form, "ID", id, 1))
+					release()
+					sts <- st
+				}()
+			}
+			close(start)
+			timer := time.AfterFunc(2*time.Second, release)
+			x, y := <-sts, <-sts
+			timer.Stop()
+			for len(b.entered) > 0 {
+				<-b.entered
+			}
+			if n := b.calls.Load() - before; n != 1 || x+y != http.StatusOK+http.StatusBadRequest {
+				t.Fatalf("round %d: statuses %d %d, %d calls reached the pipeline; want one run, one 400", round, x, y, n)
+			}
+		}
+	})
+}
+
+// TestDeleteWaitsForCalls: a DELETE of a session answers 204 only once
+// the calls in flight on it have ended, without cancelling them, and the
+// calls' requests then carry no result (an empty event stream) — what the
+// SDK does for its own calls, and so the fast path for its calls. A call
+// sent while the DELETE waits is not run.
+func TestDeleteWaitsForCalls(t *testing.T) {
+	for _, tc := range []struct{ name, form string }{{"SDK", sdkForm}, {"fast path", fastForm}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rig := newFastRig(t)
+			b := rig.block()
+			release := b.hold()
+			defer time.AfterFunc(10*time.Second, release).Stop()
+			type answer struct {
+				st   int
+				h    http.Header
+				msgs []json.RawMessage
+			}
+			callDone := make(chan answer, 1)
+			go func() {
+				st, h, msgs := rig.post(t, rig.headers(), strings.Replace(tc.form, "ID", "21", 1))
+				callDone <- answer{st, h, msgs}
+			}()
+			<-b.entered
+			delDone := make(chan int, 1)
+			go func() {
+				req, _ := http.NewRequest(http.MethodDelete, rig.srv.URL, nil)
+				req.Header = rig.headers()
+				resp, err := rig.srv.Client().Do(req)
+				if err != nil {
+					delDone <- -1
+					return
+				}
+				resp.Body.Close()
+				delDone <- resp.StatusCode
+			}()
+			select {
+			case st := <-delDone:
+				t.Fatalf("DELETE answered %d while a call was in flight", st)
+			case err := <-b.ctxEnded:
+				t.Fatalf("the call in flight was cancelled by the DELETE: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if tc.form == fastForm {
+				// While the DELETE waits, the fast path takes no call (the
+				// SDK's closing session refuses it); the SDK form is not
+				// sent here: a POST on a closing SDK session cancels the
+				// SDK's calls in flight (its write fails), its own quirk.
+				before, calls := rig.d.FastCalls(), b.calls.Load()
+				rig.post(t, rig.headers(), strings.Replace(fastForm, "ID", "22", 1))
+				if rig.d.FastCalls() != before || b.calls.Load() != calls {
+					t.Errorf("a call sent while the DELETE waited was run")
+				}
+			}
+			release()
+			if st := <-delDone; st != http.StatusNoContent {
+				t.Errorf("DELETE: %d, want 204", st)
+			}
+			a := <-callDone
+			if a.st != http.StatusOK || !strings.HasPrefix(a.h.Get("Content-Type"), "text/event-stream") || len(a.msgs) != 0 {
+				t.Errorf("the call in flight at the DELETE: %d %s %s; want 200 and an empty event stream", a.st, a.h.Get("Content-Type"), a.msgs)
+			}
+			if n := b.calls.Load(); n != 1 {
+				t.Errorf("the pipeline got %d calls, want 1", n)
+			}
+		})
+	}
+}
+
+// FuzzEachMember: for any input json.Valid accepts, eachMember walks a
+// top-level object exactly as encoding/json's decoder reads it — the same
+// names (those written in plain ASCII without escapes: no other name is
+// one the fast path knows) and the same values, in order —
+// and refuses anything that is not an object.
+func FuzzEachMember(f *testing.F) {
+	for _, s := range []string{
+		`{}`, ` { "a" : 1 , "b":[1,{"c":"}"}],"d":"x\"y\\","e":{"f":[]} } `, `[1]`, `"s"`, `{"a":{"b":{"c":[[["]"]]]}}}`,
+		`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t.get","arguments":{"q":"<a&b> é"}}}`, `{"a":true,"b":null,"c":-1.5e3}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := []byte(s)
+		if !json.Valid(b) {
+			return
+		}
+		type member struct{ k, v string }
+		var got []member
+		ok := eachMember(b, func(k, v []byte) bool {
+			got = append(got, member{string(k), string(v)})
+			return true
+		})
+		d := json.NewDecoder(bytes.NewReader(b))
+		tok, _ := d.Token()
+		if tok != json.Delim('{') {
+			if ok {
+				t.Fatalf("eachMember walked %q, which is not an object", s)
+			}
+			return
+		}
+		if !ok {
+			t.Fatalf("eachMember refused the object %q", s)
+		}
+		var want []member
+		for d.More() {
+			k, _ := d.Token()
+			var v json.RawMessage
+			if err := d.Decode(&v); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, member{k.(string), string(v)})
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: eachMember %q, decoder %q", s, got, want)
+		}
+		for i := range got {
+			_, plain := plainString(json.RawMessage(`"`+got[i].k+`"`), len(got[i].k))
+			if (plain && got[i].k != want[i].k) || got[i].v != want[i].v {
+				t.Fatalf("%q: member %d: eachMember %q, decoder %q", s, i, got[i], want[i])
+			}
 		}
 	})
 }

@@ -56,7 +56,8 @@ func (m *Door) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rpcError(w, http.StatusForbidden, nil, codeForbidden, "the connection carries no sandbox identity")
 		return
 	}
-	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+	sid := r.Header.Get("Mcp-Session-Id")
+	if sid != "" {
 		m.mu.Lock()
 		owner, known := m.owners[sid]
 		m.mu.Unlock()
@@ -69,8 +70,12 @@ func (m *Door) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if r.Method == http.MethodDelete {
 			// The session ends now: the fast path stops taking its calls
-			// before the SDK closes it, never after.
-			m.forgetFast(sid)
+			// before the SDK closes it (which refuses new calls), never
+			// after, and the answer waits for the ones it runs as the
+			// SDK's Close waits for its own.
+			if calls := m.endFast(sid); calls != nil {
+				w = &waitingWriter{ResponseWriter: w, calls: calls}
+			}
 		}
 	}
 	if r.Method == http.MethodPost {
@@ -93,55 +98,73 @@ func (m *Door) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// check would let through (parseFast is stricter).
 			return
 		}
-		if status, rid, code, msg := check(body); code != 0 {
+		e, status, rid, code, msg := check(body)
+		if code != 0 {
 			rpcError(w, status, rid, code, msg)
 			return
+		}
+		if calls := m.sessionCalls(sid); calls != nil && e.Method != nil && e.ID != nil {
+			// A call the SDK serves: its id is claimed in the one set the
+			// fast path's calls pass too, for as long as the SDK holds it.
+			if key, ok := idKey(e.ID); ok {
+				if !calls.claim(key) {
+					rpcError(w, http.StatusBadRequest, e.ID, codeInvalidRequest, duplicateID(key))
+					return
+				}
+				defer calls.release(key)
+			}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
 	}
 	m.sdk.ServeHTTP(w, r)
+	if ww, ok := w.(*waitingWriter); ok {
+		// A DELETE the SDK answered without writing (net/http then
+		// writes 200 after this returns): still only once the calls end.
+		ww.once.Do(ww.calls.wait)
+	}
 }
 
-// check reports what is wrong with one POSTed message (code 0: nothing).
-func check(body []byte) (status int, id json.RawMessage, code int, msg string) {
+// check reports what is wrong with one POSTed message (code 0: nothing),
+// and its envelope.
+func check(body []byte) (e envelope, status int, id json.RawMessage, code int, msg string) {
 	body = bytes.TrimSpace(body)
 	if !json.Valid(body) {
-		return http.StatusBadRequest, nil, codeParseError, "the message is not valid JSON"
+		return e, http.StatusBadRequest, nil, codeParseError, "the message is not valid JSON"
 	}
 	switch body[0] {
 	case '[':
-		return http.StatusBadRequest, nil, codeInvalidRequest, "JSON-RPC batches are not accepted; send one message per request"
+		return e, http.StatusBadRequest, nil, codeInvalidRequest, "JSON-RPC batches are not accepted; send one message per request"
 	case '{':
 	default:
-		return http.StatusBadRequest, nil, codeInvalidRequest, "the message must be a JSON-RPC 2.0 object"
+		return e, http.StatusBadRequest, nil, codeInvalidRequest, "the message must be a JSON-RPC 2.0 object"
 	}
 	// The members are checked as written, before any decoder's leniency:
 	// Go's (and the SDK's) decoders match names case-insensitively and keep
 	// the last of duplicates, so "Method" or a second "method" could make
 	// the gate and the SDK read different methods.
 	// One pass reads the names and the envelope's values together.
-	e, msg := members(body)
+	e, msg = members(body)
 	if msg != "" {
-		return http.StatusBadRequest, nil, codeInvalidRequest, msg
+		return e, http.StatusBadRequest, nil, codeInvalidRequest, msg
 	}
 	if e.ID != nil && !validID(e.ID) {
-		return http.StatusBadRequest, nil, codeInvalidRequest, "id: must be a string or an integer"
+		return e, http.StatusBadRequest, nil, codeInvalidRequest, "id: must be a string or an integer"
 	}
 	if e.JSONRPC != "2.0" {
-		return http.StatusBadRequest, e.ID, codeInvalidRequest, `jsonrpc: must be "2.0"`
+		return e, http.StatusBadRequest, e.ID, codeInvalidRequest, `jsonrpc: must be "2.0"`
 	}
 	if e.Method == nil {
 		// A response to a request the server sent (ping).
 		if e.ID == nil || (e.Result == nil) == (e.Error == nil) {
-			return http.StatusBadRequest, e.ID, codeInvalidRequest, "a message without a method must be a response: an id and one of result or error"
+			return e, http.StatusBadRequest, e.ID, codeInvalidRequest, "a message without a method must be a response: an id and one of result or error"
 		}
-		return 0, nil, 0, ""
+		return e, 0, nil, 0, ""
 	}
 	if !methods[*e.Method] {
-		return http.StatusNotFound, e.ID, codeMethodNotFound, fmt.Sprintf("method %q is not offered: this server speaks initialize, ping, tools/list and tools/call", *e.Method)
+		return e, http.StatusNotFound, e.ID, codeMethodNotFound, fmt.Sprintf("method %q is not offered: this server speaks initialize, ping, tools/list and tools/call", *e.Method)
 	}
-	return 0, nil, 0, ""
+	return e, 0, nil, 0, ""
 }
 
 // member names a JSON-RPC 2.0 message may have, exactly as spelt.

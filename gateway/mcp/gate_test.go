@@ -47,7 +47,7 @@ func TestCheck(t *testing.T) {
 		{"method of the wrong type", `{"jsonrpc":"2.0","id":1,"method":7}`, codeInvalidRequest, "not a JSON-RPC 2.0 message"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, code, msg := check([]byte(tc.body))
+			_, _, _, code, msg := check([]byte(tc.body))
 			if code != tc.code || !strings.Contains(msg, tc.says) {
 				t.Errorf("check(%s) = %d %q; want %d naming %q", tc.body, code, msg, tc.code, tc.says)
 			}
@@ -68,7 +68,7 @@ func FuzzCheck(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _, code, _ := check(b)
+		_, _, _, code, _ := check(b)
 		if code != 0 {
 			return
 		}

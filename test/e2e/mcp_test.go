@@ -26,12 +26,19 @@ import (
 // the sandbox socket as id (the identity is the connection's preamble).
 func mcpConnect(t *testing.T, g *gwenv.Gateway, id wire.Identity, opts *sdk.ClientOptions) *sdk.ClientSession {
 	t.Helper()
+	return mcpConnectTransport(t, g, id, opts, false)
+}
+
+// mcpConnectTransport is mcpConnect, without the client's standalone
+// event stream when noStream.
+func mcpConnectTransport(t *testing.T, g *gwenv.Gateway, id wire.Identity, opts *sdk.ClientOptions, noStream bool) *sdk.ClientSession {
+	t.Helper()
 	c := sdk.NewClient(&sdk.Implementation{Name: "e2e-go", Version: "1"}, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	hc := g.Client(id)
 	hc.Timeout = 0 // the standalone event stream stays open
-	cs, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: "http://sluice/mcp", HTTPClient: hc, MaxRetries: -1}, nil)
+	cs, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: "http://sluice/mcp", HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: noStream}, nil)
 	if err != nil {
 		t.Fatalf("mcp connect as %s: %v", id.Agent, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluice-gw/sluice/test/internal/casebook"
+	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
 // TestUsageWindowRule is issue 23's "the 4th refund today asks": a module
@@ -23,27 +24,7 @@ func TestUsageWindowRule(t *testing.T) {
 	c := casebook.Expect(t, "E12", "8 concurrent refunds against \"the 4th refund today asks\", then a restart",
 		"exactly 3 sent (200) and 5 held (202); after a restart the 9th is held and one past 1000 in the day is 403 policy_block, audited with its input.usage")
 	e := newEnv(t)
-	d := e.BaseConfig("usage")
-	d["policies"] = []map[string]any{
-		{"match": "tickets.list_tickets", "action": "allow"},
-		{"match": "tickets.create_refund", "action": "allow"},
-		{"match": "*", "action": "block"},
-	}
-	d["usage"] = map[string]any{"sum": map[string]string{"tickets.create_refund": "amount"}}
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "refunds.rego"), `package sluice.policies.refunds
-
-decisions contains {"action": "ask", "reason": "more than 3 refunds today", "rule": "refunds_per_day", "approvers": ["group:finance"]} if {
-	input.tool == "tickets.create_refund"
-	input.usage.user.day.count > 3
-}
-
-decisions contains {"action": "block", "reason": "over 1000 refunded today", "rule": "refund_sum_per_day"} if {
-	input.tool == "tickets.create_refund"
-	input.usage.user.day.sum > 1000
-}
-`)
-	d["rego"] = []string{dir}
+	d := usageConfig(t, e)
 	path := e.Write(d)
 	g := e.Start(d, path)
 
@@ -99,4 +80,32 @@ decisions contains {"action": "block", "reason": "over 1000 refunded today", "ru
 	if r := g.Call(agentA, "tickets.list_tickets", `{}`); r.Status != http.StatusOK {
 		t.Fatalf("an uncounted tool: %d %s", r.Status, r.Body)
 	}
+}
+
+// usageConfig is "the 4th refund today asks": a module reading
+// input.usage asks once the user's refunds today pass three and blocks
+// once their amounts pass 1000.
+func usageConfig(t *testing.T, e *gwenv.Env) gwenv.Doc {
+	d := e.BaseConfig("usage")
+	d["policies"] = []map[string]any{
+		{"match": "tickets.list_tickets", "action": "allow"},
+		{"match": "tickets.create_refund", "action": "allow"},
+		{"match": "*", "action": "block"},
+	}
+	d["usage"] = map[string]any{"sum": map[string]string{"tickets.create_refund": "amount"}}
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "refunds.rego"), `package sluice.policies.refunds
+
+decisions contains {"action": "ask", "reason": "more than 3 refunds today", "rule": "refunds_per_day", "approvers": ["group:finance"]} if {
+	input.tool == "tickets.create_refund"
+	input.usage.user.day.count > 3
+}
+
+decisions contains {"action": "block", "reason": "over 1000 refunded today", "rule": "refund_sum_per_day"} if {
+	input.tool == "tickets.create_refund"
+	input.usage.user.day.sum > 1000
+}
+`)
+	d["rego"] = []string{dir}
+	return d
 }
