@@ -217,11 +217,13 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 	if eg {
 		f = append(f, F(Field{KeyKind, string(r.Kind)}))
 	}
-	if r.Port != 0 {
-		f = append(f, F(Field{KeyPort, r.Port}))
-	}
+	// policy_revision sorts before port: out of order, the audit log
+	// folds the pairs into a map and sorts them again for every record.
 	if r.Decided && r.Decision.Revision != "" {
 		f = append(f, F(Field{KeyPolicyRevision, r.Decision.Revision}))
+	}
+	if r.Port != 0 {
+		f = append(f, F(Field{KeyPort, r.Port}))
 	}
 	switch {
 	case r.Decided:

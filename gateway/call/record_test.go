@@ -27,7 +27,7 @@ func keys(fs []Field) []string {
 func TestFields(t *testing.T) {
 	full := func(k Kind) *Record {
 		r := &Record{RequestID: "r1", Start: time.Now(), Kind: k, Transport: MCP, Sandbox: "sb", Agent: "a", Session: "s", User: "u",
-			Tool: "t.x", Decision: Decision{Action: "allow", Rule: "policies[0]", Reason: "ok"}, Decided: true,
+			Tool: "t.x", Decision: Decision{Action: "allow", Rule: "policies[0]", Reason: "ok", Revision: "rev-7"}, Decided: true, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
 			DestHost: "h.example", Port: 443, Credential: "header:X-Api-Key", Status: 200, UpstreamStatus: 201,
 			UpstreamErr: "encoded_reply", Event: "sni_mismatch", Reflected: true}
 		if k == KindToolCall {
@@ -47,16 +47,16 @@ func TestFields(t *testing.T) {
 		want  string
 	}{
 		{"tool call decision", full(KindToolCall), EventDecision, "",
-			"agent credential decision dest_host egress reason resolved_ip rule sandbox session status tool transport upstream_error upstream_status user"},
+			"agent credential decision dest_host egress policy_revision reason resolved_ip rule sandbox session status tool trace_id transport upstream_error upstream_status user"},
 		{"tool call result refused", full(KindToolCall), EventResult, refusal.UpstreamError,
-			"agent code credential decision dest_host duration_ms egress reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
+			"agent code credential decision dest_host duration_ms egress policy_revision reason resolved_ip rule sandbox secret_reflected session status tool trace_id transport upstream_error upstream_status user"},
 		{"tool call secret_reflected", full(KindToolCall), EventSecretReflected, "",
-			"agent credential decision dest_host duration_ms egress reason resolved_ip rule sandbox secret_reflected session status tool transport upstream_error upstream_status user"},
+			"agent credential decision dest_host duration_ms egress policy_revision reason resolved_ip rule sandbox secret_reflected session status tool trace_id transport upstream_error upstream_status user"},
 		{"tool call refused before anything", &Record{Kind: KindToolCall, Agent: "a", Sandbox: "sb"}, EventDecision, refusal.RateLimited,
 			"agent code sandbox session tool user"},
 		// Raw egress names its door only when it has one (Envoy's ext_authz).
 		{"egress result", full(KindConnect), EventResult, "",
-			"agent bytes_down bytes_up credential decision dest_host duration_ms egress kind port reason resolved_ip rule sandbox session status transport upstream_error upstream_status user"},
+			"agent bytes_down bytes_up credential decision dest_host duration_ms egress kind policy_revision port reason resolved_ip rule sandbox session status trace_id transport upstream_error upstream_status user"},
 		{"egress refused before policy", &Record{Kind: KindHTTP, Event: "doh_refused"}, EventDecision, refusal.EgressDenied,
 			"agent code dest_host kind reason sandbox session user"},
 	}

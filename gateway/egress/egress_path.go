@@ -42,6 +42,46 @@ type egressPath struct {
 //   - A byte outside RFC 3986's pchar and "/" (a space, a non-ASCII byte,
 //     "{"...) is percent-encoded.
 func normalizePath(escaped string) (egressPath, error) {
+	if plainPath(escaped) {
+		// Already in normal form with nothing to decode: what the
+		// general path below returns, without building it again.
+		return egressPath{sent: escaped, decoded: escaped}, nil
+	}
+	return normalizePathSlow(escaped)
+}
+
+// plainPath reports whether escaped is a path normalizePath returns as it
+// is, in both forms: it starts with "/", holds only "/" and pchar bytes
+// (no escape to decode or keep, nothing to encode or refuse), has no empty
+// segment but a trailing one, and no segment whose name (before any ";")
+// is "." or "..". Most request paths are; FuzzNormalizePath holds the two
+// paths equal.
+func plainPath(escaped string) bool {
+	if escaped == "" || escaped[0] != '/' {
+		return false
+	}
+	start := 1 // of the current segment
+	for i := 1; i <= len(escaped); i++ {
+		if i < len(escaped) && escaped[i] != '/' {
+			if !isPchar(escaped[i]) {
+				return false
+			}
+			continue
+		}
+		seg := escaped[start:i]
+		if seg == "" && i < len(escaped) {
+			return false // "//": merged
+		}
+		if name, _, _ := strings.Cut(seg, ";"); name == "." || name == ".." {
+			return false // removed, or refused with parameters
+		}
+		start = i + 1
+	}
+	return true
+}
+
+// normalizePathSlow is normalizePath for any path.
+func normalizePathSlow(escaped string) (egressPath, error) {
 	if escaped == "" {
 		escaped = "/"
 	}

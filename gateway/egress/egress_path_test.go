@@ -84,8 +84,17 @@ func FuzzNormalizePath(f *testing.F) {
 	for _, s := range []string{"/", "//a", "/./a", "/a/../b", "/%2e%2E/x", "/a%2fb", "/..;/a", "/%41"} { // dot segments, encoded dots and slashes
 		f.Add(s)
 	}
+	for _, s := range []string{"/a/b;c/", "/;/.;/", "/a/.", "/a/..;", "/x@y:z!$&'()*+,=~", "/a//", "/a b", ".", ""} { // the fast path's edges
+		f.Add(s)
+	}
 	f.Fuzz(func(t *testing.T, in string) {
 		p, err := normalizePath(in)
+		if plainPath(in) {
+			// The fast path returns what the general one does.
+			if q, serr := normalizePathSlow(in); serr != nil || err != nil || q != p {
+				t.Fatalf("%q: fast path gives %+v %v, the general one %+v %v", in, p, err, q, serr)
+			}
+		}
 		if err != nil {
 			return
 		}
@@ -103,4 +112,18 @@ func FuzzNormalizePath(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestPlainPath: the usual request path takes the fast path; anything
+// normalizePath would change, decode or refuse does not.
+func TestPlainPath(t *testing.T) {
+	for in, want := range map[string]bool{
+		"/": true, "/plain": true, "/a/b/": true, "/simple/v1.2/x;y=1": true, "/a/.b/..c": true,
+		"": false, "a": false, "//": false, "/a//b": false, "/./a": false, "/a/..": false, "/..;x/a": false,
+		"/a%41": false, "/a b": false, "/a\\b": false, "/é": false, "/a?b": false,
+	} {
+		if got := plainPath(in); got != want {
+			t.Errorf("plainPath(%q) = %v, want %v", in, got, want)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package egress
 import (
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -46,24 +47,25 @@ func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN,
 	var kernelUp, kernelDn atomic.Bool
 	cp := func(dst, src *net.TCPConn, n *atomic.Int64, kernel *atomic.Bool) {
 		defer func() { _ = dst.CloseWrite() }()
+		rc, err := src.SyscallConn()
+		if err != nil {
+			return
+		}
 		for {
 			// An idle direction waits for data holding no buffer: a held
 			// tunnel costs its goroutines, not 2×32 KiB.
-			if waitReadable(src) != nil {
-				return
-			}
-			bp := relayBufs.Get().(*[]byte)
-			buf := *bp
-			k, err := src.Read(buf)
+			bp, k, err := readPooled(rc)
 			if k > 0 {
 				act.touch()
-				if _, werr := dst.Write(buf[:k]); werr != nil {
+				if _, werr := dst.Write((*bp)[:k]); werr != nil {
 					relayBufs.Put(bp)
 					return
 				}
 				n.Add(int64(k))
 			}
-			relayBufs.Put(bp)
+			if bp != nil {
+				relayBufs.Put(bp)
+			}
 			if err != nil {
 				return
 			}
@@ -214,29 +216,40 @@ func awaitRelay(done <-chan struct{}, idle time.Duration, stalled func() bool, c
 // the first read or write error.
 //
 // An idle direction holds no 32 KiB buffer: a socket read directly is
-// waited on with no buffer at all (waitReadable) and read into a pooled
+// waited on with no buffer at all (readPooled) and read into a pooled
 // one; any other reader blocks in a read of a small buffer, and only a
 // read that fills it (a bulk transfer) takes a pooled one for the next.
 func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (int64, error) {
 	var total int64
 	var small []byte
-	waitable := canWait(src)
-	if !waitable {
+	var rc syscall.RawConn
+	if sc, ok := src.(syscall.Conn); ok && canWait(src) {
+		rc, _ = sc.SyscallConn() // nil on error: read through src, which reports it
+	}
+	if rc == nil {
 		small = make([]byte, smallBufSize)
 	}
 	bulk := false
 	for {
-		if waitable {
-			if err := waitReadable(src); err != nil {
-				return total, err
+		var (
+			buf []byte
+			bp  *[]byte
+			k   int
+			err error
+		)
+		if rc != nil {
+			bp, k, err = readPooled(rc)
+			if bp != nil {
+				buf = *bp
 			}
+		} else {
+			buf = small
+			if bulk {
+				bp = relayBufs.Get().(*[]byte)
+				buf = *bp
+			}
+			k, err = src.Read(buf)
 		}
-		buf, bp := small, (*[]byte)(nil)
-		if waitable || bulk {
-			bp = relayBufs.Get().(*[]byte)
-			buf = *bp
-		}
-		k, err := src.Read(buf)
 		if k > 0 {
 			touch()
 			m, werr := dst.Write(buf[:k])
@@ -270,37 +283,45 @@ const smallBufSize = 1 << 10
 // relayBufs are the relays' read buffers, taken only while bytes move.
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
-// waitReadable returns once src, if it is a socket read directly (a
-// syscall.Conn: *net.TCPConn, *net.UnixConn), has a byte to read, has
-// reached its end or has failed — without reading and without a buffer
-// (a one-byte MSG_PEEK on the non-blocking socket, waited on by Go's
-// poller, so deadlines and Close end the wait). Any other reader returns
-// nil at once: its Read is the wait.
-func waitReadable(src io.Reader) error {
-	sc, ok := src.(syscall.Conn)
-	if !ok || !canWait(src) {
-		return nil
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil // the Read that follows reports it
-	}
-	var one [1]byte
-	return rc.Read(func(fd uintptr) bool {
-		for {
-			_, _, perr := unix.Recvfrom(int(fd), one[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-			switch perr {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false // not yet: the poller waits for readability
-			}
-			return true // data, end of stream or an error: Read reports it
+// readPooled reads once from a stream socket read directly (canWait),
+// waiting for data without holding a buffer: the read is made inside Go's
+// poller callback into a relay buffer taken from relayBufs, which is put
+// back before each wait. A wake-up so costs one read(2), where a peek for
+// readiness followed by a read costs two. It returns the buffer holding the
+// k bytes read (nil only with an error; the caller puts it back), io.EOF at
+// the stream's end, or the read's error; deadlines and Close end the wait
+// as they end a Read.
+func readPooled(rc syscall.RawConn) (bp *[]byte, k int, err error) {
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		if bp == nil {
+			bp = relayBufs.Get().(*[]byte)
 		}
-	})
+		for {
+			k, rerr = unix.Read(int(fd), *bp)
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		if rerr == unix.EAGAIN {
+			relayBufs.Put(bp) // not yet: the poller waits, holding no buffer
+			bp = nil
+			return false
+		}
+		return true
+	}); err != nil {
+		return bp, 0, err
+	}
+	switch {
+	case rerr != nil:
+		return bp, 0, os.NewSyscallError("read", rerr)
+	case k == 0:
+		return bp, 0, io.EOF
+	}
+	return bp, k, nil
 }
 
-// canWait says whether waitReadable can wait on src: a TCP or Unix stream
+// canWait says whether readPooled can read src: a TCP or Unix stream
 // socket read directly, not through a wrapper that may hold bytes of its own.
 func canWait(src io.Reader) bool {
 	switch src.(type) {

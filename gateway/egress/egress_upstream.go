@@ -261,6 +261,10 @@ func readResponseHead(br *bufio.Reader, method string, budget *int, first bool) 
 		return nil, err
 	}
 	h.header = make(http.Header, 8)
+	// Values of the first fields share one backing array (each key's
+	// slice is capped at its one value: a repeated field appends into
+	// an array of its own), as net/textproto does.
+	vals := make([]string, 0, 8)
 	var cls, tes int
 	var cl []byte
 	te := ""
@@ -286,8 +290,16 @@ func readResponseHead(br *bufio.Reader, method string, budget *int, first bool) 
 		case h1.Connection:
 			h.close = h.close || h1.HasToken(string(value), "close")
 		}
-		key := http.CanonicalHeaderKey(string(name))
-		h.header[key] = append(h.header[key], string(value))
+		key, ok := commonResponseKeys[string(name)] // no allocation for the lookup
+		if !ok {
+			key = http.CanonicalHeaderKey(string(name))
+		}
+		if prev, seen := h.header[key]; seen || len(vals) == cap(vals) {
+			h.header[key] = append(prev, string(value))
+		} else {
+			vals = append(vals, string(value))
+			h.header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		}
 	}
 	if major != 1 || minor != 1 {
 		h.close = true // HTTP/1.0: no reuse, whatever it says about keep-alive
@@ -325,6 +337,20 @@ func readResponseHead(br *bufio.Reader, method string, budget *int, first bool) 
 	}
 	return h, nil
 }
+
+// commonResponseKeys maps the canonical names of common response fields,
+// spelled canonically on the wire, to themselves: such a name is used as
+// the header key without allocating it again (CanonicalHeaderKey returns
+// a canonical name unchanged). Any other spelling is canonicalised.
+var commonResponseKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Accept-Ranges", "Age", "Cache-Control", "Connection", "Content-Disposition", "Content-Encoding",
+		"Content-Language", "Content-Length", "Content-Type", "Date", "Etag", "Expires", "Keep-Alive", "Last-Modified",
+		"Location", "Server", "Set-Cookie", "Strict-Transport-Security", "Transfer-Encoding", "Vary", "Www-Authenticate", "X-Content-Type-Options"} {
+		m[k] = http.CanonicalHeaderKey(k)
+	}
+	return m
+}()
 
 // parseStatusLine parses HTTP-version SP 3DIGIT SP [reason] (RFC 9112 4)
 // and returns the version; only HTTP/1.x is accepted.

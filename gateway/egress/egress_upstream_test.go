@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -628,5 +629,38 @@ func TestProxyUpstreamStatusRecorded(t *testing.T) {
 	be.g.mu.Unlock()
 	if want := (upstreamAnswer{"", "proxy", 401}); len(answered) != 1 || answered[0] != want {
 		t.Errorf("upstream answers reported %v, want [%v]", answered, want)
+	}
+}
+
+// TestResponseHeadFields: the response head's fields come out as Go's
+// header map would hold them — canonical keys whatever the spelling,
+// repeated fields in order, past the shared values' first eight — and
+// growing one field's values leaves the others alone.
+func TestResponseHeadFields(t *testing.T) {
+	var head strings.Builder
+	head.WriteString("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nDate: d\r\nSet-Cookie: a=1\r\nX-One: 1\r\nSet-Cookie: b=2\r\n")
+	want := http.Header{"Content-Type": {"text/plain"}, "Date": {"d"}, "Set-Cookie": {"a=1", "b=2", "c=3"}, "X-One": {"1"}}
+	for i := range 10 {
+		k := fmt.Sprintf("X-F%d", i)
+		fmt.Fprintf(&head, "%s: v%d\r\n", strings.ToLower(k), i)
+		want[k] = []string{fmt.Sprintf("v%d", i)}
+	}
+	head.WriteString("Set-Cookie: c=3\r\nContent-Length: 0\r\n\r\n")
+	want["Content-Length"] = []string{"0"}
+	budget := maxResponseHead
+	h, err := readResponseHead(bufio.NewReader(strings.NewReader(head.String())), http.MethodGet, &budget, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(h.header, want) {
+		t.Fatalf("header\n got %v\nwant %v", h.header, want)
+	}
+	h.header["Date"] = append(h.header["Date"], "e")
+	h.header.Add("X-One", "2")
+	if got := h.header["Content-Type"]; len(got) != 1 || got[0] != "text/plain" {
+		t.Fatalf("Content-Type became %q after other fields grew", got)
+	}
+	if got := h.header["Set-Cookie"]; !slices.Equal(got, []string{"a=1", "b=2", "c=3"}) {
+		t.Fatalf("Set-Cookie became %q after other fields grew", got)
 	}
 }
