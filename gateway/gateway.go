@@ -38,6 +38,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/heads"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/logcap"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/policylife"
@@ -82,7 +83,7 @@ type Options struct {
 type Server struct {
 	cfg     *config.Config
 	log     *slog.Logger
-	repeats repeatLimiter // identical error lines, logged once then counted (logcap.go)
+	repeats *logcap.Limiter // identical error lines, logged once then counted
 	catalog *catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
@@ -147,7 +148,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	tel.setRules(cfg.Policies)
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
-	s.repeats.log, s.repeats.every = log, repeatEvery
+	s.repeats = logcap.New(log, logcap.Every)
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	var warns []error
@@ -363,7 +364,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Track:            s.sessConns.add,
 		OnStop:           s.stop.OnStop,
 		AtClose:          s.stop.AtClose,
-		Repeats:          s.repeats.allow,
+		Repeats:          s.repeats.Allow,
 		Interceptor:      s.icpt,
 		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
 		Decisions:        s.tel.decisions,
@@ -622,7 +623,7 @@ func (s *Server) Close() error {
 		}
 	}
 	s.stop.CloseAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
-	s.repeats.stop()
+	s.repeats.Stop()
 	return err
 }
 

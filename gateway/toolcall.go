@@ -577,7 +577,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	reason := c.rec.Reason(refused)
 	s.tel.observeLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
-	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.allow(call.LineToolCall, reason) {
+	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.Allow(call.LineToolCall, reason) {
 		return // the same refusal was logged in this interval: counted (logcap.go)
 	}
 	msg, level, attrs := c.rec.Line(refused, reason)

@@ -185,6 +185,9 @@ var gatewayFloors = map[string][]string{
 	// identity, standard library only (the root checks ended sessions), and
 	// internal/keyfile for the key.
 	"gateway/runtoken": {"internal/keyfile"},
+
+	// Identical log lines logged once, then counted: standard library only.
+	"gateway/logcap": nil,
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond

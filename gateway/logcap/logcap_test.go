@@ -1,12 +1,30 @@
-package gateway
+package logcap
 
 import (
 	"encoding/json"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 // logLines decodes the JSON lines of buf.
 func logLines(t *testing.T, buf *syncBuffer) []map[string]any {
@@ -27,18 +45,18 @@ func logLines(t *testing.T, buf *syncBuffer) []map[string]any {
 // own line; after a quiet interval the line is logged whole again.
 func TestRepeatLimiter(t *testing.T) {
 	var buf syncBuffer
-	l := &repeatLimiter{log: slog.New(slog.NewJSONHandler(&buf, nil)), every: 200 * time.Millisecond}
-	defer l.stop()
+	l := New(slog.New(slog.NewJSONHandler(&buf, nil)), 200*time.Millisecond)
+	defer l.Stop()
 	allowed := 0
 	for range 1000 {
-		if l.allow("tool_call", "audit_unavailable: no space left on device") {
+		if l.Allow("tool_call", "audit_unavailable: no space left on device") {
 			allowed++
 		}
 	}
 	if allowed != 1 {
 		t.Fatalf("%d of 1000 identical lines allowed in one interval, want 1", allowed)
 	}
-	if !l.allow("tool_call", "audit_unavailable: input/output error") {
+	if !l.Allow("tool_call", "audit_unavailable: input/output error") {
 		t.Errorf("a line with another reason was suppressed")
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -57,7 +75,7 @@ func TestRepeatLimiter(t *testing.T) {
 	}
 	// The next interval had none: the key ends, and the line is whole again.
 	time.Sleep(3 * l.every)
-	if !l.allow("tool_call", "audit_unavailable: no space left on device") {
+	if !l.Allow("tool_call", "audit_unavailable: no space left on device") {
 		t.Errorf("the line after a quiet interval was suppressed")
 	}
 	for _, m := range logLines(t, &buf) {
