@@ -1,51 +1,45 @@
 package logcap
 
 import (
+	"bytes"
 	"encoding/json"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
+// sink receives the limiter's log lines (written from its timers).
+type sink chan []byte
+
+func (s sink) Write(p []byte) (int, error) {
+	s <- bytes.Clone(p)
+	return len(p), nil
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// logLines decodes the JSON lines of buf.
-func logLines(t *testing.T, buf *syncBuffer) []map[string]any {
+// logLines decodes the JSON lines written to s so far, those of earlier
+// calls included (seen).
+func logLines(t *testing.T, s sink, seen *[]map[string]any) []map[string]any {
 	t.Helper()
-	var out []map[string]any
-	for ln := range strings.Lines(buf.String()) {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(ln), &m); err != nil {
-			t.Fatalf("log line %q: %v", ln, err)
+	for {
+		select {
+		case ln := <-s:
+			var m map[string]any
+			if err := json.Unmarshal(ln, &m); err != nil {
+				t.Fatalf("log line %q: %v", ln, err)
+			}
+			*seen = append(*seen, m)
+		default:
+			return *seen
 		}
-		out = append(out, m)
 	}
-	return out
 }
 
 // TestRepeatLimiter: a line repeated 1,000 times in an interval is logged
 // once and then counted in one log_repeated line; another reason is its
 // own line; after a quiet interval the line is logged whole again.
 func TestRepeatLimiter(t *testing.T) {
-	var buf syncBuffer
-	l := New(slog.New(slog.NewJSONHandler(&buf, nil)), 200*time.Millisecond)
+	buf, seen := make(sink, 64), []map[string]any{}
+	l := New(slog.New(slog.NewJSONHandler(buf, nil)), 200*time.Millisecond)
 	defer l.Stop()
 	allowed := 0
 	for range 1000 {
@@ -63,7 +57,7 @@ func TestRepeatLimiter(t *testing.T) {
 	var rep []map[string]any
 	for time.Now().Before(deadline) && len(rep) == 0 {
 		time.Sleep(20 * time.Millisecond)
-		for _, m := range logLines(t, &buf) {
+		for _, m := range logLines(t, buf, &seen) {
 			if m["msg"] == "log_repeated" {
 				rep = append(rep, m)
 			}
@@ -78,7 +72,7 @@ func TestRepeatLimiter(t *testing.T) {
 	if !l.Allow("tool_call", "audit_unavailable: no space left on device") {
 		t.Errorf("the line after a quiet interval was suppressed")
 	}
-	for _, m := range logLines(t, &buf) {
+	for _, m := range logLines(t, buf, &seen) {
 		if m["msg"] == "log_repeated" && m["count"] != float64(999) {
 			t.Errorf("unexpected count line %v", m)
 		}
