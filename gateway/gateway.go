@@ -38,11 +38,13 @@ import (
 	"github.com/sluice-gw/sluice/gateway/heads"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/limits"
 	"github.com/sluice-gw/sluice/gateway/logcap"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
@@ -109,14 +111,14 @@ type Server struct {
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
-	limits    callLimits             // agents[].rate_limit buckets (ratelimit.go)
+	limits    limits.Calls           // agents[].rate_limit buckets
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop egress.StopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	// sharedLimits: agents[].rate_limit across the replicas of a shared
 	// store (ratelimit_shared.go).
-	sharedLimits sharedLimits
+	sharedLimits limits.Shared
 
 	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
 
@@ -320,7 +322,7 @@ func (s *Server) adminHandler() http.Handler {
 			return ""
 		},
 		AuditErr:     s.audit.Err,
-		StoreProblem: func(ctx context.Context) string { return storeProblem(ctx, s.store) },
+		StoreProblem: func(ctx context.Context) string { return storecheck.Problem(ctx, s.store) },
 		Metrics:      s.tel.handler,
 		JWKS:         creds.JWKS(s.creds, s.log),
 		Tools:        func() int { return len(s.catalog.Tools()) },

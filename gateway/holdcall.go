@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -90,8 +91,8 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		return call.Outcome{}, refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrAudit):
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; the call was not held and not sent").Wrap(err)
-	case storeRefusal(err) != nil:
-		return call.Outcome{}, storeRefusal(err)
+	case storecheck.Refusal(err) != nil:
+		return call.Outcome{}, storecheck.Refusal(err)
 	case err != nil:
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held for approval; it was not sent").Wrap(err)
 	}
@@ -158,7 +159,7 @@ func (s *Server) awaitHold(ctx context.Context, c *toolCall, id string) (call.Ou
 	}
 	bound = max(bound, 0)
 	h, err := s.waitHold(ctx, id, bound, c.req.Progress, c.req.ProgressEvery)
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return call.Outcome{}, e
 	}
 	if err != nil {
@@ -239,7 +240,7 @@ func (s *Server) Poll(ctx context.Context, id wire.Identity, hold string, wait t
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User})) {
 		return refused(refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"))
 	}
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return refused(e)
 	}
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 )
 
 // sessionConns are the open connections of every session: each admitted
@@ -115,7 +116,7 @@ func sessionRefusal(ctx context.Context, st *store.Store, session string) *refus
 		return nil
 	}
 	ended, err := st.SessionEnded(ctx, session)
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return e
 	}
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/limits"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/policy"
@@ -197,14 +198,14 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	agent := s.cfg.Agent(id.Agent)
 	s.tel.stage(c, stageLimit)
 	if c.held == nil {
-		if agent != nil && agent.RateLimit != nil && !sharedRateLimits(s.store) {
-			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
+		if agent != nil && agent.RateLimit != nil && !limits.SharedOn(s.store) {
+			if ok, wait := s.limits.Allow(c.caller(), agent.RateLimit, time.Now()); !ok {
 				e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
 				e.RetryAfter = wait
 				return call.Outcome{}, e
 			}
 		}
-		if e := s.sharedLimits.take(ctx, s.store, c.caller(), agent); e != nil {
+		if e := s.sharedLimits.Take(ctx, s.store, c.caller(), agent); e != nil {
 			return call.Outcome{}, e
 		}
 	}

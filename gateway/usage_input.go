@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -32,7 +33,7 @@ func usageInput(ctx context.Context, st *store.Store, cfg config.Usage, c *toolC
 		return nil
 	}
 	unavailable := func(err error) *refusal.Error {
-		if e := storeRefusal(err); e != nil {
+		if e := storecheck.Refusal(err); e != nil {
 			return e
 		}
 		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the usage this call's policy reads cannot be counted; the call was not sent").Wrap(err)

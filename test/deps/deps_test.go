@@ -188,6 +188,14 @@ var gatewayFloors = map[string][]string{
 
 	// Identical log lines logged once, then counted: standard library only.
 	"gateway/logcap": nil,
+
+	// How the gateway closes when its state store fails: the refusal of a
+	// call whose state could not be read, and /readyz's store check.
+	"gateway/storecheck": {"gateway/refusal", "gateway/store"},
+
+	// agents[].rate_limit: per-replica buckets, or one bucket across the
+	// replicas of a shared store; it limits, it decides nothing.
+	"gateway/limits": {"gateway/config", "gateway/refusal", "gateway/store", "gateway/storecheck", "policy"},
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond
