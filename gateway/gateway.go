@@ -43,6 +43,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/policylife"
+	"github.com/sluice-gw/sluice/gateway/sessions"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/policy"
@@ -61,6 +62,10 @@ type CredentialRef = creds.Ref
 
 // CredentialSource fetches credentials (package creds holds the stage).
 type CredentialSource = creds.Source
+
+// SessionEnder revokes what a session was given when it ends (package
+// sessions says when it is called and what it must do).
+type SessionEnder = sessions.Ender
 
 // Catalog finds tools.
 type Catalog interface {
@@ -120,7 +125,7 @@ type Server struct {
 	// store (ratelimit_shared.go).
 	sharedLimits limits.Shared
 
-	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
+	sessConns sessions.Conns // open connections by session, closed when it ends
 
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
@@ -258,7 +263,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
 	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
-		session: sessionCheck(s.store), append: s.audit.append} // extauthz_door.go
+		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
 	built = true
 	return s, nil
 }
@@ -327,7 +332,7 @@ func (s *Server) adminHandler() http.Handler {
 		JWKS:         creds.JWKS(s.creds, s.log),
 		Tools:        func() int { return len(s.catalog.Tools()) },
 		Placeholders: func() any { return s.icpt.Placeholders() },
-		CloseSession: s.sessConns.closeSession,
+		CloseSession: s.sessConns.CloseSession,
 		MintToken:    s.hosted.mintToken, // hosted_door.go
 		Receipts:     s.life.Receipts(),
 		Person:       s.adminAuth,
@@ -336,7 +341,7 @@ func (s *Server) adminHandler() http.Handler {
 	if s.icpt != nil {
 		d.CACert = s.icpt.CACertPEM
 	}
-	if se, ok := s.creds.(SessionEnder); ok {
+	if se, ok := s.creds.(sessions.Ender); ok {
 		d.EndSession = se.EndSession
 	}
 	return admin.New(d).Handler()
@@ -356,14 +361,14 @@ func (s *Server) egressDeps() egress.Deps {
 		Identity: ingress.IdentityFrom,
 		Engine:   s.engine.Load,
 		Append:   s.audit.append,
-		Session:  sessionCheck(s.store),
+		Session:  sessions.Check(s.store),
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
 			if tok, ok, err := placeholderToken(ctx, s.oauth, secret, c); ok { // oauthconn.go
 				return tok, err
 			}
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
 		},
-		Track:            s.sessConns.add,
+		Track:            s.sessConns.Add,
 		OnStop:           s.stop.OnStop,
 		AtClose:          s.stop.AtClose,
 		Repeats:          s.repeats.Allow,
@@ -460,7 +465,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer stopAuthz()
 	servers := []*http.Server{{
 		Handler:           sl.HostedGate(s.sandboxHandler()), // hosted_door.go
-		ConnContext:       s.sessConns.connContext,           // session_conns.go
+		ConnContext:       s.connContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
@@ -650,4 +655,14 @@ func (s *Server) shutdown(servers []*http.Server) {
 		}
 	}
 	s.stop.CloseAll()
+}
+
+// connContext attaches the admitted connection's identity to its requests
+// and registers the connection under its session, so that ending the
+// session closes it (sessions.Conns).
+func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
+	if ic, ok := c.(*ingress.Conn); ok {
+		ic.OnClose(s.sessConns.Add(ic.Identity().Session, ic))
+	}
+	return ingress.ConnContext(ctx, c)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/limits"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
+	"github.com/sluice-gw/sluice/gateway/sessions"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -187,7 +188,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution. A
 	// hold created while its session was being ended is never sent.
-	sessErr := sessionRefusal(ctx, s.store, id.Session)
+	sessErr := sessions.Refusal(ctx, s.store, id.Session)
 	if sessErr != nil && (sessErr.Code == refusal.SessionEnded || c.held != nil) {
 		return call.Outcome{}, sessErr
 	}

@@ -195,6 +195,10 @@ var gatewayFloors = map[string][]string{
 
 	// agents[].rate_limit: per-replica buckets, or one bucket across the
 	// replicas of a shared store; it limits, it decides nothing.
+	// A session's end: its later calls refused, its connections closed,
+	// the credential source's revocation hook.
+	"gateway/sessions": {"gateway/refusal", "gateway/store", "gateway/storecheck"},
+
 	"gateway/limits": {"gateway/config", "gateway/refusal", "gateway/store", "gateway/storecheck", "policy"},
 }
 
