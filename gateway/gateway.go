@@ -208,7 +208,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.audit.Log, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
-	s.audit.export = decisionExport(s.life, s.engine.Load, cfg.Policy.Bundle != nil) // decisionexport.go
+	s.audit.export = s.life.DecisionExport(s.engine.Load, cfg.Policy.Bundle != nil)
 	if n := s.audit.Stats().TruncatedTail; n > 0 {
 		// What `sluice audit verify` calls an unfinished write: the last
 		// stop left a record half-written (a full disk, a crash). It was

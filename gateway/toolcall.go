@@ -84,7 +84,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
 		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
-		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: decisionexport.go)
+		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: policylife.Life.DecisionExport)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
 		}

@@ -163,9 +163,10 @@ var gatewayFloors = map[string][]string{
 	"gateway/heads": {"gateway/audit", "gateway/config", "gateway/store"},
 
 	// The policy's life cycle: bundle settings, decision-log export
-	// (policy/decisionlog), receipts; it signs what the root hands it and
-	// decides nothing.
-	"gateway/policylife": {"gateway/config", "gateway/holds", "gateway/receipts", "policy"},
+	// (policy/decisionlog) fed from the audit records of decisions (the
+	// one record type, gateway/call), receipts; it signs what the root
+	// hands it and decides nothing.
+	"gateway/policylife": {"gateway/audit", "gateway/call", "gateway/config", "gateway/holds", "gateway/receipts", "policy"},
 
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,
