@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/checks"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/oauth"
@@ -169,7 +170,7 @@ func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transpo
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	rm, err := d.ResourceMetadata(ctx, hc, cc.Slug, cc.URL)
 	if err != nil {
-		return warnf("%s.credential.oauth2: the remote MCP server's authorization cannot be discovered: %v; serve lists it unavailable and tries again", key, err)
+		return checks.Warnf("%s.credential.oauth2: the remote MCP server's authorization cannot be discovered: %v; serve lists it unavailable and tries again", key, err)
 	}
 	var why []string
 	for _, issuer := range rm.AuthorizationServers {
@@ -179,9 +180,9 @@ func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transpo
 			continue
 		}
 		if cc.Credential.OAuth2.ClientID == "" && sm.RegistrationEndpoint == "" {
-			return warnf("%s.credential.oauth2.client_id: must be set: the authorization server %s offers no dynamic client registration (RFC 7591)", key, sm.Issuer)
+			return checks.Warnf("%s.credential.oauth2.client_id: must be set: the authorization server %s offers no dynamic client registration (RFC 7591)", key, sm.Issuer)
 		}
-		return warnf("%s: the remote MCP server speaks MCP authorization (authorization server %s); its tools are listed once a person connects it on the Connections page", key, sm.Issuer)
+		return checks.Warnf("%s: the remote MCP server speaks MCP authorization (authorization server %s); its tools are listed once a person connects it on the Connections page", key, sm.Issuer)
 	}
-	return warnf("%s.credential.oauth2: no authorization server of the remote MCP server is usable: %s; serve lists it unavailable and tries again", key, strings.Join(why, "; "))
+	return checks.Warnf("%s.credential.oauth2: no authorization server of the remote MCP server is usable: %s; serve lists it unavailable and tries again", key, strings.Join(why, "; "))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/checks"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/guard"
@@ -242,7 +243,7 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 		if cc.Credential != nil {
 			st := local()
 			if cfg.Secrets.Backend != "local" || cc.Credential.Secret == "" || st == nil {
-				warns = append(warns, warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
+				warns = append(warns, checks.Warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
 				continue
 			}
 			header = remoteHeader(creds.Local{Store: st}, up)
@@ -252,11 +253,11 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 		r.Close()
 		set := r.Current()
 		if set.Unavailable != "" {
-			warns = append(warns, warnf("%s.url: the remote MCP server cannot be listed: %s; serve starts without its tools and tries again", key, set.Unavailable))
+			warns = append(warns, checks.Warnf("%s.url: the remote MCP server cannot be listed: %s; serve starts without its tools and tries again", key, set.Unavailable))
 			continue
 		}
 		for _, sk := range set.Skipped {
-			warns = append(warns, warnf("%s: remote tool left out: %s", key, sk))
+			warns = append(warns, checks.Warnf("%s: remote tool left out: %s", key, sk))
 		}
 		listed[cc.Slug] = set.Conn
 	}

@@ -196,6 +196,11 @@ var gatewayFloors = map[string][]string{
 
 	// agents[].rate_limit: per-replica buckets, or one bucket across the
 	// replicas of a shared store; it limits, it decides nothing.
+	// What validate reports beyond the configuration's syntax that needs
+	// no running gateway (the guard's classes judge base URLs); its
+	// findings list the connectors' loaded specs.
+	"gateway/checks": {"connectors", "gateway/config", "gateway/guard"},
+
 	// A session's end: its later calls refused, its connections closed,
 	// the credential source's revocation hook.
 	"gateway/sessions": {"gateway/refusal", "gateway/store", "gateway/storecheck"},
