@@ -46,6 +46,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/sessions"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/gateway/storecheck"
+	"github.com/sluice-gw/sluice/gateway/usage"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
@@ -112,7 +113,7 @@ type Server struct {
 	engine    atomic.Pointer[policy.Engine]
 	policyErr atomic.Pointer[string] // last compile error, nil when healthy
 
-	usage usage
+	usage usage.Counters
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
@@ -154,7 +155,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	tel.setRules(cfg.Policies)
-	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
+	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{})}
 	s.repeats = logcap.New(log, logcap.Every)
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
@@ -494,7 +495,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() { defer close(headDone); s.heads.Run(ctx) }()
 	defer func() { <-headDone }()
 	countDone := make(chan struct{})
-	go func() { defer close(countDone); s.usage.loop(ctx, s.store, s.log) }()
+	go func() { defer close(countDone); s.usage.Loop(ctx, s.store, s.log) }()
 	defer func() { <-countDone }()
 	errc := make(chan error, len(servers))
 	for i := range servers {

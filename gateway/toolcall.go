@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/gateway/sessions"
+	"github.com/sluice-gw/sluice/gateway/usage"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -241,7 +242,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	dctx := s.tel.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
-	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
+	uc := usage.Call{Tool: tool.Name, Agent: c.rec.Agent, User: c.rec.User, Session: c.rec.Session, New: c.held == nil, Args: args}
+	hash := func() (string, error) { hr, err := c.holdRequest(req); return hr.Hash(), err }
+	if e := usage.Input(dctx, s.store, s.cfg.Usage, uc, hash, in); e != nil { // input.usage
 		return call.Outcome{}, e
 	}
 	c.decide(s.Decide(dctx, in))
@@ -251,7 +254,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
 		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
-		s.usage.count(id.Agent, tool.Name, c.rec.Decision.Action)
+		s.usage.Count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
 	// Grant or hold.

@@ -205,6 +205,10 @@ var gatewayFloors = map[string][]string{
 	// the credential source's revocation hook.
 	"gateway/sessions": {"gateway/refusal", "gateway/store", "gateway/storecheck"},
 
+	// input.usage counted in the store before each decision, and the
+	// per-agent call counters; it counts, it decides nothing.
+	"gateway/usage": {"connectors", "gateway/config", "gateway/refusal", "gateway/store", "gateway/storecheck", "policy"},
+
 	"gateway/limits": {"gateway/config", "gateway/refusal", "gateway/store", "gateway/storecheck", "policy"},
 }
 
