@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
@@ -139,4 +142,22 @@ func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, 
 		ResponseHeaderTimeout:  timeout,
 		MaxResponseHeaderBytes: 64 << 10,
 	}
+}
+
+// oauthClients are the connectors' OAuth clients in slug order, each with
+// the transport its provider is reached through (connections.New).
+func (c *catalog) oauthClients() []connections.Client {
+	var out []connections.Client
+	for _, slug := range slices.Sorted(maps.Keys(c.connectors)) {
+		u := c.connectors[slug]
+		if u.oauth == nil {
+			continue
+		}
+		tr := u.transport
+		if r, ok := tr.(*mcpremote.Remote); ok {
+			tr = r.Transport() // a remote MCP server's send is a tools/call; its authorization server is reached plainly
+		}
+		out = append(out, connections.Client{Slug: slug, OAuth: u.oauth, Transport: tr, ClientSecret: u.cfg.Credential.OAuth2.ClientSecret})
+	}
+	return out
 }

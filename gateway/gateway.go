@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
@@ -197,10 +198,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if s.oauth, err = newOAuth(cfg, s.catalog, s.creds, func() *store.Store { return s.store }, log); err != nil { // oauthconn.go
+	if s.oauth, err = connections.New(cfg, s.catalog.oauthClients(), s.creds, func() *store.Store { return s.store }, log); err != nil {
 		return nil, err
 	}
-	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connectionsURL(cfg.Approvals.PublicURL)})
+	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connections.URL(cfg.Approvals.PublicURL)})
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
@@ -364,7 +365,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Append:   s.audit.append,
 		Session:  sessions.Check(s.store),
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
-			if tok, ok, err := placeholderToken(ctx, s.oauth, secret, c); ok { // oauthconn.go
+			if tok, ok, err := connections.PlaceholderToken(ctx, s.oauth, secret, c); ok {
 				return tok, err
 			}
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -413,7 +414,7 @@ func (s *Server) newReviewUI() error {
 	}
 	opt.Sessions = s.store // sign-ins shared by the replicas sharing the store
 	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
-		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // below
+		opt.Connections = connections.Page{M: s.oauth, OnConnect: s.connectHeld} // below
 	}
 	ui, err := review.New(opt)
 	if err != nil {
@@ -514,7 +515,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 		return call.Outcome{}, nil, false
 	}
 	c.decision.Approvers = []string{connectionApprover(tool.Connector)}
-	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, connectionsURL(s.cfg.Approvals.PublicURL)(tool.Connector), conn.Status)
+	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, connections.URL(s.cfg.Approvals.PublicURL)(tool.Connector), conn.Status)
 	o, e = s.holdCall(ctx, c, tool, args, req)
 	return o, e, true
 }

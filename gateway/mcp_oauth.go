@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/checks"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -50,20 +51,6 @@ func mcpOAuthClient(cc config.Connector, allow []netip.Prefix) *oauth.Client {
 // isMCPOAuth says whether up is a remote MCP server with MCP authorization.
 func isMCPOAuth(up *upstream) bool {
 	return up != nil && up.cfg.Provider == "mcp" && up.oauth != nil
-}
-
-// mcpOAuthRegistered gives the discovering clients the store their
-// registered clients are kept in (newOAuth: the secret store tokens are kept in, local or Vault KV).
-func mcpOAuthRegistered(clients []oauth.Client, st oauth.Store) {
-	ls, ok := st.(oauth.RegisteredStore)
-	if !ok {
-		return
-	}
-	for i := range clients {
-		if clients[i].Discovery != nil {
-			clients[i].Discovery.Registered = ls
-		}
-	}
 }
 
 // remoteOAuthHeader is how a remote MCP server with MCP authorization is
@@ -113,7 +100,7 @@ func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src Creden
 			}
 			return http.Header{"Authorization": {"Bearer " + string(tok.Value)}}, nil
 		}
-		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, connectionsURL(publicURL)(slug))
+		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, connections.URL(publicURL)(slug))
 	}
 }
 
@@ -144,18 +131,6 @@ func kickRemote(cat *catalog, connector string) {
 	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
 		r.Kick()
 	}
-}
-
-// connectionProblem is why connector cannot be connected now (its MCP
-// authorization could not be discovered), for the Connections page; "".
-func connectionProblem(c *oauth.Client) string {
-	if c.Discovery == nil {
-		return ""
-	}
-	if err := c.Discovery.Status(); err != nil {
-		return err.Error()
-	}
-	return ""
 }
 
 // checkMCPOAuth is validate's look at a remote MCP server with MCP

@@ -143,6 +143,12 @@ var gatewayFloors = map[string][]string{
 	// tests and the end-to-end tests run.
 	"gateway/oauth":           {"vault"},
 	"gateway/oauth/oauthtest": nil,
+	// The OAuth connections of credential.oauth2 connectors: the manager
+	// built over the gateway's store (rows, started connects, refresh
+	// leases) and the secret store (creds' local store or Vault), and the
+	// review UI's Connections page over it. It neither decides nor holds.
+	"gateway/connections": {"gateway/config", "gateway/creds", "gateway/oauth", "gateway/review", "gateway/store", "policy", "vault"},
+
 	// The credential stage: where a connector's credential comes from (the
 	// local store, Vault, or an OAuth token: oauth), how it is put on a
 	// request (from the spec's securitySchemes: connectors), and its
