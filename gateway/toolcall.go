@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/creds"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -72,7 +73,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
 	}
 	if id.Egress != "" {
-		if e := checkNarrowing(ctx, s.audit, rid, id, agent.Egress); e != nil { // narrow.go
+		if e := egress.CheckNarrowing(ctx, s.audit.append, rid, id, agent.Egress); e != nil {
 			return nil, e
 		}
 	}
