@@ -44,6 +44,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/policylife"
+	"github.com/sluice-gw/sluice/gateway/remotes"
 	"github.com/sluice-gw/sluice/gateway/sessions"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/gateway/storecheck"
@@ -133,7 +134,7 @@ type Server struct {
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
 	envoy     *envoyDoor               // the Envoy door's hooks (extauthz_door.go)
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
-	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
+	remotes   remotes.Runs             // remote MCP servers' listing loops
 
 	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
 
@@ -258,12 +259,12 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, err
 	}
-	s.remotes.audit, s.remotes.log, s.remotes.changed = s.audit, log, s.mcpChanged
+	s.remotes.Append, s.remotes.Log, s.remotes.Changed = s.audit.append, log, s.mcpChanged
 	// A remote with MCP authorization lists with a connected person's
-	// token (mcp_oauth.go); the hosted door's tokens (hosted_door.go).
-	s.remotes.oauthHeader = remoteOAuthHeader(s.oauth, s.audit, log, s.creds, cfg.Approvals.PublicURL)
+	// token (remotes.OAuthHeader); the hosted door's tokens (hosted_door.go).
+	s.remotes.OAuthHeader = remotes.OAuthHeader(s.oauth, s.audit.append, log, s.creds, cfg.Approvals.PublicURL)
 	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
-	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
+	s.remotes.Start(ctx, s.catalog.remoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
 		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
 	built = true
@@ -625,7 +626,7 @@ func (s *Server) Close() error {
 	s.heads.Close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
-	s.remotes.stop()
+	s.remotes.Stop()
 	for _, u := range s.catalog.connectors {
 		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {
 			t.CloseIdleConnections()

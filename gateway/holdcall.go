@@ -524,7 +524,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 // connector (approved as connectionApprover, through the same execution
 // as any approval).
 func (s *Server) connectHeld(connector, user string) {
-	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_oauth.go)
+	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_remote.go)
 	ctx := context.Background()
 	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
+	"github.com/sluice-gw/sluice/gateway/remotes"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -155,7 +156,7 @@ func TestMCPOAuthRemote(t *testing.T) {
 	// Audited once, by step, however often the listing retries.
 	refused := 0
 	for _, rec := range auditEvents(t, g) {
-		if rec.Event == EventMCPAuthorizationRefused && rec.Fields["connector"] == "evil" {
+		if rec.Event == remotes.EventAuthorizationRefused && rec.Fields["connector"] == "evil" {
 			refused++
 			if rec.Fields["step"] != "protected-resource metadata" || !strings.Contains(rec.Fields["reason"].(string), "names the resource") {
 				t.Fatalf("the refusal record: %v", rec.Fields)
@@ -167,7 +168,7 @@ func TestMCPOAuthRemote(t *testing.T) {
 	}
 	g.Server.catalog.remotes["evil"].Refresh(context.Background())
 	for _, rec := range auditEvents(t, g) {
-		if rec.Event == EventMCPAuthorizationRefused && rec.Fields["connector"] == "evil" {
+		if rec.Event == remotes.EventAuthorizationRefused && rec.Fields["connector"] == "evil" {
 			refused--
 		}
 	}

@@ -126,6 +126,12 @@ var gatewayFloors = map[string][]string{
 	// only through the transport the root hands it (the guard), and it
 	// neither decides nor attaches credentials itself.
 	"gateway/mcpremote": {"connectors"},
+	// The remote MCP servers the root's catalog holds, as the gateway runs
+	// them: listing loops, the credential or a connected person's token a
+	// listing carries (MCP authorization), validate's look; it audits
+	// through the hook it is handed and neither decides nor calls a tool.
+	"gateway/remotes": {"connectors", "gateway/audit", "gateway/checks", "gateway/config", "gateway/connections",
+		"gateway/creds", "gateway/mcpremote", "gateway/oauth", "gateway/refusal", "policy", "vault"},
 	// Raw egress: decided by policy, dialled through the guard, audited;
 	// never held (no holds, store or review), never the tool catalog (no
 	// connectors), and never the socket (the identity is a hook).

@@ -1,4 +1,4 @@
-package gateway
+package remotes
 
 import (
 	"context"
@@ -32,41 +32,36 @@ import (
 // list has no caller: it is fetched with the token of a person who has
 // connected (the most recently updated connection that still works).
 
-// EventMCPAuthorizationRefused is the audit event of a remote MCP
+// EventAuthorizationRefused is the audit event of a remote MCP
 // server whose authorization metadata the gateway refused (another
 // resource, another issuer, plain http, no PKCE…): the connector, the
 // step and the reason. Its tools stay unavailable; nothing is sent.
-const EventMCPAuthorizationRefused = "mcp_authorization_refused"
+const EventAuthorizationRefused = "mcp_authorization_refused"
 
-// mcpOAuthClient is the OAuth client of a provider: mcp connector with
+// OAuthClient is the OAuth client of a provider: mcp connector with
 // credential.oauth2: its endpoints (and, without client_id, the client)
 // are discovered; plain http is allowed only inside allow_private.
-func mcpOAuthClient(cc config.Connector, allow []netip.Prefix) *oauth.Client {
+func OAuthClient(cc config.Connector, allow []netip.Prefix) *oauth.Client {
 	o := cc.Credential.OAuth2
 	return &oauth.Client{Connector: cc.Slug, Flow: oauth.AuthorizationCode, ClientID: o.ClientID,
 		Scopes: slices.Clone(o.Scopes), RevocationURL: o.RevocationURL, Resource: cc.URL,
 		Discovery: &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }, ClientName: "sluice (" + cc.Slug + ")"}}
 }
 
-// isMCPOAuth says whether up is a remote MCP server with MCP authorization.
-func isMCPOAuth(up *upstream) bool {
-	return up != nil && up.cfg.Provider == "mcp" && up.oauth != nil
-}
-
-// remoteOAuthHeader is how a remote MCP server with MCP authorization is
+// OAuthHeader is how a remote MCP server with MCP authorization is
 // listed: its authorization discovered (a failure is the remote's
 // unavailability reason, by step), then the token of a person who has
-// connected it. m is the OAuth manager, al where a refused authorization
-// is audited, src where the connections are listed, publicURL
+// connected it. m is the OAuth manager, appendRec where a refused
+// authorization is audited (the root's one audit write), src where the connections are listed, publicURL
 // approvals.public_url (the Connections page named in the reason).
-func remoteOAuthHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string) func(up *upstream) func(ctx context.Context) (http.Header, error) {
-	return func(up *upstream) func(ctx context.Context) (http.Header, error) {
-		return oauthListHeader(m, al, log, src, publicURL, up)
+func OAuthHeader(m *oauth.Manager, appendRec Append, log *slog.Logger, src creds.Source, publicURL string) func(s Server) func(ctx context.Context) (http.Header, error) {
+	return func(s Server) func(ctx context.Context) (http.Header, error) {
+		return oauthListHeader(m, appendRec, log, src, publicURL, s.Connector)
 	}
 }
 
-func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string, up *upstream) func(ctx context.Context) (http.Header, error) {
-	slug := up.cfg.Slug
+func oauthListHeader(m *oauth.Manager, appendRec Append, log *slog.Logger, src creds.Source, publicURL string, cc config.Connector) func(ctx context.Context) (http.Header, error) {
+	slug := cc.Slug
 	var mu sync.Mutex
 	var last string // the refusal last audited, so a remote that stays refused is recorded once
 	return func(ctx context.Context) (http.Header, error) {
@@ -78,8 +73,8 @@ func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src Creden
 		var de *oauth.DiscoveryError
 		if errors.As(err, &de) && de.Reason != last {
 			last = de.Reason
-			f := map[string]any{"connector": slug, "url": config.RedactURL(up.cfg.URL), "step": de.Step, "reason": de.Reason}
-			if _, aerr := al.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPAuthorizationRefused, Fields: f}, false); aerr != nil {
+			f := map[string]any{"connector": slug, "url": config.RedactURL(cc.URL), "step": de.Step, "reason": de.Reason}
+			if _, aerr := appendRec(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventAuthorizationRefused, Fields: f}, false); aerr != nil {
 				log.Error("audit: a remote MCP server's refused authorization could not be recorded", "connector", slug, "err", aerr)
 			}
 		} else if err == nil {
@@ -106,7 +101,7 @@ func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src Creden
 
 // connectedUsers are the people with a stored connection to connector,
 // the most recently updated first.
-func connectedUsers(ctx context.Context, src CredentialSource, connector string) ([]string, error) {
+func connectedUsers(ctx context.Context, src creds.Source, connector string) ([]string, error) {
 	ls, ok := src.(creds.Local)
 	if !ok {
 		return nil, errors.New("MCP authorization keeps connections in the local store; it needs secrets.backend: local")
@@ -125,21 +120,12 @@ func connectedUsers(ctx context.Context, src CredentialSource, connector string)
 	return users, nil
 }
 
-// kickRemote lists connector's remote MCP server again soon (after a
-// person connected it: its listing may have waited for that).
-func kickRemote(cat *catalog, connector string) {
-	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
-		r.Kick()
-	}
-}
-
-// checkMCPOAuth is validate's look at a remote MCP server with MCP
+// CheckOAuth is validate's look at a remote MCP server with MCP
 // authorization: its metadata discovered as serve would (nothing is
 // registered), and reported as a warning either way: the tools are listed
 // only once a person connects, and a server whose authorization cannot be
 // discovered is served unavailable (serve keeps trying).
-func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transport http.RoundTripper) error {
-	allow := allowPrivate(cc)
+func CheckOAuth(ctx context.Context, key string, cc config.Connector, allow []netip.Prefix, transport http.RoundTripper) error {
 	d := &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }}
 	hc := &http.Client{Transport: transport, Timeout: 15 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
