@@ -125,7 +125,7 @@ type Server struct {
 	stop egress.StopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	// sharedLimits: agents[].rate_limit across the replicas of a shared
-	// store (ratelimit_shared.go).
+	// store (gateway/limits).
 	sharedLimits limits.Shared
 
 	sessConns sessions.Conns // open connections by session, closed when it ends
@@ -138,7 +138,7 @@ type Server struct {
 
 	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
 
-	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthconn.go)
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (gateway/connections)
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
 }

@@ -584,7 +584,7 @@ func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	reason := c.rec.Reason(refused)
 	s.tel.observeLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
 	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.Allow(call.LineToolCall, reason) {
-		return // the same refusal was logged in this interval: counted (logcap.go)
+		return // the same refusal was logged in this interval: counted (gateway/logcap)
 	}
 	msg, level, attrs := c.rec.Line(refused, reason)
 	s.log.LogAttrs(context.Background(), level, msg, attrs...)
