@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"net/netip"
 	"slices"
 	"sort"
 	"sync/atomic"
-	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
@@ -68,7 +66,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			errs = append(errs, c.addRemote(ctx, key, cc, d, allow, cfg, local)...) // mcp_remote.go
 			continue
 		}
-		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
+		spec := guard.SpecClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
 		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
@@ -99,7 +97,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			}
 			u.creds = plan
 		}
-		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+		u.transport = guard.Transport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
 			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
@@ -113,35 +111,6 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 	}
 	sort.Slice(c.list, func(i, j int) bool { return c.list[i].Name < c.list[j].Name })
 	return c, warns, errors.Join(errs...)
-}
-
-// newTransport builds a connector's transport. Every dial goes through the
-// guard with this connector's allow list; no proxy from the environment is
-// ever used; redirects are not followed because callers use RoundTrip.
-//
-// The idle pool is sized to the load the gateway admits: each sandbox
-// socket connection carries one call at a time, so at most
-// gateway.max_connections calls are in flight, and every upstream
-// connection they used can wait for the next call instead of being closed
-// and dialled again (a fixed 64 made 71% of calls at 1,000 callers dial;
-// issue 22). Only connections a load actually opened are kept, and each
-// for IdleConnTimeout.
-func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, maxIdle int) *http.Transport {
-	maxIdle = max(maxIdle, 2) // http.Transport's own default per host
-
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return d.DialContext(ctx, network, addr, allow)
-		},
-		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           maxIdle,
-		MaxIdleConnsPerHost:    maxIdle,
-		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    10 * time.Second,
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
 }
 
 // oauthClients are the connectors' OAuth clients in slug order, each with

@@ -48,7 +48,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 			up.oauth = remotes.OAuthClient(cc, allow) // MCP authorization
 		}
 	}
-	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+	guarded := guard.Transport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 	refresh := cc.Refresh.Std()
 	if refresh == 0 {
 		refresh = config.DefaultMCPRefresh
