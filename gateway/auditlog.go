@@ -26,7 +26,7 @@ const auditTimeout = 30 * time.Second
 type auditLog struct {
 	*audit.Log
 	// export feeds the decision-log export from each record written
-	// (decisionexport.go); nil: none.
+	// (policylife.Life.DecisionExport); nil: none.
 	export func(rec audit.Record, at time.Time)
 }
 
@@ -49,7 +49,7 @@ func (l auditLog) append(ctx context.Context, rec audit.Record, written bool) (a
 		out, err = l.Append(ctx, rec)
 	}
 	if err == nil && l.export != nil {
-		l.export(rec, out.Time) // decisionexport.go: the decision log is fed from the record
+		l.export(rec, out.Time) // the decision log is fed from the record
 	}
 	return out, err
 }

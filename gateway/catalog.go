@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"maps"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync/atomic"
-	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
@@ -65,7 +66,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			errs = append(errs, c.addRemote(ctx, key, cc, d, allow, cfg, local)...) // mcp_remote.go
 			continue
 		}
-		spec := specClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
+		spec := guard.SpecClient(d, allow, cfg.Gateway.UpstreamTimeout.Std())
 		conn, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: spec, Strict: cc.Strict || sl.strict, Defects: sl.defects})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.spec: %w", key, err))
@@ -96,7 +97,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			}
 			u.creds = plan
 		}
-		u.transport = newTransport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+		u.transport = guard.Transport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
 			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
@@ -112,31 +113,20 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 	return c, warns, errors.Join(errs...)
 }
 
-// newTransport builds a connector's transport. Every dial goes through the
-// guard with this connector's allow list; no proxy from the environment is
-// ever used; redirects are not followed because callers use RoundTrip.
-//
-// The idle pool is sized to the load the gateway admits: each sandbox
-// socket connection carries one call at a time, so at most
-// gateway.max_connections calls are in flight, and every upstream
-// connection they used can wait for the next call instead of being closed
-// and dialled again (a fixed 64 made 71% of calls at 1,000 callers dial;
-// issue 22). Only connections a load actually opened are kept, and each
-// for IdleConnTimeout.
-func newTransport(d *guard.Dialer, allow []netip.Prefix, timeout time.Duration, maxIdle int) *http.Transport {
-	maxIdle = max(maxIdle, 2) // http.Transport's own default per host
-
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return d.DialContext(ctx, network, addr, allow)
-		},
-		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           maxIdle,
-		MaxIdleConnsPerHost:    maxIdle,
-		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    10 * time.Second,
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: 64 << 10,
+// oauthClients are the connectors' OAuth clients in slug order, each with
+// the transport its provider is reached through (connections.New).
+func (c *catalog) oauthClients() []connections.Client {
+	var out []connections.Client
+	for _, slug := range slices.Sorted(maps.Keys(c.connectors)) {
+		u := c.connectors[slug]
+		if u.oauth == nil {
+			continue
+		}
+		tr := u.transport
+		if r, ok := tr.(*mcpremote.Remote); ok {
+			tr = r.Transport() // a remote MCP server's send is a tools/call; its authorization server is reached plainly
+		}
+		out = append(out, connections.Client{Slug: slug, OAuth: u.oauth, Transport: tr, ClientSecret: u.cfg.Credential.OAuth2.ClientSecret})
 	}
+	return out
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -70,7 +71,7 @@ func TestDecisionLogFromRecords(t *testing.T) {
 	want := map[string]string{} // request ID → entrance
 	for _, r := range auditEvents(t, g) {
 		d, _ := r.Fields[call.KeyDecision].(string)
-		if d == "" || (r.Event != call.EventDecision && r.Event != eventHoldCreated) {
+		if d == "" || (r.Event != call.EventDecision && r.Event != "hold_created") {
 			continue
 		}
 		if _, dup := want[r.RequestID]; dup {
@@ -113,7 +114,7 @@ func TestDecisionLogFromRecords(t *testing.T) {
 	for _, ev := range events {
 		rid, _ := ev["request_id"].(string)
 		labels, _ := ev["labels"].(map[string]any)
-		e, _ := labels[EntranceLabel].(string)
+		e, _ := labels[policylife.EntranceLabel].(string)
 		if _, dup := got[rid]; dup || rid == "" {
 			raw, _ := json.Marshal(ev)
 			t.Fatalf("an event that is not one decision record's (twice, or with no request ID: a GET /v1/tools evaluation?): %s", raw)

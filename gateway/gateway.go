@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
@@ -38,10 +39,16 @@ import (
 	"github.com/sluice-gw/sluice/gateway/heads"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ingress"
+	"github.com/sluice-gw/sluice/gateway/limits"
+	"github.com/sluice-gw/sluice/gateway/logcap"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/policylife"
+	"github.com/sluice-gw/sluice/gateway/remotes"
+	"github.com/sluice-gw/sluice/gateway/sessions"
 	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
+	"github.com/sluice-gw/sluice/gateway/usage"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault"
@@ -58,6 +65,10 @@ type CredentialRef = creds.Ref
 
 // CredentialSource fetches credentials (package creds holds the stage).
 type CredentialSource = creds.Source
+
+// SessionEnder revokes what a session was given when it ends (package
+// sessions says when it is called and what it must do).
+type SessionEnder = sessions.Ender
 
 // Catalog finds tools.
 type Catalog interface {
@@ -82,7 +93,7 @@ type Options struct {
 type Server struct {
 	cfg     *config.Config
 	log     *slog.Logger
-	repeats repeatLimiter // identical error lines, logged once then counted (logcap.go)
+	repeats *logcap.Limiter // identical error lines, logged once then counted
 	catalog *catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
@@ -104,30 +115,30 @@ type Server struct {
 	engine    atomic.Pointer[policy.Engine]
 	policyErr atomic.Pointer[string] // last compile error, nil when healthy
 
-	usage usage
+	usage usage.Counters
 
 	ready     chan struct{}
 	adminAddr atomic.Pointer[string]
-	limits    callLimits             // agents[].rate_limit buckets (ratelimit.go)
+	limits    limits.Calls           // agents[].rate_limit buckets
 	relayAddr atomic.Pointer[string] // gateway.relay_tls.listen, once listening
 
 	stop egress.StopHooks // what Serve's shutdown ends (DNS streams) and closes (idle upstream connections)
 
 	// sharedLimits: agents[].rate_limit across the replicas of a shared
-	// store (ratelimit_shared.go).
-	sharedLimits sharedLimits
+	// store (gateway/limits).
+	sharedLimits limits.Shared
 
-	sessConns sessionConns // open connections by session, closed when it ends (session_conns.go)
+	sessConns sessions.Conns // open connections by session, closed when it ends
 
 	authzAddr atomic.Pointer[string]   // gateway.ext_authz.listen, once listening (extauthz_door.go)
 	xds       *extauthz.XDS            // the ADS server, when gateway.ext_authz.xds is set
 	envoy     *envoyDoor               // the Envoy door's hooks (extauthz_door.go)
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
-	remotes   remoteRuns               // remote MCP servers' listing loops (mcp_remote.go)
+	remotes   remotes.Runs             // remote MCP servers' listing loops
 
 	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
 
-	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (oauthconn.go)
+	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (gateway/connections)
 	// attacher is the pipeline's credential stage (package creds).
 	attacher *creds.Creds
 }
@@ -146,8 +157,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		return nil, err
 	}
 	tel.setRules(cfg.Policies)
-	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{}), usage: usage{m: map[usageKey]int64{}}}
-	s.repeats.log, s.repeats.every = log, repeatEvery
+	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{})}
+	s.repeats = logcap.New(log, logcap.Every)
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	var warns []error
@@ -188,10 +199,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
-	if s.oauth, err = newOAuth(cfg, s.catalog, s.creds, func() *store.Store { return s.store }, log); err != nil { // oauthconn.go
+	if s.oauth, err = connections.New(cfg, s.catalog.oauthClients(), s.creds, func() *store.Store { return s.store }, log); err != nil {
 		return nil, err
 	}
-	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connectionsURL(cfg.Approvals.PublicURL)})
+	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connections.URL(cfg.Approvals.PublicURL)})
 	if s.icpt, err = egress.NewInterceptor(cfg); err != nil {
 		return nil, err
 	}
@@ -200,7 +211,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if s.audit.Log, err = audit.OpenWith(cfg.Audit.Path, aopts); err != nil {
 		return nil, fmt.Errorf("audit.path: %w", err)
 	}
-	s.audit.export = decisionExport(s.life, s.engine.Load, cfg.Policy.Bundle != nil) // decisionexport.go
+	s.audit.export = s.life.DecisionExport(s.engine.Load, cfg.Policy.Bundle != nil)
 	if n := s.audit.Stats().TruncatedTail; n > 0 {
 		// What `sluice audit verify` calls an unfinished write: the last
 		// stop left a record half-written (a full disk, a crash). It was
@@ -248,14 +259,14 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, err
 	}
-	s.remotes.audit, s.remotes.log, s.remotes.changed = s.audit, log, s.mcpChanged
+	s.remotes.Append, s.remotes.Log, s.remotes.Changed = s.audit.append, log, s.mcpChanged
 	// A remote with MCP authorization lists with a connected person's
-	// token (mcp_oauth.go); the hosted door's tokens (hosted_door.go).
-	s.remotes.oauthHeader = remoteOAuthHeader(s.oauth, s.audit, log, s.creds, cfg.Approvals.PublicURL)
+	// token (remotes.OAuthHeader); the hosted door's tokens (hosted_door.go).
+	s.remotes.OAuthHeader = remotes.OAuthHeader(s.oauth, s.audit.append, log, s.creds, cfg.Approvals.PublicURL)
 	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
-	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
+	s.remotes.Start(ctx, s.catalog.remoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
-		session: sessionCheck(s.store), append: s.audit.append} // extauthz_door.go
+		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
 	built = true
 	return s, nil
 }
@@ -319,12 +330,12 @@ func (s *Server) adminHandler() http.Handler {
 			return ""
 		},
 		AuditErr:     s.audit.Err,
-		StoreProblem: func(ctx context.Context) string { return storeProblem(ctx, s.store) },
+		StoreProblem: func(ctx context.Context) string { return storecheck.Problem(ctx, s.store) },
 		Metrics:      s.tel.handler,
 		JWKS:         creds.JWKS(s.creds, s.log),
 		Tools:        func() int { return len(s.catalog.Tools()) },
 		Placeholders: func() any { return s.icpt.Placeholders() },
-		CloseSession: s.sessConns.closeSession,
+		CloseSession: s.sessConns.CloseSession,
 		MintToken:    s.hosted.mintToken, // hosted_door.go
 		Receipts:     s.life.Receipts(),
 		Person:       s.adminAuth,
@@ -333,7 +344,7 @@ func (s *Server) adminHandler() http.Handler {
 	if s.icpt != nil {
 		d.CACert = s.icpt.CACertPEM
 	}
-	if se, ok := s.creds.(SessionEnder); ok {
+	if se, ok := s.creds.(sessions.Ender); ok {
 		d.EndSession = se.EndSession
 	}
 	return admin.New(d).Handler()
@@ -353,17 +364,17 @@ func (s *Server) egressDeps() egress.Deps {
 		Identity: ingress.IdentityFrom,
 		Engine:   s.engine.Load,
 		Append:   s.audit.append,
-		Session:  sessionCheck(s.store),
+		Session:  sessions.Check(s.store),
 		Credential: func(ctx context.Context, secret string, c policy.Caller) (vault.Secret, error) {
-			if tok, ok, err := placeholderToken(ctx, s.oauth, secret, c); ok { // oauthconn.go
+			if tok, ok, err := connections.PlaceholderToken(ctx, s.oauth, secret, c); ok {
 				return tok, err
 			}
 			return s.creds.Credential(ctx, CredentialRef{Connector: "egress", Secret: secret, Caller: c})
 		},
-		Track:            s.sessConns.add,
+		Track:            s.sessConns.Add,
 		OnStop:           s.stop.OnStop,
 		AtClose:          s.stop.AtClose,
-		Repeats:          s.repeats.allow,
+		Repeats:          s.repeats.Allow,
 		Interceptor:      s.icpt,
 		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
 		Decisions:        s.tel.decisions,
@@ -457,7 +468,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer stopAuthz()
 	servers := []*http.Server{{
 		Handler:           sl.HostedGate(s.sandboxHandler()), // hosted_door.go
-		ConnContext:       s.sessConns.connContext,           // session_conns.go
+		ConnContext:       s.connContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    ingress.MaxHeaderBytes, // ingress refuses longer heads first, with JSON
@@ -486,7 +497,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() { defer close(headDone); s.heads.Run(ctx) }()
 	defer func() { <-headDone }()
 	countDone := make(chan struct{})
-	go func() { defer close(countDone); s.usage.loop(ctx, s.store, s.log) }()
+	go func() { defer close(countDone); s.usage.Loop(ctx, s.store, s.log) }()
 	defer func() { <-countDone }()
 	errc := make(chan error, len(servers))
 	for i := range servers {
@@ -615,14 +626,14 @@ func (s *Server) Close() error {
 	s.heads.Close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.provider.Shutdown(context.Background())
-	s.remotes.stop()
+	s.remotes.Stop()
 	for _, u := range s.catalog.connectors {
 		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {
 			t.CloseIdleConnections()
 		}
 	}
 	s.stop.CloseAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
-	s.repeats.stop()
+	s.repeats.Stop()
 	return err
 }
 
@@ -647,4 +658,14 @@ func (s *Server) shutdown(servers []*http.Server) {
 		}
 	}
 	s.stop.CloseAll()
+}
+
+// connContext attaches the admitted connection's identity to its requests
+// and registers the connection under its session, so that ending the
+// session closes it (sessions.Conns).
+func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
+	if ic, ok := c.(*ingress.Conn); ok {
+		ic.OnClose(s.sessConns.Add(ic.Identity().Session, ic))
+	}
+	return ingress.ConnContext(ctx, c)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -35,7 +36,7 @@ func useGrant(ctx context.Context, hm *holds.Manager, l auditLog, c *toolCall, t
 	}
 	key := holds.GrantKey{Agent: c.rec.Agent, User: c.rec.User, Tool: tool.Name, SHA256: hr.Hash()}
 	g, ok, err := hm.MatchGrant(ctx, key, c.decision.Approvers)
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return false, e
 	}
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -25,6 +26,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/review"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/gateway/tracing"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -90,8 +92,8 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 		return call.Outcome{}, refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("this agent has %d calls waiting for approval; wait for decisions", s.cfg.Gateway.MaxPendingHolds))
 	case errors.Is(err, holds.ErrAudit):
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; the call was not held and not sent").Wrap(err)
-	case storeRefusal(err) != nil:
-		return call.Outcome{}, storeRefusal(err)
+	case storecheck.Refusal(err) != nil:
+		return call.Outcome{}, storecheck.Refusal(err)
 	case err != nil:
 		return call.Outcome{}, refusal.New(http.StatusServiceUnavailable, refusal.ApprovalUnavailable, "the call could not be held for approval; it was not sent").Wrap(err)
 	}
@@ -158,7 +160,7 @@ func (s *Server) awaitHold(ctx context.Context, c *toolCall, id string) (call.Ou
 	}
 	bound = max(bound, 0)
 	h, err := s.waitHold(ctx, id, bound, c.req.Progress, c.req.ProgressEvery)
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return call.Outcome{}, e
 	}
 	if err != nil {
@@ -239,7 +241,7 @@ func (s *Server) Poll(ctx context.Context, id wire.Identity, hold string, wait t
 	if errors.Is(err, holds.ErrNotFound) || (err == nil && !sameCaller(h.Caller, policy.Caller{Sandbox: id.Sandbox, Agent: id.Agent, Session: id.Session, User: id.User})) {
 		return refused(refusal.New(http.StatusNotFound, refusal.NotFound, "no such hold"))
 	}
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return refused(e)
 	}
 	if err != nil {
@@ -412,7 +414,7 @@ func (s *Server) newReviewUI() error {
 	}
 	opt.Sessions = s.store // sign-ins shared by the replicas sharing the store
 	if s.oauth != nil && len(s.oauth.PersonClients()) > 0 {
-		opt.Connections = oauthConnections{m: s.oauth, connected: s.connectHeld} // below
+		opt.Connections = connections.Page{M: s.oauth, OnConnect: s.connectHeld} // below
 	}
 	ui, err := review.New(opt)
 	if err != nil {
@@ -513,7 +515,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 		return call.Outcome{}, nil, false
 	}
 	c.decision.Approvers = []string{connectionApprover(tool.Connector)}
-	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, connectionsURL(s.cfg.Approvals.PublicURL)(tool.Connector), conn.Status)
+	c.decision.Reason = fmt.Sprintf("waiting for %s to connect %s at %s (%s)", c.rec.User, tool.Connector, connections.URL(s.cfg.Approvals.PublicURL)(tool.Connector), conn.Status)
 	o, e = s.holdCall(ctx, c, tool, args, req)
 	return o, e, true
 }
@@ -522,7 +524,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 // connector (approved as connectionApprover, through the same execution
 // as any approval).
 func (s *Server) connectHeld(connector, user string) {
-	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_oauth.go)
+	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_remote.go)
 	ctx := context.Background()
 	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
 	if err != nil {

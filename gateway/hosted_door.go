@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	rawegress "github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -260,7 +261,7 @@ func (s *hostedDoor) mintToken(w http.ResponseWriter, r *http.Request, rid, by s
 		}
 		// A narrowing never widens: refused (and audited) as sandboxd's is.
 		id := wire.Identity{Sandbox: req.Sandbox, Agent: req.Agent, Session: session, User: req.User, Host: HostedHost, Egress: egress}
-		if e := checkNarrowing(r.Context(), s.audit, rid, id, agent.Egress); e != nil {
+		if e := rawegress.CheckNarrowing(r.Context(), s.audit.append, rid, id, agent.Egress); e != nil {
 			refusal.Write(w, e, rid)
 			return
 		}

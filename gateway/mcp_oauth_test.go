@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/oauth/oauthtest"
+	"github.com/sluice-gw/sluice/gateway/remotes"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
 
@@ -154,7 +156,7 @@ func TestMCPOAuthRemote(t *testing.T) {
 	// Audited once, by step, however often the listing retries.
 	refused := 0
 	for _, rec := range auditEvents(t, g) {
-		if rec.Event == EventMCPAuthorizationRefused && rec.Fields["connector"] == "evil" {
+		if rec.Event == remotes.EventAuthorizationRefused && rec.Fields["connector"] == "evil" {
 			refused++
 			if rec.Fields["step"] != "protected-resource metadata" || !strings.Contains(rec.Fields["reason"].(string), "names the resource") {
 				t.Fatalf("the refusal record: %v", rec.Fields)
@@ -166,7 +168,7 @@ func TestMCPOAuthRemote(t *testing.T) {
 	}
 	g.Server.catalog.remotes["evil"].Refresh(context.Background())
 	for _, rec := range auditEvents(t, g) {
-		if rec.Event == EventMCPAuthorizationRefused && rec.Fields["connector"] == "evil" {
+		if rec.Event == remotes.EventAuthorizationRefused && rec.Fields["connector"] == "evil" {
 			refused--
 		}
 	}
@@ -174,7 +176,7 @@ func TestMCPOAuthRemote(t *testing.T) {
 		t.Fatal("a repeated refusal was audited again")
 	}
 	// The Connections page says the same beside it; the rest serves.
-	conns, err := oauthConnections{m: g.Server.OAuth()}.List(context.Background(), "alice")
+	conns, err := connections.Page{M: g.Server.OAuth()}.List(context.Background(), "alice")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +187,7 @@ func TestMCPOAuthRemote(t *testing.T) {
 	if !strings.Contains(problems["evil"], "names the resource") || problems["docs"] != "" {
 		t.Fatalf("Connections page problems: %v", problems)
 	}
-	if _, err := (oauthConnections{m: g.Server.OAuth()}).Begin(context.Background(), "evil", "alice", "b"); err == nil || !strings.Contains(err.Error(), "cannot be connected now") {
+	if _, err := (connections.Page{M: g.Server.OAuth()}).Begin(context.Background(), "evil", "alice", "b"); err == nil || !strings.Contains(err.Error(), "cannot be connected now") {
 		t.Fatalf("connecting evil: %v", err)
 	}
 	if r := doCall(t, g.client(agentA), "tickets.list_tickets", `{"query":{"limit":5}}`); r.status != 200 {

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net/http"
 	"net/netip"
@@ -11,43 +10,25 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sluice-gw/sluice/connectors"
-	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/checks"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
-	"github.com/sluice-gw/sluice/gateway/refusal"
-	"github.com/sluice-gw/sluice/policy"
+	"github.com/sluice-gw/sluice/gateway/remotes"
 	"github.com/sluice-gw/sluice/vault"
 )
 
-// EventMCPToolsChanged is the audit event of a remote MCP server's tool
-// list changing: the tools added, removed and changed (a changed tool is a
-// new tool: nothing granted for the old one applies).
-const EventMCPToolsChanged = "mcp_tools_changed"
-
-// mcpCredential is a provider: mcp connector's credential with its
-// default place: Authorization: Bearer <secret>.
-func mcpCredential(cc config.Connector) config.Connector {
-	if cc.Credential != nil && cc.Credential.Header == "" {
-		cr := *cc.Credential
-		cr.Header, cr.Prefix = "Authorization", "Bearer "
-		cc.Credential = &cr
-	}
-	return cc
-}
-
 // addRemote provisions a provider: mcp connector: its guarded transport,
 // its credential plan and the Remote that lists its tools (started by
-// remoteRuns.start). Its upstream's transport is the Remote: a call's send is
+// remotes.Runs.Start). Its upstream's transport is the Remote: a call's send is
 // a tools/call.
 func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector, d *guard.Dialer, allow []netip.Prefix, cfg *config.Config, local func() *vault.Local) []error {
-	cc = mcpCredential(cc)
+	cc = remotes.Credential(cc)
 	u, err := url.Parse(cc.URL)
 	if err != nil || u.Host == "" {
 		return []error{fmt.Errorf("%s.url: not a URL", key)}
@@ -64,10 +45,10 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 		}
 		up.creds = plan
 		if cc.Credential.OAuth2 != nil {
-			up.oauth = mcpOAuthClient(cc, allow) // MCP authorization (mcp_oauth.go)
+			up.oauth = remotes.OAuthClient(cc, allow) // MCP authorization
 		}
 	}
-	guarded := newTransport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+	guarded := guard.Transport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
 	refresh := cc.Refresh.Std()
 	if refresh == 0 {
 		refresh = config.DefaultMCPRefresh
@@ -127,97 +108,6 @@ func (c *catalog) remoteInfo(t *connectors.Tool) (*mcpremote.Tool, bool) {
 	return rt, ok
 }
 
-// remoteRuns is the remote servers' listing loops.
-type remoteRuns struct {
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   sync.WaitGroup
-
-	audit   auditLog // a list change is audited
-	log     *slog.Logger
-	changed func() // the MCP door's sessions are told (mcpChanged)
-	// oauthHeader lists a remote with MCP authorization with a connected
-	// person's token (remoteOAuthHeader, mcp_oauth.go).
-	oauthHeader func(up *upstream) func(ctx context.Context) (http.Header, error)
-}
-
-// start lists each remote MCP server once (bounded by
-// gateway.upstream_timeout; a server that is down leaves its tools
-// unavailable and the gateway serves the rest), then keeps each list
-// fresh until Close.
-func (rr *remoteRuns) start(ctx context.Context, cat *catalog, src CredentialSource) {
-	if len(cat.remotes) == 0 {
-		return
-	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	rr.mu.Lock()
-	rr.cancel = cancel
-	rr.mu.Unlock()
-	var first sync.WaitGroup
-	for slug, r := range cat.remotes {
-		up := cat.connectors[slug]
-		header := remoteHeader(src, up)
-		if isMCPOAuth(up) && rr.oauthHeader != nil {
-			header = rr.oauthHeader(up) // a connected person's token (mcp_oauth.go)
-		}
-		r.SetHooks(header, rr.remoteChanged, rr.log)
-		first.Add(1)
-		rr.done.Add(1)
-		go func() {
-			defer rr.done.Done()
-			r.Refresh(rctx)
-			first.Done()
-			r.Run(rctx)
-		}()
-	}
-	first.Wait()
-}
-
-// stop ends the listing loops and closes the remote sessions.
-func (rr *remoteRuns) stop() {
-	rr.mu.Lock()
-	cancel := rr.cancel
-	rr.cancel = nil
-	rr.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		rr.done.Wait()
-	}
-}
-
-// remoteHeader is how a remote server's listing requests carry the
-// connector's credential: fetched from creds as for a call and attached by
-// the same plan. A listing has no caller: a per-user credential ({user})
-// is fetched for the connector's list_user, a service identity, and
-// without one the remote cannot be listed, which its unavailable reason
-// says.
-func remoteHeader(src CredentialSource, up *upstream) func(ctx context.Context) (http.Header, error) {
-	cc := up.cfg.Credential
-	if cc == nil {
-		return nil
-	}
-	var caller policy.Caller
-	if cc.PerUser() {
-		if up.cfg.ListUser == "" {
-			return func(context.Context) (http.Header, error) {
-				return nil, fmt.Errorf("the credential for connector %s is per user ({user} in its Vault path) and a listing acts for no user; set list_user to a service identity to list this server's tools", up.cfg.Slug)
-			}
-		}
-		caller.User = up.cfg.ListUser
-	}
-	return func(ctx context.Context) (http.Header, error) {
-		secret, err := src.Credential(ctx, CredentialRef{Connector: up.cfg.Slug, Secret: cc.Secret, Vault: cc.Vault, Caller: caller})
-		if err != nil {
-			return nil, fmt.Errorf("the credential for connector %s is unavailable", up.cfg.Slug)
-		}
-		req, _ := http.NewRequest(http.MethodPost, up.conn.BaseURL.String(), nil)
-		if _, err := creds.Attach(req, up.creds, &connectors.Tool{Connector: up.cfg.Slug}, secret); err != nil {
-			return nil, fmt.Errorf("the credential for connector %s cannot be attached: %v", up.cfg.Slug, err)
-		}
-		return http.Header{cc.Header: req.Header.Values(cc.Header)}, nil
-	}
-}
-
 // checkRemotes is validate's look at each remote MCP server: listed once
 // (with the credential from the local store; Vault is not logged in to),
 // its tools returned by slug for validate to show, and a remote that
@@ -235,54 +125,32 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 		key := fmt.Sprintf("connectors[%d]", i)
 		up := cat.connectors[cc.Slug]
 		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
-			warns = append(warns, checkMCPOAuth(ctx, key, cc, r.Transport())) // listed with a person's token: not by validate (mcp_oauth.go)
+			warns = append(warns, remotes.CheckOAuth(ctx, key, cc, up.allow, r.Transport())) // listed with a person's token: not by validate
 			continue
 		}
 		var header func(context.Context) (http.Header, error)
 		if cc.Credential != nil {
 			st := local()
 			if cfg.Secrets.Backend != "local" || cc.Credential.Secret == "" || st == nil {
-				warns = append(warns, warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
+				warns = append(warns, checks.Warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
 				continue
 			}
-			header = remoteHeader(creds.Local{Store: st}, up)
+			header = remotes.Header(creds.Local{Store: st}, remotes.Server{Connector: up.cfg, BaseURL: up.conn.BaseURL, Plan: up.creds})
 		}
 		r.SetHooks(header, nil, nil)
 		r.Refresh(ctx)
 		r.Close()
 		set := r.Current()
 		if set.Unavailable != "" {
-			warns = append(warns, warnf("%s.url: the remote MCP server cannot be listed: %s; serve starts without its tools and tries again", key, set.Unavailable))
+			warns = append(warns, checks.Warnf("%s.url: the remote MCP server cannot be listed: %s; serve starts without its tools and tries again", key, set.Unavailable))
 			continue
 		}
 		for _, sk := range set.Skipped {
-			warns = append(warns, warnf("%s: remote tool left out: %s", key, sk))
+			warns = append(warns, checks.Warnf("%s: remote tool left out: %s", key, sk))
 		}
 		listed[cc.Slug] = set.Conn
 	}
 	return listed, warns
-}
-
-// remoteChanged audits a remote server's list change and tells the MCP
-// door, whose sessions then get notifications/tools/list_changed.
-func (rr *remoteRuns) remoteChanged(ctx context.Context, c mcpremote.Change) {
-	if !c.Empty() {
-		f := map[string]any{"connector": c.Connector, "added": nonNil(c.Added), "removed": nonNil(c.Removed), "changed": nonNil(c.Changed), "fingerprints": c.Fingerprints}
-		if _, err := rr.audit.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPToolsChanged, Fields: f}, false); err != nil {
-			// The list is already swapped: a changed tool is refused its
-			// old grants whether or not this record was written.
-			rr.log.Error("audit: the remote MCP server's tool change could not be recorded", "connector", c.Connector, "err", err)
-		}
-		rr.log.Info("mcp remote: tools changed", "connector", c.Connector, "added", c.Added, "removed", c.Removed, "changed", c.Changed)
-	}
-	rr.changed()
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
 }
 
 // mcpRemote is the MCP door's view of a remote tool (mcp.Deps.Remote).
@@ -308,6 +176,30 @@ func (c *catalog) unavailable(agentConnectors []string) []map[string]string {
 		if set := c.remotes[slug].Current(); set.Unavailable != "" {
 			out = append(out, map[string]string{"connector": slug, "reason": set.Unavailable, "since": set.When.UTC().Format(time.RFC3339)})
 		}
+	}
+	return out
+}
+
+// isMCPOAuth says whether up is a remote MCP server with MCP authorization.
+func isMCPOAuth(up *upstream) bool {
+	return up != nil && up.cfg.Provider == "mcp" && up.oauth != nil
+}
+
+// kickRemote lists connector's remote MCP server again soon (after a
+// person connected it: its listing may have waited for that).
+func kickRemote(cat *catalog, connector string) {
+	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
+		r.Kick()
+	}
+}
+
+// remoteServers are the catalog's remote MCP servers as remotes.Runs lists
+// them.
+func (c *catalog) remoteServers() []remotes.Server {
+	out := make([]remotes.Server, 0, len(c.remotes))
+	for slug, r := range c.remotes {
+		up := c.connectors[slug]
+		out = append(out, remotes.Server{Remote: r, Connector: up.cfg, BaseURL: up.conn.BaseURL, Plan: up.creds, OAuth: isMCPOAuth(up)})
 	}
 	return out
 }

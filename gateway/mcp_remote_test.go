@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/remotes"
 )
 
 // remoteMCP is a real go-sdk MCP server on loopback standing in for a
@@ -297,7 +298,7 @@ func TestMCPRemoteConnector(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for rec == nil && time.Now().Before(deadline) {
 			for _, r := range auditEvents(t, g) {
-				if r.Event == EventMCPToolsChanged && fmt.Sprint(r.Fields["changed"]) == "[remote.refund]" {
+				if r.Event == remotes.EventToolsChanged && fmt.Sprint(r.Fields["changed"]) == "[remote.refund]" {
 					rec = &r
 				}
 			}

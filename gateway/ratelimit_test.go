@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
-	"github.com/sluice-gw/sluice/policy"
 )
 
 // TestToolCallRateLimit is THREATS B7: a sandbox flooding tool calls past
@@ -67,35 +66,6 @@ func TestToolCallRateLimit(t *testing.T) {
 	time.Sleep(2100 * time.Millisecond)
 	if resp, body := call(flood); resp.StatusCode != 200 {
 		t.Fatalf("after the bucket refilled: %d %s", resp.StatusCode, body)
-	}
-}
-
-func TestCallLimitsSweep(t *testing.T) {
-	var cl callLimits
-	rl := &config.RateLimit{PerSecond: 1, Burst: 1}
-	now := time.Now()
-	a, b := policy.Caller{Sandbox: "a", Agent: "x"}, policy.Caller{Sandbox: "b", Agent: "x"}
-	if ok, _ := cl.allow(a, rl, now); !ok {
-		t.Fatal("first call refused")
-	}
-	if ok, wait := cl.allow(a, rl, now); ok || wait <= 0 || wait > time.Second {
-		t.Fatalf("second call at once: ok %v wait %v, want refused for up to 1s", ok, wait)
-	}
-	// A refused call takes no token: one second later exactly one is back.
-	if ok, _ := cl.allow(a, rl, now.Add(time.Second)); !ok {
-		t.Fatal("refused after the refill")
-	}
-	cl.allow(b, rl, now.Add(time.Second))
-	cl.allow(b, rl, now.Add(limiterIdle+2*time.Second)) // sweeps a, idle since now+1s
-	if _, ok := cl.m[a]; ok || len(cl.m) != 1 {
-		t.Fatalf("after the sweep: %d buckets, a kept %v; want only b", len(cl.m), ok)
-	}
-	for i := range maxLimitedCallers {
-		cl.m[policy.Caller{Sandbox: string(rune(i))}] = &callBucket{used: now.Add(limiterIdle + 2*time.Second)}
-	}
-	cl.allow(a, rl, now.Add(limiterIdle+3*time.Second))
-	if n := len(cl.m); n > maxLimitedCallers {
-		t.Fatalf("%d buckets, want at most %d", n, maxLimitedCallers)
 	}
 }
 

@@ -281,7 +281,7 @@ func TestEndSessionClosesHandoffs(t *testing.T) {
 	}
 	mine, _ := open(agentA)
 	other, otherR := open(otherID)
-	if n := g.Server.sessConns.count(agentA.Session); n != 1 {
+	if n := g.Server.sessConns.Count(agentA.Session); n != 1 {
 		t.Fatalf("%d connections registered for %s, want 1", n, agentA.Session)
 	}
 	r := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/"+agentA.Session+"/end", "")
@@ -293,7 +293,7 @@ func TestEndSessionClosesHandoffs(t *testing.T) {
 	if n, err := mine.Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
 		t.Fatalf("read on the ended session's handoff after %v = %d, %v; want EOF or reset", time.Since(start), n, err)
 	}
-	if n := g.Server.sessConns.count(agentA.Session); n != 0 {
+	if n := g.Server.sessConns.Count(agentA.Session); n != 0 {
 		t.Fatalf("%d connections still registered for the ended session", n)
 	}
 	closed := "none"

@@ -67,7 +67,7 @@ func TestSpecFetchGuarded(t *testing.T) {
 	spec := srv.URL + "/spec/api.yaml"
 
 	t.Run("allowed by allow_private", func(t *testing.T) {
-		cl := specClient(guard.New(guard.Options{}), []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, 5*time.Second)
+		cl := guard.SpecClient(guard.New(guard.Options{}), []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, 5*time.Second)
 		pool := x509.NewCertPool()
 		pool.AddCert(srv.Certificate())
 		cl.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: pool}

@@ -20,11 +20,15 @@ import (
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/creds"
+	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/limits"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
+	"github.com/sluice-gw/sluice/gateway/sessions"
+	"github.com/sluice-gw/sluice/gateway/usage"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -69,7 +73,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		return nil, refusal.New(http.StatusForbidden, refusal.UnknownAgent, fmt.Sprintf("agent %q is not configured on this gateway (agents[])", id.Agent))
 	}
 	if id.Egress != "" {
-		if e := checkNarrowing(ctx, s.audit, rid, id, agent.Egress); e != nil { // narrow.go
+		if e := egress.CheckNarrowing(ctx, s.audit.append, rid, id, agent.Egress); e != nil {
 			return nil, e
 		}
 	}
@@ -82,7 +86,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
 		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
-		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: decisionexport.go)
+		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: policylife.Life.DecisionExport)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
 		}
@@ -186,7 +190,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// An ended session is refused here; when its state cannot be read,
 	// nothing is sent (below) and an ask's hold re-checks at execution. A
 	// hold created while its session was being ended is never sent.
-	sessErr := sessionRefusal(ctx, s.store, id.Session)
+	sessErr := sessions.Refusal(ctx, s.store, id.Session)
 	if sessErr != nil && (sessErr.Code == refusal.SessionEnded || c.held != nil) {
 		return call.Outcome{}, sessErr
 	}
@@ -197,14 +201,14 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	agent := s.cfg.Agent(id.Agent)
 	s.tel.stage(c, stageLimit)
 	if c.held == nil {
-		if agent != nil && agent.RateLimit != nil && !sharedRateLimits(s.store) {
-			if ok, wait := s.limits.allow(c.caller(), agent.RateLimit, time.Now()); !ok {
+		if agent != nil && agent.RateLimit != nil && !limits.SharedOn(s.store) {
+			if ok, wait := s.limits.Allow(c.caller(), agent.RateLimit, time.Now()); !ok {
 				e := refusal.New(http.StatusTooManyRequests, refusal.RateLimited, fmt.Sprintf("agent %q may make %g tool calls per second per sandbox (burst %d); retry later", id.Agent, agent.RateLimit.PerSecond, agent.RateLimit.Burst))
 				e.RetryAfter = wait
 				return call.Outcome{}, e
 			}
 		}
-		if e := s.sharedLimits.take(ctx, s.store, c.caller(), agent); e != nil {
+		if e := s.sharedLimits.Take(ctx, s.store, c.caller(), agent); e != nil {
 			return call.Outcome{}, e
 		}
 	}
@@ -239,7 +243,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	dctx := s.tel.stage(c, stageDecide)
 	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
-	if e := usageInput(dctx, s.store, s.cfg.Usage, c, tool, args, req, in); e != nil { // usage_input.go: input.usage
+	uc := usage.Call{Tool: tool.Name, Agent: c.rec.Agent, User: c.rec.User, Session: c.rec.Session, New: c.held == nil, Args: args}
+	hash := func() (string, error) { hr, err := c.holdRequest(req); return hr.Hash(), err }
+	if e := usage.Input(dctx, s.store, s.cfg.Usage, uc, hash, in); e != nil { // input.usage
 		return call.Outcome{}, e
 	}
 	c.decide(s.Decide(dctx, in))
@@ -249,7 +255,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
 		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
-		s.usage.count(id.Agent, tool.Name, c.rec.Decision.Action)
+		s.usage.Count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
 	// Grant or hold.
@@ -577,8 +583,8 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	reason := c.rec.Reason(refused)
 	s.tel.observeLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
-	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.allow(call.LineToolCall, reason) {
-		return // the same refusal was logged in this interval: counted (logcap.go)
+	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.Allow(call.LineToolCall, reason) {
+		return // the same refusal was logged in this interval: counted (gateway/logcap)
 	}
 	msg, level, attrs := c.rec.Line(refused, reason)
 	s.log.LogAttrs(context.Background(), level, msg, attrs...)

@@ -36,7 +36,7 @@ type Life struct {
 	decisions   *decisionlog.Exporter // nil without decision_logs
 	receipts    *receipts.Signer      // nil with receipts.disabled
 	// labels are the decision-log labels; byEntrance the same with each
-	// entrance's (decisionexport.go).
+	// entrance's (export.go).
 	labels     map[string]string
 	byEntrance sync.Map
 }
@@ -157,8 +157,8 @@ func (c *revisionCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Hooks sets the engine's hooks for the life cycle. The decision log is
-// fed from the audit records of decisions (the root's
-// decisionexport.go), not from the engine.
+// fed from the audit records of decisions (DecisionExport, export.go),
+// not from the engine.
 func (l *Life) Hooks(pc *policy.Config) {
 	pc.OnBundle = l.bundleLoaded
 }
@@ -185,7 +185,8 @@ func (l *Life) bundleLoaded(ok bool, _ error) {
 func (l *Life) Exporter() *decisionlog.Exporter { return l.decisions }
 
 // EntranceLabel is the decision-log label naming the entrance a decision
-// came through (the root's decisionexport.go).
+// came through: tool_call/http, tool_call/mcp, tool_call/envoy, tool_call
+// (an ask's hold), http, connect, dns (raw egress); see DecisionExport.
 const EntranceLabel = "entrance"
 
 // EntranceLabels are the export's labels with the entrance's; built

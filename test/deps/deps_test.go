@@ -126,6 +126,12 @@ var gatewayFloors = map[string][]string{
 	// only through the transport the root hands it (the guard), and it
 	// neither decides nor attaches credentials itself.
 	"gateway/mcpremote": {"connectors"},
+	// The remote MCP servers the root's catalog holds, as the gateway runs
+	// them: listing loops, the credential or a connected person's token a
+	// listing carries (MCP authorization), validate's look; it audits
+	// through the hook it is handed and neither decides nor calls a tool.
+	"gateway/remotes": {"connectors", "gateway/audit", "gateway/checks", "gateway/config", "gateway/connections",
+		"gateway/creds", "gateway/mcpremote", "gateway/oauth", "gateway/refusal", "policy", "vault"},
 	// Raw egress: decided by policy, dialled through the guard, audited;
 	// never held (no holds, store or review), never the tool catalog (no
 	// connectors), and never the socket (the identity is a hook).
@@ -143,6 +149,12 @@ var gatewayFloors = map[string][]string{
 	// tests and the end-to-end tests run.
 	"gateway/oauth":           {"vault"},
 	"gateway/oauth/oauthtest": nil,
+	// The OAuth connections of credential.oauth2 connectors: the manager
+	// built over the gateway's store (rows, started connects, refresh
+	// leases) and the secret store (creds' local store or Vault), and the
+	// review UI's Connections page over it. It neither decides nor holds.
+	"gateway/connections": {"gateway/config", "gateway/creds", "gateway/oauth", "gateway/review", "gateway/store", "policy", "vault"},
+
 	// The credential stage: where a connector's credential comes from (the
 	// local store, Vault, or an OAuth token: oauth), how it is put on a
 	// request (from the spec's securitySchemes: connectors), and its
@@ -163,9 +175,10 @@ var gatewayFloors = map[string][]string{
 	"gateway/heads": {"gateway/audit", "gateway/config", "gateway/store"},
 
 	// The policy's life cycle: bundle settings, decision-log export
-	// (policy/decisionlog), receipts; it signs what the root hands it and
-	// decides nothing.
-	"gateway/policylife": {"gateway/config", "gateway/holds", "gateway/receipts", "policy"},
+	// (policy/decisionlog) fed from the audit records of decisions (the
+	// one record type, gateway/call), receipts; it signs what the root
+	// hands it and decides nothing.
+	"gateway/policylife": {"gateway/audit", "gateway/call", "gateway/config", "gateway/holds", "gateway/receipts", "policy"},
 
 	// Policy replay: reads audit files (verifying their chains) and decides
 	// each recorded input again with a candidate policy; it neither holds,
@@ -185,6 +198,30 @@ var gatewayFloors = map[string][]string{
 	// identity, standard library only (the root checks ended sessions), and
 	// internal/keyfile for the key.
 	"gateway/runtoken": {"internal/keyfile"},
+
+	// Identical log lines logged once, then counted: standard library only.
+	"gateway/logcap": nil,
+
+	// How the gateway closes when its state store fails: the refusal of a
+	// call whose state could not be read, and /readyz's store check.
+	"gateway/storecheck": {"gateway/refusal", "gateway/store"},
+
+	// agents[].rate_limit: per-replica buckets, or one bucket across the
+	// replicas of a shared store; it limits, it decides nothing.
+	// What validate reports beyond the configuration's syntax that needs
+	// no running gateway (the guard's classes judge base URLs); its
+	// findings list the connectors' loaded specs.
+	"gateway/checks": {"connectors", "gateway/config", "gateway/guard"},
+
+	// A session's end: its later calls refused, its connections closed,
+	// the credential source's revocation hook.
+	"gateway/sessions": {"gateway/refusal", "gateway/store", "gateway/storecheck"},
+
+	// input.usage counted in the store before each decision, and the
+	// per-agent call counters; it counts, it decides nothing.
+	"gateway/usage": {"connectors", "gateway/config", "gateway/refusal", "gateway/store", "gateway/storecheck", "policy"},
+
+	"gateway/limits": {"gateway/config", "gateway/refusal", "gateway/store", "gateway/storecheck", "policy"},
 }
 
 // gatewayTestFloors are what a gateway package's tests may import beyond

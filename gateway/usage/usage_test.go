@@ -1,4 +1,4 @@
-package gateway
+package usage
 
 import (
 	"encoding/json"

@@ -1,18 +1,21 @@
-package gateway
+// Package sessions is what ending a session does at once: the refusal
+// of its later calls (Refusal, Check), the closing of every connection
+// opened under it (Conns), and the credential source's hook that revokes
+// what it was given (Ender).
+package sessions
 
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 
-	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 )
 
-// sessionConns are the open connections of every session: each admitted
+// Conns are the open connections of every session: each admitted
 // sandbox connection (relayed, handed off, or from a remote relay) and the
 // upstream of each pass-through tunnel, by the session of the identity
 // that opened it. Ending a session closes them all at once (THREATS C12):
@@ -21,17 +24,17 @@ import (
 // where every egress is decided (egress.Proxy.sessionGate).
 //
 // Registration comes before any request is read from the connection and
-// the end is recorded in the store before closeSession runs, so a
+// the end is recorded in the store before CloseSession runs, so a
 // connection is either closed by the end or refused after it: never both
 // open and allowed.
-type sessionConns struct {
+type Conns struct {
 	mu sync.Mutex
 	m  map[string]map[io.Closer]struct{}
 }
 
-// add registers c under session and returns the function that removes it
+// Add registers c under session and returns the function that removes it
 // (idempotent). A connection without a session is not registered.
-func (sc *sessionConns) add(session string, c io.Closer) (remove func()) {
+func (sc *Conns) Add(session string, c io.Closer) (remove func()) {
 	if session == "" {
 		return func() {}
 	}
@@ -61,10 +64,10 @@ func (sc *sessionConns) add(session string, c io.Closer) (remove func()) {
 	}
 }
 
-// closeSession closes every connection registered under session and
+// CloseSession closes every connection registered under session and
 // returns how many it closed. Closing runs outside the lock: an
 // ingress.Conn's Close removes itself.
-func (sc *sessionConns) closeSession(session string) int {
+func (sc *Conns) CloseSession(session string) int {
 	sc.mu.Lock()
 	set := sc.m[session]
 	delete(sc.m, session)
@@ -75,24 +78,14 @@ func (sc *sessionConns) closeSession(session string) int {
 	return len(set)
 }
 
-// count is the number of connections open under session (tests).
-func (sc *sessionConns) count(session string) int {
+// Count is the number of connections open under session (tests).
+func (sc *Conns) Count(session string) int {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return len(sc.m[session])
 }
 
-// ingress.ConnContext attaches the admitted connection's identity to its requests
-// and registers the connection under its session, so that ending the
-// session closes it (sessionConns).
-func (sc *sessionConns) connContext(ctx context.Context, c net.Conn) context.Context {
-	if ic, ok := c.(*ingress.Conn); ok {
-		ic.OnClose(sc.add(ic.Identity().Session, ic))
-	}
-	return ingress.ConnContext(ctx, c)
-}
-
-// SessionEnder revokes what a session was given when the session ends.
+// Ender revokes what a session was given when the session ends.
 // When the credential source (Options.Credentials, or the configured
 // secrets backend) implements it, POST /api/v1/sessions/{session}/end calls
 // EndSession after the session is recorded as ended and its pending holds
@@ -103,19 +96,19 @@ func (sc *sessionConns) connContext(ctx context.Context, c net.Conn) context.Con
 // EndSession runs on every end request, a repeat included, so it must be
 // idempotent. An error answers the request 502 revocation_failed (the
 // session stays ended); the caller retries.
-type SessionEnder interface {
+type Ender interface {
 	EndSession(ctx context.Context, session string) error
 }
 
-// sessionRefusal refuses a call whose identity carries an ended session;
+// Refusal refuses a call whose identity carries an ended session;
 // a store failure refuses too (fail closed). A call without a session is
 // never refused here.
-func sessionRefusal(ctx context.Context, st *store.Store, session string) *refusal.Error {
+func Refusal(ctx context.Context, st *store.Store, session string) *refusal.Error {
 	if session == "" {
 		return nil
 	}
 	ended, err := st.SessionEnded(ctx, session)
-	if e := storeRefusal(err); e != nil {
+	if e := storecheck.Refusal(err); e != nil {
 		return e
 	}
 	if err != nil {
@@ -127,7 +120,7 @@ func sessionRefusal(ctx context.Context, st *store.Store, session string) *refus
 	return nil
 }
 
-// sessionCheck is sessionRefusal over st, as the doors' hooks take it.
-func sessionCheck(st *store.Store) func(ctx context.Context, session string) *refusal.Error {
-	return func(ctx context.Context, session string) *refusal.Error { return sessionRefusal(ctx, st, session) }
+// Check is Refusal over st, as the doors' hooks take it.
+func Check(st *store.Store) func(ctx context.Context, session string) *refusal.Error {
+	return func(ctx context.Context, session string) *refusal.Error { return Refusal(ctx, st, session) }
 }

@@ -1,4 +1,4 @@
-package gateway
+package remotes
 
 import (
 	"context"
@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/checks"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/oauth"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -30,55 +32,36 @@ import (
 // list has no caller: it is fetched with the token of a person who has
 // connected (the most recently updated connection that still works).
 
-// EventMCPAuthorizationRefused is the audit event of a remote MCP
+// EventAuthorizationRefused is the audit event of a remote MCP
 // server whose authorization metadata the gateway refused (another
 // resource, another issuer, plain http, no PKCE…): the connector, the
 // step and the reason. Its tools stay unavailable; nothing is sent.
-const EventMCPAuthorizationRefused = "mcp_authorization_refused"
+const EventAuthorizationRefused = "mcp_authorization_refused"
 
-// mcpOAuthClient is the OAuth client of a provider: mcp connector with
+// OAuthClient is the OAuth client of a provider: mcp connector with
 // credential.oauth2: its endpoints (and, without client_id, the client)
 // are discovered; plain http is allowed only inside allow_private.
-func mcpOAuthClient(cc config.Connector, allow []netip.Prefix) *oauth.Client {
+func OAuthClient(cc config.Connector, allow []netip.Prefix) *oauth.Client {
 	o := cc.Credential.OAuth2
 	return &oauth.Client{Connector: cc.Slug, Flow: oauth.AuthorizationCode, ClientID: o.ClientID,
 		Scopes: slices.Clone(o.Scopes), RevocationURL: o.RevocationURL, Resource: cc.URL,
 		Discovery: &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }, ClientName: "sluice (" + cc.Slug + ")"}}
 }
 
-// isMCPOAuth says whether up is a remote MCP server with MCP authorization.
-func isMCPOAuth(up *upstream) bool {
-	return up != nil && up.cfg.Provider == "mcp" && up.oauth != nil
-}
-
-// mcpOAuthRegistered gives the discovering clients the store their
-// registered clients are kept in (newOAuth: the secret store tokens are kept in, local or Vault KV).
-func mcpOAuthRegistered(clients []oauth.Client, st oauth.Store) {
-	ls, ok := st.(oauth.RegisteredStore)
-	if !ok {
-		return
-	}
-	for i := range clients {
-		if clients[i].Discovery != nil {
-			clients[i].Discovery.Registered = ls
-		}
-	}
-}
-
-// remoteOAuthHeader is how a remote MCP server with MCP authorization is
+// OAuthHeader is how a remote MCP server with MCP authorization is
 // listed: its authorization discovered (a failure is the remote's
 // unavailability reason, by step), then the token of a person who has
-// connected it. m is the OAuth manager, al where a refused authorization
-// is audited, src where the connections are listed, publicURL
+// connected it. m is the OAuth manager, appendRec where a refused
+// authorization is audited (the root's one audit write), src where the connections are listed, publicURL
 // approvals.public_url (the Connections page named in the reason).
-func remoteOAuthHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string) func(up *upstream) func(ctx context.Context) (http.Header, error) {
-	return func(up *upstream) func(ctx context.Context) (http.Header, error) {
-		return oauthListHeader(m, al, log, src, publicURL, up)
+func OAuthHeader(m *oauth.Manager, appendRec Append, log *slog.Logger, src creds.Source, publicURL string) func(s Server) func(ctx context.Context) (http.Header, error) {
+	return func(s Server) func(ctx context.Context) (http.Header, error) {
+		return oauthListHeader(m, appendRec, log, src, publicURL, s.Connector)
 	}
 }
 
-func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src CredentialSource, publicURL string, up *upstream) func(ctx context.Context) (http.Header, error) {
-	slug := up.cfg.Slug
+func oauthListHeader(m *oauth.Manager, appendRec Append, log *slog.Logger, src creds.Source, publicURL string, cc config.Connector) func(ctx context.Context) (http.Header, error) {
+	slug := cc.Slug
 	var mu sync.Mutex
 	var last string // the refusal last audited, so a remote that stays refused is recorded once
 	return func(ctx context.Context) (http.Header, error) {
@@ -90,8 +73,8 @@ func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src Creden
 		var de *oauth.DiscoveryError
 		if errors.As(err, &de) && de.Reason != last {
 			last = de.Reason
-			f := map[string]any{"connector": slug, "url": config.RedactURL(up.cfg.URL), "step": de.Step, "reason": de.Reason}
-			if _, aerr := al.append(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventMCPAuthorizationRefused, Fields: f}, false); aerr != nil {
+			f := map[string]any{"connector": slug, "url": config.RedactURL(cc.URL), "step": de.Step, "reason": de.Reason}
+			if _, aerr := appendRec(ctx, audit.Record{RequestID: refusal.NewRequestID(), Event: EventAuthorizationRefused, Fields: f}, false); aerr != nil {
 				log.Error("audit: a remote MCP server's refused authorization could not be recorded", "connector", slug, "err", aerr)
 			}
 		} else if err == nil {
@@ -112,13 +95,13 @@ func oauthListHeader(m *oauth.Manager, al auditLog, log *slog.Logger, src Creden
 			}
 			return http.Header{"Authorization": {"Bearer " + string(tok.Value)}}, nil
 		}
-		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, connectionsURL(publicURL)(slug))
+		return nil, fmt.Errorf("no person has a working connection to %s yet (MCP authorization: its tools are listed with a person's token); connect at %s", slug, connections.URL(publicURL)(slug))
 	}
 }
 
 // connectedUsers are the people with a stored connection to connector,
 // the most recently updated first.
-func connectedUsers(ctx context.Context, src CredentialSource, connector string) ([]string, error) {
+func connectedUsers(ctx context.Context, src creds.Source, connector string) ([]string, error) {
 	ls, ok := src.(creds.Local)
 	if !ok {
 		return nil, errors.New("MCP authorization keeps connections in the local store; it needs secrets.backend: local")
@@ -137,39 +120,18 @@ func connectedUsers(ctx context.Context, src CredentialSource, connector string)
 	return users, nil
 }
 
-// kickRemote lists connector's remote MCP server again soon (after a
-// person connected it: its listing may have waited for that).
-func kickRemote(cat *catalog, connector string) {
-	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
-		r.Kick()
-	}
-}
-
-// connectionProblem is why connector cannot be connected now (its MCP
-// authorization could not be discovered), for the Connections page; "".
-func connectionProblem(c *oauth.Client) string {
-	if c.Discovery == nil {
-		return ""
-	}
-	if err := c.Discovery.Status(); err != nil {
-		return err.Error()
-	}
-	return ""
-}
-
-// checkMCPOAuth is validate's look at a remote MCP server with MCP
+// CheckOAuth is validate's look at a remote MCP server with MCP
 // authorization: its metadata discovered as serve would (nothing is
 // registered), and reported as a warning either way: the tools are listed
 // only once a person connects, and a server whose authorization cannot be
 // discovered is served unavailable (serve keeps trying).
-func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transport http.RoundTripper) error {
-	allow := allowPrivate(cc)
+func CheckOAuth(ctx context.Context, key string, cc config.Connector, allow []netip.Prefix, transport http.RoundTripper) error {
 	d := &oauth.Discovery{PlainOK: func(host string) bool { return creds.PlaintextOK(host, allow) }}
 	hc := &http.Client{Transport: transport, Timeout: 15 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	rm, err := d.ResourceMetadata(ctx, hc, cc.Slug, cc.URL)
 	if err != nil {
-		return warnf("%s.credential.oauth2: the remote MCP server's authorization cannot be discovered: %v; serve lists it unavailable and tries again", key, err)
+		return checks.Warnf("%s.credential.oauth2: the remote MCP server's authorization cannot be discovered: %v; serve lists it unavailable and tries again", key, err)
 	}
 	var why []string
 	for _, issuer := range rm.AuthorizationServers {
@@ -179,9 +141,9 @@ func checkMCPOAuth(ctx context.Context, key string, cc config.Connector, transpo
 			continue
 		}
 		if cc.Credential.OAuth2.ClientID == "" && sm.RegistrationEndpoint == "" {
-			return warnf("%s.credential.oauth2.client_id: must be set: the authorization server %s offers no dynamic client registration (RFC 7591)", key, sm.Issuer)
+			return checks.Warnf("%s.credential.oauth2.client_id: must be set: the authorization server %s offers no dynamic client registration (RFC 7591)", key, sm.Issuer)
 		}
-		return warnf("%s: the remote MCP server speaks MCP authorization (authorization server %s); its tools are listed once a person connects it on the Connections page", key, sm.Issuer)
+		return checks.Warnf("%s: the remote MCP server speaks MCP authorization (authorization server %s); its tools are listed once a person connects it on the Connections page", key, sm.Issuer)
 	}
-	return warnf("%s.credential.oauth2: no authorization server of the remote MCP server is usable: %s; serve lists it unavailable and tries again", key, strings.Join(why, "; "))
+	return checks.Warnf("%s.credential.oauth2: no authorization server of the remote MCP server is usable: %s; serve lists it unavailable and tries again", key, strings.Join(why, "; "))
 }

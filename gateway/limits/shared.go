@@ -1,4 +1,4 @@
-package gateway
+package limits
 
 import (
 	"context"
@@ -12,19 +12,20 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/store"
+	"github.com/sluice-gw/sluice/gateway/storecheck"
 	"github.com/sluice-gw/sluice/policy"
 )
 
-// sharedLimits makes agents[].rate_limit one limit across the replicas
+// Shared makes agents[].rate_limit one limit across the replicas
 // of a shared (PostgreSQL) store: a sandbox allowed N calls a second gets
-// N in total, not N per replica. The per-replica bucket (callLimits)
+// N in total, not N per replica. The per-replica bucket (Calls)
 // is then not used (it would refuse calls the shared one allows, since
 // each replica sees only part of a sandbox's calls); this one draws from
 // the shared bucket in the store,
 // a lease of a few tokens at a time, so an allowed call waits on the
 // database once per lease, not once per call. A lease's unused tokens
 // lapse after leaseTTL: held tokens can never add up to a burst.
-type sharedLimits struct {
+type Shared struct {
 	mu sync.Mutex
 	m  map[policy.Caller]*tokenLease
 }
@@ -55,17 +56,16 @@ func sharedLimitKey(c policy.Caller) string {
 	return "call:" + hex.EncodeToString(h.Sum(nil))
 }
 
-// sharedRateLimits says whether agents[].rate_limit is enforced by
-// sharedLimits.take (a shared store st) instead of the per-replica
-// callLimits.
-func sharedRateLimits(st *store.Store) bool { return st.Kind() == store.Postgres }
+// SharedOn says whether agents[].rate_limit is enforced by Shared.Take
+// (a shared store st) instead of the per-replica Calls.
+func SharedOn(st *store.Store) bool { return st.Kind() == store.Postgres }
 
-// take refuses a call past the caller's shared limit (429
+// Take refuses a call past the caller's shared limit (429
 // rate_limited), or when the shared bucket cannot be read (503
 // store_unavailable: fail closed); nil on an unshared store or for an
 // agent without a limit.
-func (sl *sharedLimits) take(ctx context.Context, st *store.Store, c policy.Caller, a *config.Agent) *refusal.Error {
-	if !sharedRateLimits(st) || a == nil || a.RateLimit == nil {
+func (sl *Shared) Take(ctx context.Context, st *store.Store, c policy.Caller, a *config.Agent) *refusal.Error {
+	if !SharedOn(st) || a == nil || a.RateLimit == nil {
 		return nil
 	}
 	rl, agent := a.RateLimit, a.Name
@@ -80,7 +80,7 @@ func (sl *sharedLimits) take(ctx context.Context, st *store.Store, c policy.Call
 	// Config.Validate already set a burst of 0 to per_second rounded up.
 	n, err := st.TakeTokens(ctx, sharedLimitKey(c), leaseSize(rl), rl.PerSecond, rl.Burst)
 	if err != nil {
-		if e := storeRefusal(err); e != nil {
+		if e := storecheck.Refusal(err); e != nil {
 			return e
 		}
 		return refusal.New(http.StatusServiceUnavailable, refusal.StoreUnavailable, "the shared rate limit cannot be read; the call was not sent").Wrap(err)

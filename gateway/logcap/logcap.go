@@ -1,4 +1,7 @@
-package gateway
+// Package logcap rate-limits identical log lines: the first line of a
+// kind is logged whole, the same line again within an interval is only
+// counted, and the count is logged as one "log_repeated" line.
+package logcap
 
 import (
 	"context"
@@ -7,25 +10,30 @@ import (
 	"time"
 )
 
-// repeatEvery is how often a line that keeps repeating is summarised.
-const repeatEvery = 5 * time.Second
+// Every is how often a line that keeps repeating is summarised.
+const Every = 5 * time.Second
 
-// maxRepeatKeys bounds the lines a repeatLimiter tracks; past it a line is
+// maxRepeatKeys bounds the lines a Limiter tracks; past it a line is
 // logged (more lines, never a lost one).
 const maxRepeatKeys = 256
 
-// repeatLimiter rate-limits identical log lines: a full audit disk refuses
+// Limiter rate-limits identical log lines: a full audit disk refuses
 // every call, and one line per call was ~12,000 lines a second on stderr
 // (itself often the same full disk). The first line of a kind is logged
 // whole; the same line again within repeatEvery is only counted, and the
 // count is logged as one "log_repeated" line at the end of each interval
 // in which it repeated. A key is the line's message and reason, never
 // anything that carries a secret.
-type repeatLimiter struct {
+type Limiter struct {
 	log   *slog.Logger
 	every time.Duration
 	mu    sync.Mutex
 	keys  map[repeatKey]*repeated
+}
+
+// New is a Limiter that summarises on log every interval.
+func New(log *slog.Logger, every time.Duration) *Limiter {
+	return &Limiter{log: log, every: every}
 }
 
 type repeatKey struct{ msg, reason string }
@@ -35,9 +43,9 @@ type repeated struct {
 	timer *time.Timer // the end of the interval, while a line is counted
 }
 
-// allow reports whether the line (msg, reason) is logged now; if not, it
+// Allow reports whether the line (msg, reason) is logged now; if not, it
 // is counted.
-func (l *repeatLimiter) allow(msg, reason string) bool {
+func (l *Limiter) Allow(msg, reason string) bool {
 	k := repeatKey{msg, reason}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -61,7 +69,7 @@ func (l *repeatLimiter) allow(msg, reason string) bool {
 // flush ends k's interval: the lines counted in it are logged as one line,
 // and a new interval starts; an interval with none ends the key, so that
 // the next such line is logged whole.
-func (l *repeatLimiter) flush(k repeatKey) {
+func (l *Limiter) flush(k repeatKey) {
 	l.mu.Lock()
 	r := l.keys[k]
 	if r == nil {
@@ -82,9 +90,9 @@ func (l *repeatLimiter) flush(k repeatKey) {
 		slog.Int("count", n), slog.Float64("interval_s", l.every.Seconds()))
 }
 
-// stop ends every interval, logging the counts not yet logged (the
+// Stop ends every interval, logging the counts not yet logged (the
 // server is closing).
-func (l *repeatLimiter) stop() {
+func (l *Limiter) Stop() {
 	l.mu.Lock()
 	keys := make([]repeatKey, 0, len(l.keys))
 	for k, r := range l.keys {

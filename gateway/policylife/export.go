@@ -1,4 +1,4 @@
-package gateway
+package policylife
 
 import (
 	"encoding/json"
@@ -6,13 +6,12 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
-	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/policy/decisionlog"
 )
 
 // The decision-log export is fed from the audit records of decisions,
-// the one place every decision of every entrance passes (auditLog.append):
+// the one place every decision of every entrance passes (the root's auditLog.append):
 // a tool call's decision record (HTTP, MCP or Envoy's door), an ask's
 // hold_created record, raw egress's decision records (forward proxy,
 // CONNECT, interception, DNS) whether the decision was made or served
@@ -25,25 +24,20 @@ import (
 // eventHoldCreated is the record that stands for an ask's decision.
 const eventHoldCreated = "hold_created"
 
-// EntranceLabel is the decision-log label naming the entrance a decision
-// came through: tool_call/http, tool_call/mcp, tool_call/envoy, tool_call
-// (an ask's hold), http, connect, dns (raw egress).
-const EntranceLabel = policylife.EntranceLabel
-
-// decisionExport is what queues the decision a record states, written at
-// time at, for life's decision-log export (nil without decision_logs). It
+// DecisionExport is what queues the decision a record states, written at
+// time at, for l's decision-log export (nil without decision_logs). It
 // never blocks (decisionlog.Exporter.Log). engine is the policy in force
 // (a hold_created record does not name its revision); bundle says the
 // policy comes from a bundle.
-func decisionExport(life *policylife.Life, engine func() *policy.Engine, bundle bool) func(rec audit.Record, at time.Time) {
-	x := life.Exporter()
+func (l *Life) DecisionExport(engine func() *policy.Engine, bundle bool) func(rec audit.Record, at time.Time) {
+	x := l.decisions
 	if x == nil {
 		return nil
 	}
-	return func(rec audit.Record, at time.Time) { exportDecision(x, life, engine, bundle, rec, at) }
+	return func(rec audit.Record, at time.Time) { exportDecision(x, l, engine, bundle, rec, at) }
 }
 
-func exportDecision(x *decisionlog.Exporter, life *policylife.Life, engine func() *policy.Engine, bundle bool, rec audit.Record, at time.Time) {
+func exportDecision(x *decisionlog.Exporter, life *Life, engine func() *policy.Engine, bundle bool, rec audit.Record, at time.Time) {
 	if rec.Event != call.EventDecision && rec.Event != eventHoldCreated {
 		return
 	}
@@ -81,7 +75,7 @@ func exportDecision(x *decisionlog.Exporter, life *policylife.Life, engine func(
 			entrance += "/" + t
 		}
 	}
-	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: policylife.DecisionLogPath, Result: result,
+	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Result: result,
 		Revision: rev, Timestamp: at.UTC(), RequestID: rec.RequestID, Labels: life.EntranceLabels(entrance)}
 	if in, ok := get(call.KeyInput).(json.RawMessage); ok {
 		ev.Input = in // exactly what was decided and recorded (audit.record_inputs)

@@ -1,4 +1,4 @@
-package gateway
+package egress
 
 import (
 	"context"
@@ -12,12 +12,14 @@ import (
 )
 
 // A sandbox's narrowing is checked against its agent's allowlist here, when
-// sandboxd asks for the tools at create; at run time egress.NarrowedOut
-// holds each raw-egress request to it (gateway/egress/narrow.go).
+// sandboxd asks for the tools at create (and a hosted run's token is
+// minted); at run time NarrowedOut holds each raw-egress request to it
+// (narrow.go).
 
-// checkNarrowing refuses (and audits) an identity whose narrowing names a
-// host the agent's allowlist does not cover: a narrowing never widens.
-func checkNarrowing(ctx context.Context, l auditLog, rid string, id wire.Identity, allow []string) *refusal.Error {
+// CheckNarrowing refuses (and audits through appendRec, the root's one
+// audit write) an identity whose narrowing names a host the agent's
+// allowlist does not cover: a narrowing never widens.
+func CheckNarrowing(ctx context.Context, appendRec func(context.Context, audit.Record, bool) (audit.Record, error), rid string, id wire.Identity, allow []string) *refusal.Error {
 	hosts, err := wire.ParseEgress(id.Egress)
 	if err != nil {
 		return refusal.New(http.StatusForbidden, refusal.EgressNotGranted, err.Error())
@@ -33,7 +35,7 @@ func checkNarrowing(ctx context.Context, l auditLog, rid string, id wire.Identit
 	}
 	f := map[string]any{"sandbox": id.Sandbox, "agent": id.Agent, "session": id.Session, "user": id.User,
 		"egress": id.Egress, "not_granted": wider, "code": string(refusal.EgressNotGranted)}
-	if _, err := l.append(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
+	if _, err := appendRec(ctx, audit.Record{RequestID: rid, Event: "egress_not_granted", Fields: f}, false); err != nil {
 		e := refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is served until it can").Wrap(err)
 		return e
 	}

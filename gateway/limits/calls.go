@@ -1,4 +1,7 @@
-package gateway
+// Package limits holds agents[].rate_limit: a token bucket per caller on
+// this replica (Calls), or one bucket per caller across the replicas of a
+// shared store (Shared).
+package limits
 
 import (
 	"sync"
@@ -18,10 +21,10 @@ const maxLimitedCallers = 65536
 // nothing as long as limiterIdle exceeds every agent's refill time.
 const limiterIdle = 10 * time.Minute
 
-// callLimits are the tool-call token buckets (agents[].rate_limit), one
+// Calls are the tool-call token buckets (agents[].rate_limit), one
 // per caller: every sandbox of an agent has its own, so one flooding
 // sandbox cannot starve the agent's others.
-type callLimits struct {
+type Calls struct {
 	mu    sync.Mutex
 	m     map[policy.Caller]*callBucket
 	swept time.Time
@@ -32,9 +35,9 @@ type callBucket struct {
 	used time.Time
 }
 
-// allow takes one call from c's bucket under rl. When the bucket is
+// Allow takes one call from c's bucket under rl. When the bucket is
 // empty it reports false and how long until a call would be allowed.
-func (cl *callLimits) allow(c policy.Caller, rl *config.RateLimit, now time.Time) (bool, time.Duration) {
+func (cl *Calls) Allow(c policy.Caller, rl *config.RateLimit, now time.Time) (bool, time.Duration) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.m == nil {
@@ -60,7 +63,7 @@ func (cl *callLimits) allow(c policy.Caller, rl *config.RateLimit, now time.Time
 // sweepLocked drops idle buckets and, while the map is still full, an
 // arbitrary sixteenth of the rest (map order): a dropped bucket only
 // starts full again.
-func (cl *callLimits) sweepLocked(now time.Time) {
+func (cl *Calls) sweepLocked(now time.Time) {
 	cl.swept = now
 	for c, b := range cl.m {
 		if now.Sub(b.used) >= limiterIdle {
