@@ -351,6 +351,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Log:      s.log,
 		Dialer:   s.dialer,
 		Identity: ingress.IdentityFrom,
+		Listener: listenerFrom, // hosted_door.go
 		Engine:   s.engine.Load,
 		Append:   s.audit.append,
 		Session:  sessionCheck(s.store),

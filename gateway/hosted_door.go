@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/ingress"
@@ -40,6 +41,16 @@ import (
 // HostedHost is the host field of a hosted sandbox's identity: there is
 // no sandboxd host to name, and the per-sandbox connection cap keys on it.
 const HostedHost = "hosted"
+
+// listenerFrom names the listener ctx's connection came through for its
+// records (call.Record.Listener): call.ListenerHosted for the hosted
+// listener's, "" for the sandbox socket's (and everything else).
+func listenerFrom(ctx context.Context) string {
+	if ingress.HostedFrom(ctx) {
+		return call.ListenerHosted
+	}
+	return ""
+}
 
 // maxMintBytes bounds a mint request's body.
 const maxMintBytes = 4 << 10

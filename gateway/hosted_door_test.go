@@ -138,10 +138,55 @@ func TestHostedMintAndUse(t *testing.T) {
 		for _, rec := range auditEvents(t, g) {
 			if rec.Event == "decision" && rec.Fields["session"] == "h-1" && rec.Fields["sandbox"] == "h-1" && rec.Fields["user"] == "alice" {
 				found = true
+				// The listener the call came through, beside its door.
+				if rec.Fields["listener"] != "hosted" || rec.Fields["transport"] != "http" {
+					t.Errorf("decision record: listener %v transport %v, want hosted, http", rec.Fields["listener"], rec.Fields["transport"])
+				}
 			}
 		}
 		if !found {
 			t.Fatal("no decision record carries the token's identity")
+		}
+		if !strings.Contains(g.logBuf.String(), `"listener":"hosted"`) {
+			t.Error("the call's canonical log line does not name the hosted listener")
+		}
+	})
+
+	t.Run("raw egress with the token: its record names the hosted listener", func(t *testing.T) {
+		st, _, out := hostedRaw(t, addr, roots, "GET http://egress-h1.example/x HTTP/1.1\r\nHost: egress-h1.example\r\nProxy-Authorization: "+basic("h-1", tok)+"\r\nConnection: close\r\n\r\n")
+		if st != http.StatusForbidden {
+			t.Fatalf("status %d (%s), want 403 (not on the agent's egress allowlist)", st, out)
+		}
+		found := false
+		for _, rec := range auditEvents(t, g) {
+			if rec.Event == "decision" && rec.Fields["kind"] == "http" && rec.Fields["dest_host"] == "egress-h1.example" {
+				found = true
+				if rec.Fields["listener"] != "hosted" || rec.Fields["session"] != "h-1" {
+					t.Errorf("egress record: listener %v session %v, want hosted, h-1", rec.Fields["listener"], rec.Fields["session"])
+				}
+			}
+		}
+		if !found {
+			t.Fatal("no decision record of the proxied request")
+		}
+	})
+
+	t.Run("a call over the sandbox socket names no listener", func(t *testing.T) {
+		r := doCall(t, g.client(agentA), "tickets.list_tickets", `{"query":{"limit":5}}`)
+		if r.status != 200 {
+			t.Fatalf("socket call: %d %s", r.status, r.raw)
+		}
+		n := 0
+		for _, rec := range auditEvents(t, g) {
+			if rec.Event == "decision" && rec.Fields["session"] == agentA.Session {
+				n++
+				if l, ok := rec.Fields["listener"]; ok {
+					t.Errorf("a socket call's record names listener %v", l)
+				}
+			}
+		}
+		if n == 0 {
+			t.Fatal("no decision record of the socket call")
 		}
 	})
 

@@ -179,6 +179,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// canonical forms.
 	id, e := canonicalCaller(c.req.Identity)
 	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User, c.rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
+	if c.held == nil {
+		c.rec.Listener = listenerFrom(ctx) // hosted_door.go
+	}
 	if e != nil {
 		return call.Outcome{}, e
 	}

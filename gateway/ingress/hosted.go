@@ -310,6 +310,14 @@ func targetHost(r *http.Request) string {
 
 type hostedKey struct{}
 
+// HostedFrom reports whether a request's connection came through the
+// hosted listener (a per-run token admitted it), from the connection's
+// context (ConnContext): never from anything the request says.
+func HostedFrom(ctx context.Context) bool {
+	_, ok := ctx.Value(hostedKey{}).(*hostedState)
+	return ok
+}
+
 // HostedGate guards every request of a hosted connection: it must carry
 // the credential the connection was admitted with (compared in constant
 // time), before the token's expiry; otherwise it is answered 407 and the
