@@ -252,7 +252,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	// A remote with MCP authorization lists with a connected person's
 	// token (mcp_oauth.go); the hosted door's tokens (hosted_door.go).
 	s.remotes.oauthHeader = remoteOAuthHeader(s.oauth, s.audit, log, s.creds, cfg.Approvals.PublicURL)
-	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
+	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit, s.hosted.unaudited = cfg, log, s.store, s.audit, s.tel.unaudited
 	s.remotes.start(ctx, s.catalog, s.creds) // remote MCP servers' tools (mcp_remote.go): listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
 		session: sessionCheck(s.store), append: s.audit.append} // extauthz_door.go
@@ -351,7 +351,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Log:      s.log,
 		Dialer:   s.dialer,
 		Identity: ingress.IdentityFrom,
-		Listener: listenerFrom, // hosted_door.go
+		Hosted:   ingress.HostedFrom,
 		Engine:   s.engine.Load,
 		Append:   s.audit.append,
 		Session:  sessionCheck(s.store),

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/runtoken"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Hosted sandboxes (gateway.hosted): sandboxes on hosts without sandboxd
@@ -42,16 +43,6 @@ import (
 // no sandboxd host to name, and the per-sandbox connection cap keys on it.
 const HostedHost = "hosted"
 
-// listenerFrom names the listener ctx's connection came through for its
-// records (call.Record.Listener): call.ListenerHosted for the hosted
-// listener's, "" for the sandbox socket's (and everything else).
-func listenerFrom(ctx context.Context) string {
-	if ingress.HostedFrom(ctx) {
-		return call.ListenerHosted
-	}
-	return ""
-}
-
 // maxMintBytes bounds a mint request's body.
 const maxMintBytes = 4 << 10
 
@@ -62,6 +53,8 @@ type hostedDoor struct {
 	log   *slog.Logger
 	store *store.Store // whether a token's session ended
 	audit auditLog     // refusals and mints are audited
+
+	unaudited metric.Int64Counter // refusals past their address's budget
 
 	key  atomic.Pointer[runtoken.Key] // loaded at Serve (nil: gateway.hosted off, or not serving yet)
 	addr atomic.Pointer[string]       // the listener's address once listening
@@ -92,7 +85,8 @@ func (s *hostedDoor) serveHosted(sl *ingress.Listener) error {
 		return err
 	}
 	s.key.Store(key)
-	a, err := sl.ListenHosted(h.Listen, tcfg, ingress.HostedOptions{Check: s.checkHosted, Refused: s.hostedRefused})
+	a, err := sl.ListenHosted(h.Listen, tcfg, ingress.HostedOptions{Check: s.checkHosted, Refused: s.hostedRefused, RefusalBudget: h.RefusalBudget,
+		RefusalWindow: h.RefusalWindow.Std(), Summarised: s.hostedSummarised, Unaudited: func() { s.unaudited.Add(context.Background(), 1) }})
 	if err != nil {
 		return err
 	}
@@ -176,6 +170,17 @@ func (s *hostedDoor) hostedRefused(r ingress.HostedRefusal) {
 	}
 	s.log.Warn("hosted listener: refused", "request_id", rid, "decision", "block", "reason", r.Reason, "remote", r.Remote,
 		"agent", r.ID.Agent, "session", r.ID.Session, "dest_host", r.Target, "status", r.Status, "not_logged_since", quiet)
+}
+
+// hostedSummarised audits one source address's refusals past its budget
+// in one window, as one record instead of each.
+func (s *hostedDoor) hostedSummarised(h ingress.HostedSummary) {
+	rid := refusal.NewRequestID()
+	if _, err := s.audit.append(context.Background(), audit.Record{RequestID: rid, Event: "hosted_refusals_summarised", Fields: map[string]any{"remote": h.Remote,
+		"unaudited": h.Unaudited, "from": h.From.UTC().Format(time.RFC3339), "to": h.To.UTC().Format(time.RFC3339), call.KeyListener: call.ListenerHosted}}, false); err != nil {
+		s.log.Error("hosted listener: refusal summary not audited", "request_id", rid, "err", err)
+	}
+	s.log.Warn("hosted listener: refusals past the address's budget", "request_id", rid, "remote", h.Remote, "unaudited", h.Unaudited, "from", h.From.UTC())
 }
 
 // mintRequest is the body of POST /api/v1/sessions/{session}/tokens.

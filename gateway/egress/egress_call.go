@@ -48,10 +48,10 @@ func (c *egressCall) setCaller(caller policy.Caller) {
 }
 
 // setListener records the listener ctx's connection came through
-// (Deps.Listener, nil: none), beside the caller.
-func (c *egressCall) setListener(ctx context.Context, listener func(context.Context) string) {
-	if listener != nil {
-		c.Listener = listener(ctx)
+// (Deps.Hosted, nil: the socket), beside the caller.
+func (c *egressCall) setListener(ctx context.Context, hosted func(context.Context) bool) {
+	if hosted != nil && hosted(ctx) {
+		c.Listener = call.ListenerHosted
 	}
 }
 
