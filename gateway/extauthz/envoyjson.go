@@ -2,7 +2,6 @@ package extauthz
 
 import (
 	"encoding/json"
-	"maps"
 	"slices"
 	"strings"
 
@@ -51,8 +50,14 @@ func appendJSON(dst []byte, v any) ([]byte, error) {
 		}
 		return append(dst, ']'), nil
 	case map[string]any:
+		var kb [16]string // the maps here are small: sorted without allocating
+		keys := kb[:0]
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
 		dst = append(dst, '{')
-		for i, k := range slices.Sorted(maps.Keys(v)) {
+		for i, k := range keys {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
