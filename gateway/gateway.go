@@ -263,7 +263,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	// A remote with MCP authorization lists with a connected person's
 	// token (remotes.OAuthHeader); the hosted door's tokens (hosted_door.go).
 	s.remotes.OAuthHeader = remotes.OAuthHeader(s.oauth, s.audit.append, log, s.creds, cfg.Approvals.PublicURL)
-	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit = cfg, log, s.store, s.audit
+	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit, s.hosted.unaudited = cfg, log, s.store, s.audit, s.tel.unaudited
 	s.remotes.Start(ctx, s.catalog.remoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
 		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
@@ -362,6 +362,7 @@ func (s *Server) egressDeps() egress.Deps {
 		Log:      s.log,
 		Dialer:   s.dialer,
 		Identity: ingress.IdentityFrom,
+		Hosted:   ingress.HostedFrom,
 		Engine:   s.engine.Load,
 		Append:   s.audit.append,
 		Session:  sessions.Check(s.store),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 	rawegress "github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -21,6 +22,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/runtoken"
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Hosted sandboxes (gateway.hosted): sandboxes on hosts without sandboxd
@@ -53,6 +55,8 @@ type hostedDoor struct {
 	store *store.Store // whether a token's session ended
 	audit auditLog     // refusals and mints are audited
 
+	unaudited metric.Int64Counter // refusals past their address's budget
+
 	key  atomic.Pointer[runtoken.Key] // loaded at Serve (nil: gateway.hosted off, or not serving yet)
 	addr atomic.Pointer[string]       // the listener's address once listening
 
@@ -82,7 +86,8 @@ func (s *hostedDoor) serveHosted(sl *ingress.Listener) error {
 		return err
 	}
 	s.key.Store(key)
-	a, err := sl.ListenHosted(h.Listen, tcfg, ingress.HostedOptions{Check: s.checkHosted, Refused: s.hostedRefused})
+	a, err := sl.ListenHosted(h.Listen, tcfg, ingress.HostedOptions{Check: s.checkHosted, Refused: s.hostedRefused, RefusalBudget: h.RefusalBudget,
+		RefusalWindow: h.RefusalWindow.Std(), Summarised: s.hostedSummarised, Unaudited: func() { s.unaudited.Add(context.Background(), 1) }})
 	if err != nil {
 		return err
 	}
@@ -166,6 +171,17 @@ func (s *hostedDoor) hostedRefused(r ingress.HostedRefusal) {
 	}
 	s.log.Warn("hosted listener: refused", "request_id", rid, "decision", "block", "reason", r.Reason, "remote", r.Remote,
 		"agent", r.ID.Agent, "session", r.ID.Session, "dest_host", r.Target, "status", r.Status, "not_logged_since", quiet)
+}
+
+// hostedSummarised audits one source address's refusals past its budget
+// in one window, as one record instead of each.
+func (s *hostedDoor) hostedSummarised(h ingress.HostedSummary) {
+	rid := refusal.NewRequestID()
+	if _, err := s.audit.append(context.Background(), audit.Record{RequestID: rid, Event: "hosted_refusals_summarised", Fields: map[string]any{"remote": h.Remote,
+		"unaudited": h.Unaudited, "from": h.From.UTC().Format(time.RFC3339), "to": h.To.UTC().Format(time.RFC3339), call.KeyListener: call.ListenerHosted}}, false); err != nil {
+		s.log.Error("hosted listener: refusal summary not audited", "request_id", rid, "err", err)
+	}
+	s.log.Warn("hosted listener: refusals past the address's budget", "request_id", rid, "remote", h.Remote, "unaudited", h.Unaudited, "from", h.From.UTC())
 }
 
 // mintRequest is the body of POST /api/v1/sessions/{session}/tokens.

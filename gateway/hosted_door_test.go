@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -31,8 +32,8 @@ func hostedGateway(t *testing.T, upURL string) (*testGateway, *x509.CertPool) {
 }
 
 // hostedGatewayKey is hostedGateway with the token key at keyFile ("":
-// the gateway's own directory).
-func hostedGatewayKey(t *testing.T, upURL, keyFile string) (*testGateway, *x509.CertPool) {
+// the gateway's own directory) and mods applied to gateway.hosted.
+func hostedGatewayKey(t *testing.T, upURL, keyFile string, mods ...func(*config.Hosted)) (*testGateway, *x509.CertPool) {
 	t.Helper()
 	ca := newTestCA(t, "hosted CA")
 	certFile, tlsKey := writePEM(t, t.TempDir(), ca.issue(t, x509.ExtKeyUsageServerAuth, "127.0.0.1"))
@@ -45,6 +46,9 @@ func hostedGatewayKey(t *testing.T, upURL, keyFile string) (*testGateway, *x509.
 		}
 		c.Gateway.Hosted = &config.Hosted{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: tlsKey,
 			TokenKeyFile: tk, MaxTokenTTL: config.Duration(2 * time.Hour)}
+		for _, m := range mods {
+			m(c.Gateway.Hosted)
+		}
 	})
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.pem)
@@ -138,10 +142,55 @@ func TestHostedMintAndUse(t *testing.T) {
 		for _, rec := range auditEvents(t, g) {
 			if rec.Event == "decision" && rec.Fields["session"] == "h-1" && rec.Fields["sandbox"] == "h-1" && rec.Fields["user"] == "alice" {
 				found = true
+				// The listener the call came through, beside its door.
+				if rec.Fields["listener"] != "hosted" || rec.Fields["transport"] != "http" {
+					t.Errorf("decision record: listener %v transport %v, want hosted, http", rec.Fields["listener"], rec.Fields["transport"])
+				}
 			}
 		}
 		if !found {
 			t.Fatal("no decision record carries the token's identity")
+		}
+		if !strings.Contains(g.logBuf.String(), `"listener":"hosted"`) {
+			t.Error("the call's canonical log line does not name the hosted listener")
+		}
+	})
+
+	t.Run("raw egress with the token: its record names the hosted listener", func(t *testing.T) {
+		st, _, out := hostedRaw(t, addr, roots, "GET http://egress-h1.example/x HTTP/1.1\r\nHost: egress-h1.example\r\nProxy-Authorization: "+basic("h-1", tok)+"\r\nConnection: close\r\n\r\n")
+		if st != http.StatusForbidden {
+			t.Fatalf("status %d (%s), want 403 (not on the agent's egress allowlist)", st, out)
+		}
+		found := false
+		for _, rec := range auditEvents(t, g) {
+			if rec.Event == "decision" && rec.Fields["kind"] == "http" && rec.Fields["dest_host"] == "egress-h1.example" {
+				found = true
+				if rec.Fields["listener"] != "hosted" || rec.Fields["session"] != "h-1" {
+					t.Errorf("egress record: listener %v session %v, want hosted, h-1", rec.Fields["listener"], rec.Fields["session"])
+				}
+			}
+		}
+		if !found {
+			t.Fatal("no decision record of the proxied request")
+		}
+	})
+
+	t.Run("a call over the sandbox socket names no listener", func(t *testing.T) {
+		r := doCall(t, g.client(agentA), "tickets.list_tickets", `{"query":{"limit":5}}`)
+		if r.status != 200 {
+			t.Fatalf("socket call: %d %s", r.status, r.raw)
+		}
+		n := 0
+		for _, rec := range auditEvents(t, g) {
+			if rec.Event == "decision" && rec.Fields["session"] == agentA.Session {
+				n++
+				if l, ok := rec.Fields["listener"]; ok {
+					t.Errorf("a socket call's record names listener %v", l)
+				}
+			}
+		}
+		if n == 0 {
+			t.Fatal("no decision record of the socket call")
 		}
 	})
 
@@ -259,6 +308,83 @@ func TestHostedMintAndUse(t *testing.T) {
 			t.Error("no session_token_minted record")
 		}
 	})
+}
+
+// TestHostedRefusalBudget: refused attempts that name no token are
+// audited one by one only within their source address's budget per
+// window; past it each is still answered 407 with nothing sent, counted
+// in /metrics, and the window's are audited once as
+// hosted_refusals_summarised when it ends. A real token's refusal is
+// audited whatever the budget.
+func TestHostedRefusalBudget(t *testing.T) {
+	up := newUpstream(t)
+	const budget, window = 2, 1500 * time.Millisecond
+	g, roots := hostedGatewayKey(t, up.URL, "", func(h *config.Hosted) {
+		h.RefusalBudget, h.RefusalWindow = budget, config.Duration(window)
+	})
+	addr := g.HostedAddr()
+	other, _ := g.mint(t, "b-2", `{"agent":"agent-a"}`)
+	anon := func() {
+		t.Helper()
+		st, chal, out := hostedRaw(t, addr, roots, "GET "+up.URL+"/tickets HTTP/1.1\r\nHost: x\r\nProxy-Authorization: "+basic("b-1", "hunter2")+"\r\n\r\n")
+		if st != http.StatusProxyAuthRequired || !strings.Contains(chal, "Basic") || !strings.Contains(out, "malformed") {
+			t.Fatalf("anonymous attempt: %d %q %s, want 407 malformed", st, chal, out)
+		}
+	}
+	const first = 6
+	for range first {
+		anon()
+	}
+	// A real token's refusal, past the budget: audited all the same.
+	if st, _, out := hostedRaw(t, addr, roots, "GET /v1/tools HTTP/1.1\r\nHost: sluice\r\nAuthorization: "+basic("b-1", other)+"\r\n\r\n"); st != 407 || !strings.Contains(out, "session_mismatch") {
+		t.Fatalf("another session's token: %d %s", st, out)
+	}
+	time.Sleep(window + 100*time.Millisecond) // every window so far has ended
+	anon()                                    // opens a new window, and summarises the ended ones
+	if up.requests.Load() != 0 {
+		t.Fatal("a refused attempt reached the upstream")
+	}
+
+	audited, mismatch, summarised, summaries := 0, 0, 0, 0
+	for _, rec := range auditEvents(t, g) {
+		switch rec.Event {
+		case "hosted_token_refused":
+			switch rec.Fields["reason"] {
+			case "malformed":
+				audited++
+			case "session_mismatch":
+				mismatch++
+			}
+		case "hosted_refusals_summarised":
+			summaries++
+			n, _ := rec.Fields["unaudited"].(float64)
+			summarised += int(n)
+			if rec.Fields["remote"] != "127.0.0.1" || rec.Fields["listener"] != "hosted" || n < 1 {
+				t.Errorf("summary record: %v", rec.Fields)
+			}
+		}
+	}
+	if mismatch != 1 {
+		t.Errorf("the real token's refusal was audited %d times, want 1", mismatch)
+	}
+	// Every attempt is either audited or in a summary; the budget held.
+	if audited+summarised != first+1 || summaries == 0 || audited > first-1 {
+		t.Fatalf("%d attempts: %d audited one by one, %d in %d summaries (budget %d per %s)", first+1, audited, summarised, summaries, budget, window)
+	}
+	if want := fmt.Sprintf("\nsluice_hosted_refusals_unaudited_total %d\n", summarised); !strings.Contains(g.metrics(t), want) {
+		t.Errorf("metrics do not count the %d refusals past the budget:\n%s", summarised, grepLines(g.metrics(t), "unaudited"))
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestHostedTokenExpires: a token past its expiry is 407 expired, and an

@@ -64,6 +64,9 @@ func (c *toolCall) inputFields() map[string]any {
 	if c.rec.Transport != "" {
 		f[call.KeyTransport] = string(c.rec.Transport)
 	}
+	if c.rec.Listener != "" {
+		f[call.KeyListener] = c.rec.Listener
+	}
 	if c.rec.Input != nil {
 		f[call.KeyInput] = c.rec.Input
 	}

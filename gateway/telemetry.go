@@ -34,6 +34,7 @@ type telemetry struct {
 	latency   *prometheus.HistogramVec
 	reloads   metric.Int64Counter
 	refusals  metric.Int64Counter
+	unaudited metric.Int64Counter // hosted refusals past their address's budget (ingress/hosted_budget.go)
 	audits    metric.Int64Counter
 	reflected metric.Int64Counter
 	upstream  metric.Int64Counter
@@ -121,10 +122,11 @@ func newTelemetry(tp trace.TracerProvider) (*telemetry, error) {
 			return nil, fmt.Errorf("gateway: metric: %w", err)
 		}
 	}
-	var errs [7]error
+	var errs [8]error
 	t.decisions, errs[0] = m.Int64Counter("sluice.decisions", metric.WithDescription("Policy decisions by action and rule."))
 	t.reloads, errs[1] = m.Int64Counter("sluice.policy.reloads", metric.WithDescription("Policy reload attempts by result (ok, error)."))
 	t.refusals, errs[2] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
+	t.unaudited, errs[7] = m.Int64Counter("sluice.hosted.refusals.unaudited", metric.WithDescription("Refusals at the hosted listener of attempts naming no token, past their source address's budget: answered 407 and counted here, audited once per address and window (hosted_refusals_summarised) instead of each."))
 	t.audits, errs[3] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
 	t.reflected, errs[4] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
 	t.upstream, errs[5] = m.Int64Counter("sluice.upstream.responses", metric.WithDescription("Upstream answers by connector (empty for raw egress), path (tool_call, proxy, intercept) and status class (2xx … 5xx); a relayed 401 is counted here as 4xx whatever the gateway answered."))

@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
+	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/limits"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
@@ -183,6 +184,9 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	// canonical forms.
 	id, e := canonicalCaller(c.req.Identity)
 	c.rec.Sandbox, c.rec.Agent, c.rec.Session, c.rec.User, c.rec.Egress = id.Sandbox, id.Agent, id.Session, id.User, id.Egress
+	if c.held == nil && ingress.HostedFrom(ctx) { // the connection's, never the request's
+		c.rec.Listener = call.ListenerHosted
+	}
 	if e != nil {
 		return call.Outcome{}, e
 	}

@@ -50,17 +50,35 @@ func inputValue(in *Input) (ast.Value, error) {
 		item("time", ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
 		item("findings", findingsTerm(in.Findings)),
 	}
-	if in.Envoy != nil {
-		ev, err := ast.InterfaceToValue(in.Envoy)
+	if len(in.Envoy) > 0 {
+		ev, err := envoyValue(in.Envoy)
 		if err != nil {
-			return nil, fmt.Errorf("envoy: %w", err)
+			return nil, err
 		}
-		items = append(items, item("envoy", ast.NewTerm(ev)))
+		if ev != nil {
+			items = append(items, item("envoy", ast.NewTerm(ev)))
+		}
 	}
 	if in.Usage != nil {
 		items = append(items, item("usage", usageTerm(in.Usage)))
 	}
 	return ast.NewObject(items...), nil
+}
+
+// envoyValue is input.envoy's value: an object, or nil for null (absent,
+// as a nil map was).
+func envoyValue(raw json.RawMessage) (ast.Value, error) {
+	v, err := ParseJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("envoy: %w", err)
+	}
+	switch v.(type) {
+	case ast.Object:
+		return v, nil
+	case ast.Null:
+		return nil, nil
+	}
+	return nil, errors.New("envoy: not an object")
 }
 
 // usageTerm builds input.usage.
@@ -275,6 +293,13 @@ func DecodeInput(raw []byte) (*Input, error) {
 	}
 	if !validKind(in.Kind) {
 		return nil, fmt.Errorf("policy: decode input: kind %q: want tool_call, http, connect or dns", in.Kind)
+	}
+	if len(in.Envoy) > 0 {
+		if v, err := envoyValue(in.Envoy); err != nil {
+			return nil, fmt.Errorf("policy: decode input: %w", err)
+		} else if v == nil {
+			in.Envoy = nil // null: absent
+		}
 	}
 	return &in, nil
 }

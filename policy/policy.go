@@ -16,6 +16,7 @@ package policy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -152,8 +153,11 @@ type Input struct {
 	// Envoy is the request in opa-envoy-plugin's input shape
 	// (attributes, parsed_path, parsed_query, parsed_body, …) when it came
 	// through Envoy's ext_authz; absent otherwise. A policy written for
-	// opa-envoy-plugin reads it with `with input as input.envoy`.
-	Envoy map[string]any `json:"envoy,omitempty"`
+	// opa-envoy-plugin reads it with `with input as input.envoy`. It is
+	// the door's own JSON (one object, as encoding/json writes it): the
+	// recorded input carries these bytes and the decision parses them
+	// once (ParseJSON), never a map converted and encoded again.
+	Envoy json.RawMessage `json:"envoy,omitempty"`
 	// Findings are the suspected credentials in what the call would send
 	// (policy/findings): Decide fills them in when nil, before deciding.
 	Findings []Finding `json:"findings"`

@@ -120,7 +120,7 @@ func recordedInputs() []*Input {
 				Headers: map[string][]string{"Accept": {"*/*"}}, Body: "token=ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"},
 			Time: at.In(time.FixedZone("CET", 3600))}, // recorded in another zone: decided in UTC
 		{Version: InputVersion, Kind: "connect", Request: Request{Host: "example.com", Port: 8443, Query: map[string][]string{}, Headers: map[string][]string{}},
-			Envoy: map[string]any{"attributes": map[string]any{"request": map[string]any{"http": map[string]any{"method": "CONNECT"}}}},
+			Envoy: json.RawMessage(`{"attributes":{"request":{"http":{"method":"CONNECT"}}}}`),
 			Time:  at},
 		{Version: InputVersion, Kind: "tool_call", Tool: "t.x", Args: nil, Operation: Operation{Tags: []string{"a", "b"}}, Time: at},
 	}

@@ -117,7 +117,7 @@ type Request struct {
 	RequestID string
 	// Envoy is the request in opa-envoy-plugin's input shape (the
 	// ext_authz door's), shown to policy as input.envoy; nil otherwise.
-	Envoy map[string]any
+	Envoy json.RawMessage
 	// TraceParent is the W3C traceparent the caller sent ("" when none).
 	// The pipeline records it only as a link of the call's span, never as
 	// its parent: the caller does not place the decision in its trace.

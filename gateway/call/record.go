@@ -32,6 +32,7 @@ const (
 	KeyRequestID       = "request_id"
 	KeyKind            = "kind"
 	KeyTransport       = "transport"
+	KeyListener        = "listener" // the listener the caller came through, when not the sandbox socket ("hosted")
 	KeyDecision        = "decision"
 	KeyReason          = "reason"
 	KeyRule            = "rule"
@@ -74,6 +75,10 @@ const (
 	KeyQType   = "qtype"
 	KeyRCode   = "rcode"
 )
+
+// ListenerHosted is Record.Listener for a caller that came through
+// gateway.hosted's listener.
+const ListenerHosted = "hosted"
 
 // The audit events a record is written under.
 const (
@@ -120,6 +125,11 @@ type Record struct {
 	Egress    string // the caller's egress narrowing, as in its preamble ("" when none)
 	Tool      string // tool calls: the tool's name (never its alias)
 	TraceID   string // the OpenTelemetry trace of the call ("" when tracing is off)
+
+	// Listener is the listener the caller's connection came through when
+	// it is not the sandbox socket: ListenerHosted for gateway.hosted's
+	// TLS listener (a token named the caller, not a relay). "" otherwise.
+	Listener string
 
 	Decision Decision
 	Decided  bool // Decision holds the policy's decision
@@ -217,6 +227,9 @@ func AppendFields[F FieldShape](f []F, r *Record, event string, code refusal.Cod
 	if eg {
 		f = append(f, F(Field{KeyKind, string(r.Kind)}))
 	}
+	if r.Listener != "" {
+		f = append(f, F(Field{KeyListener, r.Listener}))
+	}
 	// policy_revision sorts before port: out of order, the audit log
 	// folds the pairs into a map and sorts them again for every record.
 	if r.Decided && r.Decision.Revision != "" {
@@ -272,7 +285,7 @@ func (r *Record) Line(e *refusal.Error, reason string) (msg string, level slog.L
 }
 
 // LineAttrs is the most attributes a canonical line has.
-const LineAttrs = 19
+const LineAttrs = 20
 
 // AppendLine is Line appending the attributes to attrs: a writer that
 // hands them straight to the logger keeps them on its stack.
@@ -320,6 +333,9 @@ func (r *Record) AppendLine(attrs []slog.Attr, e *refusal.Error, reason string) 
 	attrs = append(attrs, slog.Float64(KeyDurationMS, float64(time.Since(r.Start).Microseconds())/1000))
 	if r.TraceID != "" {
 		attrs = append(attrs, slog.String(KeyTraceID, r.TraceID))
+	}
+	if r.Listener != "" {
+		attrs = append(attrs, slog.String(KeyListener, r.Listener))
 	}
 	return msg, level, attrs
 }

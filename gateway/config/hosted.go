@@ -26,6 +26,12 @@ type Hosted struct {
 	TokenKeyFile string `yaml:"token_key_file"`
 	// MaxTokenTTL bounds a minted token's lifetime (default 24h).
 	MaxTokenTTL Duration `yaml:"max_token_ttl"`
+	// RefusalBudget refused attempts that name no token are audited one
+	// by one per source address and RefusalWindow (defaults 20 and 1m);
+	// past it they are counted in /metrics and audited once per address
+	// and window as hosted_refusals_summarised.
+	RefusalBudget int      `yaml:"refusal_budget"`
+	RefusalWindow Duration `yaml:"refusal_window"`
 }
 
 // DefaultMaxTokenTTL is gateway.hosted.max_token_ttl's default.
@@ -70,6 +76,9 @@ func validateHosted(c *Config, bad func(key, format string, args ...any)) {
 	}
 	if h.TokenKeyFile == "" {
 		bad(k+".token_key_file", "must be set (or audit.path, beside which it defaults)")
+	}
+	if h.RefusalBudget < 0 || h.RefusalWindow < 0 {
+		bad(k+".refusal_budget", "refusal_budget and refusal_window must not be negative")
 	}
 	if h.MaxTokenTTL.Std() < time.Second || h.MaxTokenTTL.Std() > MaxMaxTokenTTL {
 		bad(k+".max_token_ttl", "must be between 1s and %s", MaxMaxTokenTTL)

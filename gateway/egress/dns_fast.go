@@ -79,6 +79,7 @@ func (e answerer) answerFast(ctx context.Context, id wire.Identity, raw, dst []b
 	}
 	c := newEgressCall("", now, call.KindDNS)
 	c.setCaller(caller)
+	c.setListener(ctx, e.d.Hosted)
 	c.DestHost = name
 	c.decide(d)
 	e.countName(ctx, c, name)

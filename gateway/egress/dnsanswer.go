@@ -78,6 +78,7 @@ func (e answerer) serve(w http.ResponseWriter, r *http.Request) {
 func (e answerer) answer(ctx context.Context, rid string, id wire.Identity, raw []byte) []byte {
 	c := newEgressCall(rid, time.Now(), call.KindDNS)
 	c.setCaller(CallerOf(id))
+	c.setListener(ctx, e.d.Hosted)
 	q := new(mdns.Msg)
 	reply := func(rcode int, rrs []mdns.RR) []byte {
 		m := new(mdns.Msg)

@@ -47,6 +47,14 @@ func (c *egressCall) setCaller(caller policy.Caller) {
 	c.Sandbox, c.Agent, c.Session, c.User, c.Egress = caller.Sandbox, caller.Agent, caller.Session, caller.User, caller.Egress
 }
 
+// setListener records the listener ctx's connection came through
+// (Deps.Hosted, nil: the socket), beside the caller.
+func (c *egressCall) setListener(ctx context.Context, hosted func(context.Context) bool) {
+	if hosted != nil && hosted(ctx) {
+		c.Listener = call.ListenerHosted
+	}
+}
+
 // decide records policy's decision d, in c and in its record.
 func (c *egressCall) decide(d policy.Decision) {
 	c.decision = d

@@ -32,6 +32,9 @@ type Deps struct {
 	// Identity is the relayed identity of a request (ingress.IdentityFrom:
 	// egress takes it as a hook, so it never imports the socket's package).
 	Identity func(ctx context.Context) (wire.Identity, bool)
+	// Hosted says whether a request's connection came through the hosted
+	// listener (ingress.HostedFrom), for its records' listener; nil: never.
+	Hosted func(ctx context.Context) bool
 	// Engine is the current policy; decision caches key on its version.
 	Engine func() *policy.Engine
 	// Append writes one audit record (Server.appendAudit, the one way

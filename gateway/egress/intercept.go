@@ -378,7 +378,8 @@ func (e intercepted) interceptRequest(w http.ResponseWriter, r *http.Request, tu
 	in := e.d.Interceptor
 	c := newEgressCall(refusal.NewRequestID(), time.Now(), call.KindHTTP)
 	c.setCaller(tunnel.caller)
-	c.TraceID = tunnel.TraceID // a request inside the tunnel is in the tunnel's trace
+	c.Listener = tunnel.Listener // the tunnel's connection's
+	c.TraceID = tunnel.TraceID   // a request inside the tunnel is in the tunnel's trace
 	c.DestHost, c.Port = tunnel.DestHost, tunnel.Port
 	c.SetResolvedIP(tunnel.ResolvedIP())
 	if err := checkProxyRequest(r); err != nil {

@@ -114,6 +114,7 @@ func (e *Proxy) ServeProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.setCaller(CallerOf(id))
+	c.setListener(r.Context(), e.d.Hosted)
 	if c.Kind == "connect" {
 		e.connect(w, r, c, id)
 		return

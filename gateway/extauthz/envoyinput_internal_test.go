@@ -36,10 +36,9 @@ func slowAttributes(t *testing.T, cr *authv3.CheckRequest) any {
 	return m["attributes"]
 }
 
-// TestFastAttributesMatchProtojson: the direct rendering of attributes is
-// protojson's document, field for field, for every fixture and for the
-// fields Envoy fills less often; what it does not render falls back.
-func TestFastAttributesMatchProtojson(t *testing.T) {
+// fixtures are the CheckRequests in testdata, as Envoy sends them.
+func fixtures(t *testing.T) []*authv3.CheckRequest {
+	t.Helper()
 	files, _ := filepath.Glob("testdata/*.json")
 	var crs []*authv3.CheckRequest
 	for _, f := range files {
@@ -56,6 +55,14 @@ func TestFastAttributesMatchProtojson(t *testing.T) {
 	if len(crs) < 3 {
 		t.Fatalf("%d fixtures", len(crs))
 	}
+	return crs
+}
+
+// TestFastAttributesMatchProtojson: the direct rendering of attributes is
+// protojson's document, field for field, for every fixture and for the
+// fields Envoy fills less often; what it does not render falls back.
+func TestFastAttributesMatchProtojson(t *testing.T) {
+	crs := fixtures(t)
 	rich := &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
 		Source: &authv3.AttributeContext_Peer{
 			Address: &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: "/run/x.sock", Mode: 0o660}}},

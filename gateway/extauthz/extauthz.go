@@ -207,7 +207,7 @@ func (a *Authz) check(ctx context.Context, cr *authv3.CheckRequest) *authv3.Chec
 		}
 		return refuse(http.StatusBadRequest, CodeBadRequest, "the request cannot be decided")
 	}
-	env, err := EnvoyInput(cr, r)
+	env, err := EnvoyJSON(cr, r)
 	if err != nil {
 		return refuse(http.StatusInternalServerError, CodeBug, "bug: the request cannot be rendered for policy")
 	}

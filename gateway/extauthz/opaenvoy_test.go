@@ -55,11 +55,15 @@ func TestOPAEnvoyPolicyUnchanged(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			raw, err := extauthz.EnvoyJSON(cr, r) // what the gateway decides on; the plugin gets the map
+			if err != nil {
+				t.Fatal(err)
+			}
 			d := eng.Decide(ctx, &policy.Input{
 				Version: policy.InputVersion, Kind: "http",
 				Caller:  policy.Caller{Sandbox: "sb-1", Agent: "support-bot"},
 				Request: policy.Request{Method: r.Method, Host: r.Host, Port: r.Port, Path: r.Path, Query: r.Query, Headers: r.Headers},
-				Envoy:   env, Time: time.Now(),
+				Envoy:   raw, Time: time.Now(),
 			})
 			if d.Action != tc.want || d.Rule != "envoy.authz" {
 				t.Fatalf("sluice: %v by %q (%s), want %v by envoy.authz", d.Action, d.Rule, d.Reason, tc.want)

@@ -3,6 +3,7 @@ package extauthz
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -47,8 +48,8 @@ type Request struct {
 	// BodySHA256 is the hex SHA-256 of Body; a hold is bound to it.
 	BodySHA256 string
 	// Envoy is the request in opa-envoy-plugin's input shape, for
-	// input.envoy (EnvoyInput).
-	Envoy map[string]any
+	// input.envoy: EnvoyJSON's encoding of EnvoyInput.
+	Envoy json.RawMessage
 }
 
 // Target is the request's URL as Envoy will send it upstream

@@ -69,6 +69,14 @@ type HostedRefusal struct {
 type HostedOptions struct {
 	Check   HostedCheck
 	Refused func(HostedRefusal) // audits and logs a refusal; nil: none
+	// RefusalBudget refusals naming no token are audited per source
+	// address and RefusalWindow (zero: the defaults); past it each is
+	// counted by Unaudited and the window's are audited once by
+	// Summarised (hosted_budget.go). Nil hooks: none.
+	RefusalBudget int
+	RefusalWindow time.Duration
+	Unaudited     func()
+	Summarised    func(HostedSummary)
 }
 
 // hostedState is an admitted hosted connection's credential: the exact
@@ -110,14 +118,24 @@ func (l *Listener) ListenHosted(addr string, cfg *tls.Config, o HostedOptions) (
 	if o.Refused == nil {
 		o.Refused = func(HostedRefusal) {}
 	}
+	if o.Unaudited == nil {
+		o.Unaudited = func() {}
+	}
+	if o.Summarised == nil {
+		o.Summarised = func(HostedSummary) {}
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("gateway.hosted.listen: %w", err)
 	}
 	l.hosted = o
+	l.budget = newRefusalBudget(o.RefusalBudget, o.RefusalWindow, time.Now)
 	go func() {
 		<-l.done
 		ln.Close()
+		for _, s := range l.budget.flush() { // the windows still open
+			o.Summarised(s)
+		}
 	}()
 	pending := make(chan struct{}, MaxHostedPending)
 	admit := func(c net.Conn) {
@@ -211,7 +229,7 @@ func (l *Listener) identifyHosted(c net.Conn, cfg *tls.Config) *Conn {
 // refuseHosted records a refused connection and answers it: 407 with a
 // Basic challenge (503 when the store could not say), then closes it.
 func (l *Listener) refuseHosted(c net.Conn, r HostedRefusal) {
-	l.hosted.Refused(r)
+	l.reportHosted(r)
 	code := refusal.Unauthenticated
 	msg := "a hosted sandbox must present its per-run token: Proxy-Authorization: Basic base64(SESSION:TOKEN) (HTTPS_PROXY=https://SESSION:TOKEN@host:port)"
 	if r.Status == http.StatusServiceUnavailable {
@@ -219,6 +237,24 @@ func (l *Listener) refuseHosted(c net.Conn, r HostedRefusal) {
 	}
 	l.refused(code)
 	rejectHosted(c, r.Status, code, msg, r.Reason)
+}
+
+// reportHosted hands a refusal to HostedOptions.Refused, within the
+// source address's budget when it names no token (see above).
+func (l *Listener) reportHosted(r HostedRefusal) {
+	if r.ID.Session != "" || l.budget == nil {
+		l.hosted.Refused(r)
+		return
+	}
+	audit, done := l.budget.take(r.Remote)
+	for _, s := range done {
+		l.hosted.Summarised(s)
+	}
+	if audit {
+		l.hosted.Refused(r)
+	} else {
+		l.hosted.Unaudited()
+	}
 }
 
 // rejectHosted is rejectConn with the challenge of a 407 and the reason
@@ -309,6 +345,14 @@ func targetHost(r *http.Request) string {
 }
 
 type hostedKey struct{}
+
+// HostedFrom reports whether a request's connection came through the
+// hosted listener (a per-run token admitted it), from the connection's
+// context (ConnContext): never from anything the request says.
+func HostedFrom(ctx context.Context) bool {
+	_, ok := ctx.Value(hostedKey{}).(*hostedState)
+	return ok
+}
 
 // HostedGate guards every request of a hosted connection: it must carry
 // the credential the connection was admitted with (compared in constant

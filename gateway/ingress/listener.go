@@ -215,7 +215,8 @@ type Listener struct {
 	warned    atomic.Int64   // unix seconds of the last over-cap log line
 	quiet     atomic.Int64   // over-cap refusals not logged since
 
-	hosted HostedOptions // gateway.hosted's hooks, set by ListenHosted (hosted.go)
+	hosted HostedOptions  // gateway.hosted's hooks, set by ListenHosted (hosted.go)
+	budget *refusalBudget // of refusals naming no token, set by ListenHosted (hosted_budget.go)
 }
 
 // listenLimits are the sandbox socket's bounds on open connections and

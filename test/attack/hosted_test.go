@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -353,6 +354,47 @@ func TestHostedSandbox(t *testing.T) {
 			})
 		}
 	}
+
+	t.Run("B11 a flood of attempts naming no token does not grow the audit log one record each", func(t *testing.T) {
+		cb := casebook.Expect(t, "B11", "hosted listener: 50 requests without Proxy-Authorization from the sandbox's address (budget: 20 audited per address per minute)",
+			"each 407, nothing sent upstream; past the budget not audited one by one but counted in sluice_hosted_refusals_unaudited_total (audited once per window as hosted_refusals_summarised)")
+		anon := func() int { // refusals audited one by one that name no token's session
+			n := 0
+			for _, r := range g.AuditEvent("hosted_token_refused", `"remote":"`+hostedSBAddr+`:`) {
+				if f, _ := r["fields"].(map[string]any); f["session"] == nil {
+					n++
+				}
+			}
+			return n
+		}
+		unaudited := func() int {
+			_, m, _ := h.g.AdminGet("/metrics")
+			for _, l := range strings.Split(string(m), "\n") {
+				if v, ok := strings.CutPrefix(l, "sluice_hosted_refusals_unaudited_total "); ok {
+					n, _ := strconv.Atoi(strings.TrimSpace(v))
+					return n
+				}
+			}
+			return 0
+		}
+		const attempts = 50
+		recs, ctr, conns := anon(), unaudited(), h.httpConn.Load()+h.tlsConn.Load()
+		refused := 0
+		for range attempts {
+			resp, body, _, _ := h.raw(t, "GET http://pkg.test/flood HTTP/1.1\r\nHost: pkg.test\r\n\r\n")
+			if resp.StatusCode == http.StatusProxyAuthRequired && strings.Contains(body, "missing") {
+				refused++
+			}
+		}
+		audited, counted := anon()-recs, unaudited()-ctr
+		cb.Observef("%d of %d answered 407 missing, %d audited one by one, %d counted unaudited, upstream connections +%d", refused, attempts, audited, counted,
+			h.httpConn.Load()+h.tlsConn.Load()-conns)
+		// At most two windows (20 each) can hold the burst: at least 10 are
+		// past the budget; every attempt is either audited or counted.
+		if refused != attempts || audited+counted != attempts || counted < attempts-40 || h.httpConn.Load()+h.tlsConn.Load() != conns {
+			t.Fatalf("%d 407s, %d audited, %d counted", refused, audited, counted)
+		}
+	})
 
 	t.Run("E17 a connection switching to another token mid-stream", func(t *testing.T) {
 		cb := casebook.Expect(t, "E17", "hosted listener: a second request on a connection admitted with run-1's token carries run-2's",
