@@ -188,8 +188,9 @@ type Manager struct {
 	// (pool_linux.go).
 	pools   map[string]*warmPool
 	refills sync.WaitGroup
-	// lastCreate is when the last create began or ended, inCreate how
-	// many run (under mu): refills wait for a quiet moment.
+	// lastCreate is when the last create or exec began or ended,
+	// inCreate how many creates run (under mu): refills wait for a quiet
+	// moment (pool_linux.go).
 	lastCreate time.Time
 	inCreate   int
 	// closing is closed when Close begins (refills stop waiting).

@@ -188,7 +188,7 @@ func TestTakeSpare(t *testing.T) {
 			}
 			if tc.refill {
 				p := m.pools[""]
-				p.refillDone = make(chan struct{})
+				p.builders, p.building = 1, 1
 				go func() {
 					time.Sleep(50 * time.Millisecond)
 					p.spares <- spare

@@ -16,9 +16,9 @@ type warmPool struct {
 	template string
 	lim      Limits // what its sandboxes are built with
 	spares   chan *sandbox
-	// refillDone is closed when the running refill ends (nil: none
-	// runs); under Manager.mu.
-	refillDone chan struct{}
+	// builders run refill for the pool; building is how many sandboxes
+	// they are making (both under Manager.mu).
+	builders, building int
 }
 
 // newPools makes the pool of sandboxes without a template (size spares)
@@ -75,9 +75,10 @@ func (m *Manager) takeSpare(template string, lim Limits) *sandbox {
 }
 
 // refillQuiet is how long a refill waits after the last create ended
-// (with none running) before it builds: a burst of creates is served
-// first (from the pool, or each by its own fork), and the refill's forks
-// do not take CPU from it.
+// (with none running), and after an exec began or ended, before it
+// builds: a burst of creates is served first (from the pool, or each by
+// its own fork), with the commands run in them right after, and the
+// refill's forks do not take CPU from them.
 const refillQuiet = 20 * time.Millisecond
 
 // startRefills starts a refill of every pool that is not full.
@@ -87,28 +88,29 @@ func (m *Manager) startRefills() {
 	}
 }
 
-// startRefill starts a refill of p unless one runs or the manager is
-// closed.
+// startRefill starts builders for p (at most refillBuilders) while it
+// lacks sandboxes no builder is making, unless the manager is closed.
 func (m *Manager) startRefill(p *warmPool) {
 	if p == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed || p.refillDone != nil || len(p.spares) == cap(p.spares) {
-		return
+	for !m.closed && p.builders < refillBuilders && len(p.spares)+p.building < cap(p.spares) {
+		p.builders++
+		m.refills.Add(1)
+		go func() {
+			defer m.refills.Done()
+			m.refill(p)
+		}()
 	}
-	done := make(chan struct{})
-	p.refillDone = done
-	m.refills.Add(1)
-	go func() {
-		defer m.refills.Done()
-		m.refill(p)
-		m.mu.Lock()
-		p.refillDone = nil
-		m.mu.Unlock()
-		close(done)
-	}()
+}
+
+// touch records activity a refill should not compete with.
+func (m *Manager) touch() {
+	m.mu.Lock()
+	m.lastCreate = time.Now()
+	m.mu.Unlock()
 }
 
 // refillQuietMax bounds how long a refill waits for a quiet moment: under
@@ -141,57 +143,52 @@ func (m *Manager) quiet() bool {
 	return true
 }
 
-// refill builds p's sandboxes until it is full. Only startRefill runs it,
-// one at a time per pool. A build that fails is retried after a pause
-// that doubles up to refillBackoffMax: a pool left empty by one failure
-// would put every create back on the fork path until the next create
-// happened to restart the refill.
+// refill is one of p's builders: it builds one sandbox at a time until
+// p holds or is being given cap(p.spares). Builders are pipelined (each
+// starts its next build as soon as its last is in the pool, not when the
+// other's is), sandboxd forks from refillBuilders threads. A build that
+// fails is retried after a pause that doubles up to refillBackoffMax: a
+// pool left empty by one failure would put every create back on the fork
+// path until the next create happened to restart the refill.
 func (m *Manager) refill(p *warmPool) {
 	backoff := refillBackoff
-	for len(p.spares) < cap(p.spares) {
+	defer func() {
+		m.mu.Lock()
+		p.builders--
+		m.mu.Unlock()
+	}()
+	for {
 		if !m.quiet() {
 			return
 		}
-		// Two at a time (sandboxd forks from two threads): a pool emptied
-		// by a burst is back in half the time.
-		k := min(refillBuilders, cap(p.spares)-len(p.spares))
-		built := make(chan *sandbox, k)
-		errs := make(chan error, k)
-		for range k {
-			if m.refillRate != nil {
-				_ = m.refillRate.Wait(context.Background())
-			}
-			go func() {
-				sb, err := m.fork(p.lim, p.template)
-				if err == nil {
-					if err = m.setup(sb, nil); err != nil {
-						m.teardown(sb, false)
-					}
-				}
-				if err == nil {
-					m.saveSpare(sb)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				built <- sb
-			}()
+		if m.refillRate != nil {
+			_ = m.refillRate.Wait(context.Background())
 		}
-		var failed error
-		for range k {
-			select {
-			case sb := <-built:
-				p.spares <- sb // only this goroutine adds, and there is room
-			case err := <-errs:
-				failed = err
+		m.mu.Lock()
+		if m.closed || len(p.spares)+p.building >= cap(p.spares) {
+			m.mu.Unlock()
+			return
+		}
+		p.building++
+		m.mu.Unlock()
+		sb, err := m.fork(p.lim, p.template)
+		if err == nil {
+			if err = m.setup(sb, nil); err != nil {
+				m.teardown(sb, false)
 			}
 		}
-		if failed == nil {
+		if err == nil {
+			m.saveSpare(sb)
+			p.spares <- sb // building reserved its room
+		}
+		m.mu.Lock()
+		p.building--
+		m.mu.Unlock()
+		if err == nil {
 			backoff = refillBackoff
 			continue
 		}
-		m.log.Warn("sandboxd: pool", "template", p.template, "err", failed, "retry_in", backoff)
+		m.log.Warn("sandboxd: pool", "template", p.template, "err", err, "retry_in", backoff)
 		select {
 		case <-time.After(backoff):
 		case <-m.closing:
