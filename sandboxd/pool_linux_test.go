@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 )
 
@@ -169,6 +170,56 @@ func TestTemplatePools(t *testing.T) {
 	for _, want := range []string{`"event":"limit_refused"`, `"event":"template_refused"`, `"event":"egress_refused"`, `"egress":"pypi.org"`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("events.jsonl lacks %s:\n%s", want, b)
+		}
+	}
+}
+
+// TestTemplateRootfs: a template's rootfs is what its sandboxes see: a
+// root holding the host's /usr (bound here, in the test's own directory)
+// and an etc/ of its own shows that etc/ in the template's sandboxes and
+// the configured rootfs's in the others.
+func TestTemplateRootfs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	root, err := os.MkdirTemp("", "sluice-tmpl-rootfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"usr", "etc"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(root, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc", "template-marker"), []byte("from the template's rootfs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/usr", filepath.Join(root, "usr"), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(filepath.Join(root, "usr"), unix.MNT_DETACH) })
+	m := realManagerWith(t, func(c *Config) { c.Templates = map[string]Template{"own": {Rootfs: root}} })
+	ctx := context.Background()
+	for _, tc := range []struct{ template, want string }{{"own", "from the template's rootfs"}, {"", "absent"}} {
+		in, err := m.Create(ctx, CreateRequest{Template: tc.template, Agent: "a"})
+		if err != nil {
+			t.Fatalf("create (template %q): %v", tc.template, err)
+		}
+		res, err := m.Exec(ctx, in.ID, ExecRequest{Argv: []string{"/bin/sh", "-c", "cat /etc/template-marker 2>/dev/null || echo absent"}})
+		if err != nil || res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != tc.want {
+			t.Errorf("template %q: %v %+v; want %q", tc.template, err, res, tc.want)
+		}
+		if err := m.Destroy(in.ID); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
