@@ -239,7 +239,7 @@ func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
 			cfg := filepath.Join(dir, "sandboxd.yaml")
 			api := filepath.Join(dir, "api.sock")
 			if err := os.WriteFile(cfg, []byte("api: "+api+"\nstate_dir: "+state+"\ngateway: "+g.Sock+
-				"\nadopt_wait: 1m\non_stop: "+onStop+"\n"), 0o600); err != nil {
+				"\nadopt_wait: 1m\non_stop: "+onStop+"\npool: {size: 1}\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			sd := startSandboxd(t, cfg, api)
@@ -260,6 +260,16 @@ func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
 				if ev["event"] == "created" {
 					pid = int(ev["pid"].(float64))
 				}
+			}
+			// The pool refilled after the create took its sandbox.
+			for deadline := time.Now().Add(60 * time.Second); len(spareRecords(t, state)) < 1; time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the pool did not refill in 60s")
+				}
+			}
+			spare := ""
+			for id := range spareRecords(t, state) {
+				spare = id
 			}
 			sd.stop() // SIGTERM
 			alive := syscall.Kill(pid, 0) == nil
@@ -284,6 +294,10 @@ func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
 			}
 			if countEvents(sandboxdEvents(t, state), "sandbox_readopted", id) != 1 {
 				t.Errorf("want sandbox_readopted for %s", id)
+			}
+			// The pooled sandbox was released too, and is back in the pool.
+			if countEvents(sandboxdEvents(t, state), "spare_readopted", spare) != 1 {
+				t.Errorf("want spare_readopted for the pooled %s", spare)
 			}
 		})
 	}
