@@ -469,6 +469,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		m.creates.Done()
 	}()
 	sb := m.takeSpare(req.Template, lim)
+	pooled := sb != nil
 	m.startRefill(m.pools[req.Template])
 	defer func() {
 		if err != nil && sb != nil {
@@ -544,7 +545,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		m.log.Warn("sandbox state not saved: a restarted sandboxd cannot re-adopt it", "sandbox", id, "err", err)
 		m.events.write(event{Event: "state_not_saved", Sandbox: id, Agent: req.Agent, Error: err.Error()})
 	}
-	m.events.write(event{Event: "created", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
+	m.events.write(event{Event: "created", Sandbox: id, Template: req.Template, Pooled: pooled, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
 	m.log.Info("sandbox created", "sandbox", id, "agent", req.Agent, "pid", sb.info.Pid)
 	return sb.info, nil
 }
@@ -1096,6 +1097,10 @@ type event struct {
 	Millis   int64     `json:"duration_ms,omitempty"`
 	Error    string    `json:"error,omitempty"`
 	Egress   string    `json:"egress,omitempty"`
+	// Template and Pooled, on created: the template named, and whether a
+	// pooled sandbox served the create (false: it forked its own).
+	Template string `json:"template,omitempty"`
+	Pooled   bool   `json:"pooled,omitempty"`
 }
 
 // eventLog appends JSON lines outside every sandbox.

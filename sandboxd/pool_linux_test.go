@@ -167,6 +167,13 @@ func TestTemplatePools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	created := false
+	for _, l := range strings.Split(string(b), "\n") {
+		created = created || strings.Contains(l, `"event":"created","sandbox":"`+in.ID+`"`) && strings.Contains(l, `"template":"small","pooled":true`)
+	}
+	if !created {
+		t.Errorf("events.jsonl lacks created for %s with template small, pooled:\n%s", in.ID, b)
+	}
 	for _, want := range []string{`"event":"limit_refused"`, `"event":"template_refused"`, `"event":"egress_refused"`, `"egress":"pypi.org"`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("events.jsonl lacks %s:\n%s", want, b)
