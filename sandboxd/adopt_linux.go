@@ -42,6 +42,9 @@ type boxRecord struct {
 	// StartTime is the init's start time (/proc/PID/stat field 22), so a
 	// reused pid is never taken for the init.
 	StartTime uint64 `json:"start_time"`
+	// Spare: a pooled sandbox no create has taken yet (no identity, no
+	// exits); a new sandboxd puts it back into its template's pool.
+	Spare bool `json:"spare,omitempty"`
 }
 
 func (m *Manager) boxFile(id string) string {
@@ -87,7 +90,7 @@ func (m *Manager) saveBox(sb *sandbox, ident wire.Identity) error {
 	if err != nil {
 		return fmt.Errorf("state: init start time: %w", err)
 	}
-	rec := boxRecord{Info: sb.info, Ident: ident, Slot: sb.slot, Dir: sb.dir, Env: sb.env, StartTime: st}
+	rec := boxRecord{Info: sb.info, Ident: ident, Slot: sb.slot, Dir: sb.dir, Env: sb.env, StartTime: st, Spare: sb.info.Agent == ""}
 	rec.CG.V2, rec.CG.Dirs = sb.cg.v2, sb.cg.dirs
 	if sb.info.Limits.Lifetime > 0 {
 		rec.Deadline = sb.info.Created.Add(sb.info.Limits.Lifetime)
@@ -108,6 +111,15 @@ func (m *Manager) saveBox(sb *sandbox, ident wire.Identity) error {
 		return fmt.Errorf("state: %w", err)
 	}
 	return nil
+}
+
+// saveSpare writes a pooled sandbox's state file, so that a sandboxd
+// that dies leaves it to the next one's pool instead of to the kernel.
+func (m *Manager) saveSpare(sb *sandbox) {
+	if err := m.saveBox(sb, wire.Identity{}); err != nil {
+		m.log.Warn("pooled sandbox's state not saved: a restarted sandboxd cannot re-adopt it", "sandbox", sb.info.ID, "err", err)
+		m.events.write(event{Event: "state_not_saved", Sandbox: sb.info.ID, Error: err.Error()})
+	}
 }
 
 // forgetBox removes a sandbox's state file.
@@ -164,6 +176,10 @@ func (m *Manager) readoptBoxes(ctx context.Context, recs []boxRecord, bad []stri
 		m.events.write(event{Event: "sandbox_lost", Error: "state file " + b})
 	}
 	for _, r := range recs {
+		if r.Spare {
+			m.readoptSpare(r)
+			continue
+		}
 		sb, err := m.readoptBox(ctx, r)
 		if err == nil {
 			m.events.write(event{Event: "sandbox_readopted", Sandbox: r.Info.ID, Agent: r.Info.Agent, Session: r.Info.Session, User: r.Info.User, Pid: r.Info.Pid})
@@ -187,6 +203,69 @@ func (m *Manager) readoptBoxes(ctx context.Context, recs []boxRecord, bad []stri
 
 // readoptBox takes back one sandbox, or says why it cannot.
 func (m *Manager) readoptBox(ctx context.Context, r boxRecord) (_ *sandbox, err error) {
+	sb, err := m.adoptInit(r)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			sb.abandon()
+		}
+	}()
+	pid := r.Info.Pid
+	if m.exits != nil {
+		sock := filepath.Join(r.Dir, "run", "gateway.sock")
+		_ = os.Remove(sock) // the dead sandboxd's listener
+		if sb.exit, err = m.exits(ctx, Exit{
+			NetNS: fmt.Sprintf("/proc/%d/ns/net", pid), Identity: r.Ident, Gateway: m.cfg.Gateway,
+			GatewayAddr: m.cfg.GatewayTLS.Address, GatewayTLS: m.gwTLS,
+			SocketPath: sock, ProxyPort: ProxyPort, DNSPort: DNSPort, DNSCacheFor: m.cfg.relayDNSCache(),
+		}); err != nil {
+			m.freeSlot(sb)
+			return nil, fmt.Errorf("open exits: %w", err)
+		}
+	}
+	m.mu.Lock()
+	m.boxes[r.Info.ID] = sb
+	if d := time.Until(r.Deadline); !r.Deadline.IsZero() && d > 0 {
+		id := r.Info.ID
+		sb.timer = time.AfterFunc(d, func() { _ = m.Destroy(id) })
+	}
+	m.mu.Unlock()
+	if err := m.watchAdopted(sb); err != nil {
+		m.log.Warn("re-adopted sandbox's init is not watched", "sandbox", r.Info.ID, "err", err)
+	}
+	return sb, nil
+}
+
+// freeSlot gives back the uid slot of a sandbox that is not kept.
+func (m *Manager) freeSlot(sb *sandbox) {
+	m.mu.Lock()
+	if sb.slot >= 0 {
+		m.slots[sb.slot] = false
+		sb.slot = -1
+	}
+	m.mu.Unlock()
+}
+
+// abandon kills an init that was being adopted and failed to be, and
+// waits for it.
+func (sb *sandbox) abandon() {
+	_ = unix.PidfdSendSignal(int(sb.pidfd.Fd()), unix.SIGKILL, nil, 0)
+	if sb.ctl != nil {
+		sb.ctl.Close()
+	}
+	if sb.exit != nil {
+		sb.exit.Close()
+	}
+	waitPidfd(sb.pidfd, 10*time.Second)
+	sb.pidfd.Close()
+}
+
+// adoptInit takes back the init of record r: it checks it is the same
+// process (pid and start time, through a pidfd), claims its uid slot and
+// connects to its control socket.
+func (m *Manager) adoptInit(r boxRecord) (_ *sandbox, err error) {
 	pid := r.Info.Pid
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -206,15 +285,8 @@ func (m *Manager) readoptBox(ctx context.Context, r boxRecord) (_ *sandbox, err 
 		cg: &cgroup{v2: r.CG.V2, dirs: r.CG.Dirs, files: map[string]*os.File{}}}
 	defer func() {
 		if err != nil {
-			_ = unix.PidfdSendSignal(int(pidfd.Fd()), unix.SIGKILL, nil, 0)
-			if sb.ctl != nil {
-				sb.ctl.Close()
-			}
-			if sb.exit != nil {
-				sb.exit.Close()
-			}
-			waitPidfd(pidfd, 10*time.Second)
-			pidfd.Close()
+			m.freeSlot(sb)
+			sb.abandon()
 		}
 	}()
 	m.mu.Lock()
@@ -239,27 +311,6 @@ func (m *Manager) readoptBox(ctx context.Context, r boxRecord) (_ *sandbox, err 
 		return nil, err
 	}
 	sb.ctl.max = maxReply
-	if m.exits != nil {
-		sock := filepath.Join(r.Dir, "run", "gateway.sock")
-		_ = os.Remove(sock) // the dead sandboxd's listener
-		if sb.exit, err = m.exits(ctx, Exit{
-			NetNS: fmt.Sprintf("/proc/%d/ns/net", pid), Identity: r.Ident, Gateway: m.cfg.Gateway,
-			GatewayAddr: m.cfg.GatewayTLS.Address, GatewayTLS: m.gwTLS,
-			SocketPath: sock, ProxyPort: ProxyPort, DNSPort: DNSPort, DNSCacheFor: m.cfg.relayDNSCache(),
-		}); err != nil {
-			return nil, fmt.Errorf("open exits: %w", err)
-		}
-	}
-	m.mu.Lock()
-	m.boxes[r.Info.ID] = sb
-	if d := time.Until(r.Deadline); !r.Deadline.IsZero() && d > 0 {
-		id := r.Info.ID
-		sb.timer = time.AfterFunc(d, func() { _ = m.Destroy(id) })
-	}
-	m.mu.Unlock()
-	if err := m.watchAdopted(sb); err != nil {
-		m.log.Warn("re-adopted sandbox's init is not watched", "sandbox", r.Info.ID, "err", err)
-	}
 	return sb, nil
 }
 
@@ -326,6 +377,12 @@ func (m *Manager) release(id string) error {
 	if !ok {
 		return nil
 	}
+	return m.releaseSandbox(sb)
+}
+
+// releaseSandbox is release for sb, a live sandbox or a pooled one.
+func (m *Manager) releaseSandbox(sb *sandbox) error {
+	id := sb.info.ID
 	sb.ending.Store(true) // the watcher ends without reporting a death
 	if sb.timer != nil {
 		sb.timer.Stop()

@@ -30,6 +30,7 @@ type ExecBody struct {
 
 // CreateBody is POST /v1/sandboxes (durations in milliseconds).
 type CreateBody struct {
+	Template   string            `json:"template,omitempty"` // a configured template's name
 	Agent      string            `json:"agent"`
 	Session    string            `json:"session,omitempty"`
 	User       string            `json:"user,omitempty"`
@@ -52,7 +53,7 @@ func (m *Manager) Handler() http.Handler {
 			fail(w, err)
 			return
 		}
-		in, err := m.Create(r.Context(), CreateRequest{Agent: b.Agent, Session: b.Session, User: b.User,
+		in, err := m.Create(r.Context(), CreateRequest{Template: b.Template, Agent: b.Agent, Session: b.Session, User: b.User,
 			Limits: b.Limits, Env: b.Env, Lifetime: life, Egress: b.Egress})
 		if err != nil {
 			fail(w, err)

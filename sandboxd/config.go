@@ -105,6 +105,9 @@ type Config struct {
 	// and opens its exits) and never reused. It is spares under its issue
 	// 24 name, with a refill rate; set one of pool.size and spares.
 	Pool Pool `yaml:"pool"`
+	// Templates are named kinds of sandbox (templates.go): a create that
+	// names one gets its rootfs, limits, egress and env.
+	Templates map[string]Template `yaml:"templates"`
 }
 
 // Pool sizes the warm pool and bounds how fast it refills.
@@ -115,6 +118,10 @@ type Pool struct {
 	// a burst of forks competing with the sandboxes just handed out);
 	// 0 = as fast as one builder goes.
 	RefillPerSecond float64 `yaml:"refill_per_second"`
+	// PerTemplate keeps a pool of its own for each template it names,
+	// of that template's sandboxes; size is the pool of sandboxes made
+	// without a template.
+	PerTemplate map[string]int `yaml:"per_template"`
 }
 
 // The values of on_stop.
@@ -251,6 +258,9 @@ func ParseConfig(b []byte) (Config, error) {
 		if err := sizeKeys(doc); err != nil {
 			return Config{}, fmt.Errorf("config: %w", err)
 		}
+		if err := checkTemplateKeys(doc); err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
 		if err := doc.Decode(&c); err != nil {
 			return Config{}, fmt.Errorf("config: %w", err)
 		}
@@ -271,7 +281,11 @@ var byteKeys = []string{"memory_bytes", "workspace_bytes", "tmp_bytes", "output_
 // sizeKeys rewrites every size under limits ("1GiB") to its byte count,
 // in place, so that the decoder sees a number.
 func sizeKeys(doc *yaml.Node) error {
-	lim := child(doc, "limits")
+	return sizeKeysIn(child(doc, "limits"), "limits")
+}
+
+// sizeKeysIn is sizeKeys for the limits mapping lim at key.
+func sizeKeysIn(lim *yaml.Node, key string) error {
 	if lim == nil {
 		return nil
 	}
@@ -282,7 +296,7 @@ func sizeKeys(doc *yaml.Node) error {
 		}
 		n, err := ParseSize(v.Value)
 		if err != nil {
-			return fmt.Errorf("limits.%s: %w (line %d)", k, err, v.Line)
+			return fmt.Errorf("%s.%s: %w (line %d)", key, k, err, v.Line)
 		}
 		v.Value, v.Tag, v.Style = strconv.FormatInt(n, 10), "!!int", 0
 	}
@@ -401,7 +415,7 @@ func (c Config) Validate() error {
 		seen[r.Namespace] = true
 		errs = append(errs, r.validate(i))
 	}
-	errs = append(errs, c.KubeAPI.validate())
+	errs = append(errs, c.KubeAPI.validate(), c.validateTemplates())
 	errs = append(errs, checkGatewayAdmin(c.GatewayAdmin), c.GatewayTLS.validate(c.Host), c.Limits.Validate("limits"))
 	return errors.Join(errs...)
 }

@@ -45,6 +45,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (ExecRes
 	if limit <= 0 {
 		limit = sb.info.Limits.OutputBytes
 	}
+	m.touch() // and once it ends: refills wait for a quiet moment
+	defer m.touch()
 	sb.execMu.Lock()
 	defer sb.execMu.Unlock()
 	if sb.dead.Load() {

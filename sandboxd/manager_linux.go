@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
@@ -87,11 +88,15 @@ type Options struct {
 
 // CreateRequest asks for one sandbox.
 type CreateRequest struct {
-	Agent   string            `json:"agent"`
-	Session string            `json:"session,omitempty"`
-	User    string            `json:"user,omitempty"`
-	Limits  Limits            `json:"limits,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
+	// Template names one of the configured templates (config templates):
+	// the sandbox gets its rootfs, limits (as defaults and ceilings),
+	// egress and env. An unknown name is refused.
+	Template string            `json:"template,omitempty"`
+	Agent    string            `json:"agent"`
+	Session  string            `json:"session,omitempty"`
+	User     string            `json:"user,omitempty"`
+	Limits   Limits            `json:"limits,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
 	// Lifetime destroys the sandbox after this long (0 = the configured
 	// default; none = until DELETE).
 	Lifetime time.Duration `json:"lifetime,omitempty"`
@@ -105,12 +110,13 @@ type CreateRequest struct {
 
 // Info describes a live sandbox.
 type Info struct {
-	ID      string    `json:"id"`
-	Agent   string    `json:"agent"`
-	Session string    `json:"session,omitempty"`
-	User    string    `json:"user,omitempty"`
-	Created time.Time `json:"created"`
-	Limits  Limits    `json:"limits"`
+	ID       string    `json:"id"`
+	Template string    `json:"template,omitempty"`
+	Agent    string    `json:"agent"`
+	Session  string    `json:"session,omitempty"`
+	User     string    `json:"user,omitempty"`
+	Created  time.Time `json:"created"`
+	Limits   Limits    `json:"limits"`
 	// Egress is the sandbox's narrowing (canonical, as in its identity);
 	// empty: its agent's allowlist.
 	Egress []string `json:"egress,omitempty"`
@@ -178,16 +184,23 @@ type Manager struct {
 	// ends once its init has exited.
 	watchers sync.WaitGroup
 	reports  chan struct{} // cap maxReports: limit reports in flight (gateway_admin_linux.go)
-	spares   chan *sandbox // sandboxes built ahead, waiting for a Create
-	refills  sync.WaitGroup
-	// refillDone is closed when the running refill ends (nil: none runs).
-	refillDone chan struct{}
+	// pools hold sandboxes built ahead, by template ("": none)
+	// (pool_linux.go).
+	pools   map[string]*warmPool
+	refills sync.WaitGroup
+	// lastCreate is when the last create or exec began or ended,
+	// inCreate how many creates run (under mu): refills wait for a quiet
+	// moment (pool_linux.go).
+	lastCreate time.Time
+	inCreate   int
+	// closing is closed when Close begins (refills stop waiting).
+	closing chan struct{}
 	// refillRate bounds pool refills (config pool.refill_per_second);
 	// nil: unbounded.
 	refillRate *rate.Limiter
 
 	tmplMu sync.Mutex
-	tmpl   *mountTemplate // built by the first fork
+	tmpls  map[string]*mountTemplate // by rootfs, each built by its first fork
 	cgs    *cgroupPool
 	nss    *nsPool
 	home   *nsSet // sandboxd's own namespaces, where forking threads go back
@@ -292,17 +305,17 @@ func New(opts Options) (*Manager, error) {
 		cfg: opts.Config, log: opts.Logger, exits: opts.Exits, gwTLS: gwTLS, init: opts.InitPath, events: ev, state: sd, home: home,
 		boxes: map[string]*sandbox{}, slots: make([]bool, opts.Config.UIDs.Count),
 		pins: map[string]*pinEntry{}, pinning: map[nsKey]bool{},
-		spares:  make(chan *sandbox, opts.Config.Spares),
-		reports: make(chan struct{}, maxReports),
-		cgs:     &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.Spares + 4},
+		reports: make(chan struct{}, maxReports), tmpls: map[string]*mountTemplate{}, closing: make(chan struct{}),
+		cgs: &cgroupPool{parent: opts.Config.CgroupParent, max: opts.Config.pooled() + 4},
 	}
+	m.newPools()
 	if r := opts.Config.Pool.RefillPerSecond; r > 0 {
 		m.refillRate = rate.NewLimiter(rate.Limit(r), 1)
 	}
 	m.nss = newNSPool(m.template, home)
 	m.forks = newForkThreads(2)
-	m.startRefill()
 	m.readoptBoxes(context.Background(), recs, badRecs)
+	m.startRefills()
 	m.readoptPins(context.Background())
 	return m, nil
 }
@@ -323,34 +336,6 @@ func searchable(dir string) error {
 			return nil
 		}
 	}
-}
-
-// envKey matches a valid variable name: [A-Za-z_][A-Za-z0-9_] of at most
-// 128 bytes. It is not a regexp: this package's initialisation runs in
-// every sandbox's init too, and compiling one there costs start-up time.
-var envKey envName
-
-type envName struct{}
-
-// MatchString reports whether k is a valid variable name.
-func (envName) MatchString(k string) bool {
-	if k == "" || len(k) > 128 {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9' {
-			continue
-		}
-		return false
-	}
-	return true
-}
-
-// reservedEnv are set by sandboxd and cannot be overridden.
-var reservedEnv = map[string]bool{
-	"HTTP_PROXY": true, "HTTPS_PROXY": true, "http_proxy": true, "https_proxy": true,
-	"NO_PROXY": true, "no_proxy": true, "SLUICE_URL": true, "SLUICE_SANDBOX": true, "SLUICE_MCP_URL": true,
 }
 
 func checkEnv(env map[string]string) error {
@@ -394,25 +379,32 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	if req.Agent == "" {
 		return Info{}, fmt.Errorf("%w: agent is required", ErrInvalid)
 	}
+	if err := checkEnv(req.Env); err != nil {
+		return Info{}, err
+	}
+	ceil, from := m.cfg.Limits, "sandboxd.yaml limits"
+	if req.Template != "" {
+		if req, err = m.applyTemplate(req); err != nil {
+			return Info{}, err
+		}
+		ceil, from = m.templateLimits(req.Template), "sandboxd.yaml templates."+req.Template+".limits"
+	}
 	// The configured limits are ceilings: a request may lower them, never
 	// raise them (THREATS B8). Refused, not capped, so the caller knows.
-	if err := req.Limits.Within(m.cfg.Limits, "sandboxd.yaml limits"); err != nil {
+	if err := req.Limits.Within(ceil, from); err != nil {
 		m.refuseLimit(req.Agent, "", err)
 		return Info{}, fmt.Errorf("sandboxd: create: %w", err)
 	}
-	if err := (Limits{Lifetime: req.Lifetime}).Within(m.cfg.Limits, "sandboxd.yaml limits"); err != nil {
+	if err := (Limits{Lifetime: req.Lifetime}).Within(ceil, from); err != nil {
 		m.refuseLimit(req.Agent, "", err)
 		return Info{}, fmt.Errorf("sandboxd: create: %w", err)
 	}
-	lim := req.Limits.Or(m.cfg.Limits)
+	lim := req.Limits.Or(ceil)
 	if req.Lifetime != 0 {
 		lim.Lifetime = req.Lifetime
 	}
 	if err := lim.Validate("limits"); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if err := checkEnv(req.Env); err != nil {
-		return Info{}, err
 	}
 	// The identity is checked before any resource is spent (the real
 	// sandbox ID has the same shape as this placeholder).
@@ -466,10 +458,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		return Info{}, fmt.Errorf("sandboxd: create: manager closed")
 	}
 	m.creates.Add(1)
+	m.lastCreate = time.Now()
+	m.inCreate++
 	m.mu.Unlock()
-	defer m.creates.Done()
-	sb := m.takeSpare(ctx, lim)
-	m.startRefill()
+	defer func() {
+		m.mu.Lock()
+		m.inCreate--
+		m.lastCreate = time.Now()
+		m.mu.Unlock()
+		m.creates.Done()
+	}()
+	sb := m.takeSpare(req.Template, lim)
+	pooled := sb != nil
+	m.startRefill(m.pools[req.Template])
 	defer func() {
 		if err != nil && sb != nil {
 			m.teardown(sb, false)
@@ -479,14 +480,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		if err := sb.cg.setLimits(lim); err != nil {
 			return Info{}, fmt.Errorf("sandboxd: create: %w", err)
 		}
-	} else if sb, err = m.fork(lim); err != nil {
+	} else if sb, err = m.fork(lim, req.Template); err != nil {
 		return Info{}, err
 	}
 	id := sb.info.ID
 	ident := probe
 	ident.Sandbox = id
 	m.mu.Lock() // the init's watcher reads it
-	sb.info = Info{ID: id, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Egress: egress, Pid: sb.info.Pid}
+	sb.info = Info{ID: id, Template: req.Template, Agent: req.Agent, Session: req.Session, User: req.User, Created: time.Now().UTC(), Limits: lim, Egress: egress, Pid: sb.info.Pid}
 	m.mu.Unlock()
 	env := req.Env
 	if trust != nil {
@@ -544,16 +545,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		m.log.Warn("sandbox state not saved: a restarted sandboxd cannot re-adopt it", "sandbox", id, "err", err)
 		m.events.write(event{Event: "state_not_saved", Sandbox: id, Agent: req.Agent, Error: err.Error()})
 	}
-	m.events.write(event{Event: "created", Sandbox: id, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
+	m.events.write(event{Event: "created", Sandbox: id, Template: req.Template, Pooled: pooled, Agent: req.Agent, Session: req.Session, User: req.User, Pid: sb.info.Pid})
 	m.log.Info("sandbox created", "sandbox", id, "agent", req.Agent, "pid", sb.info.Pid)
 	return sb.info, nil
 }
 
 // fork allocates a uid slot, the state directory and the cgroup, and
 // starts an init that waits for its setup message.
-func (m *Manager) fork(lim Limits) (_ *sandbox, err error) {
+func (m *Manager) fork(lim Limits, template string) (_ *sandbox, err error) {
 	id := newID()
-	sb := &sandbox{info: Info{ID: id, Limits: lim}, dir: filepath.Join(m.state.boxes, id), slot: -1}
+	sb := &sandbox{info: Info{ID: id, Template: template, Limits: lim}, dir: filepath.Join(m.state.boxes, id), slot: -1}
 	defer func() {
 		if err != nil {
 			m.teardown(sb, false)
@@ -640,150 +641,46 @@ func (m *Manager) ctlSockFor(sb *sandbox) string {
 // hostname is the host name of sandbox id.
 func hostname(id string) string { return "sandbox-" + id[:8] }
 
-// template returns the Manager's mount template, building it on first use
-// (not once Close has begun: Close would not see it).
+// template returns the Manager's mount template of the configured rootfs,
+// building it on first use (not once Close has begun: Close would not see
+// it).
 func (m *Manager) template() (*mountTemplate, error) {
+	return m.templateOf(m.cfg.Rootfs)
+}
+
+// templateOf is template for rootfs: each rootfs a template names has a
+// mount template of its own, in a directory of its own.
+func (m *Manager) templateOf(rootfs string) (*mountTemplate, error) {
 	m.tmplMu.Lock()
 	defer m.tmplMu.Unlock()
-	if m.tmpl == nil {
-		m.mu.Lock()
-		closed := m.closed
-		m.mu.Unlock()
-		if closed {
-			return nil, fmt.Errorf("sandboxd: create: manager closed")
-		}
-		t, err := newMountTemplate(m.cfg.Rootfs, filepath.Join(m.cfg.StateDir, templateDir))
-		if err != nil {
-			return nil, err
-		}
-		m.tmpl = t
-	}
-	return m.tmpl, nil
-}
-
-// spareFits reports whether a sandbox built ahead with the default limits
-// can serve lim: the sizes of its tmpfs mounts are fixed when it is built;
-// the cgroup limits are rewritten when it is taken.
-func (m *Manager) spareFits(lim Limits) bool {
-	return lim.WorkspaceBytes == m.cfg.Limits.WorkspaceBytes && lim.TmpBytes == m.cfg.Limits.TmpBytes
-}
-
-// takeSpare returns a sandbox built ahead that fits lim, or nil. When none
-// is waiting but one is being built, it waits for that one: it is further
-// along than a fork started now would be.
-func (m *Manager) takeSpare(ctx context.Context, lim Limits) *sandbox {
-	if cap(m.spares) == 0 || !m.spareFits(lim) {
-		return nil
-	}
-	select {
-	case sb := <-m.spares:
-		return sb
-	default:
+	if t := m.tmpls[rootfs]; t != nil {
+		return t, nil
 	}
 	m.mu.Lock()
-	done := m.refillDone
+	closed := m.closed
 	m.mu.Unlock()
-	if done == nil {
-		return nil
+	if closed {
+		return nil, fmt.Errorf("sandboxd: create: manager closed")
 	}
-	select {
-	case sb := <-m.spares:
-		return sb
-	case <-done:
-	case <-ctx.Done():
-		return nil
+	dir := filepath.Join(m.cfg.StateDir, templateDir)
+	if rootfs != m.cfg.Rootfs {
+		sum := sha256.Sum256([]byte(rootfs))
+		dir += "-" + hex.EncodeToString(sum[:6])
 	}
-	select {
-	case sb := <-m.spares:
-		return sb
-	default:
-		return nil
+	t, err := newMountTemplate(rootfs, dir)
+	if err != nil {
+		return nil, err
 	}
+	m.tmpls[rootfs] = t
+	return t, nil
 }
-
-// startRefill starts a refill unless one runs or the manager is closed.
-func (m *Manager) startRefill() {
-	if cap(m.spares) == 0 {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed || m.refillDone != nil {
-		return
-	}
-	done := make(chan struct{})
-	m.refillDone = done
-	m.refills.Add(1)
-	go func() {
-		defer m.refills.Done()
-		m.refill()
-		m.mu.Lock()
-		m.refillDone = nil
-		m.mu.Unlock()
-		close(done)
-	}()
-}
-
-// refill builds spares until cfg.Spares wait: each is a complete sandbox
-// (fresh namespaces, its own uid range, cgroup and root, confined) built
-// with the default limits, waiting only for its exits and its owner.
-// Create rewrites the cgroup limits and opens the exits; a spare serves one
-// sandbox and is never reused. Only startRefill runs it, one at a time.
-func (m *Manager) refill() {
-	for len(m.spares) < cap(m.spares) {
-		m.mu.Lock()
-		closed := m.closed
-		m.mu.Unlock()
-		if closed {
-			return
-		}
-		// Two at a time (sandboxd forks from two threads): a pool emptied
-		// by a burst is back in half the time.
-		k := min(refillBuilders, cap(m.spares)-len(m.spares))
-		built := make(chan *sandbox, k)
-		errs := make(chan error, k)
-		for range k {
-			if m.refillRate != nil {
-				_ = m.refillRate.Wait(context.Background())
-			}
-			go func() {
-				sb, err := m.fork(m.cfg.Limits)
-				if err == nil {
-					if err = m.setup(sb, nil); err != nil {
-						m.teardown(sb, false)
-					}
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				built <- sb
-			}()
-		}
-		var failed error
-		for range k {
-			select {
-			case sb := <-built:
-				m.spares <- sb // only this goroutine adds, and there is room
-			case err := <-errs:
-				failed = err
-			}
-		}
-		if failed != nil {
-			m.log.Warn("sandboxd: spare", "err", failed)
-			return
-		}
-	}
-}
-
-// refillBuilders is how many pooled sandboxes refill builds at once.
-const refillBuilders = 2
 
 // start re-executes the binary as the sandbox's init in fresh namespaces,
 // born in the sandbox's cgroup, so nothing of the sandbox ever runs
 // outside it. The init then waits for its setup message.
 func (m *Manager) start(sb *sandbox) error {
-	tmpl, err := m.template()
+	rootfs := m.rootfsOf(sb.info.Template)
+	tmpl, err := m.templateOf(rootfs)
 	if err != nil {
 		return err
 	}
@@ -835,7 +732,10 @@ func (m *Manager) start(sb *sandbox) error {
 	// Forked from a thread inside a fresh nsSet (made ahead, or now when
 	// none waits): the sandbox's network and IPC namespaces are the
 	// set's, its mount namespace starts as a copy of the set's.
-	set := m.nss.take()
+	var set *nsSet
+	if rootfs == m.cfg.Rootfs { // the sets made ahead copy this rootfs's template
+		set = m.nss.take()
+	}
 	// Born on one CPU: the init's threads then share one, so its start
 	// needs no TLB shootdowns between CPUs (inter-processor interrupts,
 	// which a VM makes dear) and confine's all-threads steps do not spin
@@ -1129,15 +1029,16 @@ func (m *Manager) cleanup(sb *sandbox) error {
 // Close destroys every sandbox and unpins every pinned namespace.
 func (m *Manager) Close() error {
 	m.mu.Lock()
+	if !m.closed {
+		close(m.closing)
+	}
 	m.closed = true
 	m.mu.Unlock()
 	m.refills.Wait()
 	m.creates.Wait() // a create in flight ends (built, or torn down) first
 	var errs []error
-	for len(m.spares) > 0 {
-		errs = append(errs, m.teardown(<-m.spares, false))
-	}
 	kept := m.cfg.OnStop == OnStopKeep && m.cfg.AdoptWait > 0
+	errs = append(errs, m.closePools(kept))
 	for _, in := range m.List() {
 		if kept && in.Failed == "" {
 			errs = append(errs, m.release(in.ID))
@@ -1163,9 +1064,9 @@ func (m *Manager) Close() error {
 	errs = append(errs, m.cgs.close(), m.nss.close())
 	m.home.close()
 	m.tmplMu.Lock()
-	if m.tmpl != nil {
-		errs = append(errs, m.tmpl.close())
-		m.tmpl = nil
+	for k, t := range m.tmpls {
+		errs = append(errs, t.close())
+		delete(m.tmpls, k)
 	}
 	m.tmplMu.Unlock()
 	errs = append(errs, m.events.close())
@@ -1196,6 +1097,10 @@ type event struct {
 	Millis   int64     `json:"duration_ms,omitempty"`
 	Error    string    `json:"error,omitempty"`
 	Egress   string    `json:"egress,omitempty"`
+	// Template and Pooled, on created: the template named, and whether a
+	// pooled sandbox served the create (false: it forked its own).
+	Template string `json:"template,omitempty"`
+	Pooled   bool   `json:"pooled,omitempty"`
 }
 
 // eventLog appends JSON lines outside every sandbox.

@@ -3,7 +3,6 @@
 package sandboxd
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -149,6 +148,10 @@ func TestSetupProtocol(t *testing.T) {
 	}
 }
 
+// TestTakeSpare: a create takes a pooled sandbox only when one waits and
+// its tmpfs sizes fit; it never waits for a refill under way (that would
+// put the refill on the create's path: the tail of a burst), and a pooled
+// sandbox whose init died is never handed out.
 func TestTakeSpare(t *testing.T) {
 	def := Default().Limits
 	bigger := def
@@ -159,41 +162,51 @@ func TestTakeSpare(t *testing.T) {
 		name    string
 		spares  int
 		waiting bool // a spare waits in the pool
+		dead    bool // its init has died
 		refill  bool // a refill is building one (delivered after 50ms)
 		lim     Limits
 		want    bool
 	}{
-		{"no pool", 0, false, false, def, false},
-		{"waiting spare", 1, true, false, def, true},
-		{"other cgroup limits fit", 1, true, false, lessPids, true},
-		{"other workspace size does not fit", 1, true, false, bigger, false},
-		{"empty pool, no refill", 1, false, false, def, false},
-		{"empty pool, refill under way", 1, false, true, def, true},
+		{"no pool", 0, false, false, false, def, false},
+		{"waiting spare", 1, true, false, false, def, true},
+		{"other cgroup limits fit", 1, true, false, false, lessPids, true},
+		{"other workspace size does not fit", 1, true, false, false, bigger, false},
+		{"empty pool, no refill", 1, false, false, false, def, false},
+		{"empty pool, refill under way: no wait", 1, false, false, true, def, false},
+		{"dead spare skipped", 1, true, true, false, def, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := Default()
 			cfg.Spares = tc.spares
-			m := &Manager{cfg: cfg, spares: make(chan *sandbox, tc.spares)}
-			spare := &sandbox{info: Info{ID: "spare"}}
+			m := &Manager{cfg: cfg}
+			m.newPools()
+			spare := &sandbox{info: Info{ID: "spare"}, slot: -1}
+			spare.dead.Store(tc.dead)
 			if tc.waiting {
-				m.spares <- spare
+				m.pools[""].spares <- spare
 			}
 			if tc.refill {
-				done := make(chan struct{})
-				m.refillDone = done
+				p := m.pools[""]
+				p.builders, p.building = 1, 1
 				go func() {
 					time.Sleep(50 * time.Millisecond)
-					m.spares <- spare
-					close(done)
+					p.spares <- spare
 				}()
 			}
-			got := m.takeSpare(context.Background(), tc.lim)
+			start := time.Now()
+			got := m.takeSpare("", tc.lim)
 			if (got == spare) != tc.want {
 				t.Fatalf("took %v, want a spare: %v", got, tc.want)
 			}
-			if !tc.want && tc.waiting && len(m.spares) != 1 {
+			if d := time.Since(start); d > 20*time.Millisecond {
+				t.Errorf("takeSpare took %s: it must never wait", d)
+			}
+			if !tc.want && tc.waiting && !tc.dead && len(m.pools[""].spares) != 1 {
 				t.Error("a spare that does not fit left the pool")
+			}
+			if tc.dead && len(m.pools[""].spares) != 0 {
+				t.Error("a dead spare stayed in the pool")
 			}
 		})
 	}

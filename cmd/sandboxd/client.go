@@ -135,7 +135,7 @@ func runViaDaemon(ctx context.Context, c *apiClient, rc sandboxd.CreateRequest, 
 	if err != nil {
 		return 0, err
 	}
-	in, err := c.create(ctx, sandboxd.CreateBody{Agent: rc.Agent, Session: rc.Session, User: rc.User, Limits: rc.Limits, Egress: rc.Egress})
+	in, err := c.create(ctx, sandboxd.CreateBody{Template: rc.Template, Agent: rc.Agent, Session: rc.Session, User: rc.User, Limits: rc.Limits, Egress: rc.Egress})
 	if err != nil {
 		return 0, fmt.Errorf("run (daemon %s): create: %w", c.sock, err)
 	}
@@ -179,7 +179,7 @@ func clientCmds(ctx context.Context, cfgPath *string, code *int, stdin *os.File,
 		cenvs        []string
 	)
 	create := &cobra.Command{
-		Use:   "create --agent A [--session S] [--user U] [--egress HOST...] [limits]",
+		Use:   "create --agent A [--template NAME] [--session S] [--user U] [--egress HOST...] [limits]",
 		Short: "ask the daemon for a sandbox; prints its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -202,6 +202,7 @@ func clientCmds(ctx context.Context, cfgPath *string, code *int, stdin *os.File,
 	}
 	f := create.Flags()
 	f.StringVar(&cb.Agent, "agent", "", "agent name (identity, required)")
+	f.StringVar(&cb.Template, "template", "", "a template of sandboxd.yaml (its rootfs, limits, egress and env)")
 	f.StringVar(&cb.Session, "session", "", "session (identity)")
 	f.StringVar(&cb.User, "user", "", "user the agent acts for (identity)")
 	f.StringSliceVar(&cb.Egress, "egress", nil, "narrow the agent's egress allowlist to these hosts (repeatable or comma-separated; never widens)")

@@ -205,6 +205,7 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr io.W
 	}
 	f := runCmd.Flags()
 	f.StringVar(&rc.Agent, "agent", "cli", "agent name (identity)")
+	f.StringVar(&rc.Template, "template", "", "a template of sandboxd.yaml (its rootfs, limits, egress and env)")
 	f.StringVar(&rc.Session, "session", "", "session (identity)")
 	f.StringVar(&rc.User, "user", "", "user the agent acts for (identity)")
 	f.IntVar(&rc.Limits.Pids, "pids", 0, "pids limit (0 = config)")

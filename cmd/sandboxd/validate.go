@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -44,6 +46,13 @@ func validateCmd(cfgPath *string) *cobra.Command {
 			var errs, warns []string
 			if fi, err := os.Stat(cfg.Rootfs); err != nil || !fi.IsDir() {
 				errs = append(errs, fmt.Sprintf("rootfs: %s is not a directory", cfg.Rootfs))
+			}
+			for _, name := range slices.Sorted(maps.Keys(cfg.Templates)) {
+				if r := cfg.Templates[name].Rootfs; r != "" {
+					if fi, err := os.Stat(r); err != nil || !fi.IsDir() {
+						errs = append(errs, fmt.Sprintf("templates.%s.rootfs: %s is not a directory", name, r))
+					}
+				}
 			}
 			if cfg.GatewayTLS.Address == "" {
 				if fi, err := os.Stat(cfg.Gateway); err != nil {

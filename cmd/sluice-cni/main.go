@@ -52,6 +52,10 @@ type Conf struct {
 	Select Select `json:"select"`
 	// Timeout bounds each call to sandboxd (a Go duration; default 30s).
 	Timeout string `json:"timeout,omitempty"`
+	// Delegate is the interface plugin's configuration (e.g. bridge with
+	// its ipam) when sluice-cni runs it itself instead of being chained
+	// after it, so that the list's CHECK passes (delegate.go).
+	Delegate json.RawMessage `json:"delegate,omitempty"`
 
 	RuntimeConfig struct {
 		Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
@@ -220,13 +224,19 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "sluice-cni: bad config", err.Error())
 	}
-	if c.PrevResult == nil {
+	var res *current.Result
+	switch {
+	case c.Delegate != nil:
+		if res, err = delegateAdd(c); err != nil {
+			return err
+		}
+	case c.PrevResult == nil:
 		return types.NewError(types.ErrInvalidNetworkConfig, "sluice-cni: bad config",
-			"sluice-cni is a chained plugin: it needs the interface plugin's prevResult")
-	}
-	res, err := current.NewResultFromResult(c.PrevResult)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "sluice-cni: prevResult", err.Error())
+			"sluice-cni is a chained plugin: it needs the interface plugin's prevResult (or a delegate to run)")
+	default:
+		if res, err = current.NewResultFromResult(c.PrevResult); err != nil {
+			return types.NewError(types.ErrDecodingFailure, "sluice-cni: prevResult", err.Error())
+		}
 	}
 	p, sel, err := podOf(c, args.Args)
 	if err != nil {
@@ -270,6 +280,9 @@ func cmdDel(args *skel.CmdArgs) error {
 	if _, err := newClient(c).do(http.MethodDelete, "/v1/pods/"+url.PathEscape(args.ContainerID), nil, nil); err != nil {
 		return cniError("unpin", err)
 	}
+	if c.Delegate != nil {
+		return delegateDel(c)
+	}
 	return nil
 }
 
@@ -281,6 +294,11 @@ func cmdCheck(args *skel.CmdArgs) error {
 	_, sel, err := podOf(c, args.Args)
 	if err != nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "sluice-cni: CNI_ARGS", err.Error())
+	}
+	if c.Delegate != nil {
+		if err := delegateCheck(c); err != nil {
+			return err
+		}
 	}
 	if !sel {
 		return nil

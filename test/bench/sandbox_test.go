@@ -25,13 +25,19 @@ import (
 // sandboxManager is an in-process Manager whose init is the built sandboxd
 // binary and whose sandboxes' exit is the real relay.
 func sandboxManager(t *testing.T, w *world, spares int) (*sandboxd.Manager, error) {
+	m, _, err := sandboxManagerIn(t, w, spares)
+	return m, err
+}
+
+// sandboxManagerIn is sandboxManager, also returning its state_dir.
+func sandboxManagerIn(t *testing.T, w *world, spares int) (*sandboxd.Manager, string, error) {
 	st, err := os.MkdirTemp("", "sluice-bench-sbx-")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(st) })
 	if err := os.Chmod(st, 0o711); err != nil { // the init traverses it as an unmapped uid
-		return nil, err
+		return nil, "", err
 	}
 	cfg := sandboxd.Default()
 	cfg.StateDir = filepath.Join(st, "state")
@@ -43,10 +49,29 @@ func sandboxManager(t *testing.T, w *world, spares int) (*sandboxd.Manager, erro
 				SocketPath: e.SocketPath, ProxyPort: e.ProxyPort, DNSPort: e.DNSPort})
 		}})
 	if err != nil {
-		return nil, fmt.Errorf("sandboxd.New: %w", err)
+		return nil, "", fmt.Errorf("sandboxd.New: %w", err)
 	}
 	t.Cleanup(func() { m.Close() })
-	return m, nil
+	return m, cfg.StateDir, nil
+}
+
+// poolHits counts the created events in state's events.jsonl, and those a
+// pooled sandbox served.
+func poolHits(state string) (pooled, all int) {
+	b, _ := os.ReadFile(filepath.Join(state, "events.jsonl"))
+	for _, l := range strings.Split(string(b), "\n") {
+		var ev struct {
+			Event  string `json:"event"`
+			Pooled bool   `json:"pooled"`
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Event == "created" {
+			all++
+			if ev.Pooled {
+				pooled++
+			}
+		}
+	}
+	return pooled, all
 }
 
 // crunBundle makes an OCI bundle whose read-only root holds only /usr (and
@@ -231,16 +256,20 @@ func benchSandboxBursts(t *testing.T, w *world, bw *probe) *section {
 	base := &probe{name: "bwrap (full isolation)", note: bw.note, fn: bw.fn, err: bw.err}
 	ps := []*probe{base}
 	ctx := context.Background()
+	poolState := ""
 	for _, pool := range []int{burstSize, 0} {
 		p := &probe{name: "sluice sandboxd, warm pool of 8", note: "pool.size 8: every create of a burst takes a pooled sandbox while the pool lasts"}
 		if pool == 0 {
 			p.name, p.note = "sluice sandboxd, no pool", "every create forks its sandbox"
 		}
 		ps = append(ps, p)
-		m, err := sandboxManager(t, w, pool)
+		m, state, err := sandboxManagerIn(t, w, pool)
 		if err != nil {
 			p.err = err
 			continue
+		}
+		if pool > 0 {
+			poolState = state
 		}
 		p.fn = func() error {
 			in, err := m.Create(ctx, sandboxd.CreateRequest{Agent: "bench"})
@@ -291,6 +320,10 @@ func benchSandboxBursts(t *testing.T, w *world, bw *probe) *section {
 		slices.Sort(p.lat)
 	}
 	sec.addProbes(ps)
+	if poolState != "" {
+		hit, all := poolHits(poolState)
+		sec.Notes = append(sec.Notes, fmt.Sprintf("Of the warm-pool row's %d creates (the untimed first burst included), %d took a pooled sandbox; the other %d found the pool not yet refilled and forked their own (a create never waits for a refill).", all, hit, all-hit))
+	}
 	pool, bwr := sec.find("sluice sandboxd, warm pool of 8"), sec.find("bwrap (full isolation)")
 	sec.Verdicts = append(sec.Verdicts, verdictLat("issue 24: warm pool ≤ 0.5× bwrap (median)", pool, bwr, 0.5),
 		verdictP99("issue 24: warm pool ≤ 1.0× bwrap (p99)", pool, bwr, 1.0))

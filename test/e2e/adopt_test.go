@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -19,6 +20,47 @@ import (
 	"github.com/sluice-gw/sluice/test/internal/gwenv"
 )
 
+// adoptable is a real gateway and a sandboxd serve (adopt_wait 2m) on a
+// state_dir of its own, for the restart tests.
+type adoptable struct {
+	e                    *gwenv.Env
+	g                    *gwenv.Gateway
+	dir, state, cfg, api string
+	sd                   *sandboxdProc
+	run                  func(args ...string) (string, string, int)
+	host                 net.Listener // a host listener the agent must not reach (its "escape" line)
+}
+
+// startAdoptable starts them; extra is appended to sandboxd.yaml.
+func startAdoptable(t *testing.T, stem, extra string) *adoptable {
+	t.Helper()
+	a := &adoptable{e: newEnv(t)}
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("kernel lacks user namespaces")
+	}
+	buildSandboxBins(t)
+	d := mainConfig(a.e, stem)
+	a.g = a.e.Start(d, a.e.Write(d))
+	a.dir = sandboxState(t, "sluice-e2e-"+stem+"-")
+	a.state = filepath.Join(a.dir, "state")
+	a.cfg = filepath.Join(a.dir, "sandboxd.yaml")
+	a.api = filepath.Join(a.dir, "api.sock")
+	if err := os.WriteFile(a.cfg, []byte("api: "+a.api+"\nstate_dir: "+a.state+"\ngateway: "+a.g.Sock+"\nadopt_wait: 2m\n"+extra), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a.sd = startSandboxd(t, a.cfg, a.api)
+	a.run = func(args ...string) (string, string, int) {
+		t.Helper()
+		return runBin(t, a.dir, sandboxdBin, append([]string{args[0], "--config", a.cfg}, args[1:]...)...)
+	}
+	var err error
+	if a.host, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.host.Close() })
+	return a
+}
+
 // TestSandboxdRestartKeepsSandboxes: sandboxd serve with ten running
 // sandboxes (one with a 64 MiB memory limit) and two pinned namespaces is
 // killed with SIGKILL; meanwhile an eleventh sandbox's init is killed. A
@@ -29,33 +71,8 @@ import (
 // is cleaned up and reported sandbox_lost, and destroy removes a
 // re-adopted sandbox's processes, cgroup and state.
 func TestSandboxdRestartKeepsSandboxes(t *testing.T) {
-	e := newEnv(t)
-	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
-		t.Skip("kernel lacks user namespaces")
-	}
-	buildSandboxBins(t)
-	d := mainConfig(e, "adopt")
-	g := e.Start(d, e.Write(d))
-	dir := sandboxState(t, "sluice-e2e-adopt-")
-	state := filepath.Join(dir, "state")
-	cfg := filepath.Join(dir, "sandboxd.yaml")
-	api := filepath.Join(dir, "api.sock")
-	if err := os.WriteFile(cfg, []byte("api: "+api+"\nstate_dir: "+state+"\ngateway: "+g.Sock+
-		"\nadopt_wait: 2m\nlimits:\n  memory_bytes: 512MiB\n  workspace_bytes: 32MiB\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sd := startSandboxd(t, cfg, api)
-	run := func(args ...string) (string, string, int) {
-		t.Helper()
-		return runBin(t, dir, sandboxdBin, append([]string{args[0], "--config", cfg}, args[1:]...)...)
-	}
-
-	// A host listener the agent must not reach (its "escape" line).
-	host, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	a := startAdoptable(t, "adopt", "limits:\n  memory_bytes: 512MiB\n  workspace_bytes: 32MiB\n")
+	e, g, dir, state, cfg, api, sd, run, host := a.e, a.g, a.dir, a.state, a.cfg, a.api, a.sd, a.run, a.host
 
 	const n = 10
 	var ids []string
@@ -155,14 +172,7 @@ func TestSandboxdRestartKeepsSandboxes(t *testing.T) {
 			t.Errorf("pin %d after the restart: %d %v %s", i, status, err, body)
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
-	sessions := map[string]int{}
-	for _, m := range g.LogLines() {
-		if m["msg"] == "tool_call" && m["agent"] == "agent-a" && m["user"] == "alice" {
-			s, _ := m["session"].(string)
-			sessions[s]++
-		}
-	}
+	sessions := aliceSessions(g)
 	for i := range n {
 		if sessions["adopt-"+strconv.Itoa(i)] != 2 {
 			t.Errorf("gateway saw %d calls of session adopt-%d, want 2 (tcp and unix)", sessions["adopt-"+strconv.Itoa(i)], i)
@@ -229,7 +239,7 @@ func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
 			cfg := filepath.Join(dir, "sandboxd.yaml")
 			api := filepath.Join(dir, "api.sock")
 			if err := os.WriteFile(cfg, []byte("api: "+api+"\nstate_dir: "+state+"\ngateway: "+g.Sock+
-				"\nadopt_wait: 1m\non_stop: "+onStop+"\n"), 0o600); err != nil {
+				"\nadopt_wait: 1m\non_stop: "+onStop+"\npool: {size: 1}\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			sd := startSandboxd(t, cfg, api)
@@ -250,6 +260,16 @@ func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
 				if ev["event"] == "created" {
 					pid = int(ev["pid"].(float64))
 				}
+			}
+			// The pool refilled after the create took its sandbox.
+			for deadline := time.Now().Add(60 * time.Second); len(spareRecords(t, state)) < 1; time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the pool did not refill in 60s")
+				}
+			}
+			spare := ""
+			for id := range spareRecords(t, state) {
+				spare = id
 			}
 			sd.stop() // SIGTERM
 			alive := syscall.Kill(pid, 0) == nil
@@ -275,6 +295,145 @@ func TestSandboxdUpgradeKeepsSandboxes(t *testing.T) {
 			if countEvents(sandboxdEvents(t, state), "sandbox_readopted", id) != 1 {
 				t.Errorf("want sandbox_readopted for %s", id)
 			}
+			// The pooled sandbox was released too, and is back in the pool.
+			if countEvents(sandboxdEvents(t, state), "spare_readopted", spare) != 1 {
+				t.Errorf("want spare_readopted for the pooled %s", spare)
+			}
 		})
 	}
+}
+
+// spareRecords reads the state files of pooled sandboxes in state: id →
+// its init's pid and template.
+func spareRecords(t *testing.T, state string) map[string]struct {
+	Pid      int
+	Template string
+} {
+	t.Helper()
+	out := map[string]struct {
+		Pid      int
+		Template string
+	}{}
+	ents, _ := os.ReadDir(filepath.Join(state, "boxes"))
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(state, "boxes", e.Name()))
+		if err != nil {
+			continue
+		}
+		var r struct {
+			Info struct {
+				ID       string `json:"id"`
+				Template string `json:"template"`
+				Pid      int    `json:"pid"`
+			} `json:"info"`
+			Spare bool `json:"spare"`
+		}
+		if json.Unmarshal(b, &r) == nil && r.Spare {
+			out[r.Info.ID] = struct {
+				Pid      int
+				Template string
+			}{r.Info.Pid, r.Info.Template}
+		}
+	}
+	return out
+}
+
+// TestSandboxdRestartKeepsPoolSpares: sandboxd serve with a warm pool
+// (pool.size 2 and a pool of 1 for template small) is killed with
+// SIGKILL once the pools are full; meanwhile one pooled sandbox's init is
+// killed. The new sandboxd re-adopts the two live ones into their pools
+// (spare_readopted), cleans up the dead one (spare_lost: no directory, no
+// state file left) and refills; creates then take the re-adopted
+// sandboxes (their ids), with and without the template, and they reach
+// the gateway with the identity bound at create.
+func TestSandboxdRestartKeepsPoolSpares(t *testing.T) {
+	a := startAdoptable(t, "adopt-pool", "templates:\n  small:\n    limits: {workspace_bytes: 48MiB}\npool: {size: 2, per_template: {small: 1}}\n")
+	e, g, state, cfg, api, sd, run, host := a.e, a.g, a.state, a.cfg, a.api, a.sd, a.run, a.host
+	spares := spareRecords(t, state)
+	for deadline := time.Now().Add(90 * time.Second); len(spares) < 3; spares = spareRecords(t, state) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pools hold %d of 3 after 90s: %v", len(spares), spares)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var dead, plain, small string
+	for id, r := range spares {
+		switch {
+		case r.Template == "small":
+			small = id
+		case dead == "":
+			dead = id
+		default:
+			plain = id
+		}
+	}
+	sd.kill9()
+	if err := syscall.Kill(spares[dead].Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill the init of pooled %s: %v", dead, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(spares[dead].Pid) + "/stat")
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed init %d is still running", spares[dead].Pid)
+		}
+	}
+	for _, id := range []string{plain, small} {
+		if err := syscall.Kill(spares[id].Pid, 0); err != nil {
+			t.Fatalf("pooled %s's init died with sandboxd: %v", id, err)
+		}
+	}
+	startSandboxd(t, cfg, api)
+	evs := sandboxdEvents(t, state)
+	c := casebook.Expect(t, "G23", "sandboxd is killed with SIGKILL while its warm pools are full, and one pooled sandbox's init is killed while it is down; a new sandboxd starts on the same state_dir",
+		"the live pooled sandboxes are re-adopted into their template's pool (spare_readopted) and serve the next creates; the dead one is cleaned up (spare_lost, no directory or state file) and never handed out")
+	c.Observef("readopted %s %d, %s %d; lost %s %d", plain, countEvents(evs, "spare_readopted", plain), small,
+		countEvents(evs, "spare_readopted", small), dead, countEvents(evs, "spare_lost", dead))
+	if countEvents(evs, "spare_readopted", plain) != 1 || countEvents(evs, "spare_readopted", small) != 1 || countEvents(evs, "spare_lost", dead) != 1 {
+		t.Errorf("events after the restart: want spare_readopted for %s and %s, spare_lost for %s: %v", plain, small, dead, evs)
+	}
+	for _, p := range []string{filepath.Join(state, "sandboxes", dead), filepath.Join(state, "boxes", dead+".json")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("the dead pooled sandbox left %s: %v", p, err)
+		}
+	}
+	for i, tc := range []struct{ template, want string }{{"small", small}, {"", plain}} {
+		args := []string{"create", "--agent", "agent-a", "--session", "pool-" + strconv.Itoa(i), "--user", "alice"}
+		if tc.template != "" {
+			args = append(args, "--template", tc.template)
+		}
+		out, stderr, code := run(args...)
+		id := strings.TrimSpace(out)
+		if code != 0 || id != tc.want {
+			t.Fatalf("create (template %q): exit %d, %q %q; want the re-adopted %s", tc.template, code, out, stderr, tc.want)
+		}
+		if _, stderr, code := run("cp", agentBin, id+":/workspace/agent"); code != 0 {
+			t.Fatalf("cp agent: %q", stderr)
+		}
+		out, stderr, code = run("exec", id, "--", "/workspace/agent", "tickets.list_tickets", host.Addr().String())
+		e.Keep([]byte(out))
+		if code != 0 || !strings.Contains(out, "tcp 200 ") || !strings.Contains(out, "unix 200 ") {
+			t.Errorf("re-adopted pooled %s: exit %d %q %q; want tcp and unix 200", id, code, out, stderr)
+		}
+	}
+	seen := aliceSessions(g)
+	if seen["pool-0"] != 2 || seen["pool-1"] != 2 {
+		t.Errorf("gateway saw sessions %v; want pool-0 and pool-1 twice each (tcp and unix)", seen)
+	}
+}
+
+// aliceSessions counts the gateway's tool_call lines of agent-a for
+// alice, by session (after a moment for the last lines to be written).
+func aliceSessions(g *gwenv.Gateway) map[string]int {
+	time.Sleep(200 * time.Millisecond)
+	sessions := map[string]int{}
+	for _, m := range g.LogLines() {
+		if m["msg"] == "tool_call" && m["agent"] == "agent-a" && m["user"] == "alice" {
+			s, _ := m["session"].(string)
+			sessions[s]++
+		}
+	}
+	return sessions
 }
