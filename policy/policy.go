@@ -249,6 +249,8 @@ type prepared struct {
 	rules  *simpleTable
 	// revision names this generation (Decision.Revision).
 	revision string
+	// deps is what its decisions read of the input (memo.go).
+	deps func() inputDeps
 }
 
 // New compiles the shipped library, the rules and the modules. On a compile
