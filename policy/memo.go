@@ -27,8 +27,10 @@ import (
 // function of its arguments (time.now_ns, rand.intn, uuid.rfc4122, or
 // one that reads the clock: io.jwt.decode_verify, x509 verification).
 
-// memoDefaultMax bounds a Memo's entries when NewMemo is given none.
-const memoDefaultMax = 1 << 16
+// memoDefaultBytes bounds a Memo's keys when NewMemo is given no bound:
+// a key holds the values the policy reads, which may be a whole argument
+// body, so the bound is on bytes, not entries.
+const memoDefaultBytes = 32 << 20
 
 // clockBuiltins read the evaluation's clock although OPA does not mark
 // them non-deterministic.
@@ -168,19 +170,20 @@ type Memo struct {
 	p     *prepared
 	deps  inputDeps
 	m     map[string]Decision
-	max   int
+	max   int // bytes of keys
+	size  int // bytes of keys held
 	buf   []byte
 	evals int
 	hits  int
 }
 
-// NewMemo returns a memo over e holding at most max decisions (0: a
-// default); once full, further projections are evaluated every time.
-func NewMemo(e *Engine, max int) *Memo {
-	if max <= 0 {
-		max = memoDefaultMax
+// NewMemo returns a memo over e whose keys hold at most maxBytes (0: 32
+// MiB); once full, projections it does not hold are evaluated every time.
+func NewMemo(e *Engine, maxBytes int) *Memo {
+	if maxBytes <= 0 {
+		maxBytes = memoDefaultBytes
 	}
-	return &Memo{e: e, max: max}
+	return &Memo{e: e, max: maxBytes}
 }
 
 // Off says why the memo evaluates every input of the policy in force
@@ -211,7 +214,7 @@ func (m *Memo) DecideParsed(ctx context.Context, pi *ParsedInput) Decision {
 		}
 		in := &Input{Kind: pi.Kind, Tool: pi.Tool}
 		if p != m.p {
-			m.p, m.deps, m.m = p, p.deps(), map[string]Decision{}
+			m.p, m.deps, m.m, m.size = p, p.deps(), map[string]Decision{}, 0
 		}
 		if m.deps.off != "" {
 			m.evals++
@@ -224,8 +227,9 @@ func (m *Memo) DecideParsed(ctx context.Context, pi *ParsedInput) Decision {
 		}
 		m.evals++
 		d := m.e.eval(ctx, p, in, pi.value)
-		if d.Rule != RulePolicyError && len(m.m) < m.max {
+		if d.Rule != RulePolicyError && m.size+len(m.buf) <= m.max {
 			m.m[string(m.buf)] = d
+			m.size += len(m.buf)
 		}
 		return d
 	})

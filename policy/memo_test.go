@@ -139,11 +139,20 @@ func memoInput(r *rand.Rand) []byte {
 	return raw
 }
 
+// patient is a context whose deadline (a minute) replaces the engine's
+// one-second DefaultTimeout: on a loaded machine an evaluation can stall
+// past a second, and these tests compare decisions, not timeouts.
+func patient(tb testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
 // TestMemoExact decides varied inputs with each module twice, with a
 // Memo and without, and compares every decision whole: the memo must
 // change no decision, and must answer from memory when it is on.
 func TestMemoExact(t *testing.T) {
-	ctx := context.Background()
+	ctx := patient(t)
 	const n = 3000
 	for name, m := range memoModules {
 		t.Run(name, func(t *testing.T) {
@@ -187,7 +196,7 @@ func TestMemoExact(t *testing.T) {
 
 // TestMemoReload: a reload empties the memo; the new policy decides.
 func TestMemoReload(t *testing.T) {
-	ctx := context.Background()
+	ctx := patient(t)
 	dir := t.TempDir()
 	p := writeFile(t, dir, "m.rego", `package sluice.policies.m
 decisions contains {"action": "allow", "reason": "one", "rule": "m.one"} if input.args.body.amount
@@ -263,12 +272,11 @@ func TestMemoKeepsNoPolicyError(t *testing.T) {
 func FuzzMemo(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte("a memo must be exact"))
-	ctx := context.Background()
 	var engines []*Engine
 	for _, name := range []string{"paths", "dynamic key"} {
 		dir := f.TempDir()
 		writeFile(f, dir, "m.rego", memoModules[name].src)
-		e, err := New(ctx, Config{Rules: memoRules, Paths: []string{dir}})
+		e, err := New(context.Background(), Config{Rules: memoRules, Paths: []string{dir}})
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -278,6 +286,7 @@ func FuzzMemo(f *testing.F) {
 		if len(seed) > 64 {
 			return
 		}
+		ctx := patient(t)
 		for _, e := range engines {
 			memo := NewMemo(e, 0)
 			for i := range seed {
@@ -292,4 +301,34 @@ func FuzzMemo(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMemoBound: a memo whose keys would pass its byte bound stops
+// remembering and evaluates, still exactly.
+func TestMemoBound(t *testing.T) {
+	ctx := patient(t)
+	dir := t.TempDir()
+	writeFile(t, dir, "m.rego", memoModules["dynamic key"].src)
+	e := newEngine(t, Config{Rules: memoRules, Paths: []string{dir}})
+	memo := NewMemo(e, 300)
+	r := rand.New(rand.NewPCG(5, 5))
+	var ins []*ParsedInput
+	for range 40 {
+		pi, err := InputFromJSON(memoInput(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ins = append(ins, pi)
+	}
+	for round := range 2 {
+		for i, pi := range ins {
+			if got, want := memo.DecideParsed(ctx, pi), e.DecideParsed(ctx, pi); !reflect.DeepEqual(got, want) {
+				t.Fatalf("round %d input %d: memo %+v, want %+v", round, i, got, want)
+			}
+		}
+	}
+	evals, hits := memo.Stats()
+	if memo.size > 300 || hits == 0 || evals <= 40 {
+		t.Fatalf("bound 300 bytes: %d held, %d evaluations, %d from memory; want some of each, at most 300 bytes", memo.size, evals, hits)
+	}
 }
