@@ -82,11 +82,13 @@ func TestRunMemoExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			with, err := Run(ctx, eng, []string{path}, Options{Workers: 3})
+			// A minute per evaluation: the comparison is of decisions,
+			// not of what a loaded machine times out (TestRunTimeout).
+			with, err := Run(ctx, eng, []string{path}, Options{Workers: 3, Timeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
-			without, err := Run(ctx, eng, []string{path}, Options{Workers: 2, NoMemo: true})
+			without, err := Run(ctx, eng, []string{path}, Options{Workers: 2, NoMemo: true, Timeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
