@@ -150,11 +150,14 @@ func TestRunTimeout(t *testing.T) {
 		t.Fatalf("retry with a minute: %+v", rep)
 	}
 	// Out of time twice: skipped with the reason, not a change.
+	// (On a loaded machine a fast record may run out of time twice too:
+	// it is skipped the same way, never a change.)
 	rep, err = Run(ctx, eng, []string{path}, Options{Workers: 2, Timeout: 20 * time.Millisecond, RetryTimeout: 40 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Skipped[SkipTimeout] != slow || rep.Replayed != n-slow || rep.Unchanged != n-slow || rep.Changed != 0 || len(rep.Changes) != 0 || rep.Retried < slow {
+	if rep.Skipped[SkipTimeout] < slow || rep.Replayed+rep.Skipped[SkipTimeout] != n || rep.Unchanged != rep.Replayed ||
+		rep.Changed != 0 || rep.RuleOnly != 0 || len(rep.Changes) != 0 || rep.Retried < slow || len(rep.Skipped) != 1 {
 		t.Fatalf("retry with 40 ms: %+v", rep)
 	}
 }
