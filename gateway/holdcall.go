@@ -290,7 +290,7 @@ func (s *Server) receipt(h holds.Hold, c *toolCall) []byte {
 		return nil
 	}
 	return s.life.Receipt(h, policylife.Execution{Answered: c.answered, Decision: c.decision,
-		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential})
+		UpstreamStatus: c.rec.UpstreamStatus, Credential: c.rec.Credential, LeaseID: c.leaseID})
 }
 
 // storedRequest rebuilds an approved hold's request exactly as stored.

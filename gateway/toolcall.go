@@ -116,6 +116,7 @@ type toolCall struct {
 	audited   bool   // the outcome is already in the audit log
 	presync   bool   // the next record need only reach the file; a later one syncs
 	answered  bool   // the upstream answered over HTTP (a hold's re-send after a crash needs to know)
+	leaseID   string // the Vault lease of the credential attached (creds.Attachment), for a receipt
 
 	holdID string    // the hold this call made or names (calltrace.go)
 	trace  callTrace // the call's root and running stage spans (calltrace.go)
@@ -605,7 +606,7 @@ func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.T
 	if e != nil {
 		return nil, e
 	}
-	c.rec.Credential = att.Where
+	c.rec.Credential, c.leaseID = att.Where, att.LeaseID
 	scr := up.scrubber(att.Forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
+	"github.com/sluice-gw/sluice/gateway/receipts"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 	"github.com/sluice-gw/sluice/vault/vaulttest"
 )
@@ -180,14 +181,20 @@ connectors:
     base_url: %[2]s
     allow_private: [127.0.0.0/8]
     credential: { vault: { dynamic: database/creds/ro } }
+  - slug: helddb
+    spec: %[8]s
+    base_url: %[2]s
+    allow_private: [127.0.0.0/8]
+    credential: { vault: { dynamic: database/creds/ro } }
   - slug: signed
     spec: %[8]s
     base_url: %[2]s
     allow_private: [127.0.0.0/8]
     credential: { vault: { transit_key: sluice-calls, audience: vaulted-api, ttl: 2m } }
 agents:
-  - { name: agent-a, connectors: [kv, peruser, named, db, signed] }
+  - { name: agent-a, connectors: [kv, peruser, named, db, helddb, signed] }
 policies:
+  - { match: "helddb.*", action: ask, approvers: [bob] }
   - { match: "*", action: allow }
 `
 
@@ -231,11 +238,12 @@ func TestVaultCredentials(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	rid, sid := srv.AppRole(t, dir, "gateway", gwPolicy, "1h")
 	spec, _ := filepath.Abs("testdata/vaulted.yaml")
-	data := fmt.Sprintf(vaultGatewayYAML, dir, up.URL, srv.Addr, os.Getuid(), rid, sid, tokenHash("tok-sandboxd"), spec)
+	data := fmt.Sprintf(vaultGatewayYAML, dir, up.URL, srv.Addr, os.Getuid(), rid, sid, tokenHash("tok-sandboxd"), spec) + approversYAML
 	cfg, err := config.Parse([]byte(data), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.Gateway.HoldWait = config.Duration(50 * time.Millisecond)
 	logBuf := &syncBuffer{}
 	gw, err := New(context.Background(), cfg, Options{Logger: slog.New(slog.NewJSONHandler(logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
@@ -363,6 +371,31 @@ func TestVaultCredentials(t *testing.T) {
 		}
 		if r := doCall(t, alice, "db.db", `{}`); r.status != 403 || r.code() != "session_ended" {
 			t.Errorf("a call of the ended session: %d %s, want 403 session_ended", r.status, r.raw)
+		}
+	})
+	t.Run("a held call's receipt names the credential's lease", func(t *testing.T) {
+		held := g.client(wire.Identity{Sandbox: "sb-4", Agent: "agent-a", Session: "s-held", User: "alice", Host: "h1"})
+		id, _ := holdOf(t, doCall(t, held, "helddb.db", `{}`))
+		if ar := g.admin(t, "tok-bob", "POST", "/api/v1/holds/"+id+"/approve", `{"reason":"ok"}`); ar.status != 200 {
+			t.Fatalf("approve: %d %s", ar.status, ar.raw)
+		}
+		rr := g.admin(t, "tok-bob", "GET", "/api/v1/holds/"+id+"/receipt", "")
+		kr := g.admin(t, "", "GET", "/api/v1/receipts/key", "")
+		pub, err := receipts.ParsePublicKey([]byte(kr.body["public_key_pem"].(string)))
+		if err != nil || rr.status != 200 {
+			t.Fatalf("receipt %d %s; key %v", rr.status, rr.raw, err)
+		}
+		rc, err := receipts.Verify([]byte(rr.raw), pub)
+		if err != nil {
+			t.Fatalf("Verify: %v\n%s", err, rr.raw)
+		}
+		leases := src.Client().Leases("s-held")
+		if len(leases) != 1 || rc.LeaseID != leases[0] || !strings.HasPrefix(rc.LeaseID, "database/creds/ro/") || rc.UpstreamStatus != 200 || rc.Credential == "" {
+			t.Fatalf("receipt %+v; the session's leases %v", rc, leases)
+		}
+		// Vault itself knows the lease the receipt names.
+		if _, err := srv.Client(t).Sys().Lookup(rc.LeaseID); err != nil {
+			t.Fatalf("Vault does not know lease %s: %v", rc.LeaseID, err)
 		}
 	})
 	t.Run("JWKS is served on the admin listener", func(t *testing.T) {

@@ -109,7 +109,9 @@ func compile(ctx context.Context, cfg Config, b *Bundle, log *slog.Logger) (*pre
 	if err != nil {
 		return nil, err
 	}
-	return &prepared{pq: pq, pqTool: pqTool, rules: table, revision: src.revision}, nil
+	mods := src.mods
+	deps := sync.OnceValue(func() inputDeps { return inputPaths(mods) }) // memo.go: on first use only
+	return &prepared{pq: pq, pqTool: pqTool, rules: table, revision: src.revision, deps: deps}, nil
 }
 
 // sources is what one generation compiles besides the library: the

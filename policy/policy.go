@@ -48,6 +48,11 @@ const Query = "data.sluice.main.decision"
 // failed (not loaded, evaluation error, timeout, undefined or malformed result).
 const RulePolicyError = "policy_error"
 
+// ReasonTimedOut is the Reason of a policy_error decision whose
+// evaluation ran out of time (the caller's deadline or DefaultTimeout):
+// on a loaded machine the same input may well be decided given longer.
+const ReasonTimedOut = "policy: evaluation timed out"
+
 // Action is what the policy decided.
 type Action int
 
@@ -253,6 +258,8 @@ type prepared struct {
 	rules  *simpleTable
 	// revision names this generation (Decision.Revision).
 	revision string
+	// deps is what its decisions read of the input (memo.go).
+	deps func() inputDeps
 }
 
 // New compiles the shipped library, the rules and the modules. On a compile
@@ -491,7 +498,7 @@ func validKind(k string) bool {
 // error (code, message and location). timedOut says DefaultTimeout expired.
 func evalReason(ctx context.Context, timedOut bool, err error) string {
 	if timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return "policy: evaluation timed out"
+		return ReasonTimedOut
 	}
 	if ctx.Err() != nil {
 		return "policy: evaluation canceled"

@@ -64,7 +64,7 @@ func (v *Vault) Dynamic(ctx context.Context, session, path string) (map[string]S
 		l.next = l.expires.Add(-l.duration / 3)
 		for f, val := range sec.Data {
 			if s, ok := val.(string); ok && s != "" {
-				l.data[f] = NewSecret([]byte(s))
+				l.data[f] = NewSecret([]byte(s)).WithLease(l.id)
 			}
 		}
 		v.mu.Lock()

@@ -12,7 +12,10 @@ const redacted = "[redacted]"
 //
 // Every way of printing a Secret (fmt with any verb, encoding/json, log/slog)
 // yields "[redacted]"; only Reveal returns the bytes.
-type Secret struct{ b []byte }
+type Secret struct {
+	b     []byte
+	lease string // the Vault lease the value came from ("" for none)
+}
 
 // NewSecret wraps b (which it copies).
 func NewSecret(b []byte) Secret {
@@ -25,6 +28,17 @@ func NewSecret(b []byte) Secret {
 // Reveal returns the value. Call it only where the credential is attached.
 // The returned slice is shared with s: do not modify it.
 func (s Secret) Reveal() []byte { return s.b }
+
+// LeaseID is the Vault lease the value came from (a dynamic secret's),
+// or "". It is not a secret: Vault and sluice log it, and an approval
+// receipt names it.
+func (s Secret) LeaseID() string { return s.lease }
+
+// WithLease is s naming the lease id it came from.
+func (s Secret) WithLease(id string) Secret {
+	s.lease = id
+	return s
+}
 
 // Len returns the value's length in bytes.
 func (s Secret) Len() int { return len(s.b) }

@@ -23,7 +23,7 @@ import (
 func policyReplayCmd(g *globals) *cobra.Command {
 	var files, paths []string
 	var since, bundle, failOn string
-	var asJSON bool
+	var asJSON, noMemo bool
 	var workers int
 	cmd := &cobra.Command{
 		Use:   "replay --audit FILE… [--since T] [--policy DIR…] [--bundle F] [--json] [--fail-on loosened|changed]",
@@ -46,7 +46,13 @@ error, nothing replayed.
 
 Records that cannot be replayed are counted as skipped with the reason: no
 input recorded (older records, or audit.record_inputs: false), an input cut
-to audit.record_input_max, an unreadable record.
+to audit.record_input_max, an unreadable record, an evaluation that ran out
+of time twice (the second time with ten times the budget).
+
+Records whose input agrees on every field the policy reads are evaluated
+once (exactly: a policy that reads input whole, replaces it with 'with', or
+calls time.now_ns, rand.intn and the like is evaluated on every record, and
+the report says why); --no-memo evaluates every record.
 
 --json prints the report for CI. --fail-on loosened exits 1 when any call
 would now be let through further than it was (block → ask, block → allow,
@@ -63,6 +69,7 @@ ask → allow); --fail-on changed when any call's action would change.`,
 			}
 			var o replay.Options
 			o.Workers = workers
+			o.NoMemo = noMemo
 			if since != "" {
 				t, err := parseSince(since, time.Now())
 				if err != nil {
@@ -124,6 +131,7 @@ ask → allow); --fail-on changed when any call's action would change.`,
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.StringVar(&failOn, "fail-on", "", "exit 1 when any call is: loosened (let through further) or changed (another action)")
 	f.IntVar(&workers, "workers", 0, "deciding goroutines (default: one per CPU)")
+	f.BoolVar(&noMemo, "no-memo", false, "evaluate every record, also those whose input agrees with an earlier one on every field the policy reads")
 	return cmd
 }
 
@@ -159,6 +167,11 @@ func printReplay(w io.Writer, r *replay.Report) {
 	}
 	fmt.Fprintf(w, "%d files, %d records verified; %d decisions, %d replayed in %.2fs: %d unchanged, %d changed (%d loosened), %d by another rule\n",
 		len(r.Files), verified, r.Decisions, r.Replayed, r.Seconds, r.Unchanged, r.Changed, r.Loosened, r.RuleOnly)
+	fmt.Fprintf(w, "%d policy evaluations (memo %s)", r.Evaluated, r.Memo)
+	if r.Retried > 0 {
+		fmt.Fprintf(w, "; %d records timed out once and were evaluated again", r.Retried)
+	}
+	fmt.Fprintln(w)
 	if len(r.Changes) > 0 {
 		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "\nTOOL\tDECISION\tRULE\tCALLS\tEXAMPLES")

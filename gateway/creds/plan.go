@@ -112,6 +112,9 @@ func CheckRefs(ctx context.Context, cfg *config.Config) []error {
 type Attachment struct {
 	Where string // "header:X-Api-Key", "query:key", "cookie:sid", "basic", "bearer"; several joined by ","
 	Forms [][]byte
+	// LeaseID is the Vault lease the credential came from (a dynamic
+	// secret's), "" for none: an approval receipt names it.
+	LeaseID string
 }
 
 var (
@@ -435,7 +438,7 @@ func Attach(req *http.Request, plan *Plan, tool *connectors.Tool, secret vault.S
 			return Attachment{}, errors.New("a basic-auth credential must be stored as user:password")
 		}
 	}
-	att := Attachment{Forms: [][]byte{v}}
+	att := Attachment{Forms: [][]byte{v}, LeaseID: secret.LeaseID()}
 	var where []string
 	for _, sc := range ss {
 		w, extra := put(req, sc, plan.prefixFor(sc), string(v))

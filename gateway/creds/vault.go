@@ -126,7 +126,7 @@ func (s *Vault) Credential(ctx context.Context, ref Ref) (vault.Secret, error) {
 		if u.IsZero() || p.IsZero() {
 			return vault.Secret{}, fmt.Errorf("vault: %s has no username and password; set field", path)
 		}
-		return vault.NewSecret([]byte(string(u.Reveal()) + ":" + string(p.Reveal()))), nil
+		return vault.NewSecret([]byte(string(u.Reveal()) + ":" + string(p.Reveal()))).WithLease(u.LeaseID()), nil
 	case r.TransitKey != "":
 		ttl := r.TTL.Std()
 		if ttl <= 0 {

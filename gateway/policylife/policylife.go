@@ -207,6 +207,7 @@ type Execution struct {
 	Decision       policy.Decision // the decision it was sent under
 	UpstreamStatus int
 	Credential     string // where the credential went, never its value
+	LeaseID        string // the Vault lease the credential came from, "" for none
 }
 
 // Stats are the decision-log exporter's counters (zero without
@@ -232,7 +233,7 @@ func (l *Life) Receipt(h holds.Hold, e Execution) []byte {
 		Caller:   receipts.Caller{Sandbox: h.Caller.Sandbox, Agent: h.Caller.Agent, Session: h.Caller.Session, User: h.Caller.User},
 		Approver: h.DecidedBy, ApprovedAt: h.Decided, ExecutedAt: time.Now(),
 		RequestSHA256: h.SHA256, PolicyRevision: e.Decision.Revision, Decision: e.Decision.Action.String(),
-		UpstreamStatus: e.UpstreamStatus, Credential: e.Credential,
+		UpstreamStatus: e.UpstreamStatus, Credential: e.Credential, LeaseID: e.LeaseID,
 	}
 	b, err := l.receipts.Sign(r)
 	if err != nil {

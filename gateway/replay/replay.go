@@ -10,9 +10,17 @@
 // policy.Engine (prepared queries, several workers) and compared with the
 // recorded decision. A record that cannot be replayed is counted as
 // skipped with its reason, never dropped silently.
+//
+// Each worker decides through a policy.Memo: records whose input agrees
+// on every path the policy reads are evaluated once (exactly: a policy
+// that could depend on more turns the memo off, and Report.Memo says
+// why). An evaluation that runs out of time is tried once more with a
+// longer budget; one that runs out again is skipped as an evaluation
+// timeout, never reported as a change to policy_error.
 package replay
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +44,7 @@ const (
 	SkipBadRecord    = "decision record is not readable"
 	SkipBadDecision  = "recorded decision is not allow, ask or block"
 	SkipUnfinished   = "unfinished last line (a write the gateway did not finish)"
+	SkipTimeout      = "evaluation timeout (twice: the second time with Options.RetryTimeout)"
 	maxExamples      = 3
 	eventDecision    = "decision"
 	eventHoldCreated = "hold_created"
@@ -49,10 +58,21 @@ const (
 // (BenchmarkRun: 186 → 151 cpu-µs a record).
 const GCPercent = 400
 
+// DefaultRetryTimeout is the budget of the second evaluation of a record
+// whose first ran out of time (policy.DefaultTimeout when Options.Timeout
+// is 0): a machine loaded enough to stall one evaluation for a second is
+// given ten.
+const DefaultRetryTimeout = 10 * policy.DefaultTimeout
+
 // Options narrow a replay.
 type Options struct {
 	Since   time.Time // records before are not replayed (zero: all)
 	Workers int       // deciding goroutines; 0 is GOMAXPROCS
+	// NoMemo evaluates every record (policy.Memo off), to compare.
+	NoMemo bool
+	// Timeout bounds a record's first evaluation (0: policy.DefaultTimeout),
+	// RetryTimeout its second, after a timeout (0: DefaultRetryTimeout).
+	Timeout, RetryTimeout time.Duration
 }
 
 // Example names one record of a change: where it is and when it was.
@@ -97,6 +117,14 @@ type Report struct {
 	Changes   []Change       `json:"changes"`
 	Skipped   map[string]int `json:"skipped"` // reason → records
 	Seconds   float64        `json:"seconds"`
+	// Evaluated is how many policy evaluations the replay made; the other
+	// replayed records were answered by the memo (Memo: "on", or "off:"
+	// and why).
+	Evaluated int    `json:"evaluated"`
+	Memo      string `json:"memo"`
+	// Retried are the records whose first evaluation timed out and that
+	// were evaluated again (those that timed out again are skipped).
+	Retried int `json:"retried"`
 }
 
 // BrokenChainError is a log whose chain does not verify.
@@ -122,11 +150,13 @@ type recordedFields struct {
 
 type changeKey struct{ tool, from, to, fromRule, toRule string }
 
-// tally is one worker's counts, merged at the end.
+// tally is one worker's counts, merged at the end, and its memo.
 type tally struct {
-	decisions, replayed, unchanged int
-	skipped                        map[string]int
-	changes                        map[changeKey]*Change
+	decisions, replayed, unchanged, retried int
+	evals                                   int // made without the memo
+	skipped                                 map[string]int
+	changes                                 map[changeKey]*Change
+	memo                                    *policy.Memo // nil: Options.NoMemo
 }
 
 // Run replays files, in order, with eng.
@@ -136,10 +166,19 @@ func Run(ctx context.Context, eng *policy.Engine, files []string, o Options) (*R
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	rep := &Report{Skipped: map[string]int{}, Changes: []Change{}}
+	rep := &Report{Skipped: map[string]int{}, Changes: []Change{}, Memo: "off: Options.NoMemo"}
 	tallies := make([]*tally, workers)
 	for i := range tallies {
 		tallies[i] = &tally{skipped: map[string]int{}, changes: map[changeKey]*Change{}}
+		if !o.NoMemo {
+			tallies[i].memo = policy.NewMemo(eng, 0)
+		}
+	}
+	if !o.NoMemo {
+		rep.Memo = "on"
+		if why := tallies[0].memo.Off(); why != "" {
+			rep.Memo = "off: " + why
+		}
 	}
 	// One pass per file: audit.Stream checks each line on the workers and
 	// the links in order, and hands every line that passes its own checks
@@ -148,7 +187,7 @@ func Run(ctx context.Context, eng *policy.Engine, files []string, o Options) (*R
 	for _, path := range files {
 		ch, err := audit.Stream(ctx, path, workers, func(w, line int, rec *audit.Line, _ []byte) {
 			if rec.Event == eventDecision || rec.Event == eventHoldCreated {
-				tallies[w].decide(ctx, eng, path, line, rec, o.Since)
+				tallies[w].decide(ctx, eng, path, line, rec, &o)
 			}
 		})
 		if err != nil {
@@ -167,6 +206,12 @@ func Run(ctx context.Context, eng *policy.Engine, files []string, o Options) (*R
 		rep.Decisions += t.decisions
 		rep.Replayed += t.replayed
 		rep.Unchanged += t.unchanged
+		rep.Retried += t.retried
+		rep.Evaluated += t.evals
+		if t.memo != nil {
+			evals, _ := t.memo.Stats()
+			rep.Evaluated += evals
+		}
 		for k, n := range t.skipped {
 			rep.Skipped[k] += n
 		}
@@ -221,7 +266,7 @@ func cmpExample(files []string, a, b Example) int {
 // (policy.ParseJSON, policy.InputFromValue); an input in a shape other
 // than the gateway records is decoded strictly and decided as `sluice
 // policy eval` would (slowInput).
-func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, line int, rec *audit.Line, since time.Time) {
+func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, line int, rec *audit.Line, o *Options) {
 	if len(rec.Fields) == 0 {
 		return // no fields: not a decision
 	}
@@ -234,7 +279,7 @@ func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, lin
 	if f.Decision == "" {
 		return // refused before any decision (unknown tool, not granted …): nothing to replay
 	}
-	if !since.IsZero() && rec.Time.Before(since) {
+	if !o.Since.IsZero() && rec.Time.Before(o.Since) {
 		return
 	}
 	t.decisions++
@@ -250,27 +295,34 @@ func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, lin
 		t.skipped[SkipNoInput]++
 		return
 	}
-	var d policy.Decision
+	var decide func(context.Context) policy.Decision
 	tool := f.Tool
 	pi, err := policy.InputFromValue(input.Value)
+	if err == nil && tool == "" {
+		tool = pi.Tool
+	}
 	switch {
+	case err == nil && t.memo != nil:
+		decide = func(ctx context.Context) policy.Decision { return t.memo.DecideParsed(ctx, pi) }
 	case err == nil:
-		d = eng.DecideParsed(ctx, pi)
-		if tool == "" {
-			tool = pi.Tool
-		}
+		decide = func(ctx context.Context) policy.Decision { t.evals++; return eng.DecideParsed(ctx, pi) }
 	case errors.Is(err, policy.ErrNotCanonical):
 		in, err := slowInput(rec.Fields)
 		if err != nil {
 			t.skipped[SkipBadInput]++
 			return
 		}
-		d = eng.Decide(ctx, in)
 		if tool == "" {
 			tool = in.Tool
 		}
+		decide = func(ctx context.Context) policy.Decision { t.evals++; return eng.Decide(ctx, in) }
 	default:
 		t.skipped[SkipBadInput]++
+		return
+	}
+	d, ok := t.budgeted(ctx, o, decide)
+	if !ok {
+		t.skipped[SkipTimeout]++
 		return
 	}
 	t.replayed++
@@ -288,6 +340,32 @@ func (t *tally) decide(ctx context.Context, eng *policy.Engine, file string, lin
 	if len(c.Examples) < maxExamples {
 		c.Examples = append(c.Examples, Example{File: file, Line: line, Seq: rec.Seq, Time: rec.Time, RequestID: rec.RequestID})
 	}
+}
+
+// budgeted decides within o.Timeout and, when that runs out, once more
+// within o.RetryTimeout; ok is false when the second runs out too.
+func (t *tally) budgeted(ctx context.Context, o *Options, decide func(context.Context) policy.Decision) (d policy.Decision, ok bool) {
+	if o.Timeout > 0 {
+		d = within(ctx, o.Timeout, decide)
+	} else {
+		d = decide(ctx) // the engine's own bound (policy.DefaultTimeout) without a context to make
+	}
+	if !timedOut(d) {
+		return d, true
+	}
+	t.retried++
+	d = within(ctx, cmp.Or(o.RetryTimeout, DefaultRetryTimeout), decide)
+	return d, !timedOut(d)
+}
+
+func within(ctx context.Context, budget time.Duration, decide func(context.Context) policy.Decision) policy.Decision {
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	return decide(ctx)
+}
+
+func timedOut(d policy.Decision) bool {
+	return d.Rule == policy.RulePolicyError && d.Reason == policy.ReasonTimedOut
 }
 
 // readKeys are the fields a replay reads of a decision record, in

@@ -171,40 +171,52 @@ decisions contains {"action": "block", "reason": "forbidden tag", "rule": "bench
 
 // writeBenchLog writes n records shaped as test/bench's replay row writes
 // them: bench.create_item with varying amounts, decided by benchRego.
-func writeBenchLog(b *testing.B, path string, n int) {
-	l, err := audit.OpenWith(path, audit.Options{Sync: audit.SyncInterval, SyncInterval: 10 * time.Millisecond})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	ctx := context.Background()
-	start := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
-	for i := range n {
+func writeBenchLog(b testing.TB, path string, n int) {
+	writeRecords(b, path, n, func(i int) (*policy.Input, call.Decision) {
 		amount := (i * 37) % 1200
 		body := map[string]any{"name": "widget", "amount": amount, "currency": "EUR", "note": "bench", "tags": []string{"a", "b", "c"},
 			"lines": []any{map[string]any{"sku": "w-1", "qty": 2}, map[string]any{"sku": "w-2", "qty": 1}}}
-		in := &policy.Input{Version: policy.InputVersion, Kind: "tool_call",
-			Caller:    policy.Caller{Sandbox: "sb-1", Agent: "agent-a", Session: fmt.Sprintf("s-%d", i%50), User: "alice"},
-			Connector: "bench", Tool: "bench.create_item",
-			Operation: policy.Operation{ID: "createItem", Method: "POST", Path: "/items", Risk: "write", Tags: []string{}},
-			Args:      map[string]any{"path": map[string]any{}, "query": map[string]any{}, "headers": map[string]any{}, "body": body},
-			Request: policy.Request{Method: "POST", Host: "127.0.0.1:9", Path: "/items", Query: map[string][]string{},
-				Headers: map[string][]string{"Content-Type": {"application/json"}}},
-			Findings: []policy.Finding{},
-			Time:     start.Add(time.Duration(i) * time.Second)}
+		d := call.Decision{Action: "allow", Rule: "bench.small", Reason: "small amount"}
+		if amount > 1000 {
+			d = call.Decision{Action: "ask", Rule: "bench.large", Reason: "large amount"}
+		}
+		return itemInput(i, body), d
+	})
+}
+
+// itemInput is the recorded input of the i-th bench.create_item call with body.
+func itemInput(i int, body map[string]any) *policy.Input {
+	return &policy.Input{Version: policy.InputVersion, Kind: "tool_call",
+		Caller:    policy.Caller{Sandbox: "sb-1", Agent: "agent-a", Session: fmt.Sprintf("s-%d", i%50), User: "alice"},
+		Connector: "bench", Tool: "bench.create_item",
+		Operation: policy.Operation{ID: "createItem", Method: "POST", Path: "/items", Risk: "write", Tags: []string{}},
+		Args:      map[string]any{"path": map[string]any{}, "query": map[string]any{}, "headers": map[string]any{}, "body": body},
+		Request: policy.Request{Method: "POST", Host: "127.0.0.1:9", Path: "/items", Query: map[string][]string{},
+			Headers: map[string][]string{"Content-Type": {"application/json"}}},
+		Findings: []policy.Finding{},
+		Time:     time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second)}
+}
+
+// writeRecords writes n decision records as the gateway writes them:
+// record i carries the input and decision mk gives.
+func writeRecords(tb testing.TB, path string, n int, mk func(i int) (*policy.Input, call.Decision)) {
+	l, err := audit.OpenWith(path, audit.Options{Sync: audit.SyncInterval, SyncInterval: 10 * time.Millisecond})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	for i := range n {
+		in, d := mk(i)
 		raw, err := json.Marshal(in)
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
-		rec := call.Record{RequestID: fmt.Sprintf("req-%d", i), Kind: call.KindToolCall, Transport: call.HTTP, Sandbox: "sb-1", Agent: "agent-a",
-			Session: in.Caller.Session, User: "alice", Tool: "bench.create_item", DestHost: "127.0.0.1", Decided: true, Input: raw}
-		rec.Decision = call.Decision{Action: "allow", Rule: "bench.small", Reason: "small amount"}
-		if amount > 1000 {
-			rec.Decision = call.Decision{Action: "ask", Rule: "bench.large", Reason: "large amount"}
-		}
+		rec := call.Record{RequestID: fmt.Sprintf("req-%d", i), Kind: call.KindToolCall, Transport: call.HTTP, Sandbox: in.Caller.Sandbox, Agent: in.Caller.Agent,
+			Session: in.Caller.Session, User: in.Caller.User, Tool: in.Tool, DestHost: "127.0.0.1", Decided: true, Input: raw, Decision: d}
 		fs := call.AppendFields(make([]audit.Field, 0, 20), &rec, call.EventDecision, "")
 		if _, err := l.AppendWritten(ctx, audit.Record{RequestID: rec.RequestID, Event: call.EventDecision, Sorted: fs}); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 	}
 }
@@ -225,17 +237,20 @@ func BenchmarkRun(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	for range b.N {
-		rep, err := Run(ctx, eng, []string{path}, Options{Workers: 1})
-		if err != nil || rep.Replayed != n || rep.Changed != 0 || rep.RuleOnly != 0 {
-			b.Fatalf("replay: %+v %v", rep, err)
-		}
+	for _, noMemo := range []bool{false, true} {
+		b.Run(fmt.Sprintf("NoMemo=%v", noMemo), func(b *testing.B) {
+			cpu0 := cpuTime()
+			for range b.N {
+				rep, err := Run(ctx, eng, []string{path}, Options{Workers: 1, NoMemo: noMemo})
+				if err != nil || rep.Replayed != n || rep.Changed != 0 || rep.RuleOnly != 0 {
+					b.Fatalf("replay: %+v %v", rep, err)
+				}
+			}
+			// CPU time, not wall time: the machine is shared, and CPU per
+			// record is what bounds the rate on a given number of cores.
+			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N*n)/1000, "cpu-µs/record")
+		})
 	}
-	// CPU time, not wall time: the machine is shared, and CPU per record
-	// is what bounds the rate on a given number of cores.
-	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N*n)/1000, "cpu-µs/record")
 }
 
 // cpuTime is the process's user and system CPU time so far.

@@ -103,17 +103,27 @@ func benchReplay(t *testing.T, _ *world) *section {
 	}
 	wg.Wait()
 	s.add(&row{Name: s.Baseline, QPS: float64(len(ins)) / time.Since(t0).Seconds(), Note: "policy.Engine.Decide on the decoded inputs"})
-	t0 = time.Now()
-	rep, err := replay.Run(ctx, eng, []string{path}, replay.Options{})
-	if err != nil {
-		s.skip("replay", err.Error())
-		return s
+	var r *row
+	for _, noMemo := range []bool{false, true} {
+		name := "replay"
+		if noMemo {
+			name = "replay --no-memo"
+		}
+		t0 = time.Now()
+		rep, err := replay.Run(ctx, eng, []string{path}, replay.Options{NoMemo: noMemo})
+		if err != nil {
+			s.skip(name, err.Error())
+			return s
+		}
+		el := time.Since(t0).Seconds()
+		if rep.Replayed != records || rep.Changed != 0 {
+			t.Errorf("replay of %d records: replayed %d, changed %d; want all, none changed", records, rep.Replayed, rep.Changed)
+		}
+		note := fmt.Sprintf("gateway/replay.Run: read, verify, decode, decide, compare; %d policy evaluations (memo %s)", rep.Evaluated, rep.Memo)
+		if x := s.add(&row{Name: name, QPS: float64(rep.Replayed) / el, Note: note}); !noMemo {
+			r = x
+		}
 	}
-	el := time.Since(t0).Seconds()
-	if rep.Replayed != records || rep.Changed != 0 {
-		t.Errorf("replay of %d records: replayed %d, changed %d; want all, none changed", records, rep.Replayed, rep.Changed)
-	}
-	r := s.add(&row{Name: "replay", QPS: float64(rep.Replayed) / el, Note: "gateway/replay.Run: read, verify, decode, decide, compare"})
 	v := "not met"
 	if r.QPS >= 20000 {
 		v = "**met**"

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -115,6 +116,7 @@ decisions contains {"action": "block", "reason": "refunds over 1000", "rule": "b
 	if rep.Changed != 3 || rep.Unchanged != 4 || rep.Loosened != 0 {
 		t.Fatalf("changed %d unchanged %d loosened %d; want 3, 4, 0", rep.Changed, rep.Unchanged, rep.Loosened)
 	}
+	replayMemo(t, e, path, audit, dir)
 
 	// Loosening: refunds allowed. --fail-on loosened exits 1.
 	loose := t.TempDir()
@@ -304,5 +306,39 @@ func writeFile(t *testing.T, path, s string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// replayMemo: the memo answers only what it may. With the tightening on
+// one worker, the two identical reads of ticket 2 are evaluated once and
+// the report is --no-memo's; a candidate calling time.now_ns turns the
+// memo off, saying why, and every record is evaluated.
+func replayMemo(t *testing.T, e *gwenv.Env, path, audit, tighten string) {
+	c := casebook.Expect(t, "F20", "sluice policy replay of candidates the memo can and cannot answer for (a tightening reading tool and arguments; a rule calling time.now_ns)",
+		"the tightening: memo on, fewer evaluations than records, the same report as --no-memo; the clock rule: memo off naming time.now_ns, every record evaluated")
+	run := func(args ...string) replay.Report {
+		t.Helper()
+		out, err := e.CLI("", append([]string{"policy", "replay", "--config", path, "--audit", audit, "--json"}, args...)...)
+		if err != nil {
+			t.Fatalf("replay %v: %v\n%s", args, err, out)
+		}
+		return decodeReport(t, out)
+	}
+	memo := run("--policy", tighten, "--workers", "1")
+	plain := run("--policy", tighten, "--no-memo")
+	clock := t.TempDir()
+	writeFile(t, filepath.Join(clock, "clock.rego"), `package sluice.policies.clock
+
+decisions contains {"action": "ask", "reason": "now", "rule": "clock"} if time.now_ns() > 0
+`)
+	off := run("--policy", clock)
+	c.Observef("tightening: memo %q, %d evaluations for %d records, --no-memo %d; clock rule: memo %q, %d evaluations for %d records",
+		memo.Memo, memo.Evaluated, memo.Replayed, plain.Evaluated, off.Memo, off.Evaluated, off.Replayed)
+	if memo.Memo != "on" || memo.Evaluated != memo.Replayed-1 || plain.Evaluated != plain.Replayed || !reflect.DeepEqual(memo.Changes, plain.Changes) ||
+		memo.Unchanged != plain.Unchanged || memo.Replayed != 7 {
+		t.Fatalf("tightening with the memo %+v\nwithout %+v", memo, plain)
+	}
+	if !strings.HasPrefix(off.Memo, "off: the policy calls time.now_ns") || off.Evaluated != off.Replayed || off.Replayed != 7 {
+		t.Fatalf("clock rule: %+v", off)
 	}
 }
