@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,7 @@ func TestHostedRecordsNameListener(t *testing.T) {
 		}},
 		{"sandbox socket", agentA.Session, "", "", func(t *testing.T) net.Conn { return rawConn(t, g, agentA) }},
 	}
+	signals := []string{"hold_created", call.EventDNSAnswered, "dns_high_entropy", "dns_exfiltration_signal"}
 	for _, w := range ways {
 		t.Run(w.name, func(t *testing.T) {
 			exchange := func(c net.Conn, br *bufio.Reader, req string) (int, string) {
@@ -91,13 +93,21 @@ func TestHostedRecordsNameListener(t *testing.T) {
 				t.Fatalf("ask call: %d %s, want 202 held", st, out)
 			}
 
-			// A DNS question over POST /v1/dns, its name's first.
-			m := new(mdns.Msg)
-			m.SetQuestion("a.allowed.test.", mdns.TypeA)
-			q, _ := m.Pack()
+			// DNS questions over POST /v1/dns on one connection: each
+			// name's first, then names with high-entropy labels, more
+			// than dns.subdomain_threshold under one base domain.
 			c, br = open()
-			if st, out := exchange(c, br, fmt.Sprintf("POST /v1/dns HTTP/1.1\r\nHost: sluice\r\n%sContent-Type: application/dns-message\r\nContent-Length: %d\r\n\r\n%s", w.auth, len(q), q)); st != 200 {
-				t.Fatalf("POST /v1/dns: %d %q", st, out)
+			for i := range 7 {
+				name := "a.allowed.test."
+				if i > 0 {
+					name = fmt.Sprintf("q7x9k2mz4w8p1v6r3t5y%d.allowed.test.", i)
+				}
+				m := new(mdns.Msg)
+				m.SetQuestion(name, mdns.TypeA)
+				q, _ := m.Pack()
+				if st, out := exchange(c, br, fmt.Sprintf("POST /v1/dns HTTP/1.1\r\nHost: sluice\r\n%sContent-Type: application/dns-message\r\nContent-Length: %d\r\n\r\n%s", w.auth, len(q), q)); st != 200 {
+					t.Fatalf("POST /v1/dns %s: %d %q", name, st, out)
+				}
 			}
 
 			// A request inside an intercepted tunnel, refused before any
@@ -120,7 +130,7 @@ func TestHostedRecordsNameListener(t *testing.T) {
 					continue
 				case rec.Event == call.EventDecision && rec.Fields["dest_host"] == "a.allowed.test":
 					kind += " " + fmt.Sprint(rec.Fields["kind"]) // the tunnel's, or the request's in it
-				case rec.Event != "hold_created" && rec.Event != call.EventDNSAnswered:
+				case !slices.Contains(signals, rec.Event):
 					continue
 				}
 				seen[kind] = true
@@ -132,7 +142,7 @@ func TestHostedRecordsNameListener(t *testing.T) {
 					t.Errorf("%s record through the %s: listener %v, want %s", kind, w.name, l, w.want)
 				}
 			}
-			for _, ev := range []string{"hold_created", call.EventDNSAnswered, "decision connect", "decision http"} {
+			for _, ev := range slices.Concat(signals, []string{"decision connect", "decision http"}) {
 				if !seen[ev] {
 					t.Errorf("no %s record of session %s", ev, w.session)
 				}
