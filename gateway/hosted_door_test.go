@@ -28,17 +28,18 @@ const hostedMachineToken = "platform-token-0123456789"
 // loopback and a machine token that may mint.
 func hostedGateway(t *testing.T, upURL string) (*testGateway, *x509.CertPool) {
 	t.Helper()
-	return hostedGatewayKey(t, upURL, "")
+	return hostedGatewayKey(t, upURL, "", "")
 }
 
-// hostedGatewayKey is hostedGateway with the token key at keyFile ("":
-// the gateway's own directory) and mods applied to gateway.hosted.
-func hostedGatewayKey(t *testing.T, upURL, keyFile string, mods ...func(*config.Hosted)) (*testGateway, *x509.CertPool) {
+// hostedGatewayKey is hostedGateway with extra YAML, the token key at
+// keyFile ("": the gateway's own directory) and mods applied to the
+// configuration once gateway.hosted is set.
+func hostedGatewayKey(t *testing.T, upURL, extra, keyFile string, mods ...func(*config.Config)) (*testGateway, *x509.CertPool) {
 	t.Helper()
 	ca := newTestCA(t, "hosted CA")
 	certFile, tlsKey := writePEM(t, t.TempDir(), ca.issue(t, x509.ExtKeyUsageServerAuth, "127.0.0.1"))
 	sum := sha256.Sum256([]byte(hostedMachineToken))
-	g := startGateway(t, upURL, "", func(c *config.Config) {
+	g := startGateway(t, upURL, extra, func(c *config.Config) {
 		c.Gateway.SessionTokensSHA256 = []string{hex.EncodeToString(sum[:])}
 		tk := keyFile
 		if tk == "" {
@@ -47,7 +48,7 @@ func hostedGatewayKey(t *testing.T, upURL, keyFile string, mods ...func(*config.
 		c.Gateway.Hosted = &config.Hosted{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: tlsKey,
 			TokenKeyFile: tk, MaxTokenTTL: config.Duration(2 * time.Hour)}
 		for _, m := range mods {
-			m(c.Gateway.Hosted)
+			m(c)
 		}
 	})
 	roots := x509.NewCertPool()
@@ -319,8 +320,8 @@ func TestHostedMintAndUse(t *testing.T) {
 func TestHostedRefusalBudget(t *testing.T) {
 	up := newUpstream(t)
 	const budget, window = 2, 1500 * time.Millisecond
-	g, roots := hostedGatewayKey(t, up.URL, "", func(h *config.Hosted) {
-		h.RefusalBudget, h.RefusalWindow = budget, config.Duration(window)
+	g, roots := hostedGatewayKey(t, up.URL, "", "", func(c *config.Config) {
+		c.Gateway.Hosted.RefusalBudget, c.Gateway.Hosted.RefusalWindow = budget, config.Duration(window)
 	})
 	addr := g.HostedAddr()
 	other, _ := g.mint(t, "b-2", `{"agent":"agent-a"}`)
@@ -441,8 +442,8 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 func TestHostedReplicasShareKey(t *testing.T) {
 	up := newUpstream(t)
 	key := t.TempDir() + "/shared-hosted.key"
-	a, _ := hostedGatewayKey(t, up.URL, key)
-	b, rootsB := hostedGatewayKey(t, up.URL, key)
+	a, _ := hostedGatewayKey(t, up.URL, "", key)
+	b, rootsB := hostedGatewayKey(t, up.URL, "", key)
 	c, rootsC := hostedGateway(t, up.URL)
 	tok, r := a.mint(t, "rep-1", `{"agent":"agent-a"}`)
 	if r.status != 200 {

@@ -252,7 +252,7 @@ func (e answerer) countName(ctx context.Context, c *egressCall, name string) {
 		e.exfil.Add(ctx, 1, metric.WithAttributes(attribute.String("base_domain", base)))
 		f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 			"user": c.caller.User, "kind": "dns", "base_domain": base, "unique_names": n}
-		_, _ = e.d.Append(ctx, auditRecord(c.RequestID, "dns_exfiltration_signal", withEgress(f, c.caller)), false)
+		_, _ = e.d.Append(ctx, auditRecord(c.RequestID, "dns_exfiltration_signal", signalFields(c, f)), false)
 		e.d.Log.Warn("dns: many unique names under one domain", "request_id", c.RequestID, "sandbox", c.caller.Sandbox,
 			"agent", c.caller.Agent, "base_domain", base, "unique_names", n)
 	}
@@ -264,11 +264,21 @@ func (e answerer) countName(ctx context.Context, c *egressCall, name string) {
 			f := map[string]any{"sandbox": c.caller.Sandbox, "agent": c.caller.Agent, "session": c.caller.Session,
 				"user": c.caller.User, "kind": "dns", "base_domain": base, "dest_host": name,
 				"label_entropy": math.Round(h*100) / 100, "label_length": len(label)}
-			_, _ = e.d.Append(ctx, auditRecord(c.RequestID, "dns_high_entropy", withEgress(f, c.caller)), false)
+			_, _ = e.d.Append(ctx, auditRecord(c.RequestID, "dns_high_entropy", signalFields(c, f)), false)
 			e.d.Log.Warn("dns: high-entropy label", "request_id", c.RequestID, "sandbox", c.caller.Sandbox,
 				"agent", c.caller.Agent, "base_domain", base, "label_entropy", h)
 		}
 	}
+}
+
+// signalFields is f, a DNS signal's fields, with what the question's own
+// records carry beside the caller: the egress narrowing, and the listener
+// its connection came through (the connection's, never the request's).
+func signalFields(c *egressCall, f map[string]any) map[string]any {
+	if c.Listener != "" {
+		f[call.KeyListener] = c.Listener
+	}
+	return withEgress(f, c.caller)
 }
 
 // ensureRID gives c a request ID if it has none yet: the fast path
