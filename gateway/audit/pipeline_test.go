@@ -1,0 +1,156 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// gatedFile is a real file whose fsyncs wait at a gate while it is shut,
+// and fail while fail is set.
+type gatedFile struct {
+	*os.File
+	shut    *atomic.Bool
+	gate    chan struct{} // closed to let the waiting fsyncs through
+	entered chan struct{} // one value per fsync that waits at the gate
+	fail    *atomic.Bool
+}
+
+func (f gatedFile) Sync() error {
+	if f.shut.Load() {
+		f.entered <- struct{}{}
+		<-f.gate
+	}
+	if f.fail.Load() {
+		return &os.PathError{Op: "sync", Path: f.Name(), Err: syscall.EIO}
+	}
+	return f.File.Sync()
+}
+
+func openGated(t *testing.T) (*Log, string, gatedFile) {
+	t.Helper()
+	g := gatedFile{shut: new(atomic.Bool), gate: make(chan struct{}), entered: make(chan struct{}, 64), fail: new(atomic.Bool)}
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := open(path, Options{}, func(f *os.File) file { g.File = f; return g })
+	must(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l, path, g
+}
+
+func lines(t *testing.T, path string) int {
+	t.Helper()
+	return strings.Count(readString(t, path), "\n")
+}
+
+// waitLines waits until the file holds n lines.
+func waitLines(t *testing.T, path string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for lines(t, path) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the file holds %d lines after 10s, want %d: a write waited for an fsync", lines(t, path), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestWritesDoNotWaitForAnFsync: while one call's fsync runs, another
+// call's decision record (AppendWritten) is written and answered, and the
+// records of 7 more callers are written; one fsync then covers all 7.
+// Each Append still returns only after an fsync that began after its
+// record was written.
+func TestWritesDoNotWaitForAnFsync(t *testing.T) {
+	l, path, g := openGated(t)
+	ctx := context.Background()
+	g.shut.Store(true)
+	first := make(chan error, 1)
+	go func() { _, err := l.Append(ctx, rec(0)); first <- err }()
+	<-g.entered // rec 0's fsync runs (and waits)
+
+	done := make(chan error, 1)
+	go func() { _, err := l.AppendWritten(ctx, rec(1)); done <- err }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("AppendWritten waited for another record's fsync")
+	}
+	if !strings.Contains(readString(t, path), `"request_id":"req-1"`) {
+		t.Fatal("AppendWritten returned before its record was in the file")
+	}
+
+	var wg sync.WaitGroup
+	var answered atomic.Int32
+	errs := make(chan error, 7)
+	for i := range 7 {
+		wg.Go(func() {
+			_, err := l.Append(ctx, rec(2+i))
+			answered.Add(1)
+			errs <- err
+		})
+	}
+	waitLines(t, path, 9)
+	select {
+	case err := <-first:
+		t.Fatalf("Append returned (%v) before its fsync did", err)
+	default:
+	}
+	if n := answered.Load(); n != 0 {
+		t.Fatalf("%d Appends returned before any fsync covering them", n)
+	}
+	g.shut.Store(false)
+	close(g.gate)
+	must(t, <-first)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		must(t, err)
+	}
+	if s := l.Stats(); s.Syncs != 2 || s.Records != 9 {
+		t.Fatalf("Stats = %+v, want 9 records in 2 fsyncs: one while the others were written, one for all 7 written meanwhile", s)
+	}
+	must(t, l.Close())
+	if n := verifyFile(t, path); n != 9 {
+		t.Fatalf("Verify = %d, want 9", n)
+	}
+}
+
+// TestFsyncFailureKeepsAnsweredWrites: a record answered as written
+// (AppendWritten: its call went on to the upstream) is never taken out of
+// the log by a later failed fsync. The Append whose fsync failed fails, the
+// log refuses until the records are written again and fsynced, and the
+// chain keeps every record in order.
+func TestFsyncFailureKeepsAnsweredWrites(t *testing.T) {
+	l, path, g := openGated(t)
+	ctx := context.Background()
+	appendN(t, l, 1)
+	w, err := l.AppendWritten(ctx, rec(1))
+	must(t, err)
+	g.fail.Store(true)
+	if _, err := l.Append(ctx, rec(2)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Append with a failing fsync = %v, want EIO", err)
+	}
+	if _, err := l.AppendWritten(ctx, rec(3)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("AppendWritten in the failed state = %v, want EIO: the unsynced records must be rewritten and fsynced first", err)
+	}
+	g.fail.Store(false)
+	r, err := l.Append(ctx, rec(4))
+	must(t, err)
+	if r.Seq != 4 {
+		t.Fatalf("seq after recovery = %d, want 4 (records 1..3 kept: 2 was written after the answered %d)", r.Seq, w.Seq)
+	}
+	must(t, l.Close())
+	if n := verifyFile(t, path); n != 4 {
+		t.Fatalf("Verify = %d, want 4", n)
+	}
+	if !strings.Contains(readString(t, path), `"hash":"`+w.Hash+`"`) {
+		t.Fatal("the record answered as written is gone from the log")
+	}
+}
