@@ -224,6 +224,7 @@ type Log struct {
 	markerUnsynced bool
 	fileGen        uint64
 	syncKick       chan struct{} // cap 1: waiting is non-empty and its writer does not fsync it
+	syncedHook     func()        // tests: runs in syncWaiting after an fsync, with wmu held
 
 	records, syncs, batches, failures atomic.Uint64
 	truncatedTail                     int64

@@ -281,7 +281,7 @@ func (l *Log) syncWaiting() {
 	batch := l.waiting
 	l.waiting = nil
 	f, gen, end, seq, prev := l.f, l.fileGen, l.off, l.seq, l.prev
-	l.wmu.Unlock()
+	l.release() // an Append that found wmu taken left its record to us
 	if len(batch) == 0 {
 		return
 	}
@@ -290,6 +290,9 @@ func (l *Log) syncWaiting() {
 		err = f.Sync()
 	}
 	l.wmu.Lock()
+	if l.syncedHook != nil {
+		l.syncedHook()
+	}
 	switch {
 	case gen != l.fileGen:
 		// The file was let go meanwhile: rotated, after an fsync of
@@ -308,7 +311,7 @@ func (l *Log) syncWaiting() {
 		err = fmt.Errorf("audit: sync log: %w", err)
 		l.syncLost(err)
 	}
-	l.wmu.Unlock()
+	l.release()
 	answerSynced(batch, err)
 	if err != nil {
 		l.failures.Add(1)

@@ -154,3 +154,86 @@ func TestFsyncFailureKeepsAnsweredWrites(t *testing.T) {
 		t.Fatal("the record answered as written is gone from the log")
 	}
 }
+
+// TestCallPairsNeverStall runs the gateway's pattern (a written decision,
+// then a durable result) from 8 callers many times over: every record that
+// waits for the writer's lock must be written by whoever lets it go,
+// including the fsync's own short holds of it. A record left behind shows
+// as an Append that runs into its deadline.
+func TestCallPairsNeverStall(t *testing.T) {
+	dir := t.TempDir()
+	if d, err := os.MkdirTemp("/dev/shm", "audit-pairs-"); err == nil {
+		t.Cleanup(func() { os.RemoveAll(d) })
+		dir = d
+	}
+	path := filepath.Join(dir, "audit.log")
+	l, err := Open(path)
+	must(t, err)
+	defer l.Close()
+	const callers, calls = 8, 400
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Go(func() {
+			for range calls {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				_, err := l.AppendWritten(ctx, rec(1))
+				if err == nil {
+					_, err = l.Append(ctx, rec(2))
+				}
+				cancel()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("a call's record was not answered: %v", err)
+	}
+	must(t, l.Close())
+	if n := verifyFile(t, path); n != 2*callers*calls {
+		t.Fatalf("Verify = %d, want %d", n, 2*callers*calls)
+	}
+}
+
+// TestRecordLeftDuringAnFsyncIsWritten: a record whose caller finds the
+// writer's lock held by the fsync's bookkeeping (not by a writer) is
+// left to whoever holds the lock, which must see it written when it lets
+// go. Found as a stall under 8 callers in BenchmarkCallPairs.
+func TestRecordLeftDuringAnFsyncIsWritten(t *testing.T) {
+	l, _, _ := openGated(t)
+	ctx := context.Background()
+	held, let := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	l.syncedHook = func() { once.Do(func() { close(held); <-let }) }
+	first := make(chan error, 1)
+	go func() { _, err := l.Append(ctx, rec(0)); first <- err }()
+	<-held // rec 0 is fsynced; its bookkeeping holds the writer's lock
+	second := make(chan error, 1)
+	go func() { _, err := l.Append(ctx, rec(1)); second <- err }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l.mu.Lock()
+		n := len(l.pending)
+		l.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rec 1 was never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(let)
+	must(t, <-first)
+	select {
+	case err := <-second:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the record left while the fsync's bookkeeping held the lock was never written")
+	}
+}
