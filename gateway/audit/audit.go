@@ -223,6 +223,7 @@ type Log struct {
 	ackedOff       int64
 	markerUnsynced bool
 	fileGen        uint64
+	lostGen        uint64        // counted up by syncLost: an fsync running meanwhile proves nothing
 	syncKick       chan struct{} // cap 1: waiting is non-empty and its writer does not fsync it
 	syncedHook     func()        // tests: runs in syncWaiting after an fsync, with wmu held
 

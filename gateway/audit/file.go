@@ -157,6 +157,18 @@ func (l *Log) checkPath(fi os.FileInfo) (rotated bool, _ error) {
 // its file is let go.
 func (l *Log) syncBeforeClose() error {
 	if l.interval == 0 {
+		if l.broken {
+			// What a failed write or fsync took back leaves with the
+			// file neither as a partial line nor as records of failed
+			// Appends that the chain goes on without.
+			if err := l.f.Truncate(l.off); err != nil {
+				return fmt.Errorf("audit: truncate before rotation: %w", err)
+			}
+			if err := l.f.Sync(); err != nil {
+				return fmt.Errorf("audit: sync log: %w", err)
+			}
+			l.broken = false
+		}
 		return l.syncLocked()
 	}
 	if len(l.unsynced) == 0 {
@@ -280,7 +292,7 @@ func (l *Log) syncWaiting() {
 	l.wmu.Lock()
 	batch := l.waiting
 	l.waiting = nil
-	f, gen, end, seq, prev := l.f, l.fileGen, l.off, l.seq, l.prev
+	f, gen, lost, end, seq, prev := l.f, l.fileGen, l.lostGen, l.off, l.seq, l.prev
 	l.release() // an Append that found wmu taken left its record to us
 	if len(batch) == 0 {
 		return
@@ -297,6 +309,10 @@ func (l *Log) syncWaiting() {
 	case gen != l.fileGen:
 		// The file was let go meanwhile: rotated, after an fsync of
 		// everything it held, or deleted, which that batch reported.
+	case lost != l.lostGen:
+		// Another fsync failed meanwhile: these records were taken back
+		// or are to be written again; their callers fail with the rest.
+		err = errors.New("audit: sync log: a concurrent fsync of the log failed")
 	case err == nil:
 		l.syncs.Add(1)
 		if end > l.syncedOff {
@@ -358,6 +374,7 @@ func (l *Log) syncLocked() error {
 // else is appended (resync), and their failed callers' records stay in
 // the chain. The caller holds wmu.
 func (l *Log) syncLost(err error) {
+	l.lostGen++
 	answerSynced(l.waiting, err)
 	l.waiting = nil
 	if l.ackedOff > l.syncedOff {

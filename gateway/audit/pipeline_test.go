@@ -21,10 +21,11 @@ type gatedFile struct {
 	gate    chan struct{} // closed to let the waiting fsyncs through
 	entered chan struct{} // one value per fsync that waits at the gate
 	fail    *atomic.Bool
+	once    *atomic.Bool // set: only the first fsync while shut waits
 }
 
 func (f gatedFile) Sync() error {
-	if f.shut.Load() {
+	if f.shut.Load() && (f.once == nil || f.once.CompareAndSwap(false, true)) {
 		f.entered <- struct{}{}
 		<-f.gate
 	}
@@ -235,5 +236,46 @@ func TestRecordLeftDuringAnFsyncIsWritten(t *testing.T) {
 		must(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the record left while the fsync's bookkeeping held the lock was never written")
+	}
+}
+
+// TestConcurrentFsyncFailureTakesBackBoth: an fsync fails (at a rotation)
+// while an earlier one is still running. The records it takes back
+// include the earlier fsync's: that fsync's caller fails too, even though
+// its own fsync returned success, and the rotated file ends at the last
+// good fsync, so the new file's chain does not fork from it.
+func TestConcurrentFsyncFailureTakesBackBoth(t *testing.T) {
+	g := gatedFile{shut: new(atomic.Bool), gate: make(chan struct{}), entered: make(chan struct{}, 64), fail: new(atomic.Bool), once: new(atomic.Bool)}
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := open(path, Options{}, func(f *os.File) file { g.File = f; return g })
+	must(t, err)
+	defer l.Close()
+	ctx := context.Background()
+	appendN(t, l, 1)
+	g.shut.Store(true)
+	first := make(chan error, 1)
+	go func() { _, err := l.Append(ctx, rec(1)); first <- err }()
+	<-g.entered // rec 1's fsync runs (and waits)
+	g.fail.Store(true)
+	must(t, os.Rename(path, path+".1"))
+	if _, err := l.Append(ctx, rec(2)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Append whose rotation fsync fails = %v, want EIO", err)
+	}
+	g.fail.Store(false)
+	close(g.gate)
+	if err := <-first; err == nil {
+		t.Fatal("Append answered although a concurrent fsync failure took its record back")
+	}
+	r, err := l.Append(ctx, rec(3))
+	must(t, err)
+	if r.Seq != 3 { // 1: rec 0; 2: the new file's marker; 3: rec 3
+		t.Fatalf("seq after recovery = %d, want 3", r.Seq)
+	}
+	must(t, l.Close())
+	old, err := os.Open(path + ".1")
+	must(t, err)
+	defer old.Close()
+	if n, err := Verify(old); err != nil || n != 1 {
+		t.Fatalf("rotated file: Verify = %d, %v; want only the fsynced record", n, err)
 	}
 }
