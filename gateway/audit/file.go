@@ -319,9 +319,7 @@ func (l *Log) syncWaiting() {
 			n := end - l.syncedOff
 			l.unsynced = l.unsynced[:copy(l.unsynced, l.unsynced[n:])]
 			l.syncedOff, l.syncedSeq, l.syncedPrev = end, seq, prev
-			if end == l.off {
-				l.markerUnsynced = false
-			}
+			l.markerUnsynced = false // a new file's first record: before end
 		}
 	default:
 		err = fmt.Errorf("audit: sync log: %w", err)
@@ -347,16 +345,25 @@ func (l *Log) syncLocked() error {
 	}
 	batch := l.waiting
 	l.waiting = nil
-	err := ErrClosed
-	if l.f != nil {
-		err = l.f.Sync()
+	var err error
+	switch {
+	case l.f == nil:
+		err = ErrClosed
+	case l.syncFailed:
+		// After a failed fsync the pages are of unknown state: written
+		// again, then fsynced (resync counts its fsync).
+		err = l.resync()
+	default:
+		if err = l.f.Sync(); err == nil {
+			l.syncs.Add(1)
+			l.markSynced()
+		} else {
+			err = fmt.Errorf("audit: sync log: %w", err)
+		}
 	}
 	if err == nil {
-		l.syncs.Add(1)
 		l.records.Add(uint64(len(batch)))
-		l.markSynced()
 	} else {
-		err = fmt.Errorf("audit: sync log: %w", err)
 		l.failures.Add(1)
 		l.syncLost(err)
 	}

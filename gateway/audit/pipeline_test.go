@@ -279,3 +279,28 @@ func TestConcurrentFsyncFailureTakesBackBoth(t *testing.T) {
 		t.Fatalf("rotated file: Verify = %d, %v; want only the fsynced record", n, err)
 	}
 }
+
+// TestCloseRewritesAfterAFailedFsync: a log closed in the failed state
+// that kept its records (TestFsyncFailureKeepsAnsweredWrites) writes them
+// again and fsyncs them: after a failed fsync another fsync alone proves
+// nothing about the pages it reported lost.
+func TestCloseRewritesAfterAFailedFsync(t *testing.T) {
+	l, path, g := openGated(t)
+	ctx := context.Background()
+	appendN(t, l, 1)
+	_, err := l.AppendWritten(ctx, rec(1))
+	must(t, err)
+	g.fail.Store(true)
+	if _, err := l.Append(ctx, rec(2)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Append with a failing fsync = %v, want EIO", err)
+	}
+	g.fail.Store(false)
+	syncs := l.Stats().Syncs
+	must(t, l.Close())
+	if s := l.Stats(); s.Syncs != syncs+1 {
+		t.Fatalf("Close made %d fsyncs, want the one after the rewrite", s.Syncs-syncs)
+	}
+	if n := verifyFile(t, path); n != 3 {
+		t.Fatalf("Verify = %d, want 3 (the answered record and the failed Append's, kept)", n)
+	}
+}
