@@ -123,12 +123,12 @@ func TestWritesDoNotWaitForAnFsync(t *testing.T) {
 	}
 }
 
-// TestFsyncFailureKeepsAnsweredWrites: a record answered as written
-// (AppendWritten: its call went on to the upstream) is never taken out of
-// the log by a later failed fsync. The Append whose fsync failed fails, the
-// log refuses until the records are written again and fsynced, and the
-// chain keeps every record in order.
-func TestFsyncFailureKeepsAnsweredWrites(t *testing.T) {
+// failAfterAnsweredWrite leaves a log whose last fsync failed after a
+// record was answered as written (returned): rec 0 fsynced, rec 1
+// written, rec 2's Append failed with EIO. Fsyncs fail until g.fail is
+// cleared.
+func failAfterAnsweredWrite(t *testing.T) (*Log, string, gatedFile, Record) {
+	t.Helper()
 	l, path, g := openGated(t)
 	ctx := context.Background()
 	appendN(t, l, 1)
@@ -138,6 +138,17 @@ func TestFsyncFailureKeepsAnsweredWrites(t *testing.T) {
 	if _, err := l.Append(ctx, rec(2)); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("Append with a failing fsync = %v, want EIO", err)
 	}
+	return l, path, g, w
+}
+
+// TestFsyncFailureKeepsAnsweredWrites: a record answered as written
+// (AppendWritten: its call went on to the upstream) is never taken out of
+// the log by a later failed fsync. The Append whose fsync failed fails, the
+// log refuses until the records are written again and fsynced, and the
+// chain keeps every record in order.
+func TestFsyncFailureKeepsAnsweredWrites(t *testing.T) {
+	l, path, g, w := failAfterAnsweredWrite(t)
+	ctx := context.Background()
 	if _, err := l.AppendWritten(ctx, rec(3)); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("AppendWritten in the failed state = %v, want EIO: the unsynced records must be rewritten and fsynced first", err)
 	}
@@ -285,15 +296,7 @@ func TestConcurrentFsyncFailureTakesBackBoth(t *testing.T) {
 // again and fsyncs them: after a failed fsync another fsync alone proves
 // nothing about the pages it reported lost.
 func TestCloseRewritesAfterAFailedFsync(t *testing.T) {
-	l, path, g := openGated(t)
-	ctx := context.Background()
-	appendN(t, l, 1)
-	_, err := l.AppendWritten(ctx, rec(1))
-	must(t, err)
-	g.fail.Store(true)
-	if _, err := l.Append(ctx, rec(2)); !errors.Is(err, syscall.EIO) {
-		t.Fatalf("Append with a failing fsync = %v, want EIO", err)
-	}
+	l, path, g, _ := failAfterAnsweredWrite(t)
 	g.fail.Store(false)
 	syncs := l.Stats().Syncs
 	must(t, l.Close())
