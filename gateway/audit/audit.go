@@ -224,6 +224,7 @@ type Log struct {
 	markerUnsynced bool
 	fileGen        uint64
 	lostGen        uint64        // counted up by syncLost: an fsync running meanwhile proves nothing
+	syncing        bool          // a syncWaiting is between taking its batch and answering it
 	syncKick       chan struct{} // cap 1: waiting is non-empty and its writer does not fsync it
 	syncedHook     func()        // tests: runs in syncWaiting after an fsync, with wmu held
 

@@ -284,19 +284,24 @@ func (l *Log) markSynced() {
 
 // syncWaiting fsyncs the SyncAlways records written so far and answers
 // their callers: one fsync for every record written while the previous
-// one ran (group commit). It holds smu, not wmu, across the fsync, so
-// that records are written meanwhile; the next call's fsync covers them.
+// one ran (group commit). One runs at a time (syncing); it holds smu, not
+// wmu, across the fsync, so that records are written meanwhile, and hands
+// them to the writer goroutine when it is done.
 func (l *Log) syncWaiting() {
-	l.smu.Lock()
-	defer l.smu.Unlock()
 	l.wmu.Lock()
+	if l.syncing || len(l.waiting) == 0 {
+		// The running fsync's owner looks at waiting again when it is
+		// done: callers never queue behind it to find nothing to do.
+		l.release() // an Append that found wmu taken left its record to us
+		return
+	}
+	l.syncing = true
 	batch := l.waiting
 	l.waiting = nil
 	f, gen, lost, end, seq, prev := l.f, l.fileGen, l.lostGen, l.off, l.seq, l.prev
-	l.release() // an Append that found wmu taken left its record to us
-	if len(batch) == 0 {
-		return
-	}
+	l.release()
+	l.smu.Lock()
+	defer l.smu.Unlock()
 	err := ErrClosed
 	if f != nil {
 		err = f.Sync()
@@ -325,8 +330,17 @@ func (l *Log) syncWaiting() {
 		err = fmt.Errorf("audit: sync log: %w", err)
 		l.syncLost(err)
 	}
+	l.syncing = false
+	more := len(l.waiting) > 0
 	l.release()
 	answerSynced(batch, err)
+	if more {
+		// Written while this fsync ran: the writer goroutine's.
+		select {
+		case l.syncKick <- struct{}{}:
+		default:
+		}
+	}
 	if err != nil {
 		l.failures.Add(1)
 		l.mu.Lock()
