@@ -3,6 +3,7 @@ package gateway
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 
 	"io"
 	"net/http"
@@ -26,13 +27,7 @@ import (
 func BenchmarkAllowedCall(b *testing.B) {
 	up := newUpstream(b)
 	g := startGateway(b, up.URL, "", nil)
-	shm := startGateway(b, up.URL, "", func(c *config.Config) {
-		c.Audit.Path = filepath.Join(b.TempDir(), "audit.log")
-		if dir, err := os.MkdirTemp("/dev/shm", "sluice-bench-"); err == nil {
-			b.Cleanup(func() { os.RemoveAll(dir) })
-			c.Audit.Path = filepath.Join(dir, "audit.log")
-		}
-	})
+	shm := startGateway(b, up.URL, "", auditOnShm(b))
 	direct := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 
 	run := func(b *testing.B, do func() int) {
@@ -87,6 +82,18 @@ func BenchmarkAllowedCall(b *testing.B) {
 	}
 }
 
+// auditOnShm puts a test gateway's audit log on /dev/shm, where fsync is
+// nearly free (the test's temporary directory where there is none).
+func auditOnShm(b *testing.B) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Audit.Path = filepath.Join(b.TempDir(), "audit.log")
+		if dir, err := os.MkdirTemp("/dev/shm", "sluice-bench-"); err == nil {
+			b.Cleanup(func() { os.RemoveAll(dir) })
+			c.Audit.Path = filepath.Join(dir, "audit.log")
+		}
+	}
+}
+
 // processCPU is the user and system CPU time this process has used (its
 // own copy: the egress benchmarks' cpuTime leaves with them).
 func processCPU() time.Duration {
@@ -95,4 +102,46 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkAllowedCallParallel is BenchmarkAllowedCall's tmpfs and disk
+// gateways called by 8 concurrent callers, each on its own kept-alive
+// socket connection (test/bench's throughput rows, in process): with
+// -mutexprofile and -blockprofile it shows what calls wait on.
+func BenchmarkAllowedCallParallel(b *testing.B) {
+	up := newUpstream(b)
+	shm := startGateway(b, up.URL, "", auditOnShm(b))
+	disk := startGateway(b, up.URL, "", nil)
+	for _, v := range []struct {
+		name string
+		gw   *testGateway
+	}{{"audit-tmpfs", shm}, {"audit-disk", disk}} {
+		b.Run(v.name, func(b *testing.B) {
+			b.SetParallelism((8 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			st0 := v.gw.audit.Stats()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				via := v.gw.client(agentA)
+				defer via.CloseIdleConnections()
+				for pb.Next() {
+					resp, err := via.Post("http://sluice/v1/tools/tickets.list_tickets", "application/json", strings.NewReader(`{"query":{"limit":5}}`))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			st := v.gw.audit.Stats()
+			if syncs := st.Syncs - st0.Syncs; syncs > 0 {
+				b.ReportMetric(float64(st.Records-st0.Records)/float64(syncs), "records/fsync")
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 // Package audit writes the gateway's tamper-evident audit log: append-only
 // JSON lines, each carrying the SHA-256 of the previous line, durable (fsync)
-// before Append returns. Concurrent appends share one fsync (group commit).
+// before Append returns. Concurrent appends share one fsync (group commit),
+// and records are written while an fsync runs: the next fsync covers them.
 // If a record cannot be made durable, Append fails and the gateway refuses
 // the call: audit failure closes.
 //
@@ -42,7 +43,12 @@
 // A write or fsync failure fails every Append of that batch and leaves the
 // log in a failed state (see Err); the next Append truncates the file back to
 // the end of the last durable record, so a partial line never breaks the
-// chain, and retries. The gateway answers 503 audit_unavailable meanwhile and
+// chain, and retries. One exception: when a failed fsync (SyncAlways) covered
+// a record AppendWritten had already answered as written, nothing is taken
+// back (that caller went on): the records since the last good fsync are
+// written again from memory and fsynced before anything else is appended,
+// as in SyncInterval mode, and the records of the Appends that failed stay
+// in the chain. The gateway answers 503 audit_unavailable meanwhile and
 // resumes when the disk is writable again (THREATS G5).
 //
 // If the log file is deleted under the running gateway (its link count drops
@@ -179,6 +185,11 @@ type Log struct {
 	stop chan struct{}
 	done chan struct{}
 
+	// smu is held across an fsync of SyncAlways records (syncWaiting),
+	// without wmu: records are written while the previous ones are
+	// fsynced. Taken before wmu, never while holding it.
+	smu sync.Mutex
+
 	// wmu is the writer's lock: whoever holds it (a caller of Append, or
 	// the writer goroutine) owns the fields below.
 	wmu        sync.Mutex
@@ -192,14 +203,30 @@ type Log struct {
 	pathKnown  bool // l.path was seen to name f, and watch has seen no change since
 	needMarker bool // the file was re-created: start it with EventRecreated
 
-	// SyncInterval mode, owned by the writer: the bytes written
-	// to f since its last successful fsync (from syncedOff to off), kept to
-	// write them again after a failed fsync.
+	// Owned by the writer: the bytes written to f since its last
+	// successful fsync (from syncedOff to off), kept to write them again
+	// after a failed fsync, and the chain's end at syncedOff.
 	unsynced   []byte
 	syncedOff  int64
+	syncedSeq  uint64
+	syncedPrev string
 	syncFailed bool        // the last fsync failed: unsynced must be rewritten and fsynced
 	syncDue    *time.Timer // made stopped at Open; run waits on it
 	syncArmed  bool
+
+	// SyncAlways mode, owned by the writer: the records written and
+	// waiting for the fsync that makes them durable (syncWaiting answers
+	// them); the end of the last record answered before its fsync
+	// (AppendWritten); whether the EventRecreated marker is not fsynced
+	// yet; and the file's generation, counted up when the file is let go.
+	waiting        []*request
+	ackedOff       int64
+	markerUnsynced bool
+	fileGen        uint64
+	lostGen        uint64        // counted up by syncLost: an fsync running meanwhile proves nothing
+	syncing        bool          // a syncWaiting is between taking its batch and answering it
+	syncKick       chan struct{} // cap 1: waiting is non-empty and its writer does not fsync it
+	syncedHook     func()        // tests: runs in syncWaiting after an fsync, with wmu held
 
 	records, syncs, batches, failures atomic.Uint64
 	truncatedTail                     int64
@@ -209,6 +236,7 @@ type request struct {
 	rec    Record
 	body   []byte      // rec's request_id, event and fields, encoded by Append; nil: encode rec whole
 	nosync bool        // answer once written to the file, before the fsync
+	queued bool        // written, in l.waiting: answered by syncWaiting, not by commit
 	res    result      // set by write, sent by commit
 	done   chan result // cap 1
 }
@@ -283,7 +311,8 @@ func open(path string, o Options, wrap func(*os.File) file) (*Log, error) {
 	l := &Log{
 		path: path, now: time.Now, wrap: wrap, interval: interval, replica: o.Replica,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		prev: ZeroHash,
+		syncKick: make(chan struct{}, 1),
+		prev:     ZeroHash,
 	}
 	if err := l.adopt(osf); err != nil {
 		osf.Close()
@@ -354,7 +383,22 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	// behind here is written by the writer goroutine.
 	if l.wmu.TryLock() {
 		l.commitPending()
+		more := l.interval == 0 && len(l.waiting) > 0
 		l.release()
+		switch {
+		case !more:
+		case !nosync:
+			// This caller waits for an fsync anyway: it runs it, for
+			// every record written so far (a concurrent one first).
+			l.syncWaiting()
+		default:
+			// Answered once written; the fsync of the others' records
+			// it wrote is the writer goroutine's.
+			select {
+			case l.syncKick <- struct{}{}:
+			default:
+			}
+		}
 	}
 	select {
 	case res := <-r.done:
@@ -375,16 +419,6 @@ func (l *Log) commitPending() {
 		l.commit(batch)
 	}
 	l.armSync()
-}
-
-// armSync starts the SyncInterval timer when records wait for an fsync and
-// it is not running: the first write after an fsync arms it. The caller
-// holds wmu.
-func (l *Log) armSync() {
-	if l.interval > 0 && !l.syncArmed && len(l.unsynced) > 0 && !l.syncFailed {
-		l.syncArmed = true
-		l.syncDue.Reset(l.interval)
-	}
 }
 
 // release lets go of wmu and, if records arrived meanwhile, wakes the
@@ -418,6 +452,9 @@ func (l *Log) run() {
 			l.wmu.Lock()
 			l.commitPending()
 			l.release()
+			l.syncWaiting()
+		case <-l.syncKick:
+			l.syncWaiting()
 		case <-due:
 			l.wmu.Lock()
 			l.syncArmed = false
@@ -428,6 +465,7 @@ func (l *Log) run() {
 			// Append refuses new records once closed is set, before stop.
 			l.wmu.Lock()
 			l.commitPending()
+			l.syncLocked()
 			if l.interval > 0 && l.f != nil {
 				// Close makes everything written durable.
 				if l.syncFailed {
@@ -442,45 +480,6 @@ func (l *Log) run() {
 	}
 }
 
-// syncWritten fsyncs the records a SyncInterval log wrote since its last
-// fsync. A failure puts the log in the failed state: the next batch must
-// write them again and fsync before anything else is appended.
-func (l *Log) syncWritten() {
-	if len(l.unsynced) == 0 || l.syncFailed || l.f == nil {
-		return
-	}
-	err := l.f.Sync()
-	if err != nil {
-		l.syncFailed = true
-		l.failures.Add(1)
-		l.mu.Lock()
-		l.failure = fmt.Errorf("audit: sync log: %w", err)
-		l.mu.Unlock()
-		return
-	}
-	l.syncs.Add(1)
-	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
-	if cap(l.unsynced) > maxUnsynced {
-		l.unsynced = nil
-	}
-}
-
-// resync writes the unsynced records of a SyncInterval log again at their
-// offset and fsyncs them: the recovery from a failed fsync, whose pages
-// are of unknown state.
-func (l *Log) resync() error {
-	if _, err := l.f.WriteAt(l.unsynced, l.syncedOff); err != nil {
-		return fmt.Errorf("audit: rewrite unsynced records: %w", err)
-	}
-	if err := l.f.Sync(); err != nil {
-		return fmt.Errorf("audit: sync log: %w", err)
-	}
-	l.syncs.Add(1)
-	l.syncFailed = false
-	l.unsynced, l.syncedOff = l.unsynced[:0], l.off
-	return nil
-}
-
 func (l *Log) commit(batch []*request) {
 	l.batches.Add(1)
 	err := l.write(batch)
@@ -493,7 +492,9 @@ func (l *Log) commit(batch []*request) {
 	l.failure = err
 	l.mu.Unlock()
 	for _, r := range batch {
-		r.done <- r.res
+		if !r.queued {
+			r.done <- r.res
+		}
 	}
 }
 
@@ -513,6 +514,7 @@ func (l *Log) write(batch []*request) error {
 			"previous_seq": seq,
 		}}
 		var err error
+		l.markerUnsynced = l.interval == 0
 		if buf, rec, err = l.appendLine(buf, rec, nil, seq+1, prev); err != nil {
 			err = fmt.Errorf("bug(): audit: encode marker: %w", err)
 			answerAll(batch, err)
@@ -540,12 +542,11 @@ func (l *Log) write(batch []*request) error {
 		l.wbuf = buf // the next batch encodes into the same memory
 	}
 	_, err := l.f.WriteAt(buf, l.off)
-	sync := needsSync(written)
-	if l.interval > 0 {
-		// Synced by the timer, unless the memory kept for a rewrite
-		// would grow past its bound.
-		sync = len(l.unsynced)+len(buf) > maxUnsynced
-	}
+	// SyncAlways: fsynced by syncWaiting, once the writer's lock is let go,
+	// so that the next records are written meanwhile. SyncInterval: by the
+	// timer, unless the memory kept for a rewrite would grow past its
+	// bound.
+	sync := l.interval > 0 && len(l.unsynced)+len(buf) > maxUnsynced
 	if err == nil && sync {
 		err = l.f.Sync()
 		if err == nil {
@@ -563,31 +564,33 @@ func (l *Log) write(batch []*request) error {
 		return err
 	}
 	l.off += int64(len(buf))
-	if l.interval > 0 {
-		if sync {
-			l.unsynced, l.syncedOff = l.unsynced[:0], l.off
-		} else {
-			l.unsynced = append(l.unsynced, buf...)
-		}
-	}
 	l.seq, l.prev = seq, prev
 	l.broken, l.needMarker = false, false
-	l.records.Add(uint64(len(written)))
+	if sync {
+		l.markSynced()
+	} else {
+		l.unsynced = append(l.unsynced, buf...)
+	}
+	acked := 0
 	for i, r := range written {
 		r.res = result{rec: outs[i]}
-	}
-	return nil
-}
-
-// needsSync is false only when every record of the batch asked not to wait
-// for durability.
-func needsSync(batch []*request) bool {
-	for _, r := range batch {
-		if !r.nosync {
-			return true
+		if l.interval == 0 && !r.nosync {
+			r.queued = true
+			l.waiting = append(l.waiting, r)
+			continue
+		}
+		acked++
+		if r.nosync {
+			l.ackedOff = l.off
 		}
 	}
-	return false
+	l.records.Add(uint64(acked))
+	if l.interval == 0 && len(l.unsynced) > maxUnsynced {
+		// Records answered when written and none waiting for an fsync:
+		// the memory kept for a rewrite is bounded here.
+		_ = l.syncLocked()
+	}
+	return nil
 }
 
 func answerAll(batch []*request, err error) {
@@ -650,9 +653,13 @@ func (l *Log) Close() error {
 	close(l.stop)
 	<-l.done
 	// A caller of Append that took the writer's lock after the writer
-	// goroutine's last batch finds nothing pending; it is let go first.
+	// goroutine's last batch finds nothing pending; it is let go first,
+	// and what it wrote for others is fsynced here.
+	l.smu.Lock()
+	defer l.smu.Unlock()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	_ = l.syncLocked()
 	l.watch.close()
 	if l.syncDue != nil {
 		l.syncDue.Stop()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -83,4 +84,35 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("Verify counted %d records in %d lines", n, bytes.Count(data, []byte("\n")))
 		}
 	})
+}
+
+// BenchmarkCallPairs is the gateway's pattern from 8 concurrent callers:
+// each call writes its decision (AppendWritten, no fsync of its own),
+// then its result (Append, durable before it returns). A decision
+// record that waits behind another call's fsync holds its call back.
+func BenchmarkCallPairs(b *testing.B) {
+	dir := b.TempDir()
+	if d := os.Getenv("AUDIT_BENCH_DIR"); d != "" {
+		dir = d
+	}
+	l, err := Open(filepath.Join(dir, "pairs.log"))
+	must(b, err)
+	defer l.Close()
+	b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if _, err := l.AppendWritten(ctx, Record{RequestID: "r", Event: "decision", Fields: map[string]any{"tool": "t"}}); err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := l.Append(ctx, Record{RequestID: "r", Event: "result", Fields: map[string]any{"status": 200}}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	s := l.Stats()
+	b.ReportMetric(float64(s.Records)/float64(max(s.Syncs, 1)), "records/fsync")
 }
