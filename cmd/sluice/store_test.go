@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,10 @@ import (
 // shows every migration pending and changes nothing; `store migrate`
 // applies them; status then shows them applied. The password is never
 // printed. The same verbs work on SQLite.
+// pendingLine is one "  pending  NNNN  name" line of store status (a
+// migration's name may itself contain the word, as 0015 ui_oidc_pending).
+var pendingLine = regexp.MustCompile(`(?m)^\s+pending\s+\d{4}\s`)
+
 func TestStoreVerbs(t *testing.T) {
 	srv := pgtest.StartT(t, pgtest.Options{})
 	pg := srv.SuperURL(srv.NewDatabaseT(t))
@@ -34,14 +39,14 @@ func TestStoreVerbs(t *testing.T) {
 				return
 			}
 			out, _, err := cli(t, "", "store", "status", "--store", dsn)
-			if err != nil || !strings.Contains(out, fmt.Sprintf("schema version 0 of %d", latest)) || strings.Count(out, "pending") != latest {
+			if err != nil || !strings.Contains(out, fmt.Sprintf("schema version 0 of %d", latest)) || len(pendingLine.FindAllString(out, -1)) != latest {
 				t.Fatalf("status before: %v\n%s", err, out)
 			}
 			if out, _, _ := cli(t, "", "store", "status", "--store", dsn); strings.Contains(out, "applied ") {
 				t.Fatalf("status changed the database:\n%s", out)
 			}
 			out, _, err = cli(t, "", "store", "migrate", "--store", dsn)
-			if err != nil || !strings.Contains(out, fmt.Sprintf("schema version %d of %d", latest, latest)) || strings.Contains(out, "pending") {
+			if err != nil || !strings.Contains(out, fmt.Sprintf("schema version %d of %d", latest, latest)) || pendingLine.MatchString(out) {
 				t.Fatalf("migrate: %v\n%s", err, out)
 			}
 			out, _, err = cli(t, "", "store", "status", "--json", "--store", dsn)
