@@ -152,6 +152,7 @@ func (t *telemetry) zero(connectors []string) {
 	}
 	t.audits.Add(ctx, 0)
 	t.reflected.Add(ctx, 0)
+	t.unaudited.Add(ctx, 0)
 	for _, a := range []string{"allow", "ask", "block"} {
 		t.decisions.Add(ctx, 0, metric.WithAttributes(attribute.String("action", a), attribute.String("rule", "default")))
 	}
