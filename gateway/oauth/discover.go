@@ -33,8 +33,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/oauth2"
-
 	"github.com/sluice-gw/sluice/vault"
 )
 
@@ -149,14 +147,6 @@ func (d *Discovery) Status() error {
 	return nil
 }
 
-// resolve returns c made concrete (c itself when it has no Discovery).
-func (m *Manager) resolve(ctx context.Context, c *Client) (*Client, error) {
-	if c.Discovery == nil {
-		return c, nil
-	}
-	return c.Discovery.resolve(ctx, c, m.opt.RedirectURL)
-}
-
 func (d *Discovery) now() time.Time {
 	if d.Now != nil {
 		return d.Now()
@@ -164,7 +154,7 @@ func (d *Discovery) now() time.Time {
 	return time.Now()
 }
 
-func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string) (*Client, error) {
+func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string, register bool) (*Client, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock() // one discovery at a time per connector; the rest wait for its result
 	valid := d.Valid
@@ -182,7 +172,10 @@ func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string) (*C
 	if d.err != nil && d.now().Sub(d.at) < retry {
 		return nil, d.err
 	}
-	rc, err := d.discover(ctx, c, redirect)
+	rc, err := d.discover(ctx, c, redirect, register)
+	if errors.Is(err, errNoClient) {
+		return nil, err // not a discovery failure: neither kept nor reported
+	}
 	d.last.Store(&err)
 	if err != nil {
 		d.err, d.at = err, d.now()
@@ -192,7 +185,7 @@ func (d *Discovery) resolve(ctx context.Context, c *Client, redirect string) (*C
 	return rc, nil
 }
 
-func (d *Discovery) discover(ctx context.Context, c *Client, redirect string) (*Client, error) {
+func (d *Discovery) discover(ctx context.Context, c *Client, redirect string, register bool) (*Client, error) {
 	fail := func(step, format string, args ...any) error {
 		return &DiscoveryError{Connector: c.Connector, Step: step, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -241,7 +234,7 @@ func (d *Discovery) discover(ctx context.Context, c *Client, redirect string) (*
 		rc.Scopes = slices.Clone(rm.ScopesSupported)
 	}
 	if rc.ClientID == "" {
-		reg, err := d.client(ctx, c, sm, redirect)
+		reg, err := d.client(ctx, c, sm, redirect, register)
 		if err != nil {
 			return nil, err
 		}
@@ -271,7 +264,7 @@ func transport(hc *http.Client) http.RoundTripper {
 
 // client is the registered client for c: the one kept, when it was made
 // for this issuer, resource and redirect; else a new registration.
-func (d *Discovery) client(ctx context.Context, c *Client, sm *ServerMetadata, redirect string) (Registered, error) {
+func (d *Discovery) client(ctx context.Context, c *Client, sm *ServerMetadata, redirect string, register bool) (Registered, error) {
 	fail := func(format string, args ...any) error {
 		return &DiscoveryError{Connector: c.Connector, Step: StepRegistration, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -284,6 +277,9 @@ func (d *Discovery) client(ctx context.Context, c *Client, sm *ServerMetadata, r
 		return kept, nil
 	case err != nil && !errors.Is(err, ErrNoConnection):
 		return Registered{}, &DiscoveryError{Connector: c.Connector, Step: stepStore, Reason: "the registered client cannot be read: " + err.Error()}
+	}
+	if !register {
+		return Registered{}, errNoClient
 	}
 	if sm.RegistrationEndpoint == "" {
 		return Registered{}, fail("no client_id is configured and the authorization server offers no registration_endpoint (RFC 7591); set credential.oauth2.client_id")
@@ -630,46 +626,4 @@ func (s LocalStore) LoadRegistered(ctx context.Context, connector string) (Regis
 // SaveRegistered implements RegisteredStore in the local store.
 func (s LocalStore) SaveRegistered(ctx context.Context, connector string, r Registered) error {
 	return SplitStore{Secrets: s.Local}.SaveRegistered(ctx, connector, r)
-}
-
-// Discover resolves connector's MCP authorization now, if it has one (the
-// remote's listing does it first, so that a failure is reported by step
-// before anyone connects).
-func (m *Manager) Discover(ctx context.Context, connector string) error {
-	c, ok := m.clients[connector]
-	if !ok {
-		return fmt.Errorf("bug(): oauth: connector %q has no OAuth client", connector)
-	}
-	_, err := m.resolve(ctx, c)
-	return err
-}
-
-// registrationEnded says whether err is the token endpoint refusing rc's
-// client (invalid_client) when the gateway registered that client: the
-// server ended the registration (revoked, expired). The client is then
-// forgotten, here and in the RegisteredStore, so the next use registers
-// a new one instead of sending the dead one forever; only the client that
-// was refused is forgotten, so however many calls saw the refusal, one
-// new registration follows. A configured client id is never forgotten.
-func (m *Manager) registrationEnded(ctx context.Context, rc *Client, err error) bool {
-	var re *oauth2.RetrieveError
-	c := m.clients[rc.Connector]
-	if !errors.As(err, &re) || re.ErrorCode != "invalid_client" || c == nil || c.Discovery == nil || c.ClientID != "" {
-		return false
-	}
-	d := c.Discovery
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.done != nil && d.done.ClientID == rc.ClientID {
-		d.done = nil
-	}
-	if d.Registered != nil {
-		if kept, lerr := d.Registered.LoadRegistered(ctx, c.Connector); lerr == nil && kept.ClientID == rc.ClientID {
-			if serr := d.Registered.SaveRegistered(ctx, c.Connector, Registered{}); serr != nil {
-				m.opt.Log.Error("oauth: the ended registered client is still kept; it is refused again at its next use", "connector", c.Connector, "err", serr.Error())
-			}
-		}
-	}
-	m.opt.Log.Warn("oauth: the authorization server ended the registered client; a new one is registered at the next use", "connector", c.Connector, "client", rc.ClientID)
-	return true
 }

@@ -303,10 +303,17 @@ func (m *Manager) Token(ctx context.Context, connector, user string) (Token, err
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		c, err := m.resolve(fctx, c) // MCP authorization: the discovered endpoints
+		// MCP authorization: the discovered endpoints. Only a service
+		// connector (client credentials) registers a client here; a
+		// person's tokens belong to the client their connect registered.
+		rc, err := m.resolveFor(fctx, c, c.Flow == ClientCredentials)
+		if errors.Is(err, errNoClient) {
+			return nil, m.clientEnded(fctx, c, user)
+		}
 		if err != nil {
 			return nil, err
 		}
+		c := rc
 		var t cached
 		if c.Flow == ClientCredentials {
 			t, err = m.clientToken(fctx, c)
@@ -460,15 +467,6 @@ func (m *Manager) personToken(ctx context.Context, c *Client, user string) (cach
 	return cached{access: conn.Access, expiry: conn.Expiry, scopes: conn.Scopes}, nil
 }
 
-func (m *Manager) needsReconnect(ctx context.Context, conn Connection, why string) error {
-	conn.Status, conn.Access, conn.Refresh, conn.Expiry = NeedsReconnect, "", "", time.Time{}
-	if err := m.opt.Store.Save(ctx, conn); err != nil {
-		return fmt.Errorf("oauth: %s: mark user %q needs_reconnect: %w", conn.Connector, conn.User, err)
-	}
-	m.opt.Log.Warn("oauth: connection needs reconnecting", "connection", conn, "reason", why)
-	return &RequiredError{Connector: conn.Connector, User: conn.User, Status: NeedsReconnect}
-}
-
 // providerError is what may be said of a token endpoint's refusal: its
 // error code, never its body (which may echo what was sent).
 func providerError(err error) string {
@@ -616,7 +614,7 @@ func (m *Manager) Disconnect(ctx context.Context, connector, user string) (revok
 		return false, fmt.Errorf("oauth: %s: load connection: %w", connector, err)
 	}
 	var rerr error
-	if rc, err := m.resolve(ctx, c); err == nil {
+	if rc, err := m.resolveFor(ctx, c, false); err == nil {
 		c = rc
 	} // else: the provider cannot be found now; the tokens are still deleted here
 	if c.RevocationURL != "" {
