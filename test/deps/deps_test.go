@@ -143,6 +143,11 @@ var gatewayFloors = map[string][]string{
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
 	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+	// A tool call's arguments made into the request decided and sent, and
+	// the policy input document; shared by the pipeline and `sluice policy
+	// eval --tool`. It decides nothing. The header arguments it strips are
+	// egress's forwarding fields (egress.IsForwardingField).
+	"gateway/toolinput": {"connectors", "gateway/config", "gateway/egress", "policy"},
 	// The OAuth client: tokens per person or connector, kept in the local
 	// secret store (vault); the root hands it the guarded HTTP client and
 	// the client secrets. oauthtest is the real authorization server its
