@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
+	"github.com/sluice-gw/sluice/gateway/grants"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -289,10 +290,15 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		}
 	case c.decision.Action == policy.Ask:
 		// An "always allow" grant for exactly this call turns ask into
-		// allow (grants.go); otherwise the call is held.
-		granted, e := useGrant(ctx, s.holds, s.audit, c, tool, req)
+		// allow (gateway/grants); otherwise the call is held.
+		g := grants.Call{RequestID: c.rec.RequestID, Caller: c.caller(), Tool: tool.Name, HoldID: c.req.HoldID, Decision: c.decision,
+			Request: func() (holds.Request, error) { return c.holdRequest(req) }}
+		d, granted, e := grants.Use(ctx, s.holds, s.audit.record, g)
 		if e != nil {
 			return call.Outcome{}, e
+		}
+		if granted {
+			c.decide(d)
 		}
 		if !granted && c.req.Mode == call.Decide {
 			// A call the gateway only decides cannot be sent at approval:

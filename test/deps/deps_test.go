@@ -148,6 +148,9 @@ var gatewayFloors = map[string][]string{
 	// eval --tool`. It decides nothing. The header arguments it strips are
 	// egress's forwarding fields (egress.IsForwardingField).
 	"gateway/toolinput": {"connectors", "gateway/config", "gateway/egress", "policy"},
+	// A standing "always allow" grant applied to an ask decision: read
+	// through the holds manager, audited through the hook it is handed.
+	"gateway/grants": {"gateway/audit", "gateway/holds", "gateway/refusal", "gateway/storecheck", "policy"},
 	// The OAuth client: tokens per person or connector, kept in the local
 	// secret store (vault); the root hands it the guarded HTTP client and
 	// the client secrets. oauthtest is the real authorization server its
