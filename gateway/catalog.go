@@ -18,6 +18,8 @@ import (
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/oauth"
+	"github.com/sluice-gw/sluice/gateway/toolinput"
+	"github.com/sluice-gw/sluice/policy"
 )
 
 // catalog is the loaded tools and, per tool, how to reach its API.
@@ -129,4 +131,40 @@ func (c *catalog) oauthClients() []connections.Client {
 		out = append(out, connections.Client{Slug: slug, OAuth: u.oauth, Transport: tr, ClientSecret: u.cfg.Credential.OAuth2.ClientSecret})
 	}
 	return out
+}
+
+// ToolCallInput builds the policy input the gateway builds for call, with
+// the functions POST /v1/tools/{tool} runs: the catalog loaded as serve
+// loads it, the tool found by name or alias, and the rest as the pipeline
+// does it (toolinput.Build). A call the gateway would refuse before its
+// decision (unknown_tool, not_granted, schema_violation) is a
+// *toolinput.RefusedError; a configuration that serve would refuse is an
+// error too.
+func ToolCallInput(ctx context.Context, cfg *config.Config, call toolinput.Call) (*policy.Input, error) {
+	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	if err != nil {
+		return nil, err
+	}
+	tool, ok := cat.Tool(call.Tool)
+	if !ok {
+		return nil, toolinput.UnknownTool(call.Tool)
+	}
+	return toolinput.Build(ctx, cfg, tool, cat.connectors[tool.Connector].conn.BaseURL, call)
+}
+
+// ToolExample returns example arguments for a tool (name or alias), made
+// from its argument schema (connectors.Tool.Example), for `sluice policy
+// input --example`. They are only a starting point: ToolCallInput still
+// validates them as the gateway would, and says what a pattern or format
+// rejected.
+func ToolExample(ctx context.Context, cfg *config.Config, name string) ([]byte, error) {
+	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
+	if err != nil {
+		return nil, err
+	}
+	tool, ok := cat.Tool(name)
+	if !ok {
+		return nil, toolinput.UnknownTool(name)
+	}
+	return tool.Example()
 }

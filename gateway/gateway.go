@@ -318,10 +318,7 @@ func (s *Server) Decide(ctx context.Context, in *policy.Input) policy.Decision {
 func (s *Server) adminHandler() http.Handler {
 	d := admin.Deps{
 		Config: s.cfg, Log: s.log, Holds: s.holds, Store: s.store,
-		Audit: func(ctx context.Context, rec audit.Record) error {
-			_, err := s.audit.append(ctx, rec, false)
-			return err
-		},
+		Audit:  s.audit.record,
 		Policy: s.engine.Load,
 		PolicyErr: func() string {
 			if p := s.policyErr.Load(); p != nil {

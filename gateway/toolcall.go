@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
+	"github.com/sluice-gw/sluice/gateway/grants"
 	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/gateway/holds"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -29,6 +30,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/scrub"
 	"github.com/sluice-gw/sluice/gateway/sessions"
+	"github.com/sluice-gw/sluice/gateway/toolinput"
 	"github.com/sluice-gw/sluice/gateway/usage"
 	"github.com/sluice-gw/sluice/policy"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -86,7 +88,7 @@ func (s *Server) tools(ctx context.Context, rid string, id wire.Identity) ([]cal
 		}
 		// Decided as a call with no arguments yet: a tool that policy
 		// blocks whatever the arguments are is not offered at all.
-		in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
+		in := toolinput.Input(id.Sandbox, id.Agent, id.Session, id.User, t, nil, nil, now)
 		in.Findings = []policy.Finding{} // nothing is sent: no scan (and no decision-log event: policylife.Life.DecisionExport)
 		if s.Decide(ctx, in).Action == policy.Block {
 			continue
@@ -246,7 +248,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 
 	// Decide.
 	dctx := s.tel.stage(c, stageDecide)
-	in := toolInput(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
+	in := toolinput.Input(id.Sandbox, id.Agent, id.Session, id.User, tool, args, req, time.Now().UTC())
 	in.Envoy = c.req.Envoy
 	uc := usage.Call{Tool: tool.Name, Agent: c.rec.Agent, User: c.rec.User, Session: c.rec.Session, New: c.held == nil, Args: args}
 	hash := func() (string, error) { hr, err := c.holdRequest(req); return hr.Hash(), err }
@@ -288,10 +290,15 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 		}
 	case c.decision.Action == policy.Ask:
 		// An "always allow" grant for exactly this call turns ask into
-		// allow (grants.go); otherwise the call is held.
-		granted, e := useGrant(ctx, s.holds, s.audit, c, tool, req)
+		// allow (gateway/grants); otherwise the call is held.
+		g := grants.Call{RequestID: c.rec.RequestID, Caller: c.caller(), Tool: tool.Name, HoldID: c.req.HoldID, Decision: c.decision,
+			Request: func() (holds.Request, error) { return c.holdRequest(req) }}
+		d, granted, e := grants.Use(ctx, s.holds, s.audit.record, g)
 		if e != nil {
 			return call.Outcome{}, e
+		}
+		if granted {
+			c.decide(d)
 		}
 		if !granted && c.req.Mode == call.Decide {
 			// A call the gateway only decides cannot be sent at approval:
@@ -400,9 +407,9 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 	var req *http.Request
 	switch {
 	case !formed && c.req.IdempotencyKey == "":
-		// Exactly what `sluice policy eval --tool` prepares (toolinput.go).
+		// Exactly what `sluice policy eval --tool` prepares (gateway/toolinput).
 		var a connectors.Args
-		a, req, err = prepareCall(ctx, tool, up.conn.BaseURL, body)
+		a, req, err = toolinput.Prepare(ctx, tool, up.conn.BaseURL, body)
 		args = &a
 	case !formed || len(bytes.TrimSpace(body)) > 0:
 		if len(bytes.TrimSpace(body)) == 0 {
@@ -410,20 +417,20 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 		}
 		var a connectors.Args
 		if a, err = connectors.DecodeArgs(body); err == nil {
-			stripHeaderArgs(&a)
-			idempotencyArg(&a, tool, c.req.IdempotencyKey)
+			toolinput.StripHeaders(&a)
+			toolinput.Idempotency(&a, tool, c.req.IdempotencyKey)
 			err = tool.Validate(a)
 		}
 		args = &a
 		switch {
 		case err != nil:
 		case formed:
-			req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+			req, err = toolinput.Formed(ctx, c.req.HTTP, tool, up.conn.BaseURL)
 		default:
 			req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
 		}
 	default: // a formed request without arguments
-		req, err = formedRequest(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+		req, err = toolinput.Formed(ctx, c.req.HTTP, tool, up.conn.BaseURL)
 	}
 	if err != nil {
 		var ae *connectors.ArgError

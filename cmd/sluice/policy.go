@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/toolinput"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -65,7 +66,7 @@ Prints the decision as JSON: action, reason, rule, approvers, obligations.`,
 			ctx := cmd.Context()
 			var in *policy.Input
 			if tool != "" {
-				call := gateway.ToolCall{Tool: tool, Args: []byte(args), Caller: caller}
+				call := toolinput.Call{Tool: tool, Args: []byte(args), Caller: caller}
 				if when != "" {
 					if call.Time, err = time.Parse(time.RFC3339Nano, when); err != nil {
 						return fmt.Errorf("policy eval: --time: want RFC 3339 like 2025-03-01T12:00:00Z: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/toolinput"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -49,7 +50,7 @@ an input.usage with zero counts: the gateway fills in the store's.`,
 					return fmt.Errorf("policy input (%s): %w", lc.Source, err)
 				}
 			}
-			c := gateway.ToolCall{Tool: tool, Args: raw, Caller: caller}
+			c := toolinput.Call{Tool: tool, Args: raw, Caller: caller}
 			if when != "" {
 				if c.Time, err = time.Parse(time.RFC3339Nano, when); err != nil {
 					return fmt.Errorf("policy input: --time: want RFC 3339 like 2025-03-01T12:00:00Z: %w", err)
@@ -66,7 +67,7 @@ an input.usage with zero counts: the gateway fills in the store's.`,
 			for _, a := range agents {
 				c.Caller.Agent = a
 				in, err = gateway.ToolCallInput(ctx, lc.Config, c)
-				var re *gateway.RefusedError
+				var re *toolinput.RefusedError
 				if err == nil || !errors.As(err, &re) || re.Code != "not_granted" || caller.Agent != "" {
 					break
 				}

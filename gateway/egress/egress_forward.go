@@ -254,7 +254,7 @@ func stripHopByHop(h http.Header) {
 // an upstream that trusts them would take the sandbox's word for its
 // address, scheme or path. The forward proxy and intercepted tunnels call
 // it; tool calls drop the same names from their header arguments
-// (stripHeaderArgs). Policy decides on the stripped header.
+// (toolinput.StripHeaders). Policy decides on the stripped header.
 func stripRequestHeaders(h http.Header) {
 	stripHopByHop(h)
 	for k := range h {

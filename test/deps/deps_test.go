@@ -143,6 +143,14 @@ var gatewayFloors = map[string][]string{
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
 	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+	// A tool call's arguments made into the request decided and sent, and
+	// the policy input document; shared by the pipeline and `sluice policy
+	// eval --tool`. It decides nothing. The header arguments it strips are
+	// egress's forwarding fields (egress.IsForwardingField).
+	"gateway/toolinput": {"connectors", "gateway/config", "gateway/egress", "policy"},
+	// A standing "always allow" grant applied to an ask decision: read
+	// through the holds manager, audited through the hook it is handed.
+	"gateway/grants": {"gateway/audit", "gateway/holds", "gateway/refusal", "gateway/storecheck", "policy"},
 	// The OAuth client: tokens per person or connector, kept in the local
 	// secret store (vault); the root hands it the guarded HTTP client and
 	// the client secrets. oauthtest is the real authorization server its
@@ -234,6 +242,9 @@ var gatewayTestFloors = map[string][]string{
 	// Replay's tests write decision records of the type the gateway
 	// writes, so what it replays is what the pipeline records.
 	"gateway/replay": {"gateway/call"},
+	// Grants' tests match against grants in the real store the holds
+	// manager reads.
+	"gateway/grants": {"gateway/store"},
 }
 
 // allowedInTest is allowed for an import of from's tests.

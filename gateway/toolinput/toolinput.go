@@ -1,4 +1,15 @@
-package gateway
+// Package toolinput turns a tool call's arguments into what the gateway
+// decides on and sends: the arguments decoded, stripped of the headers
+// only the gateway may set and validated against the tool's schema, the
+// upstream request made from them (or a door's formed request checked
+// against the tool's operation), and the policy input document
+// (rego/README.md) built from both before any credential is attached.
+//
+// The gateway's pipeline (gateway.Server.Call) and `sluice policy eval
+// --tool` / `sluice policy input` run the same functions here, so that
+// the input a person evaluates is the input the gateway decides. It
+// decides nothing, holds nothing and attaches no credential.
+package toolinput
 
 import (
 	"bytes"
@@ -15,23 +26,22 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/egress"
-	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/policy"
 )
 
-// prepareCall is what every tool call's arguments pass before its
-// decision: decoded (an empty body is {}), stripped of the headers only
-// the gateway may set (stripHeaderArgs), validated against the tool's
-// schema, and made into the upstream request that policy sees and that is
-// sent. `sluice policy eval --tool` runs it too, so that the input it
-// decides is the gateway's.
-func prepareCall(ctx context.Context, tool *connectors.Tool, base *url.URL, body []byte) (connectors.Args, *http.Request, error) {
+// Prepare is what every tool call's arguments pass before its decision:
+// decoded (an empty body is {}), stripped of the headers only the gateway
+// may set (StripHeaders), validated against the tool's schema, and made
+// into the upstream request that policy sees and that is sent. `sluice
+// policy eval --tool` runs it too (Build), so that the input it decides
+// is the gateway's.
+func Prepare(ctx context.Context, tool *connectors.Tool, base *url.URL, body []byte) (connectors.Args, *http.Request, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
 	args, err := connectors.DecodeArgs(body)
 	if err == nil {
-		stripHeaderArgs(&args)
+		StripHeaders(&args)
 		err = tool.Validate(args)
 	}
 	var req *http.Request
@@ -41,10 +51,10 @@ func prepareCall(ctx context.Context, tool *connectors.Tool, base *url.URL, body
 	return args, req, err
 }
 
-// toolInput builds the policy input document of a tool call
+// Input builds the policy input document of a tool call
 // (rego/README.md). The request part is taken before any credential is
-// attached.
-func toolInput(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
+// attached; args and req may be nil (a tool offered before any call).
+func Input(sandbox, agent, session, user string, t *connectors.Tool, args *connectors.Args, req *http.Request, now time.Time) *policy.Input {
 	in := &policy.Input{
 		Version:   policy.InputVersion,
 		Kind:      "tool_call",
@@ -70,10 +80,18 @@ func orEmpty(m map[string]any) map[string]any {
 	return m
 }
 
-// ToolCall is one tool call as `sluice policy eval --tool` states it: the
+// orNone is tags as the input document states them: always an array.
+func orNone(tags []string) []string {
+	if tags == nil {
+		return []string{}
+	}
+	return tags
+}
+
+// Call is one tool call as `sluice policy eval --tool` states it: the
 // tool (name or alias), the arguments as the agent would POST them, and
 // who calls. A zero Time means now.
-type ToolCall struct {
+type Call struct {
 	Tool   string
 	Args   []byte
 	Caller policy.Caller
@@ -92,22 +110,19 @@ func (e *RefusedError) Error() string {
 	return fmt.Sprintf("the gateway refuses this call before policy: %d %s: %s", e.Status, e.Code, e.Message)
 }
 
-// ToolCallInput builds the policy input the gateway builds for call, with
-// the functions POST /v1/tools/{tool} runs: the catalog loaded as serve
-// loads it, the tool found by name or alias, the caller's agent checked
-// for the grant, the arguments through prepareCall and the document
-// through toolInput. A call the gateway would refuse before its decision
-// (unknown_tool, not_granted, schema_violation) is a *RefusedError; a
-// configuration that serve would refuse is an error too.
-func ToolCallInput(ctx context.Context, cfg *config.Config, call ToolCall) (*policy.Input, error) {
-	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
-	if err != nil {
-		return nil, err
-	}
-	tool, ok := cat.Tool(call.Tool)
-	if !ok {
-		return nil, &RefusedError{http.StatusNotFound, "unknown_tool", fmt.Sprintf("no tool is named %q", call.Tool)}
-	}
+// UnknownTool is the refusal of a call to a tool the catalog does not
+// hold by that name or alias.
+func UnknownTool(name string) *RefusedError {
+	return &RefusedError{http.StatusNotFound, "unknown_tool", fmt.Sprintf("no tool is named %q", name)}
+}
+
+// Build builds the policy input the gateway builds for call to tool, a
+// tool of the catalog whose connector's base URL is base, with the
+// functions POST /v1/tools/{tool} runs: the caller's agent checked for
+// the grant, the arguments through Prepare and the document through
+// Input. A call the gateway would refuse before its decision
+// (not_granted, schema_violation) is a *RefusedError.
+func Build(ctx context.Context, cfg *config.Config, tool *connectors.Tool, base *url.URL, call Call) (*policy.Input, error) {
 	agent := cfg.Agent(call.Caller.Agent)
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
 		return nil, &RefusedError{http.StatusForbidden, "not_granted", fmt.Sprintf("agent %q is not granted connector %q", call.Caller.Agent, tool.Connector)}
@@ -115,7 +130,7 @@ func ToolCallInput(ctx context.Context, cfg *config.Config, call ToolCall) (*pol
 	if len(call.Args) > connectors.MaxArgsBytes {
 		return nil, &RefusedError{http.StatusBadRequest, "schema_violation", fmt.Sprintf("arguments: larger than %d bytes", connectors.MaxArgsBytes)}
 	}
-	args, req, err := prepareCall(ctx, tool, cat.connectors[tool.Connector].conn.BaseURL, call.Args)
+	args, req, err := Prepare(ctx, tool, base, call.Args)
 	if err != nil {
 		msg := "arguments: " + err.Error()
 		var ae *connectors.ArgError
@@ -129,22 +144,14 @@ func ToolCallInput(ctx context.Context, cfg *config.Config, call ToolCall) (*pol
 		now = time.Now()
 	}
 	c := call.Caller
-	return toolInput(c.Sandbox, c.Agent, c.Session, c.User, tool, &args, req, now.UTC()), nil
+	return Input(c.Sandbox, c.Agent, c.Session, c.User, tool, &args, req, now.UTC()), nil
 }
 
-// orNone is tags as the input document states them: always an array.
-func orNone(tags []string) []string {
-	if tags == nil {
-		return []string{}
-	}
-	return tags
-}
-
-// stripHeaderArgs removes headers that only the gateway may set: identity,
+// StripHeaders removes headers that only the gateway may set: identity,
 // client-address claims (egress.IsForwardingField, as on every egress path),
 // hop-by-hop and framing headers, and content codings and ranges the
 // scrubber could not see through.
-func stripHeaderArgs(a *connectors.Args) {
+func StripHeaders(a *connectors.Args) {
 	for k := range a.Headers {
 		lk := strings.ToLower(k)
 		switch {
@@ -153,16 +160,16 @@ func stripHeaderArgs(a *connectors.Args) {
 			lk == "host", lk == "connection", lk == "keep-alive", lk == "te", lk == "trailer",
 			lk == "transfer-encoding", lk == "upgrade", lk == "content-length", lk == "accept-encoding",
 			lk == "range", lk == "if-range",
-			lk == "traceparent", lk == "tracestate": // the gateway's own trace context is sent (calltrace.go)
+			lk == "traceparent", lk == "tracestate": // the gateway's own trace context is sent (gateway/calltrace.go)
 			delete(a.Headers, k)
 		}
 	}
 }
 
-// idempotencyArg sends key in tool's idempotency header when the
-// arguments set none (Request.IdempotencyKey): before validation, so the
-// key is checked, decided and held as part of the call.
-func idempotencyArg(a *connectors.Args, tool *connectors.Tool, key string) {
+// Idempotency sends key in tool's idempotency header when the arguments
+// set none (call.Request.IdempotencyKey): before validation, so the key
+// is checked, decided and held as part of the call.
+func Idempotency(a *connectors.Args, tool *connectors.Tool, key string) {
 	if key == "" || tool.IdempotencyHeader == "" {
 		return
 	}
@@ -177,12 +184,12 @@ func idempotencyArg(a *connectors.Args, tool *connectors.Tool, key string) {
 	a.Headers[tool.IdempotencyHeader] = key
 }
 
-// formedRequest checks that a door's formed request (call.Request.HTTP) is
+// Formed checks that a door's formed request (call.Request.HTTP) is
 // tool's operation on its connector's base URL: the same method, scheme
 // and host, and a path the tool's template matches under the base path.
 // It returns a copy for the pipeline to decide on and put the credential
 // on, with its body read (bounded) and replaced on both.
-func formedRequest(ctx context.Context, hr *http.Request, tool *connectors.Tool, base *url.URL) (*http.Request, error) {
+func Formed(ctx context.Context, hr *http.Request, tool *connectors.Tool, base *url.URL) (*http.Request, error) {
 	if hr.URL == nil || base == nil {
 		return nil, errors.New("the request has no URL")
 	}
@@ -236,21 +243,4 @@ func matchTemplate(tmpl, path string) bool {
 		}
 	}
 	return true
-}
-
-// ToolExample returns example arguments for a tool (name or alias), made
-// from its argument schema (connectors.Tool.Example), for `sluice policy
-// input --example`. They are only a starting point: ToolCallInput still
-// validates them as the gateway would, and says what a pattern or format
-// rejected.
-func ToolExample(ctx context.Context, cfg *config.Config, name string) ([]byte, error) {
-	cat, _, err := loadCatalog(ctx, cfg, guard.New(guard.Options{}))
-	if err != nil {
-		return nil, err
-	}
-	tool, ok := cat.Tool(name)
-	if !ok {
-		return nil, &RefusedError{404, "unknown_tool", fmt.Sprintf("no tool is named %q", name)}
-	}
-	return tool.Example()
 }
