@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,7 +33,7 @@ func TestReceiptsKeyAndVerify(t *testing.T) {
 	if err := os.WriteFile(pubFile, []byte(pem), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	file, err := receipts.NewSigner(priv).Sign(receipts.Receipt{HoldID: "h_1", Tool: "tickets.create_refund", Approver: "bob",
+	file, err := receipts.NewSigner(priv).Sign(context.Background(), receipts.Receipt{HoldID: "h_1", Tool: "tickets.create_refund", Approver: "bob",
 		ApprovedAt: time.Now(), ExecutedAt: time.Now(), RequestSHA256: strings.Repeat("0", 64), PolicyRevision: "r1", Decision: "ask", UpstreamStatus: 201})
 	if err != nil {
 		t.Fatal(err)

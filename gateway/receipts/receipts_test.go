@@ -1,6 +1,7 @@
 package receipts
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"os"
@@ -34,11 +35,15 @@ func TestSignVerify(t *testing.T) {
 		t.Errorf("key mode = %v, want 0600", fi.Mode().Perm())
 	}
 	s := NewSigner(priv)
-	file, err := s.Sign(sample())
+	file, err := s.Sign(context.Background(), sample())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := ParsePublicKey(PublicPEM(s.Public()))
+	keys, err := s.Keys(context.Background())
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("Keys = %v, %v: want the local key", keys, err)
+	}
+	pub, err := ParsePublicKey(PublicPEM(keys[0].Key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +51,7 @@ func TestSignVerify(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Verify: %v\n%s", err, file)
 	}
-	if r.Approver != "alice" || r.UpstreamStatus != 201 || r.PolicyRevision != "r7" || r.KeyID != s.KeyID() {
+	if r.Approver != "alice" || r.UpstreamStatus != 201 || r.PolicyRevision != "r7" || r.KeyID != keys[0].KeyID || r.Key != "" {
 		t.Fatalf("receipt = %+v", r)
 	}
 
