@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 
@@ -43,7 +44,7 @@ GET /api/v1/receipts/key.`,
 			if lc.Receipts.Disabled {
 				return errors.New("receipts: disabled in " + lc.Source)
 			}
-			keys, err := receiptKeys(cmd.Context(), g, lc.Config)
+			keys, err := receiptKeys(cmd.Context(), g, lc.Config, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -118,7 +119,7 @@ exactly as signed: any byte changed fails.`,
 
 // receiptKeys are the receipts' verification keys, the signing one first:
 // the local key file's, or the Vault transit key's versions.
-func receiptKeys(ctx context.Context, g *globals, cfg *config.Config) ([]receipts.Public, error) {
+func receiptKeys(ctx context.Context, g *globals, cfg *config.Config, stderr io.Writer) ([]receipts.Public, error) {
 	if cfg.ReceiptsSigner() != config.ReceiptsVaultTransit {
 		priv, err := receipts.LoadKey(cfg.ReceiptsKeyFile(), false)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -129,7 +130,7 @@ func receiptKeys(ctx context.Context, g *globals, cfg *config.Config) ([]receipt
 		}
 		return receipts.NewSigner(priv).Keys(ctx)
 	}
-	log, err := g.logger(os.Stderr)
+	log, err := g.logger(stderr) // Vault's login, never a secret
 	if err != nil {
 		return nil, err
 	}
