@@ -47,14 +47,14 @@ func receiptsPolicy(withSign bool) string {
 
 // newTransitGateway makes (not serves) a gateway whose receipts key is
 // the transit key named key.
-func newTransitGateway(t *testing.T, srv *vaulttest.Server, upURL, key string) (*Server, *config.Config, string, *syncBuffer, error) {
+func newTransitGateway(t *testing.T, srv *vaulttest.Server, upURL, key string, withSign bool) (*Server, *config.Config, string, *syncBuffer, error) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "sluice-rtgw-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	rid, sid := srv.AppRole(t, dir, "gateway", receiptsPolicy(true), "1h")
+	rid, sid := srv.AppRole(t, dir, "gateway", receiptsPolicy(withSign), "1h")
 	spec, _ := filepath.Abs("testdata/vaulted.yaml")
 	cfg, err := config.Parse([]byte(fmt.Sprintf(transitReceiptsYAML, dir, upURL, srv.Addr, os.Getuid(), rid, sid, tokenHash("tok-sandboxd"), spec, key)+approversYAML), dir)
 	if err != nil {
@@ -74,7 +74,8 @@ func newTransitGateway(t *testing.T, srv *vaulttest.Server, upURL, key string) (
 // the old receipt still verifies with the old version's served key. When
 // Vault refuses to sign, the approved call still executes (it was sent
 // before signing) and is recorded without a receipt, logged and counted.
-// A missing key or one that is not ed25519 fails the start, naming it.
+// A missing key, one that is not ed25519 or one the gateway may not sign
+// with fails the start, naming it.
 func TestReceiptsSignedByVaultTransit(t *testing.T) {
 	srv := vaulttest.Start(t)
 	srv.Write(t, "secret/data/vaulted", map[string]any{"data": map[string]any{"api_key": "kv-key-for-receipts-0001"}})
@@ -83,20 +84,24 @@ func TestReceiptsSignedByVaultTransit(t *testing.T) {
 	srv.Write(t, "transit/keys/not-ed", map[string]any{"type": "ecdsa-p256"})
 	up := newVaultedUpstream(t, nil)
 
-	t.Run("a key that is missing or not ed25519 fails the start, named", func(t *testing.T) {
-		for key, want := range map[string]string{"no-such-key": "not found", "not-ed": "ed25519"} {
-			gw, _, _, _, err := newTransitGateway(t, srv, up.URL, key)
+	t.Run("a key that is missing, not ed25519 or not signable fails the start, named", func(t *testing.T) {
+		for _, tc := range []struct {
+			key      string
+			withSign bool
+			want     string
+		}{{"no-such-key", true, "not found"}, {"not-ed", true, "ed25519"}, {"receipts", false, "transit/sign/receipts: status 403"}} {
+			gw, _, _, _, err := newTransitGateway(t, srv, up.URL, tc.key, tc.withSign)
 			if err == nil {
 				gw.Close()
-				t.Fatalf("transit_key %s: the gateway started", key)
+				t.Fatalf("transit_key %s: the gateway started", tc.key)
 			}
-			if !strings.Contains(err.Error(), `receipts.transit_key "`+key+`"`) || !strings.Contains(err.Error(), want) {
-				t.Fatalf("transit_key %s: %v: want the key named and %q", key, err, want)
+			if !strings.Contains(err.Error(), `receipts.transit_key "`+tc.key+`"`) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("transit_key %s: %v: want the key named and %q", tc.key, err, tc.want)
 			}
 		}
 	})
 
-	gw, cfg, dir, logBuf, err := newTransitGateway(t, srv, up.URL, "receipts")
+	gw, cfg, dir, logBuf, err := newTransitGateway(t, srv, up.URL, "receipts", true)
 	if err != nil {
 		t.Fatalf("New: %v\n%s", err, srv.Log())
 	}

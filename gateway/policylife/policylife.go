@@ -230,10 +230,11 @@ func (l *Life) Receipts() *receipts.Signer { return l.receipts }
 // UseReceiptKey makes k, a key held in Vault (receipts.signer
 // vault-transit), the receipts' signer; the gateway calls it once the
 // credential source is open, before serving. It fails, and the gateway
-// does not start, unless Vault names k's versions and they are ed25519.
+// does not start, unless Vault names k's versions, they are ed25519 and
+// the latest signs a probe (not a receipt) that verifies.
 func (l *Life) UseReceiptKey(ctx context.Context, k receipts.Key) error {
 	s := receipts.NewKeySigner(k)
-	if _, err := s.Keys(ctx); err != nil {
+	if err := s.Probe(ctx); err != nil {
 		return fmt.Errorf("receipts.transit_key %q: %w", l.cfg.Receipts.TransitKey, err)
 	}
 	l.receipts = s

@@ -192,6 +192,33 @@ func (s *Signer) Sign(ctx context.Context, r Receipt) ([]byte, error) {
 	return encode(Signed{Receipt: r, Algorithm: "Ed25519", Signature: base64.RawURLEncoding.EncodeToString(sig)})
 }
 
+// probeDomain prefixes what Probe signs: never a receipt's domain, so a
+// probe's signature cannot pass for a receipt's.
+const probeDomain = "sluice-receipt-probe-v1\n"
+
+// Probe signs a probe message (not a receipt) with the key's latest
+// version and checks the signature: a Key the gateway may read but not
+// sign with (the Vault policy, a derived key) fails here, at start, not at
+// the first executed hold.
+func (s *Signer) Probe(ctx context.Context) error {
+	if s.key == nil {
+		return nil
+	}
+	latest, pubs, err := s.key.Versions(ctx)
+	if err != nil {
+		return fmt.Errorf("receipts: %w", err)
+	}
+	msg := []byte(probeDomain + time.Now().UTC().Format(time.RFC3339Nano))
+	sig, err := s.key.Sign(ctx, latest, msg)
+	if err != nil {
+		return fmt.Errorf("receipts: %w", err)
+	}
+	if pubs[latest] == nil || !ed25519.Verify(pubs[latest], msg, sig) {
+		return fmt.Errorf("receipts: %s version %d: the signature does not verify with its public key", s.key.Name(), latest)
+	}
+	return nil
+}
+
 func signedBytes(r Receipt) ([]byte, error) {
 	b, err := json.Marshal(r)
 	if err != nil {

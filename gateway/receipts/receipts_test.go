@@ -99,3 +99,60 @@ func hexOf(b []byte) []byte {
 	}
 	return out
 }
+
+// versionedKey is a Key with versions held in memory; wrong signs with
+// another key than the latest version's.
+type versionedKey struct {
+	privs map[int]ed25519.PrivateKey
+	wrong bool
+}
+
+func (k versionedKey) Name() string { return "test key" }
+
+func (k versionedKey) Versions(context.Context) (int, map[int]ed25519.PublicKey, error) {
+	pubs := map[int]ed25519.PublicKey{}
+	for n, p := range k.privs {
+		pubs[n] = p.Public().(ed25519.PublicKey)
+	}
+	return len(k.privs), pubs, nil
+}
+
+func (k versionedKey) Sign(_ context.Context, version int, msg []byte) ([]byte, error) {
+	if k.wrong {
+		version--
+	}
+	return ed25519.Sign(k.privs[version], msg), nil
+}
+
+// TestKeySigner: a key with versions signs with its latest, names it, and
+// a signature that does not verify with that version's public key is an
+// error, at Probe and at Sign, never a receipt.
+func TestKeySigner(t *testing.T) {
+	privs := map[int]ed25519.PrivateKey{}
+	for n := 1; n <= 2; n++ {
+		_, privs[n], _ = ed25519.GenerateKey(rand.Reader)
+	}
+	s := NewKeySigner(versionedKey{privs: privs})
+	ctx := context.Background()
+	keys, err := s.Keys(ctx)
+	if err != nil || len(keys) != 2 || keys[0].Name != "test key version 2" || keys[1].KeyID != KeyID(privs[1].Public().(ed25519.PublicKey)) {
+		t.Fatalf("Keys = %+v, %v", keys, err)
+	}
+	file, err := s.Sign(ctx, sample())
+	if err != nil || s.Probe(ctx) != nil {
+		t.Fatalf("Sign: %v", err)
+	}
+	if r, err := Verify(file, keys[0].Key); err != nil || r.Key != "test key version 2" || r.KeyID != keys[0].KeyID {
+		t.Fatalf("Verify = %+v, %v", r, err)
+	}
+	if _, err := Verify(file, keys[1].Key); err == nil || !strings.Contains(err.Error(), "signed by key "+keys[0].KeyID) {
+		t.Fatalf("Verify with version 1's key: %v", err)
+	}
+	bad := NewKeySigner(versionedKey{privs: privs, wrong: true})
+	if b, err := bad.Sign(ctx, sample()); err == nil || b != nil || !strings.Contains(err.Error(), "does not verify") {
+		t.Fatalf("Sign by the wrong version: %v %s", err, b)
+	}
+	if err := bad.Probe(ctx); err == nil || !strings.Contains(err.Error(), "does not verify") {
+		t.Fatalf("Probe by the wrong version: %v", err)
+	}
+}
