@@ -199,6 +199,15 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			}
 		}()
 	}
+	if !cfg.Receipts.Disabled && cfg.ReceiptsSigner() == config.ReceiptsVaultTransit {
+		v, ok := s.creds.(*creds.Vault)
+		if !ok {
+			return nil, errors.New("receipts.signer vault-transit: the credential source is not secrets.vault")
+		}
+		if err := s.life.UseReceiptKey(ctx, vault.NewTransitEd25519(v.Client(), cfg.Receipts.TransitKey)); err != nil {
+			return nil, err
+		}
+	}
 	if s.oauth, err = connections.New(cfg, s.catalog.oauthClients(), s.creds, func() *store.Store { return s.store }, log); err != nil {
 		return nil, err
 	}

@@ -157,6 +157,13 @@ func startGateway(t testing.TB, upstreamURL, extra string, edit func(*config.Con
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveTest(t, srv, cfg, dir, logBuf)
+}
+
+// serveTest serves srv until the test ends (closing it then, and failing
+// the test if its log holds testSecret) and waits until it is ready.
+func serveTest(t testing.TB, srv *Server, cfg *config.Config, dir string, logBuf *syncBuffer) *testGateway {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &testGateway{Server: srv, cfg: cfg, dir: dir, logBuf: logBuf, cancel: cancel, done: make(chan error, 1)}
 	go func() { g.done <- srv.Serve(ctx) }()

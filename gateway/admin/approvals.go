@@ -313,9 +313,20 @@ func (a *API) routeReceipts(mux *http.ServeMux) {
 			refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "receipts are disabled"), refusal.NewRequestID())
 			return
 		}
-		pub := a.d.Receipts.Public()
+		keys, err := a.d.Receipts.Keys(r.Context())
+		if err != nil { // a key in Vault, and Vault unavailable
+			a.d.Log.Error("receipts: the verification keys are unavailable", "err", err)
+			refusal.Write(w, refusal.New(http.StatusServiceUnavailable, refusal.CredentialUnavailable, "the receipts' keys are unavailable"), refusal.NewRequestID())
+			return
+		}
+		// The key that signs now, and every version of a Vault key
+		// (receipts signed before a rotation name theirs by key_id).
+		all := make([]map[string]string, len(keys))
+		for i, k := range keys {
+			all[i] = map[string]string{"key_id": k.KeyID, "name": k.Name, "public_key_pem": string(receipts.PublicPEM(k.Key))}
+		}
 		refusal.WriteJSON(w, http.StatusOK, map[string]any{
-			"algorithm": "Ed25519", "key_id": a.d.Receipts.KeyID(), "public_key_pem": string(receipts.PublicPEM(pub)),
+			"algorithm": "Ed25519", "key_id": keys[0].KeyID, "public_key_pem": all[0]["public_key_pem"], "keys": all,
 		})
 	})
 }

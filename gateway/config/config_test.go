@@ -140,6 +140,12 @@ func TestBadValuesNameTheirKey(t *testing.T) {
 		{"transit ttl too long", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { transit_key: k, audience: x, ttl: 2h } } }]\n", "connectors[0].credential.vault.ttl"},
 		{"field with transit", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nconnectors: [{ slug: a, spec: a.yaml, credential: { vault: { transit_key: k, audience: x, field: f } } }]\n", "connectors[0].credential.vault.field"},
 		{"approle without files", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: approle } } }\n", "secrets.vault.auth.role_id_file"},
+		{"receipts signer", "receipts: { signer: hsm }\n", "receipts.signer: want local or vault-transit, got \"hsm\""},
+		{"receipts transit without key", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nreceipts: { signer: vault-transit }\n", "receipts.transit_key: must be set"},
+		{"receipts transit key path", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nreceipts: { signer: vault-transit, transit_key: 'a/b' }\n", "receipts.transit_key: not a transit key name: \"a/b\""},
+		{"receipts transit with key_file", "secrets: { backend: vault, vault: { address: 'https://v:8200', auth: { method: token, token_file: t } } }\nreceipts: { signer: vault-transit, transit_key: rk, key_file: r.key }\n", "receipts.key_file: is for receipts.signer local (the key \"rk\" is in Vault)"},
+		{"receipts transit without vault", "receipts: { signer: vault-transit, transit_key: rk }\n", "receipts.signer: vault-transit signs with secrets.vault"},
+		{"receipts transit key on local", "receipts: { transit_key: rk }\n", "receipts.transit_key: is for receipts.signer vault-transit"},
 		{"negative cache ttl", "secrets: { backend: vault, vault: { address: 'https://v:8200', cache_ttl: -1s, auth: { method: token, token_file: t } } }\n", "secrets.vault.cache_ttl"},
 	}
 	for _, tc := range cases {

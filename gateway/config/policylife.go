@@ -63,9 +63,30 @@ type DecisionLogs struct {
 // calls that executed. On unless disabled.
 type Receipts struct {
 	Disabled bool `yaml:"disabled"`
+	// Signer is where the key is: "local" (default: key_file) or
+	// "vault-transit" (transit_key, an ed25519 key of the transit engine
+	// of secrets.vault, which must be the backend).
+	Signer string `yaml:"signer"`
 	// KeyFile holds the signing key's seed (hex), made at first start;
-	// default receipts.key beside the audit log.
+	// default receipts.key beside the audit log. Local signer only.
 	KeyFile string `yaml:"key_file"`
+	// TransitKey names the transit key (vault-transit signer only), at
+	// secrets.vault.transit_mount (default transit).
+	TransitKey string `yaml:"transit_key"`
+}
+
+// Receipt signers (receipts.signer).
+const (
+	ReceiptsLocal        = "local"
+	ReceiptsVaultTransit = "vault-transit"
+)
+
+// ReceiptsSigner is receipts.signer, local when unset.
+func (c *Config) ReceiptsSigner() string {
+	if c.Receipts.Signer == "" {
+		return ReceiptsLocal
+	}
+	return c.Receipts.Signer
 }
 
 // signingAlgs are the JWS algorithms OPA verifies bundle signatures with.
@@ -119,6 +140,7 @@ func (c *Config) validatePolicyLife(bad func(key, format string, args ...any)) {
 			}
 		}
 	}
+	c.validateReceipts(bad)
 	if d := c.DecisionLogs; d != nil {
 		if (d.File == "") == (d.URL == "") {
 			bad("decision_logs", "want exactly one of file and url")
@@ -150,5 +172,29 @@ func (c *Config) validatePolicyLife(bad func(key, format string, args ...any)) {
 		if d.Timeout < 0 {
 			bad("decision_logs.timeout", "must not be negative")
 		}
+	}
+}
+
+func (c *Config) validateReceipts(bad func(key, format string, args ...any)) {
+	r := c.Receipts
+	switch c.ReceiptsSigner() {
+	case ReceiptsLocal:
+		if r.TransitKey != "" {
+			bad("receipts.transit_key", "is for receipts.signer vault-transit (the signer is local)")
+		}
+	case ReceiptsVaultTransit:
+		if r.TransitKey == "" {
+			bad("receipts.transit_key", "must be set with receipts.signer vault-transit (an ed25519 key of the transit engine)")
+		} else if !vaultPathOK(r.TransitKey) || strings.ContainsAny(r.TransitKey, "/{}") {
+			bad("receipts.transit_key", "not a transit key name: %q", r.TransitKey)
+		}
+		if r.KeyFile != "" {
+			bad("receipts.key_file", "is for receipts.signer local (the key %q is in Vault)", r.TransitKey)
+		}
+		if c.Secrets.Backend != "vault" {
+			bad("receipts.signer", "vault-transit signs with secrets.vault: want secrets.backend vault, got %q", c.Secrets.Backend)
+		}
+	default:
+		bad("receipts.signer", "want local or vault-transit, got %q", r.Signer)
 	}
 }

@@ -34,7 +34,8 @@ type Life struct {
 
 	bundleLoads *prometheus.CounterVec
 	decisions   *decisionlog.Exporter // nil without decision_logs
-	receipts    *receipts.Signer      // nil with receipts.disabled
+	receipts    *receipts.Signer      // nil with receipts.disabled (and until UseReceiptKey for vault-transit)
+	signFails   prometheus.Counter    // receipts that could not be signed (Vault down)
 	// labels are the decision-log labels; byEntrance the same with each
 	// entrance's (export.go).
 	labels     map[string]string
@@ -91,7 +92,11 @@ func (l *Life) init(reg prometheus.Registerer) error {
 	l.bundleLoads.WithLabelValues("error")
 	revision := prometheus.NewDesc("sluice_policy_revision_info",
 		"The policy revision in force (the bundle's manifest revision, or a digest of the Rego and data files); always 1.", []string{"revision"}, nil)
-	cs := []prometheus.Collector{l.bundleLoads, &revisionCollector{desc: revision, engine: l.engine}}
+	l.signFails = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_receipts_sign_failures_total",
+		Help: "Executed holds whose receipt could not be signed (receipts.signer vault-transit and Vault unavailable): the call was sent, its result is recorded without a receipt.",
+	})
+	cs := []prometheus.Collector{l.bundleLoads, l.signFails, &revisionCollector{desc: revision, engine: l.engine}}
 	if dl := l.cfg.DecisionLogs; dl != nil {
 		l.labels = decisionLabels(dl.Labels)
 		x, err := decisionlog.New(decisionlog.Config{File: dl.File, URL: dl.URL, Format: dl.Format, Mask: dl.Mask, Labels: l.labels,
@@ -120,7 +125,7 @@ func (l *Life) init(reg prometheus.Registerer) error {
 			return fmt.Errorf("gateway: metric: %w", err)
 		}
 	}
-	if !l.cfg.Receipts.Disabled {
+	if !l.cfg.Receipts.Disabled && l.cfg.ReceiptsSigner() == config.ReceiptsLocal {
 		key, err := receipts.LoadKey(l.cfg.ReceiptsKeyFile(), true)
 		if err != nil {
 			return fmt.Errorf("receipts.key_file: %w", err)
@@ -222,8 +227,30 @@ func (l *Life) Stats() decisionlog.Stats {
 // Receipts is the signer of approval receipts (nil: receipts.disabled).
 func (l *Life) Receipts() *receipts.Signer { return l.receipts }
 
+// UseReceiptKey makes k, a key held in Vault (receipts.signer
+// vault-transit), the receipts' signer; the gateway calls it once the
+// credential source is open, before serving. It fails, and the gateway
+// does not start, unless Vault names k's versions, they are ed25519 and
+// the latest signs a probe (not a receipt) that verifies.
+func (l *Life) UseReceiptKey(ctx context.Context, k receipts.Key) error {
+	s := receipts.NewKeySigner(k)
+	if err := s.Probe(ctx); err != nil {
+		return fmt.Errorf("receipts.transit_key %q: %w", l.cfg.Receipts.TransitKey, err)
+	}
+	l.receipts = s
+	return nil
+}
+
+// signTimeout bounds signing one receipt (a Vault request at most).
+const signTimeout = 10 * time.Second
+
 // Receipt signs the receipt of an approved hold that was executed (e).
-// Nothing is signed for a hold that was not sent.
+// Nothing is signed for a hold that was not sent. Signing comes after the
+// upstream answered, so its failure (Vault down, with vault-transit)
+// cannot undo the call: the result is recorded without a receipt (GET
+// .../receipt answers 404), the failure is logged with the hold's id and
+// counted (sluice_receipts_sign_failures_total) — as a local signer's
+// failure always was, minus the counter.
 func (l *Life) Receipt(h holds.Hold, e Execution) []byte {
 	if l.receipts == nil || !e.Answered {
 		return nil
@@ -235,9 +262,12 @@ func (l *Life) Receipt(h holds.Hold, e Execution) []byte {
 		RequestSHA256: h.SHA256, PolicyRevision: e.Decision.Revision, Decision: e.Decision.Action.String(),
 		UpstreamStatus: e.UpstreamStatus, Credential: e.Credential, LeaseID: e.LeaseID,
 	}
-	b, err := l.receipts.Sign(r)
+	ctx, cancel := context.WithTimeout(context.Background(), signTimeout)
+	defer cancel()
+	b, err := l.receipts.Sign(ctx, r)
 	if err != nil {
-		l.log.Error("bug(): receipts: sign", "hold", h.ID, "error", err)
+		l.signFails.Inc()
+		l.log.Error("receipts: the executed hold's receipt could not be signed; its result is recorded without one", "hold", h.ID, "err", err)
 		return nil
 	}
 	return b

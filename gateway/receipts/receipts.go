@@ -15,6 +15,7 @@ package receipts
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
@@ -26,6 +27,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +64,10 @@ type Receipt struct {
 	Credential string `json:"credential,omitempty"`
 	LeaseID    string `json:"lease_id,omitempty"`
 	KeyID      string `json:"key_id"`
+	// Key names the key version that signed, for a key held in Vault
+	// ("vault transit key transit/keys/receipts version 2"); the local
+	// key leaves it out. KeyID alone picks the verification key.
+	Key string `json:"key,omitempty"`
 }
 
 // Caller is the identity the held call was made under.
@@ -84,34 +91,132 @@ func KeyID(pub ed25519.PublicKey) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// Signer signs receipts with one Ed25519 key.
+// Key is a signing key held outside the gateway (Vault transit's ed25519
+// key, vault.TransitEd25519): versions, each with its public key, and
+// signing with one version. The private key never reaches the gateway.
+type Key interface {
+	// Name says which key it is (for errors and logs).
+	Name() string
+	// Versions returns the latest version and every version's public key.
+	Versions(ctx context.Context) (latest int, pubs map[int]ed25519.PublicKey, err error)
+	// Sign returns the raw Ed25519 signature of msg by the version.
+	Sign(ctx context.Context, version int, msg []byte) ([]byte, error)
+}
+
+// Public is a verification key: its id (KeyID) and, for a key with
+// versions, its version's name.
+type Public struct {
+	KeyID string
+	Name  string // "" for the local key; "vault transit key transit/keys/NAME version N"
+	Key   ed25519.PublicKey
+}
+
+// Signer signs receipts with one Ed25519 key: a local one (NewSigner) or
+// a Key held in Vault (NewKeySigner), whose latest version signs.
 type Signer struct {
-	key ed25519.PrivateKey
-	id  string
+	local ed25519.PrivateKey
+	id    string
+	key   Key
 }
 
-// NewSigner wraps key.
+// NewSigner wraps the local key.
 func NewSigner(key ed25519.PrivateKey) *Signer {
-	return &Signer{key: key, id: KeyID(key.Public().(ed25519.PublicKey))}
+	return &Signer{local: key, id: KeyID(key.Public().(ed25519.PublicKey))}
 }
 
-// Public returns the verification key.
-func (s *Signer) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+// NewKeySigner signs with k's latest version.
+func NewKeySigner(k Key) *Signer { return &Signer{key: k} }
 
-// KeyID returns the key's id.
-func (s *Signer) KeyID() string { return s.id }
+// Keys returns the verification keys, the one that signs now first; for
+// a Key, then every older version still held (receipts signed before a
+// rotation verify with them), newest first.
+func (s *Signer) Keys(ctx context.Context) ([]Public, error) {
+	if s.key == nil {
+		return []Public{{KeyID: s.id, Key: s.local.Public().(ed25519.PublicKey)}}, nil
+	}
+	latest, pubs, err := s.key.Versions(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: %w", err)
+	}
+	if pubs[latest] == nil {
+		return nil, fmt.Errorf("receipts: %s: no public key for version %d", s.key.Name(), latest)
+	}
+	vers := make([]int, 0, len(pubs))
+	for n := range pubs {
+		vers = append(vers, n)
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(vers)))
+	out := make([]Public, 0, len(vers))
+	for _, n := range vers {
+		if n > latest {
+			continue
+		}
+		out = append(out, Public{KeyID: KeyID(pubs[n]), Name: s.key.Name() + " version " + strconv.Itoa(n), Key: pubs[n]})
+	}
+	return out, nil
+}
 
 // Sign stamps r with the key's id and version and returns the receipt
-// file: canonical JSON and a newline.
-func (s *Signer) Sign(r Receipt) ([]byte, error) {
-	r.Version, r.KeyID = Version, s.id
+// file: canonical JSON and a newline. With a Key, the latest version
+// signs (r.Key names it) and the signature is checked against its public
+// key before it is returned: a receipt that would not verify is an error.
+func (s *Signer) Sign(ctx context.Context, r Receipt) ([]byte, error) {
+	r.Version = Version
 	r.ApprovedAt, r.ExecutedAt = r.ApprovedAt.UTC(), r.ExecutedAt.UTC()
+	var pub ed25519.PublicKey
+	var version int
+	if s.key == nil {
+		r.KeyID, r.Key = s.id, ""
+	} else {
+		latest, pubs, err := s.key.Versions(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("receipts: %w", err)
+		}
+		if pub = pubs[latest]; pub == nil {
+			return nil, fmt.Errorf("receipts: %s: no public key for version %d", s.key.Name(), latest)
+		}
+		version, r.KeyID, r.Key = latest, KeyID(pub), s.key.Name()+" version "+strconv.Itoa(latest)
+	}
 	msg, err := signedBytes(r)
 	if err != nil {
 		return nil, err
 	}
-	sig := ed25519.Sign(s.key, msg)
+	var sig []byte
+	if s.key == nil {
+		sig = ed25519.Sign(s.local, msg)
+	} else if sig, err = s.key.Sign(ctx, version, msg); err != nil {
+		return nil, fmt.Errorf("receipts: %w", err)
+	} else if !ed25519.Verify(pub, msg, sig) {
+		return nil, fmt.Errorf("receipts: %s version %d: the signature does not verify with its public key", s.key.Name(), version)
+	}
 	return encode(Signed{Receipt: r, Algorithm: "Ed25519", Signature: base64.RawURLEncoding.EncodeToString(sig)})
+}
+
+// probeDomain prefixes what Probe signs: never a receipt's domain, so a
+// probe's signature cannot pass for a receipt's.
+const probeDomain = "sluice-receipt-probe-v1\n"
+
+// Probe signs a probe message (not a receipt) with the key's latest
+// version and checks the signature: a Key the gateway may read but not
+// sign with (the Vault policy, a derived key) fails here, at start, not at
+// the first executed hold.
+func (s *Signer) Probe(ctx context.Context) error {
+	if s.key == nil {
+		return nil
+	}
+	latest, pubs, err := s.key.Versions(ctx)
+	if err != nil {
+		return fmt.Errorf("receipts: %w", err)
+	}
+	msg := []byte(probeDomain + time.Now().UTC().Format(time.RFC3339Nano))
+	sig, err := s.key.Sign(ctx, latest, msg)
+	if err != nil {
+		return fmt.Errorf("receipts: %w", err)
+	}
+	if pubs[latest] == nil || !ed25519.Verify(pubs[latest], msg, sig) {
+		return fmt.Errorf("receipts: %s version %d: the signature does not verify with its public key", s.key.Name(), latest)
+	}
+	return nil
 }
 
 func signedBytes(r Receipt) ([]byte, error) {

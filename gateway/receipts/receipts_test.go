@@ -1,6 +1,7 @@
 package receipts
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"os"
@@ -34,11 +35,15 @@ func TestSignVerify(t *testing.T) {
 		t.Errorf("key mode = %v, want 0600", fi.Mode().Perm())
 	}
 	s := NewSigner(priv)
-	file, err := s.Sign(sample())
+	file, err := s.Sign(context.Background(), sample())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := ParsePublicKey(PublicPEM(s.Public()))
+	keys, err := s.Keys(context.Background())
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("Keys = %v, %v: want the local key", keys, err)
+	}
+	pub, err := ParsePublicKey(PublicPEM(keys[0].Key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +51,7 @@ func TestSignVerify(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Verify: %v\n%s", err, file)
 	}
-	if r.Approver != "alice" || r.UpstreamStatus != 201 || r.PolicyRevision != "r7" || r.KeyID != s.KeyID() {
+	if r.Approver != "alice" || r.UpstreamStatus != 201 || r.PolicyRevision != "r7" || r.KeyID != keys[0].KeyID || r.Key != "" {
 		t.Fatalf("receipt = %+v", r)
 	}
 
@@ -93,4 +98,61 @@ func hexOf(b []byte) []byte {
 		out = append(out, digits[c>>4], digits[c&15])
 	}
 	return out
+}
+
+// versionedKey is a Key with versions held in memory; wrong signs with
+// another key than the latest version's.
+type versionedKey struct {
+	privs map[int]ed25519.PrivateKey
+	wrong bool
+}
+
+func (k versionedKey) Name() string { return "test key" }
+
+func (k versionedKey) Versions(context.Context) (int, map[int]ed25519.PublicKey, error) {
+	pubs := map[int]ed25519.PublicKey{}
+	for n, p := range k.privs {
+		pubs[n] = p.Public().(ed25519.PublicKey)
+	}
+	return len(k.privs), pubs, nil
+}
+
+func (k versionedKey) Sign(_ context.Context, version int, msg []byte) ([]byte, error) {
+	if k.wrong {
+		version--
+	}
+	return ed25519.Sign(k.privs[version], msg), nil
+}
+
+// TestKeySigner: a key with versions signs with its latest, names it, and
+// a signature that does not verify with that version's public key is an
+// error, at Probe and at Sign, never a receipt.
+func TestKeySigner(t *testing.T) {
+	privs := map[int]ed25519.PrivateKey{}
+	for n := 1; n <= 2; n++ {
+		_, privs[n], _ = ed25519.GenerateKey(rand.Reader)
+	}
+	s := NewKeySigner(versionedKey{privs: privs})
+	ctx := context.Background()
+	keys, err := s.Keys(ctx)
+	if err != nil || len(keys) != 2 || keys[0].Name != "test key version 2" || keys[1].KeyID != KeyID(privs[1].Public().(ed25519.PublicKey)) {
+		t.Fatalf("Keys = %+v, %v", keys, err)
+	}
+	file, err := s.Sign(ctx, sample())
+	if err != nil || s.Probe(ctx) != nil {
+		t.Fatalf("Sign: %v", err)
+	}
+	if r, err := Verify(file, keys[0].Key); err != nil || r.Key != "test key version 2" || r.KeyID != keys[0].KeyID {
+		t.Fatalf("Verify = %+v, %v", r, err)
+	}
+	if _, err := Verify(file, keys[1].Key); err == nil || !strings.Contains(err.Error(), "signed by key "+keys[0].KeyID) {
+		t.Fatalf("Verify with version 1's key: %v", err)
+	}
+	bad := NewKeySigner(versionedKey{privs: privs, wrong: true})
+	if b, err := bad.Sign(ctx, sample()); err == nil || b != nil || !strings.Contains(err.Error(), "does not verify") {
+		t.Fatalf("Sign by the wrong version: %v %s", err, b)
+	}
+	if err := bad.Probe(ctx); err == nil || !strings.Contains(err.Error(), "does not verify") {
+		t.Fatalf("Probe by the wrong version: %v", err)
+	}
 }
