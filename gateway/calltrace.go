@@ -83,8 +83,9 @@ func (t *telemetry) startCall(ctx context.Context, c *toolCall) context.Context 
 			links = append(links, l)
 		}
 	}
-	ctx, span := t.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
-		trace.WithAttributes(attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport))))
+	// Its attributes are set once, in endCall (each SetAttributes on a
+	// span that has some grows its slice).
+	ctx, span := t.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...))
 	c.trace = callTrace{root: ctx, span: span, stage: noSpan}
 	c.rec.TraceID = tracing.TraceID(ctx)
 	return ctx
@@ -124,7 +125,8 @@ func (t *telemetry) endCall(c *toolCall, refused *refusal.Error) {
 		return
 	}
 	span := c.trace.span
-	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs := make([]attribute.KeyValue, 0, 9)
+	attrs = append(attrs, attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport)))
 	if c.connector != "" {
 		attrs = append(attrs, attrTool.String(c.rec.Tool))
 	}
