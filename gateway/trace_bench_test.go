@@ -3,16 +3,14 @@ package gateway
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/grpc"
-
-	"github.com/sluice-gw/sluice/gateway/tracing"
 )
 
 // countingCollector is a loopback OTLP/gRPC trace collector that decodes
@@ -35,35 +33,28 @@ func (c *countingCollector) Export(_ context.Context, r *collectortrace.ExportTr
 // unset and with every span exported over OTLP/gRPC to a loopback
 // collector in this process (test/bench's tracing section, in process):
 // with -cpuprofile and -memprofile it shows what spans cost a call.
+// on-discarded batches the same spans into an exporter that drops them:
+// its difference from unset is the spans' cost on the call's goroutine,
+// on's from it the export's.
 func BenchmarkTracedCall(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
 	col := &countingCollector{}
-	gs := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(gs, col)
-	go func() { _ = gs.Serve(ln) }()
-	b.Cleanup(gs.Stop)
-	env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + ln.Addr().String(), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-		"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-	for k, v := range env {
-		b.Setenv(k, v)
-	}
-	p, err := tracing.FromEnv(context.Background(), func(k string) string { return env[k] }, "bench")
-	if err != nil || p == nil {
-		b.Fatalf("provider: %v", err)
-	}
+	p := otlpProvider(b, col, "OTEL_TRACES_SAMPLER", "always_on", "OTEL_BSP_SCHEDULE_DELAY", "100")
 	b.Cleanup(func() { _ = p.Shutdown(context.Background()) })
 	up := newUpstream(b)
 	off := startGateway(b, up.URL, "", auditOnShm(b))
 	testTracing = p.TracerProvider()
 	on := startGateway(b, up.URL, "", auditOnShm(b))
+	// The same spans batched into an exporter that discards them: what
+	// spans cost the call's goroutine, without the export's work.
+	discard := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { _ = discard.Shutdown(context.Background()) })
+	testTracing = discard
+	dropped := startGateway(b, up.URL, "", auditOnShm(b))
 	testTracing = nil
 	for _, v := range []struct {
 		name string
 		gw   *testGateway
-	}{{"unset", off}, {"on", on}} {
+	}{{"unset", off}, {"on", on}, {"on-discarded", dropped}} {
 		via := v.gw.client(agentA)
 		b.Run(v.name, func(b *testing.B) {
 			b.ReportAllocs()
