@@ -52,6 +52,13 @@ const (
 // noSpan is the span of a stage when tracing is off.
 var noSpan trace.Span = noop.Span{}
 
+// The start options every call span and every upstream client span
+// share, built once (a call's own, links, only when it has some).
+var (
+	callSpanOpts   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	clientSpanOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
 // callTrace is a call's open spans: its root's context and the stage now
 // running.
 type callTrace struct {
@@ -83,8 +90,13 @@ func (t *telemetry) startCall(ctx context.Context, c *toolCall) context.Context 
 			links = append(links, l)
 		}
 	}
-	ctx, span := t.tracer.Start(ctx, "sluice.tool_call", trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(links...),
-		trace.WithAttributes(attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport))))
+	// Its attributes are set once, in endCall (each SetAttributes on a
+	// span that has some grows its slice).
+	opts := callSpanOpts
+	if len(links) > 0 {
+		opts = []trace.SpanStartOption{callSpanOpts[0], trace.WithLinks(links...)}
+	}
+	ctx, span := t.tracer.Start(ctx, "sluice.tool_call", opts...)
 	c.trace = callTrace{root: ctx, span: span, stage: noSpan}
 	c.rec.TraceID = tracing.TraceID(ctx)
 	return ctx
@@ -124,7 +136,8 @@ func (t *telemetry) endCall(c *toolCall, refused *refusal.Error) {
 		return
 	}
 	span := c.trace.span
-	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs := make([]attribute.KeyValue, 0, 9)
+	attrs = append(attrs, attrRequestID.String(c.rec.RequestID), attrTransport.String(string(c.rec.Transport)))
 	if c.connector != "" {
 		attrs = append(attrs, attrTool.String(c.rec.Tool))
 	}
@@ -146,43 +159,58 @@ func (t *telemetry) endCall(c *toolCall, refused *refusal.Error) {
 	span.End()
 }
 
+// upstreamSpan is the HTTP client span of the request to the upstream
+// and the attributes it gets when it ends: set once, with the status
+// (each SetAttributes on a span that has some grows its slice).
+type upstreamSpan struct {
+	trace.Span
+	attrs [5]attribute.KeyValue
+	n     int
+}
+
 // clientSpan starts the HTTP client span of the request to the upstream
 // (OTel HTTP client conventions: named by its method, the operation's
 // path template as url.template, never the URL filled in with the
 // arguments: template, the tool's PathTemplate) and puts its context on the request's headers in place of
 // anything the sandbox set.
-func (t *telemetry) clientSpan(ctx context.Context, req *http.Request, template string) (context.Context, trace.Span) {
+func (t *telemetry) clientSpan(ctx context.Context, req *http.Request, template string) (context.Context, upstreamSpan) {
 	if !t.tracing {
 		tracing.Inject(ctx, req.Header) // removes a sandbox's
-		return ctx, noSpan
+		return ctx, upstreamSpan{Span: noSpan}
 	}
-	attrs := []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(req.Method), semconv.ServerAddressKey.String(req.URL.Hostname())}
+	var u upstreamSpan
+	u.attrs[0], u.attrs[1] = semconv.HTTPRequestMethodKey.String(req.Method), semconv.ServerAddressKey.String(req.URL.Hostname())
+	u.n = 2
 	if p := req.URL.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err == nil {
-			attrs = append(attrs, semconv.ServerPortKey.Int(n))
+			u.attrs[u.n] = semconv.ServerPortKey.Int(n)
+			u.n++
 		}
 	}
 	if template != "" {
-		attrs = append(attrs, semconv.URLTemplateKey.String(template))
+		u.attrs[u.n] = semconv.URLTemplateKey.String(template)
+		u.n++
 	}
-	ctx, span := t.tracer.Start(ctx, req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, u.Span = t.tracer.Start(ctx, req.Method, clientSpanOpts...)
 	tracing.Inject(ctx, req.Header)
-	return ctx, span
+	return ctx, u
 }
 
-// endClientSpan records the upstream's status (0: no answer) and ends
-// the client span.
-func endClientSpan(span trace.Span, status int, err error) {
+// endClientSpan records the upstream's status (0: no answer) with the
+// span's other attributes and ends the client span.
+func endClientSpan(u upstreamSpan, status int, err error) {
+	attrs := u.attrs[:u.n]
 	if status != 0 {
-		span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
+		attrs = append(attrs, semconv.HTTPResponseStatusCodeKey.Int(status))
 	}
+	u.SetAttributes(attrs...)
 	switch {
 	case err != nil:
-		span.SetStatus(codes.Error, "no answer")
+		u.SetStatus(codes.Error, "no answer")
 	case status >= 500:
-		span.SetStatus(codes.Error, "")
+		u.SetStatus(codes.Error, "")
 	}
-	span.End()
+	u.End()
 }
 
 // httpServer wraps the sandbox socket's handler in its request metric

@@ -2,17 +2,23 @@ package gateway
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
 
 	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 )
 
 // testTracing is the provider startGateway hands the gateway (nil: off).
@@ -232,4 +238,93 @@ func TestTraceMCPMetaTraceparent(t *testing.T) {
 			t.Errorf("MCP record %s trace_id %v, want the call's %s", r.Event, f["trace_id"], call.SpanContext.TraceID())
 		}
 	}
+}
+
+// stuckCollector is an OTLP/gRPC trace collector whose Export never
+// answers until released: a collector that hangs.
+type stuckCollector struct {
+	collectortrace.UnimplementedTraceServiceServer
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c *stuckCollector) Export(ctx context.Context, _ *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	select {
+	case c.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-c.release:
+	case <-ctx.Done():
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+// TestTraceStuckCollectorNeverHoldsCalls: with the OTLP collector hung
+// mid-export, the batch queue fills and then drops spans: no call waits
+// for the exporter (every one answers, none near the export timeout).
+func TestTraceStuckCollectorNeverHoldsCalls(t *testing.T) {
+	col := &stuckCollector{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p := otlpProvider(t, col, "OTEL_EXPORTER_OTLP_TIMEOUT", "8000", "OTEL_BSP_SCHEDULE_DELAY", "10")
+	up := newUpstream(t)
+	testTracing = p.TracerProvider()
+	g := startGateway(t, up.URL, "", nil)
+	testTracing = nil
+	via := g.client(agentA)
+	// 2048 spans fill the queue; each call makes more than ten.
+	const calls = 400
+	var slowest time.Duration
+	for i := 0; i < calls; i++ {
+		t0 := time.Now()
+		resp, err := via.Post("http://sluice/v1/tools/tickets.list_tickets", "application/json", strings.NewReader(`{"query":{"limit":5}}`))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("call %d: status %d", i, resp.StatusCode)
+		}
+		slowest = max(slowest, time.Since(t0))
+	}
+	select {
+	case <-col.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exporter never reached the collector: nothing was stuck")
+	}
+	close(col.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = p.Shutdown(ctx)
+	t.Logf("%d calls with the collector hung, slowest %v", calls, slowest)
+	if slowest > 5*time.Second {
+		t.Fatalf("a call took %v with the collector hung: calls wait for the exporter", slowest)
+	}
+}
+
+// otlpProvider is the gateway's trace pipeline (tracing.FromEnv) exporting
+// over OTLP/gRPC to col, served on loopback until the test ends; kv are
+// more OTEL_* variables, name then value.
+func otlpProvider(t testing.TB, col collectortrace.TraceServiceServer, kv ...string) *tracing.Provider {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(gs, col)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + ln.Addr().String(), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+		"OTEL_EXPORTER_OTLP_INSECURE": "true"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		env[kv[i]] = kv[i+1]
+	}
+	for k, v := range env { // the SDK reads its own (OTEL_BSP_*, _TIMEOUT)
+		t.Setenv(k, v)
+	}
+	p, err := tracing.FromEnv(context.Background(), func(k string) string { return env[k] }, "test")
+	if err != nil || p == nil {
+		t.Fatalf("provider: %v", err)
+	}
+	return p
 }

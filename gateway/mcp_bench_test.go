@@ -2,12 +2,10 @@ package gateway
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,15 +29,7 @@ func BenchmarkMCPCall(b *testing.B) {
 	b.Run("post", func(b *testing.B) {
 		via := g.client(agentA)
 		for i := 0; i < b.N; i++ {
-			resp, err := via.Post("http://sluice/v1/tools/tickets.list_tickets", "application/json", strings.NewReader(`{"query":{"limit":5}}`))
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				b.Fatalf("status %d", resp.StatusCode)
-			}
+			postListTickets(b, via)
 		}
 	})
 	b.Run("mcp", func(b *testing.B) {
@@ -82,17 +72,7 @@ func BenchmarkMCPCallRatio(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer cs.Close()
-	post := func() {
-		resp, err := via.Post("http://sluice/v1/tools/tickets.list_tickets", "application/json", strings.NewReader(`{"query":{"limit":5}}`))
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
-	}
+	post := func() { postListTickets(b, via) }
 	viaMCP := func() {
 		r, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "tickets.list_tickets", Arguments: map[string]any{"query": map[string]any{"limit": 5}}})
 		if err != nil || r.IsError {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -32,18 +33,22 @@ func Server(next http.Handler, tracer trace.Tracer, duration metric.Float64Histo
 		start := time.Now()
 		var span trace.Span = noop.Span{}
 		if tracing {
-			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(semconv.HTTPRequestMethodKey.String(method(r.Method)))}
+			// A new root by design: nothing the sandbox sent is a parent.
+			// The attributes are set once, at the end: each SetAttributes
+			// on a span that has some grows its slice.
+			opts := [3]trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot()}
+			n := 2
 			if l, ok := SandboxLink(r.Header.Get(HeaderTraceparent)); ok {
-				opts = append(opts, trace.WithLinks(l))
+				opts[n] = trace.WithLinks(l)
+				n++
 			}
 			var ctx context.Context
-			// A new root by design: nothing the sandbox sent is a parent.
-			ctx, span = tracer.Start(r.Context(), method(r.Method), append(opts, trace.WithNewRoot())...)
+			ctx, span = tracer.Start(r.Context(), method(r.Method), opts[:n]...)
 			r = r.WithContext(ctx)
 		}
 		if egress { // traced only: the handler may hijack the connection
 			next.ServeHTTP(w, r)
+			span.SetAttributes(semconv.HTTPRequestMethodKey.String(method(r.Method)))
 			span.End()
 			return
 		}
@@ -58,11 +63,14 @@ func Server(next http.Handler, tracer trace.Tracer, duration metric.Float64Histo
 		duration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
 			semconv.HTTPRequestMethodKey.String(m), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status)))
 		if tracing {
+			attrs := [3]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m), semconv.HTTPResponseStatusCodeKey.Int(status)}
+			n := 2
 			if rt := routeOf(route); rt != "" {
 				span.SetName(m + " " + rt)
-				span.SetAttributes(semconv.HTTPRouteKey.String(rt))
+				attrs[n] = semconv.HTTPRouteKey.String(rt)
+				n++
 			}
-			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(status))
+			span.SetAttributes(attrs[:n]...)
 			if status >= 500 {
 				span.SetStatus(codes.Error, "")
 			}

@@ -122,6 +122,10 @@ func FromEnv(ctx context.Context, getenv func(string) string, version string) (*
 	if err != nil {
 		res = resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName("sluice"), semconv.ServiceVersion(version))
 	}
+	// The batcher never blocks: with its queue full (a slow or hung
+	// collector) a span is dropped, not waited for, so no call waits on
+	// the exporter (TestTraceStuckCollectorNeverHoldsCalls). Never add
+	// WithBlocking here.
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithSampler(sampler),

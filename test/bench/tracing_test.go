@@ -56,6 +56,19 @@ func benchTracing(t *testing.T, w *world) []*section {
 		before.Bin = bin
 		vs = append(vs, variant{"sluice before tracing (unset)", "built from " + rev, before, ""})
 	}
+	// BENCH_TRACE_AGAINST=REV: the on row again, from another revision's
+	// binary, taking turns with this one's (a change's before and after
+	// in one run).
+	if rev := os.Getenv("BENCH_TRACE_AGAINST"); rev != "" {
+		name := "sluice at " + rev + ": tracing on, loopback collector"
+		if bin, short, err := buildAt(w, rev, "against"); err != nil {
+			vs = append(vs, variant{name: name, skip: err.Error()})
+		} else {
+			against := on
+			against.Name, against.Bin = "trace-against", bin
+			vs = append(vs, variant{name, "built from " + short + "; its spans go to the same collector", against, ""})
+		}
+	}
 	var ps []*probe
 	for _, v := range vs {
 		if v.skip != "" {
@@ -112,7 +125,13 @@ func beforeBinary(w *world) (bin, rev string, err error) {
 		}
 		rev = h + "^"
 	}
-	src := filepath.Join(w.dir, "before-src")
+	return buildAt(w, rev, "before")
+}
+
+// buildAt builds sluice at the git revision rev, exported with git
+// archive into the run's directory (name distinguishes builds).
+func buildAt(w *world, rev, name string) (bin, short string, err error) {
+	src := filepath.Join(w.dir, name+"-src")
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		return "", "", err
 	}
@@ -120,13 +139,13 @@ func beforeBinary(w *world) (bin, rev string, err error) {
 	if out, err := archive.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("git archive %s: %v: %s", rev, err, lastLines(string(out), 3))
 	}
-	bin = filepath.Join(w.dir, "sluice-before")
+	bin = filepath.Join(w.dir, "sluice-"+name)
 	build := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
 	build.Dir = src
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("go build at %s: %v: %s", rev, err, lastLines(string(out), 3))
 	}
-	short, _ := exec.Command("git", "-C", moduleRoot, "rev-parse", "--short", rev).Output()
-	return bin, strings.TrimSpace(string(short)), nil
+	out, _ := exec.Command("git", "-C", moduleRoot, "rev-parse", "--short", rev).Output()
+	return bin, strings.TrimSpace(string(out)), nil
 }
