@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
+	"github.com/sluice-gw/sluice/gateway/metrics"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/gateway/tracing"
 )
@@ -24,6 +25,31 @@ import (
 // context is a link on the root, never its parent (THREATS F13); no span
 // carries an argument value, a header value or a secret, only names the
 // gateway chose (THREATS F14). With tracing off nothing here allocates.
+
+// telemetry is the gateway's metric instruments (gateway/metrics) and
+// its tracer: spans go to Options.Tracing's provider (none: tracing is
+// off and no span is made).
+type telemetry struct {
+	*metrics.Gateway
+	tracer trace.Tracer
+	// tracing: spans are exported (an SDK provider was given); off, the
+	// pipeline starts none.
+	tracing bool
+}
+
+// newTelemetry builds the instruments; tp is the provider spans go to,
+// nil when tracing is off.
+func newTelemetry(tp trace.TracerProvider) (*telemetry, error) {
+	m, err := metrics.New()
+	if err != nil {
+		return nil, err
+	}
+	t := &telemetry{Gateway: m, tracer: noop.NewTracerProvider().Tracer("sluice/gateway")}
+	if tp != nil {
+		t.tracer, t.tracing = tp.Tracer("sluice/gateway"), true
+	}
+	return t, nil
+}
 
 // The stages of the pipeline, as span names.
 const (
@@ -142,7 +168,7 @@ func (t *telemetry) endCall(c *toolCall, refused *refusal.Error) {
 		attrs = append(attrs, attrTool.String(c.rec.Tool))
 	}
 	if c.rec.Decided {
-		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(t.ruleLabel(c.decision.Rule)))
+		attrs = append(attrs, attrDecision.String(c.rec.Decision.Action), attrRule.String(t.RuleLabel(c.decision.Rule)))
 	}
 	if c.holdID != "" {
 		attrs = append(attrs, attrHoldID.String(c.holdID))
@@ -220,7 +246,7 @@ func (t *telemetry) httpServer(next http.Handler) http.Handler {
 	if t.tracing {
 		tr = t.tracer
 	}
-	return tracing.Server(next, tr, t.serverDuration)
+	return tracing.Server(next, tr, t.ServerDuration)
 }
 
 // checkMethod is the ext_authz RPC, as OTel's RPC conventions name it.

@@ -336,7 +336,7 @@ func (d *envoyDoor) auditRecord(ctx context.Context, rec *call.Record, refused *
 		sorted[i] = audit.Field{Key: f.Key, Value: f.Value}
 	}
 	if _, err := d.append(ctx, audit.Record{RequestID: rec.RequestID, Event: call.EventDecision, Sorted: sorted}, false); err != nil {
-		d.tel.audits.Add(ctx, 1)
+		d.tel.Audits.Add(ctx, 1)
 		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; nothing is let through until it can").Wrap(err)
 	}
 	return nil

@@ -156,7 +156,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	if err != nil {
 		return nil, err
 	}
-	tel.setRules(cfg.Policies)
+	tel.SetRules(cfg.Policies)
 	s := &Server{cfg: cfg, log: log, tel: tel, ready: make(chan struct{})}
 	s.repeats = logcap.New(log, logcap.Every)
 	built := false
@@ -180,7 +180,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
 		}
 	}
-	if s.life, err = policylife.New(cfg, log, s.engine.Load, tel.reg); err != nil {
+	if s.life, err = policylife.New(cfg, log, s.engine.Load, tel.Reg); err != nil {
 		return nil, err
 	}
 	if err := s.loadPolicy(ctx); err != nil {
@@ -245,7 +245,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	s.webhook = &http.Client{Timeout: 10 * time.Second}
 	s.holds = s.newHolds()
-	if err := s.tel.pendingHolds(func() (int, error) {
+	if err := s.tel.PendingHolds(func() (int, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		return s.store.CountAllHolds(ctx, []string{string(holds.Pending)})
@@ -254,7 +254,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, fmt.Errorf("gateway: metric: %w", err)
 	}
-	s.tel.zero(slices.Sorted(maps.Keys(s.catalog.connectors)))
+	s.tel.Zero(slices.Sorted(maps.Keys(s.catalog.connectors)))
 	// Before anything is served: an execution the last run left unfinished
 	// becomes outcome_unknown, or, when its operation is idempotency-keyed,
 	// is re-sent once with the same key by holds.Run (THREATS G2).
@@ -272,7 +272,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	// A remote with MCP authorization lists with a connected person's
 	// token (remotes.OAuthHeader); the hosted door's tokens (hosted_door.go).
 	s.remotes.OAuthHeader = remotes.OAuthHeader(s.oauth, s.audit.append, log, s.creds, cfg.Approvals.PublicURL)
-	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit, s.hosted.unaudited = cfg, log, s.store, s.audit, s.tel.unaudited
+	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit, s.hosted.unaudited = cfg, log, s.store, s.audit, s.tel.Unaudited
 	s.remotes.Start(ctx, s.catalog.remoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
 		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
@@ -289,7 +289,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 	pc := PolicyConfig(s.cfg, s.log)
 	// Called for every reload, by SIGHUP or by Watch on a file change.
 	pc.OnReload = func(ok bool, err error) {
-		s.tel.reload(ok)
+		s.tel.Reload(ok)
 		s.setPolicyErr(err)
 		if ok {
 			s.mcpChanged() // what a caller may list may have changed
@@ -297,7 +297,7 @@ func (s *Server) loadPolicy(ctx context.Context) error {
 	}
 	s.life.Hooks(&pc) // gateway/policylife
 	e, err := policy.New(ctx, pc)
-	s.tel.reload(err == nil)
+	s.tel.Reload(err == nil)
 	s.setPolicyErr(err)
 	if err != nil {
 		return err
@@ -337,7 +337,7 @@ func (s *Server) adminHandler() http.Handler {
 		},
 		AuditErr:     s.audit.Err,
 		StoreProblem: func(ctx context.Context) string { return storecheck.Problem(ctx, s.store) },
-		Metrics:      s.tel.handler,
+		Metrics:      s.tel.Handler,
 		JWKS:         creds.JWKS(s.creds, s.log),
 		Tools:        func() int { return len(s.catalog.Tools()) },
 		Placeholders: func() any { return s.icpt.Placeholders() },
@@ -383,12 +383,12 @@ func (s *Server) egressDeps() egress.Deps {
 		AtClose:          s.stop.AtClose,
 		Repeats:          s.repeats.Allow,
 		Interceptor:      s.icpt,
-		Meter:            s.tel.provider.Meter("sluice/gateway/egress"),
-		Decisions:        s.tel.decisions,
-		Reflected:        s.tel.reflected,
-		AuditFailures:    s.tel.audits,
-		RuleLabel:        s.tel.ruleLabel,
-		UpstreamAnswered: s.tel.upstreamAnswered,
+		Meter:            s.tel.Provider.Meter("sluice/gateway/egress"),
+		Decisions:        s.tel.Decisions,
+		Reflected:        s.tel.Reflected,
+		AuditFailures:    s.tel.Audits,
+		RuleLabel:        s.tel.RuleLabel,
+		UpstreamAnswered: s.tel.UpstreamAnswered,
 	}
 }
 
@@ -438,7 +438,7 @@ func (s *Server) mcpChanged() {
 func (s *Server) Serve(ctx context.Context) error {
 	gc := s.cfg.Gateway
 	sl, err := ingress.Listen(ingress.Options{
-		Socket: gc.SandboxSocket, TrustedUIDs: gc.TrustedRelayUIDs, Log: s.log, Refused: s.tel.refused,
+		Socket: gc.SandboxSocket, TrustedUIDs: gc.TrustedRelayUIDs, Log: s.log, Refused: s.tel.Refused,
 		MaxConns: gc.MaxConnections, MaxPerSandbox: gc.MaxConnectionsPerSandbox,
 		Body: h1.BodyLimit{Timeout: gc.RequestBodyTimeout.Std(), MinRate: gc.RequestBodyMinRate},
 	})
@@ -632,7 +632,7 @@ func (s *Server) Catalog() Catalog { return s.catalog }
 func (s *Server) Close() error {
 	s.heads.Close()
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
-	_ = s.tel.provider.Shutdown(context.Background())
+	_ = s.tel.Provider.Shutdown(context.Background())
 	s.remotes.Stop()
 	for _, u := range s.catalog.connectors {
 		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {

@@ -443,7 +443,7 @@ func (s *Server) auditHold(ctx context.Context, event string, h holds.Hold, extr
 		f[k] = v
 	}
 	if d, ok := strings.CutPrefix(event, "hold_"); ok && (d == "approved" || d == "denied") && !h.Decided.IsZero() {
-		s.tel.approval.WithLabelValues(d).Observe(h.Decided.Sub(h.Created).Seconds())
+		s.tel.Approval.WithLabelValues(d).Observe(h.Decided.Sub(h.Created).Seconds())
 	}
 	_, err := s.audit.append(ctx, audit.Record{RequestID: h.RequestID, Event: event, Fields: f}, false)
 	return err

@@ -160,18 +160,3 @@ func TestMetricsRuleLabelSurvivesReorder(t *testing.T) {
 		t.Fatalf("rule labels %q and %q, want both policy:tickets.list_tickets:allow", labels[0], labels[1])
 	}
 }
-
-// TestRuleLabelRepeats: a repeated (match, action) pair gets a suffix; a
-// Rego module's rule passes through.
-func TestRuleLabelRepeats(t *testing.T) {
-	var tel telemetry
-	tel.setRules([]config.Policy{{Match: "a.*", Action: "ask"}, {Match: "b", Action: "allow"}, {Match: "a.*", Action: "ask"}})
-	for rule, want := range map[string]string{
-		"policies[0]": "policy:a.*:ask", "policies[1]": "policy:b:allow", "policies[2]": "policy:a.*:ask#2",
-		"sluice.policies.payments": "sluice.policies.payments", "default": "default",
-	} {
-		if got := tel.ruleLabel(rule); got != want {
-			t.Errorf("ruleLabel(%q) = %q, want %q", rule, got, want)
-		}
-	}
-}

@@ -258,10 +258,10 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	c.decide(s.Decide(dctx, in))
 	c.recordInput(s.cfg.Audit, in) // recordinput.go: the decision record carries its input
 	if s.tel.tracing {
-		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.ruleLabel(c.decision.Rule)))
+		trace.SpanFromContext(dctx).SetAttributes(attrDecision.String(c.rec.Decision.Action), attrRule.String(s.tel.RuleLabel(c.decision.Rule)))
 	}
 	if c.held == nil { // an approved hold's ask was counted when it was held
-		s.tel.decisions.Add(ctx, 1, s.tel.decisionAttrs(c.rec.Decision.Action, s.tel.ruleLabel(c.decision.Rule)))
+		s.tel.Decisions.Add(ctx, 1, s.tel.DecisionAttrs(c.rec.Decision.Action, s.tel.RuleLabel(c.decision.Rule)))
 		s.usage.Count(id.Agent, tool.Name, c.rec.Decision.Action)
 	}
 
@@ -465,7 +465,7 @@ func (s *Server) send(ctx context.Context, c *toolCall, up *upstream, req *http.
 	}
 	c.rec.Status = http.StatusOK
 	if c.rec.Reflected {
-		s.tel.reflected.Add(ctx, 1)
+		s.tel.Reflected.Add(ctx, 1)
 		if e := s.record(ctx, c, call.EventSecretReflected, nil); e != nil {
 			return nil, e
 		}
@@ -527,7 +527,7 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 	defer resp.Body.Close()
 	c.answered = true
 	c.rec.UpstreamStatus = resp.StatusCode
-	s.tel.upstreamAnswered(c.connector, "tool_call", resp.StatusCode)
+	s.tel.UpstreamAnswered(c.connector, "tool_call", resp.StatusCode)
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		// Go's client takes any three digits; a status outside HTTP's
 		// range is a broken or hostile upstream (THREATS F6).
@@ -585,7 +585,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 	c.presync = false
 	if _, err := s.audit.append(actx, audit.Record{RequestID: c.rec.RequestID, Event: event, Sorted: sorted}, written); err != nil {
 		// The call's one tool_call line (logCall) names the cause.
-		s.tel.audits.Add(ctx, 1)
+		s.tel.Audits.Add(ctx, 1)
 		return refusal.New(http.StatusServiceUnavailable, refusal.AuditUnavailable, "the audit log cannot be written; no call is served until it can").Wrap(err)
 	}
 	return nil
@@ -594,7 +594,7 @@ func (s *Server) record(ctx context.Context, c *toolCall, event string, refused 
 // logCall writes the one canonical decision line of a call.
 func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 	reason := c.rec.Reason(refused)
-	s.tel.observeLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
+	s.tel.ObserveLatency(c.rec.Decision.Action, time.Since(c.rec.Start).Seconds())
 	if refused != nil && refused.Code == refusal.AuditUnavailable && !s.repeats.Allow(call.LineToolCall, reason) {
 		return // the same refusal was logged in this interval: counted (gateway/logcap)
 	}

@@ -210,6 +210,11 @@ var gatewayFloors = map[string][]string{
 	// Identical log lines logged once, then counted: standard library only.
 	"gateway/logcap": nil,
 
+	// The gateway's metric instruments (Prometheus and OpenTelemetry
+	// counters, histograms, /metrics): the config's rules name the rule
+	// label, the refusal codes name the refused counter's series.
+	"gateway/metrics": {"gateway/config", "gateway/refusal"},
+
 	// How the gateway closes when its state store fails: the refusal of a
 	// call whose state could not be read, and /readyz's store check.
 	"gateway/storecheck": {"gateway/refusal", "gateway/store"},

@@ -22,7 +22,7 @@ const (
 	maxGatewayFileLines = 700
 	// maxRootLines is the root package's non-test lines (the goal is
 	// about 3,500).
-	maxRootLines = 4300
+	maxRootLines = 4050
 	// maxServerFiles is how many of the root's non-test files hold
 	// methods of *Server: the composition (gateway.go), the tool call's
 	// path (toolcall.go) and the hold path (holdcall.go); the doors and

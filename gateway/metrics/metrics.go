@@ -1,4 +1,7 @@
-package gateway
+// Package metrics holds the gateway's metric instruments: Prometheus and
+// OpenTelemetry counters and histograms, exported in Prometheus format on
+// the admin listener's /metrics. Spans are the root's (calltrace.go).
+package metrics
 
 import (
 	"context"
@@ -6,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -16,50 +20,43 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// telemetry holds the gateway's OpenTelemetry instruments. Metrics are
-// exported in Prometheus format on the admin listener's /metrics; spans go
-// to Options.Tracing's provider (none: tracing is off and no span is made).
-type telemetry struct {
-	provider  *sdkmetric.MeterProvider
-	handler   http.Handler
-	tracer    trace.Tracer
-	decisions metric.Int64Counter
+// Gateway holds the gateway's metric instruments, exported in Prometheus
+// format on the admin listener's /metrics (Handler).
+type Gateway struct {
+	Provider  *sdkmetric.MeterProvider
+	Handler   http.Handler
+	Decisions metric.Int64Counter
 	// latency and approval are Prometheus histograms, not OpenTelemetry
 	// ones: a histogram series can then exist, zero-valued, before its
 	// first observation.
 	latency   *prometheus.HistogramVec
 	reloads   metric.Int64Counter
 	refusals  metric.Int64Counter
-	unaudited metric.Int64Counter // hosted refusals past their address's budget (ingress/hosted_budget.go)
-	audits    metric.Int64Counter
-	reflected metric.Int64Counter
+	Unaudited metric.Int64Counter // hosted refusals past their address's budget (ingress/hosted_budget.go)
+	Audits    metric.Int64Counter
+	Reflected metric.Int64Counter
 	upstream  metric.Int64Counter
 	// approval is the time from a hold's creation to a person's decision.
-	approval *prometheus.HistogramVec
-	reg      *prometheus.Registry
+	Approval *prometheus.HistogramVec
+	Reg      *prometheus.Registry
 	// rules maps a simple rule's decision Rule ("policies[3]", its index)
 	// to its metric label, made of the rule's own match and action, so a
-	// reordered config keeps its series (setRules).
+	// reordered config keeps its series (SetRules).
 	rules map[string]string
-	hot   hotMetrics // label sets built once (hotpath.go)
+	hot   hotMetrics // label sets built once (below)
 
-	// tracing: spans are exported (an SDK provider was given); off, the
-	// pipeline starts none (calltrace.go).
-	tracing bool
-	// serverDuration is OTel's standard http.server.request.duration of
+	// ServerDuration is OTel's standard http.server.request.duration of
 	// the sandbox socket (seconds, the convention's buckets).
-	serverDuration metric.Float64Histogram
+	ServerDuration metric.Float64Histogram
 }
 
-// setRules names each of the config's simple rules for the rule label:
+// SetRules names each of the config's simple rules for the rule label:
 // "policy:" + match + ":" + action, with "#2", "#3" … on a repeat of the
 // same pair. Set once, before anything is served; the config's policies
 // do not change while the server runs.
-func (t *telemetry) setRules(policies []config.Policy) {
+func (t *Gateway) SetRules(policies []config.Policy) {
 	t.rules = make(map[string]string, len(policies))
 	seen := map[string]int{}
 	for i, p := range policies {
@@ -71,18 +68,17 @@ func (t *telemetry) setRules(policies []config.Policy) {
 	}
 }
 
-// ruleLabel is the rule label of a decision's Rule: a simple rule's
+// RuleLabel is the rule label of a decision's Rule: a simple rule's
 // stable name, any other (a Rego module's, "default", "egress") as is.
-func (t *telemetry) ruleLabel(rule string) string {
+func (t *Gateway) RuleLabel(rule string) string {
 	if l, ok := t.rules[rule]; ok {
 		return l
 	}
 	return rule
 }
 
-// newTelemetry builds the instruments; tp is the provider spans go to,
-// nil when tracing is off.
-func newTelemetry(tp trace.TracerProvider) (*telemetry, error) {
+// New builds the instruments on a registry of their own.
+func New() (*Gateway, error) {
 	reg := prometheus.NewRegistry()
 	// Go runtime (goroutines, heap, GC) and process (open fds, RSS, CPU)
 	// families on the same registry: what an operator checks first.
@@ -98,39 +94,35 @@ func newTelemetry(tp trace.TracerProvider) (*telemetry, error) {
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
 	m := mp.Meter("sluice/gateway")
-	t := &telemetry{
-		provider: mp,
-		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		tracer:   noop.NewTracerProvider().Tracer("sluice/gateway"),
-		reg:      reg,
-	}
-	if tp != nil {
-		t.tracer, t.tracing = tp.Tracer("sluice/gateway"), true
+	t := &Gateway{
+		Provider: mp,
+		Handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Reg:      reg,
 	}
 	t.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_request_duration_seconds",
 		Help:    "Time from a tool call's arrival to its answer, by decision.",
 		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
 	}, []string{"decision"})
-	t.approval = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	t.Approval = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sluice_approval_latency_seconds",
 		Help:    "Time from a hold's creation to an approver's decision, by decision (approved, denied).",
 		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400},
 	}, []string{"decision"})
-	for _, c := range []prometheus.Collector{t.latency, t.approval} {
+	for _, c := range []prometheus.Collector{t.latency, t.Approval} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("gateway: metric: %w", err)
 		}
 	}
 	var errs [8]error
-	t.decisions, errs[0] = m.Int64Counter("sluice.decisions", metric.WithDescription("Policy decisions by action and rule."))
+	t.Decisions, errs[0] = m.Int64Counter("sluice.decisions", metric.WithDescription("Policy decisions by action and rule."))
 	t.reloads, errs[1] = m.Int64Counter("sluice.policy.reloads", metric.WithDescription("Policy reload attempts by result (ok, error)."))
 	t.refusals, errs[2] = m.Int64Counter("sluice.connections.refused", metric.WithDescription("Sandbox-socket connections refused before any request was served (untrusted peer, bad preamble or handoff, malformed request head), by code."))
-	t.unaudited, errs[7] = m.Int64Counter("sluice.hosted.refusals.unaudited", metric.WithDescription("Refusals at the hosted listener of attempts naming no token, past their source address's budget: answered 407 and counted here, audited once per address and window (hosted_refusals_summarised) instead of each."))
-	t.audits, errs[3] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
-	t.reflected, errs[4] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
+	t.Unaudited, errs[7] = m.Int64Counter("sluice.hosted.refusals.unaudited", metric.WithDescription("Refusals at the hosted listener of attempts naming no token, past their source address's budget: answered 407 and counted here, audited once per address and window (hosted_refusals_summarised) instead of each."))
+	t.Audits, errs[3] = m.Int64Counter("sluice.audit.failures", metric.WithDescription("Audit records that could not be made durable."))
+	t.Reflected, errs[4] = m.Int64Counter("sluice.secret.reflected", metric.WithDescription("Upstream responses that echoed an attached credential (scrubbed)."))
 	t.upstream, errs[5] = m.Int64Counter("sluice.upstream.responses", metric.WithDescription("Upstream answers by connector (empty for raw egress), path (tool_call, proxy, intercept) and status class (2xx … 5xx); a relayed 401 is counted here as 4xx whatever the gateway answered."))
-	t.serverDuration, errs[6] = m.Float64Histogram("http.server.request.duration", metric.WithUnit("s"),
+	t.ServerDuration, errs[6] = m.Float64Histogram("http.server.request.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of HTTP server requests."),
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
 	for _, e := range errs {
@@ -141,20 +133,20 @@ func newTelemetry(tp trace.TracerProvider) (*telemetry, error) {
 	return t, nil
 }
 
-// zero makes every family visible from the start: each counter gets a
+// Zero makes every family visible from the start: each counter gets a
 // zero-valued series for the label values known now (results, classes,
 // the configured connectors), so a dashboard or an alert on rate() sees
 // the family before its first event. connectors are the configured slugs.
-func (t *telemetry) zero(connectors []string) {
+func (t *Gateway) Zero(connectors []string) {
 	ctx := context.Background()
 	for _, r := range []string{"ok", "error"} {
 		t.reloads.Add(ctx, 0, metric.WithAttributes(attribute.String("result", r)))
 	}
-	t.audits.Add(ctx, 0)
-	t.reflected.Add(ctx, 0)
-	t.unaudited.Add(ctx, 0)
+	t.Audits.Add(ctx, 0)
+	t.Reflected.Add(ctx, 0)
+	t.Unaudited.Add(ctx, 0)
 	for _, a := range []string{"allow", "ask", "block"} {
-		t.decisions.Add(ctx, 0, metric.WithAttributes(attribute.String("action", a), attribute.String("rule", "default")))
+		t.Decisions.Add(ctx, 0, metric.WithAttributes(attribute.String("action", a), attribute.String("rule", "default")))
 	}
 	for _, c := range []refusal.Code{refusal.UntrustedPeer, refusal.IdentityRequired, refusal.HeaderTooLarge, refusal.RequestTimeout, refusal.TooManyConnections} {
 		t.refusals.Add(ctx, 0, metric.WithAttributes(attribute.String("code", string(c))))
@@ -163,7 +155,7 @@ func (t *telemetry) zero(connectors []string) {
 		t.latency.WithLabelValues(d)
 	}
 	for _, d := range []string{"approved", "denied"} {
-		t.approval.WithLabelValues(d)
+		t.Approval.WithLabelValues(d)
 	}
 	for _, conn := range connectors {
 		for _, class := range []string{"2xx", "3xx", "4xx", "5xx"} {
@@ -173,10 +165,10 @@ func (t *telemetry) zero(connectors []string) {
 	}
 }
 
-// pendingHolds exposes the current number of pending holds, read from
+// PendingHolds exposes the current number of pending holds, read from
 // count at each scrape (the store is the truth, across restarts).
-func (t *telemetry) pendingHolds(count func() (int, error)) error {
-	return t.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+func (t *Gateway) PendingHolds(count func() (int, error)) error {
+	return t.Reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_holds_pending",
 		Help: "Holds waiting for an approver's decision.",
 	}, func() float64 {
@@ -188,7 +180,7 @@ func (t *telemetry) pendingHolds(count func() (int, error)) error {
 	}))
 }
 
-func (t *telemetry) reload(ok bool) {
+func (t *Gateway) Reload(ok bool) {
 	r := "ok"
 	if !ok {
 		r = "error"
@@ -196,14 +188,14 @@ func (t *telemetry) reload(ok bool) {
 	t.reloads.Add(context.Background(), 1, metric.WithAttributes(attribute.String("result", r)))
 }
 
-func (t *telemetry) refused(code refusal.Code) {
+func (t *Gateway) Refused(code refusal.Code) {
 	t.refusals.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", string(code))))
 }
 
-// upstreamAnswered counts an upstream's answer of status on path (tool_call,
+// UpstreamAnswered counts an upstream's answer of status on path (tool_call,
 // proxy, intercept) for connector ("" on raw egress: a host is not a label,
 // its cardinality is the agent's to choose).
-func (t *telemetry) upstreamAnswered(connector, path string, status int) {
+func (t *Gateway) UpstreamAnswered(connector, path string, status int) {
 	t.upstream.Add(context.Background(), 1, t.upstreamAttrs(connector, path, statusClass(status)))
 }
 
@@ -214,4 +206,76 @@ func statusClass(status int) string {
 		return "other"
 	}
 	return string(rune('0'+status/100)) + "xx"
+}
+
+// What follows is what the tool-call pipeline builds once instead of on
+// every call (test/report/perf-hotpath.md): the attribute sets of its
+// counters and the histogram series of its latency. Building them is
+// pure overhead — metric.WithAttributes sorts, dedups and hashes its
+// attributes, WithLabelValues hashes its values and takes the vector's
+// lock — and the label values come from a small, closed set (actions,
+// configured rules and connectors, status classes).
+
+// hotCacheMax bounds each cache: label values past it are built per call,
+// as before, so a policy that makes many rule names costs time, not
+// memory.
+const hotCacheMax = 4096
+
+// labelKey is up to three label values.
+type labelKey struct{ a, b, c string }
+
+// cache maps label values to what is built from them (a measurement
+// option, a histogram's series).
+type cache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+// get returns k's value, made by mk the first time.
+func (c *cache[K, V]) get(k K, mk func() V) V {
+	c.mu.RLock()
+	o, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return o
+	}
+	o = mk()
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[K]V)
+	}
+	if len(c.m) < hotCacheMax {
+		c.m[k] = o
+	}
+	c.mu.Unlock()
+	return o
+}
+
+// optCache maps label values to their measurement option.
+type optCache = cache[labelKey, metric.MeasurementOption]
+
+// hotMetrics are the pipeline's cached instruments' label sets.
+type hotMetrics struct {
+	decisions optCache                           // action, rule
+	upstream  optCache                           // connector, path, class
+	latency   cache[string, prometheus.Observer] // decision → its series
+}
+
+// DecisionAttrs is the decisions counter's option for action and rule.
+func (t *Gateway) DecisionAttrs(action, rule string) metric.MeasurementOption {
+	return t.hot.decisions.get(labelKey{action, rule, ""}, func() metric.MeasurementOption {
+		return metric.WithAttributes(attribute.String("action", action), attribute.String("rule", rule))
+	})
+}
+
+// upstreamAttrs is the upstream-responses counter's option.
+func (t *Gateway) upstreamAttrs(connector, path, class string) metric.MeasurementOption {
+	return t.hot.upstream.get(labelKey{connector, path, class}, func() metric.MeasurementOption {
+		return metric.WithAttributes(attribute.String("connector", connector), attribute.String("path", path), attribute.String("class", class))
+	})
+}
+
+// ObserveLatency records a tool call's latency under its decision.
+func (t *Gateway) ObserveLatency(decision string, seconds float64) {
+	t.hot.latency.get(decision, func() prometheus.Observer { return t.latency.WithLabelValues(decision) }).Observe(seconds)
 }
