@@ -3,9 +3,10 @@ package extauthz
 import (
 	"encoding/json"
 	"slices"
-	"strings"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+
+	"github.com/sluice-gw/sluice/gateway/audit"
 )
 
 // EnvoyJSON is input.envoy as the gateway hands it to policy and records
@@ -36,7 +37,7 @@ func appendJSON(dst []byte, v any) ([]byte, error) {
 		}
 		return append(dst, "false"...), nil
 	case string:
-		return appendJSONString(dst, v), nil
+		return audit.AppendJSONString(dst, v), nil
 	case []any:
 		dst = append(dst, '[')
 		for i, e := range v {
@@ -61,7 +62,7 @@ func appendJSON(dst []byte, v any) ([]byte, error) {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendJSONString(dst, k)
+			dst = audit.AppendJSONString(dst, k)
 			dst = append(dst, ':')
 			var err error
 			if dst, err = appendJSON(dst, v[k]); err != nil {
@@ -75,19 +76,4 @@ func appendJSON(dst []byte, v any) ([]byte, error) {
 		return nil, err
 	}
 	return append(dst, b...), nil
-}
-
-// appendJSONString appends s quoted; a string with anything json.Marshal
-// escapes (controls, quotes, backslashes, <, >, &, non-ASCII: invalid
-// UTF-8, U+2028, U+2029) is left to json.Marshal.
-func appendJSONString(dst []byte, s string) []byte {
-	if strings.IndexFunc(s, func(c rune) bool {
-		return c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&'
-	}) < 0 {
-		dst = append(dst, '"')
-		dst = append(dst, s...)
-		return append(dst, '"')
-	}
-	b, _ := json.Marshal(s) // a string always encodes
-	return append(dst, b...)
 }

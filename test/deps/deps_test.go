@@ -142,7 +142,7 @@ var gatewayFloors = map[string][]string{
 	// guard's refusal of raw egress it would dial; it decides nothing (the
 	// root hands it the pipeline). Its tests evaluate the shipped Rego
 	// (policy) and match against real specs (connectors).
-	"gateway/extauthz": {"gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
+	"gateway/extauthz": {"gateway/audit", "gateway/config", "gateway/guard", "sandboxd/wire", "policy", "connectors"},
 	// A tool call's arguments made into the request decided and sent, and
 	// the policy input document; shared by the pipeline and `sluice policy
 	// eval --tool`. It decides nothing. The header arguments it strips are
