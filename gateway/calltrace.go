@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/metrics"
 	"github.com/sluice-gw/sluice/gateway/refusal"
@@ -307,7 +308,7 @@ func (t *telemetry) tracedEgressCheck(egress func(context.Context, *extauthz.Req
 }
 
 // pathTemplate is tool's path template, "" when cat has no such tool.
-func pathTemplate(cat *catalog, tool string) string {
+func pathTemplate(cat *catalog.Catalog, tool string) string {
 	if t, ok := cat.Tool(tool); ok {
 		return t.PathTemplate
 	}

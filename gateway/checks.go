@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sluice-gw/sluice/connectors"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/checks"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
@@ -27,14 +28,6 @@ type CheckOptions struct {
 	Logger  *slog.Logger
 	Strict  bool
 	Defects bool
-}
-
-// specLoad is what CheckOptions add to each connector's load.
-type specLoad struct{ strict, defects bool }
-
-// loadCatalog loads the catalog as serve does.
-func loadCatalog(ctx context.Context, cfg *config.Config, d *guard.Dialer) (*catalog, []error, error) {
-	return loadCatalogWith(ctx, cfg, d, specLoad{})
 }
 
 // PolicyConfig is the policy configuration serve compiles from cfg: the
@@ -72,29 +65,29 @@ type Findings = checks.Findings
 // nothing.
 func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings {
 	var f Findings
-	cat, warns, err := loadCatalogWith(ctx, cfg, guard.New(guard.Options{}), specLoad{strict: opts.Strict, defects: opts.Defects})
+	cat, warns, err := catalog.Load(ctx, cfg, guard.New(guard.Options{}), catalog.Options{Strict: opts.Strict, Defects: opts.Defects})
 	if err != nil {
 		f.Errors = append(f.Errors, err)
 	}
 	f.Warnings = append(f.Warnings, warns...)
-	listed, rwarns := checkRemotes(ctx, cfg, cat) // mcp_remote.go: remote MCP servers' tools
+	listed, rwarns := cat.CheckRemotes(ctx, cfg) // remote MCP servers' tools
 	f.Warnings = append(f.Warnings, rwarns...)
 	for _, cc := range cfg.Connectors {
 		if conn := listed[cc.Slug]; conn != nil {
 			f.Connectors = append(f.Connectors, conn)
-		} else if up := cat.connectors[cc.Slug]; up != nil {
-			f.Connectors = append(f.Connectors, up.conn)
+		} else if up := cat.Upstream(cc.Slug); up != nil {
+			f.Connectors = append(f.Connectors, up.Conn)
 		}
 	}
 	for i, p := range cfg.Policies {
-		if slug, _, _ := strings.Cut(p.Match, "."); cat.remotes[slug] != nil {
+		if slug, _, _ := strings.Cut(p.Match, "."); cat.IsRemote(slug) {
 			if conn := listed[slug]; conn != nil && !strings.ContainsAny(p.Match, "*?") && !slices.ContainsFunc(conn.Tools, func(t *connectors.Tool) bool { return t.Name == p.Match }) {
 				f.Warnings = append(f.Warnings, checks.Warnf("policies[%d].match: the remote MCP server %s lists no tool named %q now", i, slug, p.Match))
 			}
 			continue // a remote's tools are known only once it is listed
 		}
 		if !strings.ContainsAny(p.Match, "*?") {
-			if _, ok := cat.tools[p.Match]; !ok && err == nil {
+			if _, ok := cat.Static(p.Match); !ok && err == nil {
 				f.Errors = append(f.Errors, fmt.Errorf("policies[%d].match: no tool is named %q", i, p.Match))
 			}
 		}
@@ -122,8 +115,8 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 	f.Errors = append(f.Errors, hostedProblems(cfg)...)   // hosted_door.go
 	f.Errors = append(f.Errors, egress.Validate(cfg)...)
 	f.Add(checks.Upstreams(cfg, func(slug string) (*url.URL, []netip.Prefix) {
-		if up := cat.connectors[slug]; up != nil {
-			return up.conn.BaseURL, up.allow
+		if up := cat.Upstream(slug); up != nil {
+			return up.Conn.BaseURL, up.Allow
 		}
 		return nil, nil
 	}))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
@@ -30,8 +31,8 @@ import (
 type envoyDoor struct {
 	cfg        *config.Config
 	log        *slog.Logger
-	tel        *telemetry           // the Check spans, the audit failure counter
-	connectors map[string]*upstream // the catalogue's, by slug
+	tel        *telemetry                   // the Check spans, the audit failure counter
+	connectors map[string]*catalog.Upstream // the catalogue's, by slug
 	call       func(ctx context.Context, r call.Request) call.Outcome
 	decide     func(ctx context.Context, in *policy.Input) policy.Decision
 	session    func(ctx context.Context, session string) *refusal.Error // an ended session refuses
@@ -125,7 +126,7 @@ func (d *envoyDoor) matchTool(slugs []string, host string, port int, method, pat
 	bestLen, found := -1, extauthz.NoConnector
 	for _, slug := range slugs {
 		up := d.connectors[slug]
-		b := up.conn.BaseURL
+		b := up.Conn.BaseURL
 		if b == nil || !strings.EqualFold(b.Hostname(), host) {
 			continue
 		}
@@ -135,7 +136,7 @@ func (d *envoyDoor) matchTool(slugs []string, host string, port int, method, pat
 		if found == extauthz.NoConnector {
 			found = extauthz.NoOperation
 		}
-		tool, params, ok := up.conn.Match(method, path, query)
+		tool, params, ok := up.Conn.Match(method, path, query)
 		if !ok {
 			continue
 		}
@@ -171,7 +172,7 @@ func (d *envoyDoor) envoyCall(ctx context.Context, r *extauthz.Request, m extaut
 			"the request body is larger than Envoy sends to the gateway (with_request_body.max_request_bytes); a tool call is decided on its whole body"))
 	}
 	up := d.connectors[m.Connector]
-	u := up.conn.BaseURL.Scheme + "://" + up.conn.BaseURL.Host + r.Path
+	u := up.Conn.BaseURL.Scheme + "://" + up.Conn.BaseURL.Host + r.Path
 	if r.RawQuery != "" {
 		u += "?" + r.RawQuery
 	}

@@ -17,7 +17,7 @@ import (
 func (d *envoyDoor) envoyRoutes() func(host string, port int, method, path, query string) (extauthz.Match, extauthz.Found) {
 	byHost := map[string][]string{}
 	for _, slug := range slices.Sorted(maps.Keys(d.connectors)) {
-		if b := d.connectors[slug].conn.BaseURL; b != nil {
+		if b := d.connectors[slug].Conn.BaseURL; b != nil {
 			h := strings.ToLower(b.Hostname())
 			byHost[h] = append(byHost[h], slug)
 		}

@@ -14,13 +14,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +27,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/audit"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
@@ -94,7 +93,7 @@ type Server struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	repeats *logcap.Limiter // identical error lines, logged once then counted
-	catalog *catalog
+	catalog *catalog.Catalog
 	creds   CredentialSource
 	dialer  *guard.Dialer
 	audit   auditLog // the one audit write is its append (auditlog.go)
@@ -162,7 +161,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	built := false
 	s.dialer = guard.New(guard.Options{Resolver: opts.Resolver})
 	var warns []error
-	if s.catalog, warns, err = loadCatalog(ctx, cfg, s.dialer); err != nil {
+	if s.catalog, warns, err = catalog.Load(ctx, cfg, s.dialer, catalog.Options{}); err != nil {
 		return nil, err
 	}
 	// Operations the credential cannot carry are refused per call; say so
@@ -173,8 +172,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	// A spec is loaded leniently; say once what it left out (the list, with
 	// JSON pointers, is `sluice validate`'s).
-	for _, slug := range slices.Sorted(maps.Keys(s.catalog.connectors)) {
-		conn := s.catalog.connectors[slug].conn
+	for _, slug := range s.catalog.Slugs() {
+		conn := s.catalog.Upstream(slug).Conn
 		if len(conn.Skipped) > 0 || len(conn.Defects) > 0 {
 			log.Warn("connector spec: operations skipped or defects found; `sluice validate` lists them", "connector", slug,
 				"tools", len(conn.Tools), "skipped", len(conn.Skipped), "defects", len(conn.Defects))
@@ -208,7 +207,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 			return nil, err
 		}
 	}
-	if s.oauth, err = connections.New(cfg, s.catalog.oauthClients(), s.creds, func() *store.Store { return s.store }, log); err != nil {
+	if s.oauth, err = connections.New(cfg, s.catalog.OAuthClients(), s.creds, func() *store.Store { return s.store }, log); err != nil {
 		return nil, err
 	}
 	s.attacher = creds.New(creds.Deps{Source: s.creds, OAuth: s.oauth, ConnectionsURL: connections.URL(cfg.Approvals.PublicURL)})
@@ -254,7 +253,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 		s.store.Close()
 		return nil, fmt.Errorf("gateway: metric: %w", err)
 	}
-	s.tel.Zero(slices.Sorted(maps.Keys(s.catalog.connectors)))
+	s.tel.Zero(s.catalog.Slugs())
 	// Before anything is served: an execution the last run left unfinished
 	// becomes outcome_unknown, or, when its operation is idempotency-keyed,
 	// is re-sent once with the same key by holds.Run (THREATS G2).
@@ -273,8 +272,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	// token (remotes.OAuthHeader); the hosted door's tokens (hosted_door.go).
 	s.remotes.OAuthHeader = remotes.OAuthHeader(s.oauth, s.audit.append, log, s.creds, cfg.Approvals.PublicURL)
 	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit, s.hosted.unaudited = cfg, log, s.store, s.audit, s.tel.Unaudited
-	s.remotes.Start(ctx, s.catalog.remoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
-	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.connectors, call: s.Call, decide: s.Decide,
+	s.remotes.Start(ctx, s.catalog.RemoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
+	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.Upstreams(), call: s.Call, decide: s.Decide,
 		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
 	built = true
 	return s, nil
@@ -404,7 +403,13 @@ func (s *Server) newMCPDoor() *mcp.Door {
 		Tools:    s.Tools,
 		Call:     s.Call,
 		Poll:     s.Poll,
-		Remote:   s.catalog.mcpRemote, // mcp_remote.go
+		Remote: func(name string) (mcp.Remote, bool) { // a remote MCP server's tool, as it listed it
+			t, rt, ok := s.catalog.Remote(name)
+			if !ok {
+				return mcp.Remote{}, false
+			}
+			return mcp.Remote{Name: t.Name, Title: rt.Title, Description: rt.Description, InputSchema: rt.InputSchema, OutputSchema: rt.OutputSchema, Annotations: rt.Annotations}, true
+		},
 		Title: func(name string) string {
 			if t, ok := s.catalog.Tool(name); ok {
 				return t.Summary
@@ -544,13 +549,6 @@ func (s *Server) RelayAddr() string {
 	return ""
 }
 
-// Unavailable lists the remote MCP servers among agentConnectors whose
-// tools cannot be listed now, each with why (GET /v1/tools shows it to
-// agents granted the connector; the log says it when it starts).
-func (s *Server) Unavailable(agentConnectors []string) []map[string]string {
-	return s.catalog.unavailable(agentConnectors)
-}
-
 // ExtAuthzAddr is the ext_authz listener's address once Ready ("" when off).
 func (s *Server) ExtAuthzAddr() string {
 	if p := s.authzAddr.Load(); p != nil {
@@ -634,11 +632,7 @@ func (s *Server) Close() error {
 	err := errors.Join(s.audit.Close(), s.store.Close(), creds.Close(s.creds))
 	_ = s.tel.Provider.Shutdown(context.Background())
 	s.remotes.Stop()
-	for _, u := range s.catalog.connectors {
-		if t, ok := u.transport.(interface{ CloseIdleConnections() }); ok {
-			t.CloseIdleConnections()
-		}
-	}
+	s.catalog.CloseIdle()
 	s.stop.CloseAll() // idle upstream connections of raw egress, again: Close may follow a Serve that never stopped cleanly
 	s.repeats.Stop()
 	return err

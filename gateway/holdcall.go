@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/connections"
 	"github.com/sluice-gw/sluice/gateway/creds"
@@ -73,8 +74,8 @@ func (s *Server) holdCall(ctx context.Context, c *toolCall, tool *connectors.Too
 	// The hold_created record carries the decision; a failure to hold is
 	// audited as the call's decision with its refusal code.
 	cred := ""
-	if up := s.catalog.connectors[tool.Connector]; up != nil && up.cfg.Credential != nil {
-		cred = creds.Label(up.cfg.Credential)
+	if up := s.catalog.Upstream(tool.Connector); up != nil && up.Config.Credential != nil {
+		cred = creds.Label(up.Config.Credential)
 	}
 	h, _, err := s.holds.Create(ctx, holds.Hold{
 		Tool: tool.Name, OpSummary: tool.Summary, Args: argDoc, Request: hr, Credential: cred,
@@ -503,8 +504,8 @@ func connectionApprover(connector string) string { return "connection:" + connec
 // or until the hold expires. held is false when the call goes on to the
 // credential stage (connected, refuse mode, an approved hold's execution,
 // a decided-only call, no person).
-func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream, args *connectors.Args, req *http.Request) (o call.Outcome, e *refusal.Error, held bool) {
-	if up.oauth == nil || up.cfg.Credential.OAuth2.OnMissing != "hold" || c.held != nil || c.req.Mode == call.Decide || c.rec.User == "" || s.oauth == nil {
+func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *connectors.Tool, up *catalog.Upstream, args *connectors.Args, req *http.Request) (o call.Outcome, e *refusal.Error, held bool) {
+	if up.OAuth == nil || up.Config.Credential.OAuth2.OnMissing != "hold" || c.held != nil || c.req.Mode == call.Decide || c.rec.User == "" || s.oauth == nil {
 		return call.Outcome{}, nil, false
 	}
 	conn, err := s.oauth.Get(ctx, tool.Connector, c.rec.User)
@@ -524,7 +525,7 @@ func (s *Server) holdForConnection(ctx context.Context, c *toolCall, tool *conne
 // connector (approved as connectionApprover, through the same execution
 // as any approval).
 func (s *Server) connectHeld(connector, user string) {
-	kickRemote(s.catalog, connector) // a remote MCP server's listing may have waited for a connection (mcp_remote.go)
+	s.catalog.Kick(connector) // a remote MCP server's listing may have waited for a connection
 	ctx := context.Background()
 	hs, err := s.holds.List(ctx, holds.Filter{Status: []holds.Status{holds.Pending}, User: user, Limit: 1000})
 	if err != nil {

@@ -166,7 +166,11 @@ func TestMCPOAuthRemote(t *testing.T) {
 	if refused != 1 {
 		t.Fatalf("%d mcp_authorization_refused records for evil, want 1", refused)
 	}
-	g.Server.catalog.remotes["evil"].Refresh(context.Background())
+	for _, r := range g.Server.catalog.RemoteServers() {
+		if r.Connector.Slug == "evil" {
+			r.Remote.Refresh(context.Background())
+		}
+	}
 	for _, rec := range auditEvents(t, g) {
 		if rec.Event == remotes.EventAuthorizationRefused && rec.Fields["connector"] == "evil" {
 			refused--

@@ -49,7 +49,7 @@ func (a toolAPI) handleListTools(w http.ResponseWriter, r *http.Request) {
 	out := map[string]any{"tools": tools, "request_id": rid}
 	if agent := a.agent(id.Agent); agent != nil {
 		if un := a.unavailable(agent.Connectors); len(un) > 0 {
-			out["unavailable"] = un // remote MCP servers that cannot be listed now (mcp_remote.go)
+			out["unavailable"] = un // remote MCP servers that cannot be listed now (catalog.Unavailable)
 		}
 	}
 	refusal.WriteJSON(w, http.StatusOK, out)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/grants"
@@ -40,9 +41,9 @@ import (
 // admin API and the review UI live only on the admin listener.
 func (s *Server) sandboxHandler() http.Handler {
 	mux := http.NewServeMux()
-	toolAPI{list: s.tools, unavailable: s.Unavailable, agent: s.cfg.Agent, call: s.Call, poll: s.Poll}.route(mux) // toolapi.go
-	mux.Handle("/mcp", s.newMCPDoor())                                                                            // gateway.go: the same listing and pipeline over MCP
-	eg := s.newRawEgress()                                                                                        // gateway.go: package egress
+	toolAPI{list: s.tools, unavailable: s.catalog.Unavailable, agent: s.cfg.Agent, call: s.Call, poll: s.Poll}.route(mux) // toolapi.go
+	mux.Handle("/mcp", s.newMCPDoor())                                                                                    // gateway.go: the same listing and pipeline over MCP
+	eg := s.newRawEgress()                                                                                                // gateway.go: package egress
 	mux.HandleFunc("POST /v1/dns", eg.ServeDNS)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refusal.Write(w, refusal.New(http.StatusNotFound, refusal.NotFound, "no such endpoint on the sandbox socket"), refusal.NewRequestID())
@@ -235,7 +236,7 @@ func (s *Server) pipeline(ctx context.Context, c *toolCall) (call.Outcome, *refu
 	if agent == nil || !slices.Contains(agent.Connectors, tool.Connector) {
 		return call.Outcome{}, refusal.New(http.StatusForbidden, refusal.NotGranted, fmt.Sprintf("agent %q is not granted connector %q", id.Agent, tool.Connector))
 	}
-	up := s.catalog.connectors[tool.Connector]
+	up := s.catalog.Upstream(tool.Connector)
 
 	// Validate: the arguments, before any policy runs, and the request
 	// they make (an approved hold's is the stored one, exactly).
@@ -383,7 +384,7 @@ func canonicalCaller(id wire.Identity) (wire.Identity, *refusal.Error) {
 // they make, with headers only the gateway may set removed. An approved
 // hold's request is rebuilt exactly as stored; a door's formed request
 // (Request.HTTP) must be the tool's operation on its connector.
-func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream) (*connectors.Args, *http.Request, *refusal.Error) {
+func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Tool, up *catalog.Upstream) (*connectors.Args, *http.Request, *refusal.Error) {
 	if c.held != nil {
 		return storedRequest(ctx, c.held)
 	}
@@ -409,7 +410,7 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 	case !formed && c.req.IdempotencyKey == "":
 		// Exactly what `sluice policy eval --tool` prepares (gateway/toolinput).
 		var a connectors.Args
-		a, req, err = toolinput.Prepare(ctx, tool, up.conn.BaseURL, body)
+		a, req, err = toolinput.Prepare(ctx, tool, up.Conn.BaseURL, body)
 		args = &a
 	case !formed || len(bytes.TrimSpace(body)) > 0:
 		if len(bytes.TrimSpace(body)) == 0 {
@@ -425,12 +426,12 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 		switch {
 		case err != nil:
 		case formed:
-			req, err = toolinput.Formed(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+			req, err = toolinput.Formed(ctx, c.req.HTTP, tool, up.Conn.BaseURL)
 		default:
-			req, err = tool.NewRequest(ctx, up.conn.BaseURL, *args)
+			req, err = tool.NewRequest(ctx, up.Conn.BaseURL, *args)
 		}
 	default: // a formed request without arguments
-		req, err = toolinput.Formed(ctx, c.req.HTTP, tool, up.conn.BaseURL)
+		req, err = toolinput.Formed(ctx, c.req.HTTP, tool, up.Conn.BaseURL)
 	}
 	if err != nil {
 		var ae *connectors.ArgError
@@ -443,7 +444,7 @@ func (s *Server) validate(ctx context.Context, c *toolCall, tool *connectors.Too
 }
 
 // send audits the decision, sends req upstream and audits the result.
-func (s *Server) send(ctx context.Context, c *toolCall, up *upstream, req *http.Request, scr *scrub.Scrubber) (*call.Reply, *refusal.Error) {
+func (s *Server) send(ctx context.Context, c *toolCall, up *catalog.Upstream, req *http.Request, scr *scrub.Scrubber) (*call.Reply, *refusal.Error) {
 	// The decision is in the audit file before anything leaves the gateway
 	// (it survives our crash); the result's fsync makes both durable before
 	// the answer is released.
@@ -505,14 +506,14 @@ func (s *Server) handOver(ctx context.Context, c *toolCall, req *http.Request, b
 	return call.Outcome{Status: http.StatusOK, Attach: attach, Remove: remove}, nil
 }
 
-func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *http.Request, scr *scrub.Scrubber) (*call.Reply, *refusal.Error) {
+func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *catalog.Upstream, req *http.Request, scr *scrub.Scrubber) (*call.Reply, *refusal.Error) {
 	timeout := s.cfg.Gateway.UpstreamTimeout.Std()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ctx, cspan := s.tel.clientSpan(ctx, req, pathTemplate(s.catalog, c.rec.Tool))
 	defer cspan.End()
 	req = req.WithContext(httptraceDial(ctx, &c.rec))
-	resp, err := up.transport.RoundTrip(req)
+	resp, err := up.Transport.RoundTrip(req)
 	if err != nil {
 		endClientSpan(cspan, 0, err)
 		var de *guard.DeniedError
@@ -549,15 +550,15 @@ func (s *Server) roundTrip(ctx context.Context, c *toolCall, up *upstream, req *
 		// headers and body scrubbed, Content-Length the scrubbed body's.
 		var err error
 		if raw, c.rec.Reflected, err = scr.Reply(resp.Header, raw, limit); err != nil {
-			c.rec.UpstreamErr = replyReason(err)
+			c.rec.UpstreamErr = catalog.ReplyReason(err)
 			return nil, refusal.New(http.StatusBadGateway, refusal.UpstreamError, err.Error()).Wrap(err)
 		}
 	}
-	res := &call.Reply{Status: resp.StatusCode, Headers: responseHeaders(resp.Header)}
+	res := &call.Reply{Status: resp.StatusCode, Headers: catalog.ResponseHeaders(resp.Header)}
 	switch {
 	case len(raw) == 0:
 		res.Body = nil
-	case isJSON(resp.Header.Get("Content-Type")) && json.Valid(raw):
+	case catalog.IsJSON(resp.Header.Get("Content-Type")) && json.Valid(raw):
 		res.Body = json.RawMessage(raw)
 	case utf8.Valid(raw):
 		res.Body = string(raw)
@@ -604,17 +605,17 @@ func (s *Server) logCall(c *toolCall, refused *refusal.Error) {
 
 // credential attaches the connector's credential to req, where the caller
 // never sees it, and returns the scrubber for the reply.
-func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.Tool, up *upstream, req *http.Request) (*scrub.Scrubber, *refusal.Error) {
-	cc := up.cfg.Credential
+func (s *Server) credential(ctx context.Context, c *toolCall, tool *connectors.Tool, up *catalog.Upstream, req *http.Request) (*scrub.Scrubber, *refusal.Error) {
+	cc := up.Config.Credential
 	if cc == nil {
 		return nil, nil
 	}
-	att, e := s.attacher.Attach(ctx, creds.Call{Tool: tool, Caller: c.caller(), Cred: cc, Plan: up.creds}, req)
+	att, e := s.attacher.Attach(ctx, creds.Call{Tool: tool, Caller: c.caller(), Cred: cc, Plan: up.Creds}, req)
 	if e != nil {
 		return nil, e
 	}
 	c.rec.Credential, c.leaseID = att.Where, att.LeaseID
-	scr := up.scrubber(att.Forms)
+	scr := up.Scrubber(att.Forms)
 	if scr.Ignored() > 0 {
 		// Too short to find in a reply without mangling it: refuse
 		// rather than risk reflecting it unscrubbed.

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/toolinput"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -72,7 +73,7 @@ Prints the decision as JSON: action, reason, rule, approvers, obligations.`,
 						return fmt.Errorf("policy eval: --time: want RFC 3339 like 2025-03-01T12:00:00Z: %w", err)
 					}
 				}
-				if in, err = gateway.ToolCallInput(ctx, lc.Config, call); err != nil {
+				if in, err = catalog.ToolCallInput(ctx, lc.Config, call); err != nil {
 					return fmt.Errorf("policy eval (%s): %w", lc.Source, err)
 				}
 			} else {

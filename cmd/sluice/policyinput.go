@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/toolinput"
 	"github.com/sluice-gw/sluice/policy"
 )
@@ -46,7 +46,7 @@ an input.usage with zero counts: the gateway fills in the store's.`,
 			ctx := cmd.Context()
 			raw := []byte(args)
 			if example {
-				if raw, err = gateway.ToolExample(ctx, lc.Config, tool); err != nil {
+				if raw, err = catalog.ToolExample(ctx, lc.Config, tool); err != nil {
 					return fmt.Errorf("policy input (%s): %w", lc.Source, err)
 				}
 			}
@@ -66,7 +66,7 @@ an input.usage with zero counts: the gateway fills in the store's.`,
 			var in *policy.Input
 			for _, a := range agents {
 				c.Caller.Agent = a
-				in, err = gateway.ToolCallInput(ctx, lc.Config, c)
+				in, err = catalog.ToolCallInput(ctx, lc.Config, c)
 				var re *toolinput.RefusedError
 				if err == nil || !errors.As(err, &re) || re.Code != "not_granted" || caller.Agent != "" {
 					break

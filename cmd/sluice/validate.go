@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-gw/sluice/connectors"
 	"github.com/sluice-gw/sluice/gateway"
+	"github.com/sluice-gw/sluice/gateway/catalog"
 	"github.com/sluice-gw/sluice/gateway/config"
 )
 
@@ -106,7 +107,7 @@ func loadConnectors(ctx context.Context, cfg *config.Config, only []string, stri
 		if only != nil && !slices.Contains(only, cc.Slug) {
 			continue
 		}
-		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: gateway.SpecClient(cc), Strict: strict || cc.Strict, Defects: true})
+		c, err := connectors.Load(ctx, connectors.Options{Slug: cc.Slug, Spec: cc.Spec, BaseURL: cc.BaseURL, Client: catalog.SpecClient(cc), Strict: strict || cc.Strict, Defects: true})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("connectors[%d].spec: %w", i, err))
 			continue

@@ -132,6 +132,13 @@ var gatewayFloors = map[string][]string{
 	// through the hook it is handed and neither decides nor calls a tool.
 	"gateway/remotes": {"connectors", "gateway/audit", "gateway/checks", "gateway/config", "gateway/connections",
 		"gateway/creds", "gateway/mcpremote", "gateway/oauth", "gateway/refusal", "policy", "vault"},
+	// The tool catalog: connectors' specs and remote MCP servers loaded
+	// into tools, each connector's upstream (guarded transport, credential
+	// plan, OAuth client, reply scrubber) and validate's look at the
+	// remotes. It neither decides, holds nor sends: it imports no door
+	// (mcp, extauthz, ingress), no hold and no store.
+	"gateway/catalog": {"connectors", "gateway/checks", "gateway/config", "gateway/connections", "gateway/creds",
+		"gateway/guard", "gateway/mcpremote", "gateway/oauth", "gateway/remotes", "gateway/scrub", "gateway/toolinput", "policy", "vault"},
 	// Raw egress: decided by policy, dialled through the guard, audited;
 	// never held (no holds, store or review), never the tool catalog (no
 	// connectors), and never the socket (the identity is a hook).
@@ -464,6 +471,10 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"gateway/admin", "gateway/egress"},
 		{"gateway/admin", "gateway/ingress"},
 		{"gateway/admin", "connectors"},
+		{"gateway/catalog", "gateway"},
+		{"gateway/catalog", "gateway/mcp"},
+		{"gateway/catalog", "gateway/holds"},
+		{"gateway/catalog", "gateway/store"},
 		{"gateway/newthing", "gateway/refusal"},
 	}
 	for _, c := range cases {

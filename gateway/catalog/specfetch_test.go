@@ -1,4 +1,4 @@
-package gateway
+package catalog
 
 import (
 	"context"
@@ -89,7 +89,7 @@ func TestSpecFetchGuarded(t *testing.T) {
 		before := seen("/spec/api.yaml")
 		cfg := config.Defaults()
 		cfg.Connectors = []config.Connector{{Slug: "remote", Spec: spec}}
-		_, _, err := loadCatalog(context.Background(), cfg, guard.New(guard.Options{}))
+		_, _, err := Load(context.Background(), cfg, guard.New(guard.Options{}), Options{})
 		var de *guard.DeniedError
 		if !errors.As(err, &de) || de.Class != guard.Loopback || de.Addr != netip.MustParseAddr("127.0.0.1") {
 			t.Fatalf("got %v, want the guard's DeniedError for loopback 127.0.0.1", err)
@@ -102,13 +102,13 @@ func TestSpecFetchGuarded(t *testing.T) {
 		}
 	})
 
-	t.Run("admitted by allow_private in loadCatalog", func(t *testing.T) {
+	t.Run("admitted by allow_private in Load", func(t *testing.T) {
 		// The gateway's client trusts the system roots, not the test
 		// server's certificate: getting as far as the TLS handshake shows
 		// the guard admitted the dial because of allow_private.
 		cfg := config.Defaults()
 		cfg.Connectors = []config.Connector{{Slug: "remote", Spec: spec, AllowPrivate: []string{"127.0.0.1/32"}}}
-		_, _, err := loadCatalog(context.Background(), cfg, guard.New(guard.Options{}))
+		_, _, err := Load(context.Background(), cfg, guard.New(guard.Options{}), Options{})
 		var de *guard.DeniedError
 		if err == nil || errors.As(err, &de) || !strings.Contains(err.Error(), "certificate") {
 			t.Fatalf("got %v, want a TLS certificate error (the guard admitted the dial)", err)

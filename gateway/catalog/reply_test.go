@@ -1,4 +1,4 @@
-package gateway
+package catalog
 
 import (
 	"strings"
@@ -23,9 +23,9 @@ func TestUpstreamScrubber(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			u := &upstream{}
-			a := u.scrubber(tc.prev)
-			b := u.scrubber(tc.now)
+			u := &Upstream{}
+			a := u.Scrubber(tc.prev)
+			b := u.Scrubber(tc.now)
 			if (a == b) != tc.reuse {
 				t.Fatalf("scrubber reused = %v, want %v", a == b, tc.reuse)
 			}
@@ -36,11 +36,11 @@ func TestUpstreamScrubber(t *testing.T) {
 		})
 	}
 	t.Run("cached forms are copies", func(t *testing.T) {
-		u := &upstream{}
+		u := &Upstream{}
 		sec := []byte(first)
-		a := u.scrubber([][]byte{sec})
+		a := u.Scrubber([][]byte{sec})
 		copy(sec, rotated) // the caller's buffer is reused for another secret
-		if b := u.scrubber([][]byte{[]byte(first)}); a != b {
+		if b := u.Scrubber([][]byte{[]byte(first)}); a != b {
 			t.Fatal("the cache followed a change to the caller's buffer")
 		}
 	})

@@ -1,4 +1,4 @@
-package gateway
+package catalog
 
 import (
 	"bytes"
@@ -19,9 +19,9 @@ type scrubCache struct {
 	scr   *scrub.Scrubber
 }
 
-// scrubber returns the scrubber for forms, made once per credential: a
+// Scrubber returns the scrubber for forms, made once per credential: a
 // changed credential (rotated, per-call, per-session) makes a new one.
-func (u *upstream) scrubber(forms [][]byte) *scrub.Scrubber {
+func (u *Upstream) Scrubber(forms [][]byte) *scrub.Scrubber {
 	if c := u.scrub.Load(); c != nil && sameForms(c.forms, forms) {
 		return c.scr
 	}
@@ -47,8 +47,8 @@ func sameForms(a, b [][]byte) bool {
 	return same == 1
 }
 
-// responseHeaders copies the end-to-end headers of an upstream reply.
-func responseHeaders(h http.Header) map[string][]string {
+// ResponseHeaders copies the end-to-end headers of an upstream reply.
+func ResponseHeaders(h http.Header) map[string][]string {
 	out := make(map[string][]string, len(h))
 	for k, vs := range h {
 		switch k {
@@ -60,8 +60,8 @@ func responseHeaders(h http.Header) map[string][]string {
 	return out
 }
 
-// replyReason is the stable reason of a reply scrub.Reply refused.
-func replyReason(err error) string {
+// ReplyReason is the stable reason of a reply scrub.Reply refused.
+func ReplyReason(err error) string {
 	var re *scrub.ReplyError
 	if errors.As(err, &re) {
 		return re.Reason
@@ -69,7 +69,9 @@ func replyReason(err error) string {
 	return "unreadable_reply"
 }
 
-func isJSON(ct string) bool {
+// IsJSON says whether the media type ct is JSON (application/json, or
+// any +json suffix).
+func IsJSON(ct string) bool {
 	ct, _, _ = strings.Cut(ct, ";")
 	ct = strings.TrimSpace(strings.ToLower(ct))
 	return ct == "application/json" || strings.HasSuffix(ct, "+json")

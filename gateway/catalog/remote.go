@@ -1,4 +1,4 @@
-package gateway
+package catalog
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/guard"
-	"github.com/sluice-gw/sluice/gateway/mcp"
 	"github.com/sluice-gw/sluice/gateway/mcpremote"
 	"github.com/sluice-gw/sluice/gateway/remotes"
 	"github.com/sluice-gw/sluice/vault"
@@ -27,7 +26,7 @@ import (
 // its credential plan and the Remote that lists its tools (started by
 // remotes.Runs.Start). Its upstream's transport is the Remote: a call's send is
 // a tools/call.
-func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector, d *guard.Dialer, allow []netip.Prefix, cfg *config.Config, local func() *vault.Local) []error {
+func (c *Catalog) addRemote(ctx context.Context, key string, cc config.Connector, d *guard.Dialer, allow []netip.Prefix, cfg *config.Config, local func() *vault.Local) []error {
 	cc = remotes.Credential(cc)
 	u, err := url.Parse(cc.URL)
 	if err != nil || u.Host == "" {
@@ -37,15 +36,15 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 		return []error{fmt.Errorf("%s.url: a credential is sent over plain http only to an address inside allow_private; use https", key)}
 	}
 	conn := &connectors.Connector{Slug: cc.Slug, BaseURL: u}
-	up := &upstream{cfg: cc, conn: conn, allow: allow}
+	up := &Upstream{Config: cc, Conn: conn, Allow: allow}
 	if cc.Credential != nil {
 		plan, perrs, _ := creds.NewPlan(key, cc, conn, creds.StoredShape(ctx, cfg, cc, local))
 		if len(perrs) > 0 {
 			return perrs
 		}
-		up.creds = plan
+		up.Creds = plan
 		if cc.Credential.OAuth2 != nil {
-			up.oauth = remotes.OAuthClient(cc, allow) // MCP authorization
+			up.OAuth = remotes.OAuthClient(cc, allow) // MCP authorization
 		}
 	}
 	guarded := guard.Transport(d, allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
@@ -58,8 +57,8 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 		header = cc.Credential.Header
 	}
 	r := mcpremote.New(mcpremote.Options{Slug: cc.Slug, URL: u, Transport: guarded, CredHeader: header, Refresh: refresh, Timeout: cfg.Gateway.UpstreamTimeout.Std(),
-		MaxResponseBytes: cfg.Gateway.MaxResponseBytes, PerCredential: up.oauth != nil})
-	up.transport = r
+		MaxResponseBytes: cfg.Gateway.MaxResponseBytes, PerCredential: up.OAuth != nil})
+	up.Transport = r
 	c.connectors[cc.Slug] = up
 	if c.remotes == nil {
 		c.remotes = map[string]*mcpremote.Remote{}
@@ -69,7 +68,7 @@ func (c *catalog) addRemote(ctx context.Context, key string, cc config.Connector
 }
 
 // remoteTool finds a remote MCP server's tool by name or alias.
-func (c *catalog) remoteTool(name string) (*connectors.Tool, bool) {
+func (c *Catalog) remoteTool(name string) (*connectors.Tool, bool) {
 	if len(c.remotes) == 0 {
 		return nil, false
 	}
@@ -86,7 +85,7 @@ func (c *catalog) remoteTool(name string) (*connectors.Tool, bool) {
 
 // withRemotes is the static tool list with the remote servers' current
 // tools, sorted by name.
-func (c *catalog) withRemotes() []*connectors.Tool {
+func (c *Catalog) withRemotes() []*connectors.Tool {
 	if len(c.remotes) == 0 {
 		return c.list
 	}
@@ -98,34 +97,44 @@ func (c *catalog) withRemotes() []*connectors.Tool {
 	return all
 }
 
-// remoteInfo is the remote tool a gateway tool is, if it is one.
-func (c *catalog) remoteInfo(t *connectors.Tool) (*mcpremote.Tool, bool) {
+// Remote finds a remote MCP server's tool by name or alias: the gateway's
+// tool and what the server listed for it (the MCP door re-exposes its
+// title, schemas and annotations).
+func (c *Catalog) Remote(name string) (*connectors.Tool, *mcpremote.Tool, bool) {
+	t, ok := c.Tool(name)
+	if !ok {
+		return nil, nil, false
+	}
 	r := c.remotes[t.Connector]
 	if r == nil {
-		return nil, false
+		return nil, nil, false
 	}
 	rt, ok := r.Current().Tools[t.Name]
-	return rt, ok
+	return t, rt, ok
 }
 
-// checkRemotes is validate's look at each remote MCP server: listed once
+// IsRemote says whether connector slug is a remote MCP server, whose
+// tools are known only once it is listed.
+func (c *Catalog) IsRemote(slug string) bool { return c.remotes[slug] != nil }
+
+// CheckRemotes is validate's look at each remote MCP server: listed once
 // (with the credential from the local store; Vault is not logged in to),
 // its tools returned by slug for validate to show, and a remote that
 // cannot be listed or a tool it lists that cannot be re-exposed reported
 // as a warning: serve starts without them and keeps trying.
-func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[string]*connectors.Connector, []error) {
+func (c *Catalog) CheckRemotes(ctx context.Context, cfg *config.Config) (map[string]*connectors.Connector, []error) {
 	listed := map[string]*connectors.Connector{}
 	var warns []error
 	local := creds.ExistingLocal(cfg)
 	for i, cc := range cfg.Connectors {
-		r := cat.remotes[cc.Slug]
+		r := c.remotes[cc.Slug]
 		if r == nil {
 			continue
 		}
 		key := fmt.Sprintf("connectors[%d]", i)
-		up := cat.connectors[cc.Slug]
+		up := c.connectors[cc.Slug]
 		if cc.Credential != nil && cc.Credential.OAuth2 != nil {
-			warns = append(warns, remotes.CheckOAuth(ctx, key, cc, up.allow, r.Transport())) // listed with a person's token: not by validate
+			warns = append(warns, remotes.CheckOAuth(ctx, key, cc, up.Allow, r.Transport())) // listed with a person's token: not by validate
 			continue
 		}
 		var header func(context.Context) (http.Header, error)
@@ -135,7 +144,7 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 				warns = append(warns, checks.Warnf("%s: the remote MCP server is not listed by validate (its credential is not in the local store); serve lists it", key))
 				continue
 			}
-			header = remotes.Header(creds.Local{Store: st}, remotes.Server{Connector: up.cfg, BaseURL: up.conn.BaseURL, Plan: up.creds})
+			header = remotes.Header(creds.Local{Store: st}, remotes.Server{Connector: up.Config, BaseURL: up.Conn.BaseURL, Plan: up.Creds})
 		}
 		r.SetHooks(header, nil, nil)
 		r.Refresh(ctx)
@@ -153,21 +162,10 @@ func checkRemotes(ctx context.Context, cfg *config.Config, cat *catalog) (map[st
 	return listed, warns
 }
 
-// mcpRemote is the MCP door's view of a remote tool (mcp.Deps.Remote).
-func (c *catalog) mcpRemote(name string) (mcp.Remote, bool) {
-	t, ok := c.Tool(name)
-	if !ok {
-		return mcp.Remote{}, false
-	}
-	rt, ok := c.remoteInfo(t)
-	if !ok {
-		return mcp.Remote{}, false
-	}
-	return mcp.Remote{Name: t.Name, Title: rt.Title, Description: rt.Description, InputSchema: rt.InputSchema, OutputSchema: rt.OutputSchema, Annotations: rt.Annotations}, true
-}
-
-// unavailable is Server.Unavailable.
-func (c *catalog) unavailable(agentConnectors []string) []map[string]string {
+// Unavailable lists the remote MCP servers among agentConnectors whose
+// tools cannot be listed now, each with why (GET /v1/tools shows it to
+// agents granted the connector; the log says it when it starts).
+func (c *Catalog) Unavailable(agentConnectors []string) []map[string]string {
 	var out []map[string]string
 	for _, slug := range slices.Sorted(maps.Keys(c.remotes)) {
 		if !slices.Contains(agentConnectors, slug) {
@@ -180,26 +178,26 @@ func (c *catalog) unavailable(agentConnectors []string) []map[string]string {
 	return out
 }
 
-// isMCPOAuth says whether up is a remote MCP server with MCP authorization.
-func isMCPOAuth(up *upstream) bool {
-	return up != nil && up.cfg.Provider == "mcp" && up.oauth != nil
+// mcpOAuth says whether up is a remote MCP server with MCP authorization.
+func mcpOAuth(up *Upstream) bool {
+	return up != nil && up.Config.Provider == "mcp" && up.OAuth != nil
 }
 
-// kickRemote lists connector's remote MCP server again soon (after a
-// person connected it: its listing may have waited for that).
-func kickRemote(cat *catalog, connector string) {
-	if r := cat.remotes[connector]; r != nil && isMCPOAuth(cat.connectors[connector]) {
+// Kick lists connector's remote MCP server again soon (after a person
+// connected it: its listing may have waited for that).
+func (c *Catalog) Kick(connector string) {
+	if r := c.remotes[connector]; r != nil && mcpOAuth(c.connectors[connector]) {
 		r.Kick()
 	}
 }
 
-// remoteServers are the catalog's remote MCP servers as remotes.Runs lists
-// them.
-func (c *catalog) remoteServers() []remotes.Server {
+// RemoteServers are the catalog's remote MCP servers as remotes.Runs
+// lists them.
+func (c *Catalog) RemoteServers() []remotes.Server {
 	out := make([]remotes.Server, 0, len(c.remotes))
 	for slug, r := range c.remotes {
 		up := c.connectors[slug]
-		out = append(out, remotes.Server{Remote: r, Connector: up.cfg, BaseURL: up.conn.BaseURL, Plan: up.creds, OAuth: isMCPOAuth(up)})
+		out = append(out, remotes.Server{Remote: r, Connector: up.Config, BaseURL: up.Conn.BaseURL, Plan: up.Creds, OAuth: mcpOAuth(up)})
 	}
 	return out
 }
