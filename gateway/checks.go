@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/creds"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/guard"
+	"github.com/sluice-gw/sluice/gateway/hosted"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/policylife"
 	"github.com/sluice-gw/sluice/policy"
@@ -112,7 +113,7 @@ func Check(ctx context.Context, cfg *config.Config, opts CheckOptions) Findings 
 	}
 	f.Errors = append(f.Errors, creds.CheckRefs(ctx, cfg)...)
 	f.Errors = append(f.Errors, extAuthzProblems(cfg)...) // extauthz_door.go
-	f.Errors = append(f.Errors, hostedProblems(cfg)...)   // hosted_door.go
+	f.Errors = append(f.Errors, hosted.Problems(cfg)...)
 	f.Errors = append(f.Errors, egress.Validate(cfg)...)
 	f.Add(checks.Upstreams(cfg, func(slug string) (*url.URL, []netip.Prefix) {
 		if up := cat.Upstream(slug); up != nil {

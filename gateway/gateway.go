@@ -37,6 +37,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/h1"
 	"github.com/sluice-gw/sluice/gateway/heads"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/hosted"
 	"github.com/sluice-gw/sluice/gateway/ingress"
 	"github.com/sluice-gw/sluice/gateway/limits"
 	"github.com/sluice-gw/sluice/gateway/logcap"
@@ -135,7 +136,7 @@ type Server struct {
 	mcpDoor   atomic.Pointer[mcp.Door] // the MCP door, once mounted (mcp_door.go)
 	remotes   remotes.Runs             // remote MCP servers' listing loops
 
-	hosted hostedDoor // gateway.hosted: per-run tokens and their listener (hosted_door.go)
+	hosted *hosted.Door // gateway.hosted: per-run tokens and their listener's checks (gateway/hosted)
 
 	oauth *oauth.Manager // credential.oauth2 connectors' tokens; nil without any (gateway/connections)
 	// attacher is the pipeline's credential stage (package creds).
@@ -269,9 +270,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Server, error)
 	}
 	s.remotes.Append, s.remotes.Log, s.remotes.Changed = s.audit.append, log, s.mcpChanged
 	// A remote with MCP authorization lists with a connected person's
-	// token (remotes.OAuthHeader); the hosted door's tokens (hosted_door.go).
+	// token (remotes.OAuthHeader).
 	s.remotes.OAuthHeader = remotes.OAuthHeader(s.oauth, s.audit.append, log, s.creds, cfg.Approvals.PublicURL)
-	s.hosted.cfg, s.hosted.log, s.hosted.store, s.hosted.audit, s.hosted.unaudited = cfg, log, s.store, s.audit, s.tel.Unaudited
+	s.hosted = hosted.New(hosted.Deps{Config: cfg, Log: log, Ended: s.store.SessionEnded, Append: s.audit.append, Narrowing: egress.CheckNarrowing,
+		Unaudited: func() { s.tel.Unaudited.Add(context.Background(), 1) }})
 	s.remotes.Start(ctx, s.catalog.RemoteServers(), s.creds) // remote MCP servers' tools: listed before anything is served
 	s.envoy = &envoyDoor{cfg: cfg, log: log, tel: s.tel, connectors: s.catalog.Upstreams(), call: s.Call, decide: s.Decide,
 		session: sessions.Check(s.store), append: s.audit.append} // extauthz_door.go
@@ -341,7 +343,7 @@ func (s *Server) adminHandler() http.Handler {
 		Tools:        func() int { return len(s.catalog.Tools()) },
 		Placeholders: func() any { return s.icpt.Placeholders() },
 		CloseSession: s.sessConns.CloseSession,
-		MintToken:    s.hosted.mintToken, // hosted_door.go
+		MintToken:    s.hosted.MintToken, // gateway/hosted
 		Receipts:     s.life.Receipts(),
 		Person:       s.adminAuth,
 		UI:           s.reviewUI,
@@ -464,7 +466,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.hosted.serveHosted(sl); err != nil { // hosted_door.go
+	if err := s.hosted.Serve(sl); err != nil { // gateway/hosted
 		sl.Close()
 		return err
 	}
@@ -479,7 +481,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.xds = xds
 	defer stopAuthz()
 	servers := []*http.Server{{
-		Handler:           sl.HostedGate(s.sandboxHandler()), // hosted_door.go
+		Handler:           sl.HostedGate(s.sandboxHandler()), // gateway/hosted's tokens admit it
 		ConnContext:       s.connContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,

@@ -16,11 +16,11 @@ import (
 
 	mdns "github.com/miekg/dns"
 
-	"github.com/sluice-gw/sluice/gateway/admin"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/egress"
 	"github.com/sluice-gw/sluice/gateway/egress/egresstest"
 	"github.com/sluice-gw/sluice/gateway/holds"
+	"github.com/sluice-gw/sluice/gateway/ident"
 	"github.com/sluice-gw/sluice/gateway/ingress/ingresstest"
 	"github.com/sluice-gw/sluice/gateway/refusal"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
@@ -65,7 +65,7 @@ func TestEndSession(t *testing.T) {
 		}
 	})
 	t.Run("a malformed session id is 400", func(t *testing.T) {
-		if r := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/"+strings.Repeat("x", admin.MaxSessionIDLen+1)+"/end", ""); r.status != 400 {
+		if r := g.admin(t, "tok-sandboxd", "POST", "/api/v1/sessions/"+strings.Repeat("x", ident.MaxLen+1)+"/end", ""); r.status != 400 {
 			t.Fatalf("%d %s, want 400", r.status, r.raw)
 		}
 	})

@@ -67,8 +67,8 @@ type Deps struct {
 	// credential source's SessionEnder); nil: nothing to revoke.
 	CloseSession func(session string) int
 	EndSession   func(ctx context.Context, session string) error
-	// MintToken mints a hosted sandbox's per-run token (the root's
-	// hosted_door.go) for the machine caller by, authenticated here as
+	// MintToken mints a hosted sandbox's per-run token (gateway/hosted's
+	// MintToken) for the machine caller by, authenticated here as
 	// request rid; nil: 404 not_found (gateway.hosted off).
 	MintToken func(w http.ResponseWriter, r *http.Request, rid, by string)
 

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/ident"
@@ -20,9 +19,6 @@ import (
 	"github.com/sluice-gw/sluice/gateway/store"
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
-
-// MaxSessionIDLen bounds a session id on the admin API.
-const MaxSessionIDLen = 256
 
 // routeSessions routes the sessions API of the admin listener.
 func (a *API) routeSessions(mux *http.ServeMux) {
@@ -74,20 +70,6 @@ func (a *API) sessionTokenIndex(tok string) int {
 	return found
 }
 
-// ValidSessionID accepts what an identity preamble could carry and a
-// person could type: printable, no spaces, bounded.
-func ValidSessionID(id string) bool {
-	if id == "" || len(id) > MaxSessionIDLen {
-		return false
-	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return false
-		}
-	}
-	return true
-}
-
 // sessionEndView is the answer to an end: the same for a repeat.
 type sessionEndView struct {
 	Session string    `json:"session"`
@@ -111,8 +93,8 @@ func (a *API) handleEndSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	session := r.PathValue("session")
-	if !ValidSessionID(session) {
-		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("a session id is 1..%d printable characters without spaces", MaxSessionIDLen)), rid)
+	if !ident.ValidID(session) {
+		refusal.Write(w, refusal.New(http.StatusBadRequest, refusal.BadRequest, fmt.Sprintf("a session id is 1..%d printable characters without spaces", ident.MaxLen)), rid)
 		return
 	}
 	// The canonical form, as the relayed identities carry it
@@ -246,7 +228,7 @@ func (a *API) handleSandboxEvent(w http.ResponseWriter, r *http.Request) {
 
 // decodeSandboxEvent reads one report strictly: known keys only, one JSON
 // object, a known event, a sandbox id, and every text field printable
-// without spaces and at most MaxSessionIDLen bytes (as an identity
+// without spaces and at most ident.MaxLen bytes (as an identity
 // preamble carries them).
 func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 	var ev sandboxEvent
@@ -272,8 +254,8 @@ func decodeSandboxEvent(body io.Reader) (sandboxEvent, error) {
 		if f.v == "" && !f.required {
 			continue
 		}
-		if !ValidSessionID(f.v) {
-			return ev, fmt.Errorf("sandbox event: %s must be 1..%d printable characters without spaces", f.name, MaxSessionIDLen)
+		if !ident.ValidID(f.v) {
+			return ev, fmt.Errorf("sandbox event: %s must be 1..%d printable characters without spaces", f.name, ident.MaxLen)
 		}
 	}
 	if ev.Limit < 0 {

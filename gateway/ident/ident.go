@@ -25,6 +25,22 @@ import (
 // MaxLen bounds a name, in bytes of its canonical form.
 const MaxLen = 256
 
+// ValidID accepts what an identity preamble could carry and a person
+// could type as an id (a session, sandbox, agent or user): 1..MaxLen
+// bytes, printable, no spaces. It says nothing of the canonical form
+// (Canonical).
+func ValidID(id string) bool {
+	if id == "" || len(id) > MaxLen {
+		return false
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}
+
 // fold is Unicode default case folding (full folding, so "ß" and "ss"
 // are one name); a cases.Caser is not safe for concurrent use, so each
 // call makes its own (cheap).

@@ -132,6 +132,14 @@ var gatewayFloors = map[string][]string{
 	// through the hook it is handed and neither decides nor calls a tool.
 	"gateway/remotes": {"connectors", "gateway/audit", "gateway/checks", "gateway/config", "gateway/connections",
 		"gateway/creds", "gateway/mcpremote", "gateway/oauth", "gateway/refusal", "policy", "vault"},
+	// The hosted sandboxes' door: per-run tokens (mint, check), the
+	// refusals of the hosted listener audited through the hook it is
+	// handed. It configures ingress's hosted listener (the one edge to
+	// another door, and only that way round); it reaches no pipeline,
+	// store, egress or admin code (the session check, the narrowing
+	// check and the audit write are hooks: its Deps).
+	"gateway/hosted": {"gateway/audit", "gateway/call", "gateway/config", "gateway/ident", "gateway/ingress",
+		"gateway/refusal", "gateway/runtoken", "sandboxd/wire"},
 	// The tool catalog: connectors' specs and remote MCP servers loaded
 	// into tools, each connector's upstream (guarded transport, credential
 	// plan, OAuth client, reply scrubber) and validate's look at the
@@ -475,6 +483,14 @@ func TestRulesCatchAViolation(t *testing.T) {
 		{"gateway/catalog", "gateway/mcp"},
 		{"gateway/catalog", "gateway/holds"},
 		{"gateway/catalog", "gateway/store"},
+		{"gateway/hosted", "gateway"},
+		{"gateway/hosted", "gateway/egress"},
+		{"gateway/hosted", "gateway/admin"},
+		{"gateway/hosted", "gateway/store"},
+		{"gateway/hosted", "gateway/mcp"},
+		{"gateway/ingress", "gateway/hosted"},
+		{"gateway/egress", "gateway/hosted"},
+		{"gateway/admin", "gateway/hosted"},
 		{"gateway/newthing", "gateway/refusal"},
 	}
 	for _, c := range cases {
