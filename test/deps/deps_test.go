@@ -265,6 +265,9 @@ var gatewayTestFloors = map[string][]string{
 	// Grants' tests match against grants in the real store the holds
 	// manager reads.
 	"gateway/grants": {"gateway/store"},
+	// The hosted door's tests check sessions ended in the real store its
+	// Deps.Ended reads.
+	"gateway/hosted": {"gateway/store"},
 }
 
 // allowedInTest is allowed for an import of from's tests.
