@@ -14,15 +14,15 @@ import (
 
 // The shape of gateway/ that issue 18 asks for, held as ratchets: a
 // ceiling is what the tree measures now, and it only ever comes down
-// (lower it in the commit that earns it; the root's ceiling keeps about
-// 300 lines of room for changes merged in parallel). The goals are a root of about
-// 3,500 non-test lines, *Server methods in at most 3 files, and no file
-// over 700 lines.
+// (lower it in the commit that earns it, with at most 2% of room for
+// changes merged in parallel). The goals — a root of about 3,500 non-test
+// lines, *Server methods in at most 3 files, and no file over 700 lines —
+// are met; the ceilings hold them.
 const (
 	maxGatewayFileLines = 700
-	// maxRootLines is the root package's non-test lines (the goal is
-	// about 3,500).
-	maxRootLines = 4050
+	// maxRootLines is the root package's non-test lines: 3,102 once
+	// the catalog and the hosted door moved out (issue 18), plus 2%.
+	maxRootLines = 3160
 	// maxServerFiles is how many of the root's non-test files hold
 	// methods of *Server: the composition (gateway.go), the tool call's
 	// path (toolcall.go) and the hold path (holdcall.go); the doors and
