@@ -99,7 +99,7 @@ func loadCatalogWith(ctx context.Context, cfg *config.Config, d *guard.Dialer, s
 			}
 			u.creds = plan
 		}
-		u.transport = guard.Transport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+		u.transport = guard.NewDirect(d, u.allow, guard.Transport(d, u.allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections))
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
 			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway
