@@ -39,10 +39,12 @@ type Direct struct {
 
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxIdle int
+	idleFor time.Duration // how long a kept connection may wait for its next call
 	maxHead int64
 
-	mu   sync.Mutex
-	idle map[string][]*directConn // by host:port, most recent last
+	mu      sync.Mutex
+	idle    map[string][]*directConn // by host:port, most recent last
+	janitor *time.Timer              // closes connections idle past idleFor; nil while none is kept
 }
 
 // directConn is one kept-alive connection.
@@ -77,12 +79,13 @@ func (h *headLimit) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// idleFor is how long a kept connection may wait for its next call.
-const idleFor = 90 * time.Second
-
 // NewDirect wraps t (Transport's) for a connector's tool calls.
 func NewDirect(d *Dialer, allow []netip.Prefix, t *http.Transport) *Direct {
-	return &Direct{Transport: t, maxIdle: t.MaxIdleConnsPerHost, maxHead: t.MaxResponseHeaderBytes,
+	idleFor := t.IdleConnTimeout
+	if idleFor <= 0 {
+		idleFor = 90 * time.Second // http.DefaultTransport's
+	}
+	return &Direct{Transport: t, maxIdle: t.MaxIdleConnsPerHost, maxHead: t.MaxResponseHeaderBytes, idleFor: idleFor,
 		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return d.DialContext(ctx, network, addr, allow)
 		},
@@ -226,7 +229,7 @@ func (d *Direct) get(addr string) (*directConn, bool) {
 		l[len(l)-1] = nil
 		d.idle[addr] = l[:len(l)-1]
 		d.mu.Unlock()
-		if idle, _ := Idle(pc.c); idle && now.Sub(pc.used) < idleFor {
+		if idle, _ := Idle(pc.c); idle && now.Sub(pc.used) < d.idleFor {
 			return pc, true
 		}
 		pc.c.Close()
@@ -239,6 +242,11 @@ func (d *Direct) put(addr string, pc *directConn) {
 	d.mu.Lock()
 	if len(d.idle[addr]) < d.maxIdle {
 		d.idle[addr] = append(d.idle[addr], pc)
+		if d.janitor == nil {
+			// Armed while connections are kept, not per call: it stops
+			// only when a sweep finds none.
+			d.janitor = time.AfterFunc(d.idleFor/2, d.sweep)
+		}
 		d.mu.Unlock()
 		return
 	}
@@ -246,11 +254,49 @@ func (d *Direct) put(addr string, pc *directConn) {
 	pc.c.Close()
 }
 
+// sweep closes the connections kept longer than idleFor, as the
+// transport does, so that an upstream's closed connections are not held
+// open after the calls stopped.
+func (d *Direct) sweep() {
+	now := time.Now()
+	var old []*directConn
+	d.mu.Lock()
+	for addr, l := range d.idle {
+		keep := l[:0]
+		for _, pc := range l {
+			if now.Sub(pc.used) >= d.idleFor {
+				old = append(old, pc)
+			} else {
+				keep = append(keep, pc)
+			}
+		}
+		clear(l[len(keep):])
+		if len(keep) == 0 {
+			delete(d.idle, addr)
+		} else {
+			d.idle[addr] = keep
+		}
+	}
+	if len(d.idle) > 0 {
+		d.janitor.Reset(d.idleFor / 2)
+	} else {
+		d.janitor = nil
+	}
+	d.mu.Unlock()
+	for _, pc := range old {
+		pc.c.Close()
+	}
+}
+
 // CloseIdleConnections closes the kept connections, both halves'.
 func (d *Direct) CloseIdleConnections() {
 	d.mu.Lock()
 	idle := d.idle
 	d.idle = map[string][]*directConn{}
+	if d.janitor != nil {
+		d.janitor.Stop()
+		d.janitor = nil
+	}
 	d.mu.Unlock()
 	for _, l := range idle {
 		for _, pc := range l {

@@ -243,3 +243,36 @@ func TestDirectNeverReusesAConnectionWithStrayBytes(t *testing.T) {
 		})
 	}
 }
+
+// TestDirectClosesIdleConnections: a kept connection is closed once it
+// has waited idleFor with no call, as the transport closes its idle
+// ones, without another call to notice it.
+func TestDirectClosesIdleConnections(t *testing.T) {
+	var closed atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	dt, _ := directTo(t, loopback)
+	dt.idleFor = 50 * time.Millisecond
+	if _, body, err := post(t, dt, context.Background(), srv.URL+"/x", "a"); err != nil || body != "ok" {
+		t.Fatalf("call: %v %q", err, body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for closed.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the idle connection is still open 5s after its 50ms idle time")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	dt.mu.Lock()
+	kept, armed := len(dt.idle), dt.janitor != nil
+	dt.mu.Unlock()
+	if kept != 0 || armed {
+		t.Fatalf("after the sweep: %d hosts kept, janitor armed %v; want none", kept, armed)
+	}
+}
