@@ -28,6 +28,22 @@ func directTo(t *testing.T, allow []netip.Prefix) (*Direct, *atomic.Int32) {
 	return dt, &dials
 }
 
+// countingServer starts a loopback server for h that counts its
+// connections reaching state.
+func countingServer(t *testing.T, h http.HandlerFunc, state http.ConnState) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == state {
+			n.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
 func post(t *testing.T, rt http.RoundTripper, ctx context.Context, url, body string) (*http.Response, string, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
@@ -51,19 +67,11 @@ func post(t *testing.T, rt http.RoundTripper, ctx context.Context, url, body str
 // server closed while it was idle is found closed by the peek and a new
 // one is dialled, so a POST (which no client may resend) still succeeds.
 func TestDirectKeepsConnectionsAndPeeksBeforeReuse(t *testing.T) {
-	var conns atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"got":"`+string(b)+`"}`)
-	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.Start()
-	defer srv.Close()
+	}, http.StateNew)
 	dt, dials := directTo(t, loopback)
 
 	var reused []bool
@@ -202,8 +210,8 @@ func TestDirectNeverReusesAConnectionWithStrayBytes(t *testing.T) {
 		later bool // the stray response comes while the connection is idle
 	}{{"with the answer", false}, {"while idle", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var accepted atomic.Int32
-			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var accepted *atomic.Int32
+			srv, accepted := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
 				io.Copy(io.Discard, r.Body)
 				c, bw, err := w.(http.Hijacker).Hijack() // the raw bytes of a hostile upstream
 				if err != nil {
@@ -219,14 +227,7 @@ func TestDirectNeverReusesAConnectionWithStrayBytes(t *testing.T) {
 				bw.WriteString(smuggled)
 				bw.Flush()
 				time.Sleep(time.Second) // open: only the client can refuse the connection
-			}))
-			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-				if s == http.StateNew {
-					accepted.Add(1)
-				}
-			}
-			srv.Start()
-			defer srv.Close()
+			}, http.StateNew)
 			dt, dials := directTo(t, loopback)
 			url := srv.URL + "/x"
 			if _, body, err := post(t, dt, context.Background(), url, "1"); err != nil || body != "A" {
@@ -248,15 +249,7 @@ func TestDirectNeverReusesAConnectionWithStrayBytes(t *testing.T) {
 // has waited idleFor with no call, as the transport closes its idle
 // ones, without another call to notice it.
 func TestDirectClosesIdleConnections(t *testing.T) {
-	var closed atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateClosed {
-			closed.Add(1)
-		}
-	}
-	srv.Start()
-	defer srv.Close()
+	srv, closed := countingServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }, http.StateClosed)
 	dt, _ := directTo(t, loopback)
 	dt.idleFor = 50 * time.Millisecond
 	if _, body, err := post(t, dt, context.Background(), srv.URL+"/x", "a"); err != nil || body != "ok" {
