@@ -45,16 +45,12 @@ func (l auditLog) record(ctx context.Context, rec audit.Record) error {
 // that happened is written, whatever the caller does. written is
 // AppendWritten: the record need only reach the file, a later one's fsync
 // makes it durable.
-func (l auditLog) append(ctx context.Context, rec audit.Record, written bool) (audit.Record, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
-	defer cancel()
-	var out audit.Record
-	var err error
-	if written {
-		out, err = l.AppendWritten(ctx, rec)
-	} else {
-		out, err = l.Append(ctx, rec)
-	}
+//
+// No context or timer is made per record (audit.Log.AppendFor): a record
+// its caller wrote itself, as every record of a call made alone is, is
+// answered before the caller would wait, and only a wait arms the timer.
+func (l auditLog) append(_ context.Context, rec audit.Record, written bool) (audit.Record, error) {
+	out, err := l.AppendFor(rec, written, auditTimeout)
 	if err == nil && l.export != nil {
 		l.export(rec, out.Time) // the decision log is fed from the record
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-gw/sluice/gateway/audit"
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
 )
@@ -214,5 +216,69 @@ func TestToolCallAuditGroupCommit(t *testing.T) {
 	t.Logf("%d records, %d fsyncs: %.1f records per fsync", records, syncs, factor)
 	if factor <= 2 {
 		t.Errorf("%.2f records per fsync from %d concurrent callers: no better than calls one at a time (2), the fsync is not shared", factor, callers)
+	}
+}
+
+// TestToolCallUpstreamStrayResponseNeverReachesAnotherCall (THREATS F22):
+// a hostile upstream answers a call and sends a second, unasked-for
+// response after it (201, its own body) on the same connection, for the
+// next call there, another sandbox's, to read. The connection is not
+// kept: the second call is dialled anew, its sandbox gets its own answer,
+// and its result record names its own upstream status (200), not the
+// stray 201.
+func TestToolCallUpstreamStrayResponseNeverReachesAnotherCall(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	const stray = "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 16\r\n\r\n{\"stray\":\"yes\"}\n"
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			n := accepted.Add(1)
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				body := fmt.Sprintf(`{"conn":%d}`, n)
+				_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s%s", len(body), body, stray)
+				time.Sleep(5 * time.Second) // open: only the gateway can refuse the connection
+			}()
+		}
+	}()
+	g := startGateway(t, "http://"+l.Addr().String(), "", nil)
+	other := agentA
+	other.Sandbox = "sb-2"
+	r1 := doCall(t, g.client(agentA), "tickets.list_tickets", `{"query":{"limit":5}}`)
+	r2 := doCall(t, g.client(other), "tickets.list_tickets", `{"query":{"limit":5}}`)
+	if r1.status != 200 || !strings.Contains(r1.raw, `"body":{"conn":1}`) {
+		t.Fatalf("first call: %d %s", r1.status, r1.raw)
+	}
+	if r2.status != 200 || !strings.Contains(r2.raw, `"body":{"conn":2}`) || strings.Contains(r2.raw, "stray") {
+		t.Fatalf("the second call read %d %s, want its own answer from a new connection", r2.status, r2.raw)
+	}
+	if accepted.Load() != 2 {
+		t.Fatalf("%d upstream connections, want 2: the one with a stray response was reused", accepted.Load())
+	}
+	rid, _ := r2.body["request_id"].(string)
+	var result *audit.Record
+	for _, rec := range auditEvents(t, g) {
+		if rec.RequestID == rid && rec.Event == call.EventResult {
+			result = &rec
+		}
+	}
+	if result == nil {
+		t.Fatalf("no result record for the second call %q", rid)
+	}
+	if st, _ := result.Fields["upstream_status"].(float64); st != 200 {
+		t.Fatalf("the second call's result record has upstream_status %v, want its own 200: %v", result.Fields["upstream_status"], result.Fields)
 	}
 }

@@ -61,6 +61,15 @@ func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Du
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	stopTrace, err := startDebugTrace() // debugtrace.go: SLUICE_DEBUG_TRACE
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	defer func() {
+		if err := stopTrace(); err != nil {
+			log.Warn("debug trace not written whole", "err", err)
+		}
+	}()
 	if pct, limit, ok := gcDefaults(); ok { // gc.go
 		log.Info("gc defaults", "gogc", pct, "memory_limit_bytes", limit)
 	}

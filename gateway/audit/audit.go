@@ -148,26 +148,6 @@ type Field struct {
 	Value any
 }
 
-// foldSorted moves rec.Sorted into rec.Fields.
-func foldSorted(rec *Record) {
-	if rec.Fields == nil {
-		rec.Fields = make(map[string]any, len(rec.Sorted))
-	}
-	for _, f := range rec.Sorted {
-		rec.Fields[f.Key] = f.Value
-	}
-	rec.Sorted = nil
-}
-
-// file is the part of *os.File the writer uses; tests wrap it to inject faults.
-type file interface {
-	WriteAt(p []byte, off int64) (int, error)
-	Sync() error
-	Truncate(size int64) error
-	Stat() (os.FileInfo, error)
-	Close() error
-}
-
 // Log is an open audit log. Safe for concurrent use.
 type Log struct {
 	path     string
@@ -347,10 +327,54 @@ func (l *Log) AppendWritten(ctx context.Context, rec Record) (Record, error) {
 	return l.append(ctx, rec, true)
 }
 
+// AppendFor is Append (written: AppendWritten) bounded by timeout rather
+// than by a context: the caller's cancellation never stops a record (the
+// gateway writes every record of a call that happened, whatever its
+// caller does). A record that is answered by the time its caller would
+// start to wait, as every record of a caller that wrote its own batch is,
+// arms no timer; one that waits for another writer or an fsync waits at
+// most timeout, then fails with context.DeadlineExceeded (the record may
+// still be written).
+func (l *Log) AppendFor(rec Record, written bool, timeout time.Duration) (Record, error) {
+	r, err := l.enqueue(rec, written)
+	if err != nil {
+		return Record{}, err
+	}
+	select {
+	case res := <-r.done:
+		return res.rec, res.err
+	default:
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case res := <-r.done:
+		return res.rec, res.err
+	case <-t.C:
+		return Record{}, fmt.Errorf("audit: append (record may still be written): %w after %s", context.DeadlineExceeded, timeout)
+	}
+}
+
 func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, fmt.Errorf("audit: append: %w", err)
 	}
+	r, err := l.enqueue(rec, nosync)
+	if err != nil {
+		return Record{}, err
+	}
+	select {
+	case res := <-r.done:
+		return res.rec, res.err
+	case <-ctx.Done():
+		return Record{}, fmt.Errorf("audit: append (record may still be written): %w", ctx.Err())
+	}
+}
+
+// enqueue encodes rec, queues it and, when no one else is writing, writes
+// the batch on the caller's goroutine. The request's done channel carries
+// the result.
+func (l *Log) enqueue(rec Record, nosync bool) (*request, error) {
 	// Encode the caller's part of the line here, in parallel with other
 	// callers, so that the writer, which every record passes through in
 	// turn, only adds seq, time, prev and the hash.
@@ -372,7 +396,7 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return Record{}, ErrClosed
+		return nil, ErrClosed
 	}
 	l.pending = append(l.pending, r)
 	l.mu.Unlock()
@@ -400,12 +424,7 @@ func (l *Log) append(ctx context.Context, rec Record, nosync bool) (Record, erro
 			}
 		}
 	}
-	select {
-	case res := <-r.done:
-		return res.rec, res.err
-	case <-ctx.Done():
-		return Record{}, fmt.Errorf("audit: append (record may still be written): %w", ctx.Err())
-	}
+	return r, nil
 }
 
 // commitPending writes every pending record in one batch, with one write

@@ -214,3 +214,14 @@ func appendJSONString(dst []byte, s string) []byte {
 // escaping on, invalid UTF-8 replaced), for encoders on the hot path that
 // must produce exactly what json.Marshal would.
 func AppendJSONString(dst []byte, s string) []byte { return appendJSONString(dst, s) }
+
+// foldSorted moves rec.Sorted into rec.Fields.
+func foldSorted(rec *Record) {
+	if rec.Fields == nil {
+		rec.Fields = make(map[string]any, len(rec.Sorted))
+	}
+	for _, f := range rec.Sorted {
+		rec.Fields[f.Key] = f.Value
+	}
+	rec.Sorted = nil
+}

@@ -15,6 +15,15 @@ import (
 // unlinked, recreated), and making what was written durable: the fsyncs
 // of both sync modes, and what a failed one leaves.
 
+// file is the part of *os.File the writer uses; tests wrap it to inject faults.
+type file interface {
+	WriteAt(p []byte, off int64) (int, error)
+	Sync() error
+	Truncate(size int64) error
+	Stat() (os.FileInfo, error)
+	Close() error
+}
+
 // adopt locks osf and reads its tail to continue the chain.
 func (l *Log) adopt(osf *os.File) error {
 	fi, err := osf.Stat()

@@ -43,7 +43,7 @@ type Upstream struct {
 	Config    config.Connector
 	Conn      *connectors.Connector
 	Allow     []netip.Prefix    // the connector's allow_private
-	Transport http.RoundTripper // guarded *http.Transport; a remote MCP server's *mcpremote.Remote
+	Transport http.RoundTripper // guard.Direct over a guarded *http.Transport; a remote MCP server's *mcpremote.Remote
 	Creds     *creds.Plan       // how the credential is attached; nil without one
 	OAuth     *oauth.Client     // credential.oauth2, resolved against the spec (creds.OAuthClient)
 
@@ -140,7 +140,7 @@ func Load(ctx context.Context, cfg *config.Config, d *guard.Dialer, opts Options
 			}
 			u.Creds = plan
 		}
-		u.Transport = guard.Transport(d, u.Allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections)
+		u.Transport = guard.NewDirect(d, u.Allow, guard.Transport(d, u.Allow, cfg.Gateway.UpstreamTimeout.Std(), cfg.Gateway.MaxConnections))
 		c.connectors[cc.Slug] = u
 		for _, t := range conn.Tools {
 			if other, dup := c.aliases[t.Alias]; dup { // slugs differ, so aliases do too; checked anyway

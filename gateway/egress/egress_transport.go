@@ -6,11 +6,9 @@ import (
 	"errors"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/sluice-gw/sluice/gateway/guard"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -263,23 +261,6 @@ func (p *upstreamPool) closeIdle() {
 // be peeked at counts as usable; the exchange retries a replayable
 // request on a fresh connection if it was closed after all.
 func stillIdle(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return true
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	alive := true
-	var b [1]byte
-	if err := raw.Read(func(fd uintptr) bool {
-		n, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		_ = n
-		alive = rerr == unix.EAGAIN || rerr == unix.EWOULDBLOCK // nothing to read: idle; 0 bytes is the upstream's close
-		return true
-	}); err != nil {
-		return false
-	}
-	return alive
+	idle, ok := guard.Idle(c)
+	return idle || !ok
 }

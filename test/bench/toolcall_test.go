@@ -222,11 +222,38 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		clients[p] = c
 		ps = append(ps, p)
 	}
+	// BENCH_TOOLCALL_AGAINST=REV: the pass-through and full-pipeline rows
+	// again, from another revision's binary, taking turns with this one's
+	// (a change's before and after in one run, under the same load).
+	if rev := os.Getenv("BENCH_TOOLCALL_AGAINST"); rev != "" {
+		bin, short, err := buildAt(w, rev, "toolcall-against") // tracing_test.go
+		for _, i := range []int{0, 3} {
+			st := stages[i]
+			name := "sluice at " + rev + ": " + strings.TrimPrefix(st.name, "sluice: ")
+			if err != nil {
+				ps = append(ps, &probe{name: name, err: err})
+				continue
+			}
+			o := st.o
+			o.Name, o.Bin = st.o.Name+"-against", bin
+			g, err := w.startGateway(t, o)
+			if err != nil {
+				ps = append(ps, &probe{name: name, err: err})
+				continue
+			}
+			t.Cleanup(g.p.stop)
+			c := sandboxClient(g.sock, benchAgent)
+			p := &probe{name: name, fn: func() error { _, err := toolCall(c, st.tool, st.args, 200); return err }}
+			clients[p] = c
+			ps = append(ps, p)
+			s.Notes = append(s.Notes, fmt.Sprintf("row \"%s\": row \"%s\" with the binary built from %s (BENCH_TOOLCALL_AGAINST), in turns with this tree's", name, st.name, short))
+		}
+	}
 	interleave(ps, n, warm)
 	for _, p := range ps {
 		if c := clients[p]; c != nil && p.err == nil {
 			tool, args := "bench.create_item", `{"body":`+itemBody+`}`
-			if p.name == stages[0].name {
+			if strings.HasSuffix(p.name, strings.TrimPrefix(stages[0].name, "sluice: ")) {
 				tool = "bench.echo"
 			}
 			p.note = connReuse(c, tool, args)
