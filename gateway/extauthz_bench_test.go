@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/extauthz"
 	"github.com/sluice-gw/sluice/gateway/toolinput"
+	"github.com/sluice-gw/sluice/policy"
 )
 
 // envoyBenchPolicy is the benchmarks' opa-envoy-plugin policy
@@ -62,16 +63,22 @@ func envoyBench(b *testing.B) (*envoyGateway, *authv3.CheckRequest, string) {
 // same kind of socket by the same gRPC, so that the two differ only in
 // what the server does. cpu-µs/op is the whole process's CPU per Check
 // (client and GC included): on a shared machine it moves far less than
-// latency. Run with -count to alternate the rows.
+// latency. "sluice-evaluated" is the gateway with its policy compiled
+// to evaluate every decision (no live memo). Run with -count to repeat
+// the rows.
 func BenchmarkEnvoyCheck(b *testing.B) {
 	g, cr, pol := envoyBench(b)
 	peer := startEnvoyPeer(b, pol)
 	ctx := context.Background()
+	memo, evaluated := g.engine.Load(), noMemoEngine(b, g)
 	for _, row := range []struct {
 		name string
 		c    authv3.AuthorizationClient
-	}{{"peer", peer}, {"sluice", g.authz}} {
+		e    *policy.Engine
+	}{{"peer", peer, memo}, {"sluice", g.authz, memo}, {"sluice-evaluated", g.authz, evaluated}} {
 		b.Run(row.name, func(b *testing.B) {
+			g.engine.Store(row.e)
+			defer g.engine.Store(memo)
 			cpu0 := processCPU()
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -86,11 +93,26 @@ func BenchmarkEnvoyCheck(b *testing.B) {
 	}
 }
 
+// noMemoEngine is g's policy compiled again to evaluate every decision
+// (policy.Config.NoMemo): the "-evaluated" rows, the engine before its
+// live memo.
+func noMemoEngine(b *testing.B, g *envoyGateway) *policy.Engine {
+	pc := PolicyConfig(g.cfg, nil)
+	pc.NoMemo = true
+	e, err := policy.New(context.Background(), pc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
 // BenchmarkEnvoyDecide is the floor under BenchmarkEnvoyCheck: the policy
 // work of a Check alone, no gRPC, audit, credential or log line. "peer" is
 // the bare peer's (opa-envoy-plugin's input, the team's module through
 // OPA's Go API); "sluice" is the pipeline's (input.envoy's JSON, the tool
-// call's input, the shipped library with the adapter and the module).
+// call's input, the shipped library with the adapter and the module,
+// through the engine's live memo), "sluice-evaluated" the same with every
+// decision evaluated.
 func BenchmarkEnvoyDecide(b *testing.B) {
 	g, cr, pol := envoyBench(b)
 	ctx := context.Background()
@@ -99,6 +121,37 @@ func BenchmarkEnvoyDecide(b *testing.B) {
 		b.Fatal(err)
 	}
 	route := g.envoy.envoyRoutes()
+	evaluated := noMemoEngine(b, g)
+	sluice := func(e *policy.Engine) func() bool {
+		return func() bool {
+			r, err := extauthz.Parse(cr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r.Envoy, err = extauthz.EnvoyJSON(cr, r); err != nil {
+				b.Fatal(err)
+			}
+			m, found := route(r.Host, r.Port, r.Method, r.Path, r.RawQuery)
+			if found != extauthz.Matched {
+				b.Fatalf("no tool for the Check: %v", found)
+			}
+			tool, _ := g.catalog.Tool(m.Tool)
+			up := g.catalog.connectors[m.Connector]
+			hr, err := http.NewRequestWithContext(ctx, r.Method, up.conn.BaseURL.Scheme+"://"+up.conn.BaseURL.Host+r.Path+"?"+r.RawQuery, http.NoBody)
+			if err != nil {
+				b.Fatal(err)
+			}
+			hr.Header = r.Headers.Clone()
+			req, err := toolinput.Formed(ctx, hr, tool, up.conn.BaseURL)
+			if err != nil {
+				b.Fatal(err)
+			}
+			id := agentA
+			in := toolinput.Input(id.Sandbox, id.Agent, id.Session, id.User, tool, nil, req, time.Now().UTC())
+			in.Envoy = r.Envoy
+			return e.Decide(ctx, in).Rule == "envoy.authz"
+		}
+	}
 	rows := []struct {
 		name string
 		fn   func() bool
@@ -113,34 +166,7 @@ func BenchmarkEnvoyDecide(b *testing.B) {
 		}
 		rs, err := pq.Eval(ctx, rego.EvalInput(in))
 		return err == nil && len(rs) == 1 && rs[0].Expressions[0].Value == true
-	}}, {"sluice", func() bool {
-		r, err := extauthz.Parse(cr)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if r.Envoy, err = extauthz.EnvoyJSON(cr, r); err != nil {
-			b.Fatal(err)
-		}
-		m, found := route(r.Host, r.Port, r.Method, r.Path, r.RawQuery)
-		if found != extauthz.Matched {
-			b.Fatalf("no tool for the Check: %v", found)
-		}
-		tool, _ := g.catalog.Tool(m.Tool)
-		up := g.catalog.connectors[m.Connector]
-		hr, err := http.NewRequestWithContext(ctx, r.Method, up.conn.BaseURL.Scheme+"://"+up.conn.BaseURL.Host+r.Path+"?"+r.RawQuery, http.NoBody)
-		if err != nil {
-			b.Fatal(err)
-		}
-		hr.Header = r.Headers.Clone()
-		req, err := toolinput.Formed(ctx, hr, tool, up.conn.BaseURL)
-		if err != nil {
-			b.Fatal(err)
-		}
-		id := agentA
-		in := toolinput.Input(id.Sandbox, id.Agent, id.Session, id.User, tool, nil, req, time.Now().UTC())
-		in.Envoy = r.Envoy
-		return g.Decide(ctx, in).Rule == "envoy.authz"
-	}}}
+	}}, {"sluice", sluice(g.engine.Load())}, {"sluice-evaluated", sluice(evaluated)}}
 	for _, row := range rows {
 		b.Run(row.name, func(b *testing.B) {
 			cpu0 := processCPU()
