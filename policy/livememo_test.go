@@ -185,3 +185,56 @@ decisions contains {"action": "allow", "reason": "even", "rule": "m.even"} if ti
 		t.Fatalf("memo off (%q): %d hits, %d memo evaluations; want none", e.cur.Load().deps().off, h, ev)
 	}
 }
+
+// TestLiveKeyProjection: the live memo's key, built from input.envoy
+// parsed only where the policy reads it (project), is the key of the
+// whole value, whatever shape the document has where the policy looks.
+func TestLiveKeyProjection(t *testing.T) {
+	dir := t.TempDir()
+	for name, src := range liveEnvoyPolicy {
+		writeFile(t, dir, name, src)
+	}
+	e := newEngine(t, Config{Paths: []string{dir}})
+	deps := e.cur.Load().deps()
+	docs := []string{
+		`null`, `{}`, `{"parsed_path":["echo"]}`,
+		`{"attributes":{"request":{"http":{"method":"POST","headers":{"x-team":"blue","x-request-id":"1"},"id":"7"}}},"parsed_path":["echo"],"parsed_body":{"name":"w","size":3}}`,
+		`{"attributes":{"request":{"http":"POST"}},"parsed_path":"echo","parsed_body":[{"name":"w"}]}`,
+		`{"attributes":null,"parsed_body":{"name":{"first":"w"}},"parsed_path":[]}`,
+		`{"parsed_body":{"name":"a"},"parsed_body":{"name":"b"}}`, // a repeated key: the last
+		`{"attributes":{"request":{"http":{"headers":{"x-team":"a","x-team":"b"}}}}}`,
+		`{"envoy":{"kind":"x"},"kind":"tool_call","parsed_body":{"name":"\u00e9\ud83d\ude00"}}`,
+		`{"parsed_body":{"name":1.50e1},"attributes":{"request":{"http":{"method":true}}}}`,
+		` { "parsed_path" : [ "echo" , "x" ] , "other" : { "deep" : [1, {"a": null}] } } `,
+	}
+	for _, doc := range docs {
+		in := liveInput(t, nil)
+		in.Envoy = []byte(doc)
+		full, err := inputValue(in)
+		if err != nil {
+			t.Fatalf("%s: %v", doc, err)
+		}
+		items, err := inputItems(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := liveKey(nil, deps, in, items)
+		if !ok {
+			t.Fatalf("%s: no key", doc)
+		}
+		if want := deps.key(nil, full); string(got) != string(want) {
+			t.Errorf("%s:\nprojected key %q\nwhole key     %q", doc, got, want)
+		}
+	}
+	for _, bad := range []string{`[1]`, `"x"`, `{"parsed_path":[}`, `{"a":1} x`, `{"other":"\x01"}`} {
+		in := liveInput(t, nil)
+		in.Envoy = []byte(bad)
+		items, _ := inputItems(in)
+		if _, ok := liveKey(nil, deps, in, items); ok {
+			t.Errorf("%s: keyed; want the whole value's error to decide", bad)
+		}
+		if d := e.Decide(context.Background(), in); d.Rule != RulePolicyError {
+			t.Errorf("%s: decided %+v, want a policy_error", bad, d)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -54,6 +55,46 @@ type inputDeps struct {
 	paths [][]*ast.Term
 	shape []bool
 	off   string
+	// envoy is what the paths read of input.envoy, for projectEnvoy.
+	envoy *pathTree
+}
+
+// pathTree is the keys of the paths under one point of the input: a
+// leaf's value is read whole.
+type pathTree struct {
+	leaf bool
+	next map[string]*pathTree
+}
+
+// child is the node under key k (nil for none, or on a nil tree).
+func (t *pathTree) child(k string) *pathTree {
+	if t == nil {
+		return nil
+	}
+	return t.next[k]
+}
+
+// add makes the path's node; whole, its value is read whole (a leaf),
+// else only its kind is (an object's members the tree does not name are
+// skipped).
+func (t *pathTree) add(keys []string, whole bool) {
+	for _, k := range keys {
+		if t.leaf {
+			return
+		}
+		if t.next == nil {
+			t.next = map[string]*pathTree{}
+		}
+		n := t.next[k]
+		if n == nil {
+			n = &pathTree{}
+			t.next[k] = n
+		}
+		t = n
+	}
+	if whole && !t.leaf {
+		t.leaf, t.next = true, nil
+	}
 }
 
 // inputRead is one reference into input found by inputPaths.
@@ -256,8 +297,11 @@ func inputPaths(mods map[string]*ast.Module) inputDeps {
 			cover = r.keys
 		}
 	}
-	d := inputDeps{paths: make([][]*ast.Term, len(kept)), shape: make([]bool, len(kept))}
+	d := inputDeps{paths: make([][]*ast.Term, len(kept)), shape: make([]bool, len(kept)), envoy: &pathTree{}}
 	for i, r := range kept {
+		if r.keys[0] == "envoy" {
+			d.envoy.add(r.keys[1:], !r.shape)
+		}
 		for _, k := range r.keys {
 			d.paths[i] = append(d.paths[i], ast.StringTerm(k))
 		}
@@ -482,29 +526,79 @@ func (l *liveMemo) put(k []byte, d Decision) {
 // keyBufs are the live memo's key buffers, reused across decisions.
 var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-// decideLive is eval through p's live memo (see liveMemo). A policy_error
-// (a timeout on a loaded machine, an evaluation error) is never
-// remembered.
-func (e *Engine) decideLive(ctx context.Context, p *prepared, in *Input, val ast.Value) Decision {
-	if p.live == nil || e.cfg.NoMemo {
-		return e.eval(ctx, p, in, val)
+// decideLive decides in (items: inputItems's) through p's live memo (see
+// liveMemo), building the whole input value only when it evaluates. A
+// policy_error (a timeout on a loaded machine, an evaluation error) is
+// never remembered.
+func (e *Engine) decideLive(ctx context.Context, p *prepared, in *Input, items [][2]*ast.Term) Decision {
+	var key []byte
+	if p.live != nil && !e.cfg.NoMemo {
+		bp := keyBufs.Get().(*[]byte)
+		defer keyBufs.Put(bp)
+		k, ok := liveKey((*bp)[:0], p.deps(), in, items)
+		*bp = k
+		if ok {
+			if d, hit := p.live.get(k); hit {
+				p.live.hits.Add(1)
+				return d
+			}
+			p.live.evals.Add(1)
+			key = k
+		}
 	}
-	deps := p.deps()
-	if deps.off != "" {
-		return e.eval(ctx, p, in, val)
+	var ev ast.Value
+	if len(in.Envoy) > 0 {
+		var err error
+		if ev, err = envoyValue(in.Envoy); err != nil {
+			return policyError(fmt.Sprintf("policy: build input: %v", err))
+		}
 	}
-	bp := keyBufs.Get().(*[]byte)
-	defer keyBufs.Put(bp)
-	k := deps.key((*bp)[:0], val)
-	*bp = k
-	if d, ok := p.live.get(k); ok {
-		p.live.hits.Add(1)
-		return d
-	}
-	p.live.evals.Add(1)
-	d := e.eval(ctx, p, in, val)
-	if d.Rule != RulePolicyError {
-		p.live.put(k, d)
+	d := e.eval(ctx, p, in, inputObject(items, ev, in.Usage))
+	if key != nil && d.Rule != RulePolicyError {
+		p.live.put(key, d)
 	}
 	return d
+}
+
+// project parses the JSON value at p.i as value does, building only what
+// t names: a leaf whole, an object's members t names (the others checked
+// and skipped), anything but an object whole. On the paths of t the
+// result holds what value's would, so inputDeps.key gives the same key
+// for either.
+func (p *jsonParser) project(depth int, t *pathTree) (*ast.Term, error) {
+	p.space()
+	if t.leaf || p.i >= len(p.b) || p.b[p.i] != '{' || depth >= maxJSONDepth {
+		return p.value(depth)
+	}
+	return p.members(depth, t)
+}
+
+// liveKey is the live memo's key of in (items: inputItems's) under deps,
+// appended to b, with input.envoy parsed only where deps reads it
+// (project); ok false when the memo cannot be used for it (the policy
+// may read more than its projection, or input.envoy does not parse:
+// then the full value's error decides).
+func liveKey(b []byte, deps inputDeps, in *Input, items [][2]*ast.Term) ([]byte, bool) {
+	if deps.off != "" {
+		return b, false
+	}
+	var ev ast.Value
+	if len(in.Envoy) > 0 {
+		p := jsonParser{b: in.Envoy}
+		t, err := p.project(0, deps.envoy)
+		if err != nil {
+			return b, false
+		}
+		if p.space(); p.i != len(p.b) {
+			return b, false
+		}
+		switch t.Value.(type) {
+		case ast.Object:
+			ev = t.Value
+		case ast.Null:
+		default:
+			return b, false
+		}
+	}
+	return deps.key(b, inputObject(items, ev, in.Usage)), true
 }

@@ -319,11 +319,11 @@ func (e *Engine) Decide(ctx context.Context, in *Input) Decision {
 		if in.Findings == nil {
 			in.Findings = scanInput(in) // scan.go: before the decision, on what is sent
 		}
-		val, err := inputValue(in)
+		items, err := inputItems(in)
 		if err != nil {
 			return policyError(fmt.Sprintf("policy: build input: %v", err))
 		}
-		return e.decideLive(ctx, p, in, val) // memo.go
+		return e.decideLive(ctx, p, in, items) // memo.go
 	})
 }
 
