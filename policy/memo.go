@@ -483,7 +483,7 @@ type liveMemo struct {
 	size int
 	max  int
 
-	evals, hits atomic.Int64 // for tests
+	evals, hits atomic.Int64 // Engine.MemoStats
 }
 
 func newLiveMemo(max int) *liveMemo {
@@ -521,6 +521,20 @@ func (l *liveMemo) put(k []byte, d Decision) {
 	}
 	l.m[string(k)] = d
 	l.size += len(k) + liveEntryBytes
+}
+
+// MemoStats are Decide's evaluations made through its live memo and its
+// answers from memory, for the policy generation in force (both 0 when
+// the memo is off for it: every decision is then evaluated).
+func (e *Engine) MemoStats() (evals, hits int64) {
+	if e == nil {
+		return 0, 0
+	}
+	p := e.cur.Load()
+	if p == nil || p.live == nil {
+		return 0, 0
+	}
+	return p.live.evals.Load(), p.live.hits.Load()
 }
 
 // keyBufs are the live memo's key buffers, reused across decisions.
