@@ -183,7 +183,7 @@ func (d *envoyDoor) envoyCall(ctx context.Context, r *extauthz.Request, m extaut
 	if len(r.Body) == 0 {
 		req.Body, req.ContentLength = http.NoBody, 0
 	}
-	req.Header = r.Headers.Clone()
+	req.Header = r.Headers // the pipeline decides and attaches on its own copy (toolinput.Formed clones it)
 	hw := wait
 	if hw <= 0 {
 		hw = -1 // no time left under Envoy's deadline: answer with the hold at once

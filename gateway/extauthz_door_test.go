@@ -435,3 +435,60 @@ func TestEnvoyRawEgressNarrowed(t *testing.T) {
 		t.Errorf("files.pythonhosted.org record %v: want decision allow with egress %q", f, narrow)
 	}
 }
+
+// TestEnvoyMemoStillAudits (THREATS F23, through the door): a Check that
+// differs from an earlier one only in what the policy never reads (the
+// request id) is answered from the engine's memo and is still audited
+// with its own input and handed the credential; one that differs in a
+// header the policy reads is evaluated afresh and blocked.
+func TestEnvoyMemoStillAudits(t *testing.T) {
+	dir := t.TempDir()
+	adapter, err := os.ReadFile("extauthz/testdata/opa-envoy/adapter.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "adapter.rego"), adapter, 0o644)
+	os.WriteFile(filepath.Join(dir, "envoy.rego"), []byte(`package envoy.authz
+
+import input.attributes.request.http as http_request
+
+default allow := false
+
+allow if {
+	http_request.method == "GET"
+	input.parsed_path[0] == "tickets"
+	http_request.headers["x-team"] == "blue"
+}
+`), 0o644)
+	g := startEnvoyGateway(t, func(c *config.Config) { c.Rego = []string{dir} })
+	e := g.engine.Load()
+	var hits []int64
+	for _, h := range []map[string]string{{"x-request-id": "req-1", "x-team": "blue"}, {"x-request-id": "req-2", "x-team": "blue"}, {"x-request-id": "req-3", "x-team": "red"}} {
+		res := g.check(t, g.checkRequest("HTTP/1.1", "GET", "/tickets?limit=5", nil, h))
+		ok, key := res.GetOkResponse(), ""
+		for _, m := range ok.GetHeaders() {
+			if strings.EqualFold(m.GetHeader().GetKey(), "x-api-key") {
+				key = m.GetHeader().GetValue()
+			}
+		}
+		if (h["x-team"] == "blue") != (ok != nil && key == testSecret) {
+			t.Fatalf("x-team %s: %v (credential %t)", h["x-team"], res, key == testSecret)
+		}
+		_, n := e.MemoStats()
+		hits = append(hits, n)
+	}
+	if hits[1] != hits[0]+1 || hits[2] != hits[1] {
+		t.Errorf("answers from memory after each Check %v: want the second only", hits)
+	}
+	recs := envoyRecords(t, g.testGateway)
+	if len(recs) != 3 {
+		t.Fatalf("%d envoy records, want one per Check", len(recs))
+	}
+	for i, want := range []string{"allow", "allow", "block"} {
+		f := fieldsOf(recs[i])
+		in, _ := json.Marshal(f["input"])
+		if f["decision"] != want || f["rule"] != "envoy.authz" || !strings.Contains(string(in), fmt.Sprintf(`"req-%d"`, i+1)) || (want == "allow") != (f["credential"] != nil) {
+			t.Errorf("record %d: %v", i, f)
+		}
+	}
+}

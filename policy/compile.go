@@ -111,7 +111,7 @@ func compile(ctx context.Context, cfg Config, b *Bundle, log *slog.Logger) (*pre
 	}
 	mods := src.mods
 	deps := sync.OnceValue(func() inputDeps { return inputPaths(mods) }) // memo.go: on first use only
-	return &prepared{pq: pq, pqTool: pqTool, rules: table, revision: src.revision, deps: deps}, nil
+	return &prepared{pq: pq, pqTool: pqTool, rules: table, revision: src.revision, deps: deps, live: newLiveMemo(liveMemoBytes)}, nil
 }
 
 // sources is what one generation compiles besides the library: the

@@ -22,6 +22,34 @@ import (
 // tool) come from bounded caches of immutable terms; OPA never modifies its
 // input, so evaluations running at the same time may share them.
 func inputValue(in *Input) (ast.Value, error) {
+	items, err := inputItems(in)
+	if err != nil {
+		return nil, err
+	}
+	var ev ast.Value
+	if len(in.Envoy) > 0 {
+		if ev, err = envoyValue(in.Envoy); err != nil {
+			return nil, err
+		}
+	}
+	return inputObject(items, ev, in.Usage), nil
+}
+
+// inputObject is the document of items (inputItems's) with input.envoy
+// (ev; nil for none) and input.usage.
+func inputObject(items [][2]*ast.Term, ev ast.Value, u *Usage) ast.Object {
+	if ev != nil {
+		items = append(items, item("envoy", ast.NewTerm(ev)))
+	}
+	if u != nil {
+		items = append(items, item("usage", usageTerm(u)))
+	}
+	return ast.NewObject(items...)
+}
+
+// inputItems are the members of in's document but input.envoy and
+// input.usage (inputObject adds them), with room for both.
+func inputItems(in *Input) ([][2]*ast.Term, error) {
 	v := in.Version
 	if v == 0 {
 		v = InputVersion
@@ -38,7 +66,8 @@ func inputValue(in *Input) (ast.Value, error) {
 		}
 		args = ast.NewTerm(av)
 	}
-	items := [][2]*ast.Term{
+	items := make([][2]*ast.Term, 0, 12)
+	items = append(items,
 		item("version", ast.InternedTerm(v)),
 		item("kind", names.term(in.Kind)),
 		item("caller", callerTerm(in.Caller)),
@@ -49,20 +78,8 @@ func inputValue(in *Input) (ast.Value, error) {
 		item("request", requestTerm(&in.Request)),
 		item("time", ast.StringTerm(t.UTC().Format(time.RFC3339Nano))),
 		item("findings", findingsTerm(in.Findings)),
-	}
-	if len(in.Envoy) > 0 {
-		ev, err := envoyValue(in.Envoy)
-		if err != nil {
-			return nil, err
-		}
-		if ev != nil {
-			items = append(items, item("envoy", ast.NewTerm(ev)))
-		}
-	}
-	if in.Usage != nil {
-		items = append(items, item("usage", usageTerm(in.Usage)))
-	}
-	return ast.NewObject(items...), nil
+	)
+	return items, nil
 }
 
 // envoyValue is input.envoy's value: an object, or nil for null (absent,

@@ -43,7 +43,29 @@ import input.args.body as b
 big(x) if x > 1000
 decisions contains {"action": "ask", "reason": "big", "rule": "m.big"} if big(b.amount)
 decisions contains {"action": "allow", "reason": sprintf("%d headers", [count(object.get(input.request, "headers", {}))]), "rule": "m.h"} if true
-`, "args.body caller.agent kind request tool"},
+`, "args.body.amount caller.agent kind request tool"},
+	"part of input as input": {`package sluice.policies.m
+import input.body as b
+big if b.amount > 1000
+tagged if input.body.tags
+big_args if big with input as input.args
+tagged_args if tagged with input as input.args
+decisions contains {"action": "ask", "reason": "big", "rule": "m.big"} if {
+	input.args
+	big_args
+}
+decisions contains {"action": "block", "reason": "tagged", "rule": "m.tagged"} if {
+	input.args
+	tagged_args
+}
+decisions contains {"action": "allow", "reason": "small", "rule": "m.small"} if {
+	not input.args
+}
+`, "args? args.args? args.args.args? args.args.body.amount args.args.body.tags? args.args.caller.agent args.args.kind args.args.request.host args.args.request.port args.args.tool args.body.amount args.body.tags? args.caller.agent args.kind args.request.host args.request.port args.tool body.amount body.tags? caller.agent kind request.host request.port tool"},
+	"with input as a document": {`package sluice.policies.m
+small if input.amount < 10
+decisions contains {"action": "allow", "reason": "as small", "rule": "m.w"} if small with input as {"amount": input.args.body.amount}
+`, "off: a with modifier replaces input (input)"},
 	"time of the call": {`package sluice.policies.m
 decisions contains {"action": "block", "reason": "night", "rule": "m.night"} if {
 	[h, _, _] := time.clock(time.parse_rfc3339_ns(input.time))

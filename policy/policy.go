@@ -237,6 +237,10 @@ type Config struct {
 	// was refused and the previous policy keeps deciding.
 	OnBundle func(ok bool, err error)
 	Logger   *slog.Logger
+	// NoMemo makes Decide evaluate every input, even one whose
+	// projection onto what the policy reads it decided before (memo.go):
+	// for benchmarks and for comparing against the memo.
+	NoMemo bool
 }
 
 // Engine evaluates decisions. It is safe for concurrent use. A nil *Engine
@@ -260,6 +264,8 @@ type prepared struct {
 	revision string
 	// deps is what its decisions read of the input (memo.go).
 	deps func() inputDeps
+	// live is Decide's memo of this generation's decisions (memo.go).
+	live *liveMemo
 }
 
 // New compiles the shipped library, the rules and the modules. On a compile
@@ -313,11 +319,11 @@ func (e *Engine) Decide(ctx context.Context, in *Input) Decision {
 		if in.Findings == nil {
 			in.Findings = scanInput(in) // scan.go: before the decision, on what is sent
 		}
-		val, err := inputValue(in)
+		items, err := inputItems(in)
 		if err != nil {
 			return policyError(fmt.Sprintf("policy: build input: %v", err))
 		}
-		return e.eval(ctx, p, in, val)
+		return e.decideLive(ctx, p, in, items) // memo.go
 	})
 }
 

@@ -110,6 +110,13 @@ func (p *jsonParser) lit(s string) bool {
 }
 
 func (p *jsonParser) object(depth int) (*ast.Term, error) {
+	return p.members(depth, nil)
+}
+
+// members parses the object at p.i: every member when t is nil, else
+// only those t names (memo.go's project), the others checked and
+// skipped.
+func (p *jsonParser) members(depth int, t *pathTree) (*ast.Term, error) {
 	p.i++ // {
 	var items [][2]*ast.Term
 	p.space()
@@ -131,11 +138,21 @@ func (p *jsonParser) object(depth int) (*ast.Term, error) {
 			return nil, p.errorf("want ':' after a key")
 		}
 		p.i++
-		v, err := p.value(depth + 1)
+		var v *ast.Term
+		switch n := t.child(k); {
+		case t == nil:
+			v, err = p.value(depth + 1)
+		case n != nil:
+			v, err = p.project(depth+1, n)
+		default:
+			err = p.skip(depth + 1)
+		}
 		if err != nil {
 			return nil, err
 		}
-		items = append(items, [2]*ast.Term{names.term(k), v})
+		if v != nil {
+			items = append(items, [2]*ast.Term{names.term(k), v})
+		}
 		end, err := p.memberEnd()
 		if err != nil {
 			return nil, err

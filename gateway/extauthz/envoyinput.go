@@ -46,6 +46,13 @@ func EnvoyInput(cr *authv3.CheckRequest, r *Request) (map[string]any, error) {
 			in["attributes"] = map[string]any{}
 		}
 	}
+	envoyRest(in, r)
+	return in, nil
+}
+
+// envoyRest puts the members of input.envoy after attributes in in:
+// version, parsed_path, parsed_query, parsed_body, truncated_body.
+func envoyRest(in map[string]any, r *Request) {
 	in["version"] = map[string]any{"ext_authz": "v3", "encoding": "protojson"}
 	segs := []any{}
 	for _, s := range strings.Split(strings.TrimLeft(r.Path, "/"), "/") {
@@ -90,7 +97,6 @@ func EnvoyInput(cr *authv3.CheckRequest, r *Request) (map[string]any, error) {
 			}
 		}
 	}
-	return in, nil
 }
 
 // fastAttributes renders the attributes of a CheckRequest as protojson

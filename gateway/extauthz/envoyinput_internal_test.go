@@ -89,12 +89,20 @@ func TestFastAttributesMatchProtojson(t *testing.T) {
 			sb, _ := json.Marshal(slow)
 			t.Errorf("case %d differs:\nfast %s\nslow %s", i, fb, sb)
 		}
+		// EnvoyJSON writes the same document without the map.
+		want, _ := json.Marshal(fast)
+		if got, ok := appendAttributes(nil, cr.GetAttributes()); !ok || string(got) != string(want) {
+			t.Errorf("case %d: appendAttributes (ok %v)\n got %s\nwant %s", i, ok, got, want)
+		}
 	}
 	// Metadata with content is left to protojson.
 	md, _ := structpb.NewStruct(map[string]any{"k": "v"})
 	withMD := &authv3.CheckRequest{Attributes: &authv3.AttributeContext{MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"f": md}}}}
 	if _, ok := fastAttributes(withMD.GetAttributes()); ok {
 		t.Error("metadata with content was rendered directly")
+	}
+	if _, ok := appendAttributes(nil, withMD.GetAttributes()); ok {
+		t.Error("metadata with content was encoded directly")
 	}
 	r := &Request{}
 	in, err := EnvoyInput(withMD, r)

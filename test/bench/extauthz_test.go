@@ -209,6 +209,27 @@ func benchExtAuthz(t *testing.T, w *world) []*section {
 		{name: "bare ext_authz (OPA Go API)", note: "decides only", fn: checkFn(pc, false)},
 		{name: "sluice ext_authz", note: "decides, attaches the credential, audits", fn: checkFn(gc, true)},
 	}
+	// BENCH_AUTHZ_AGAINST=REV: the sluice row again, from another
+	// revision's binary with the same configuration, taking turns with
+	// this one's (a change's before and after in one run).
+	if rev := os.Getenv("BENCH_AUTHZ_AGAINST"); rev != "" {
+		name := "sluice ext_authz at " + rev
+		bin, short, err := buildAt(w, rev, "authz-against")
+		var ag *gw
+		if err == nil {
+			ag, err = w.startGateway(t, gwOpts{Name: "authz-against", Credential: true, Rego: authzPolicy + "\n", ExtAuthz: true, RegoExtra: authzAdapter, Bin: bin})
+		}
+		var ac authv3.AuthorizationClient
+		if err == nil {
+			defer ag.p.stop()
+			ac, err = client(strings.TrimPrefix(ag.authz, "unix:"))
+		}
+		if err != nil {
+			ps = append(ps, &probe{name: name, err: err})
+		} else {
+			ps = append(ps, &probe{name: name, note: "built from " + short + ", the same configuration", fn: checkFn(ac, true)})
+		}
+	}
 	interleave(ps, n, 20)
 	s.addProbes(ps)
 	s.Verdicts = append(s.Verdicts, verdictLat("issue 21: Check p50 with the credential attached and audited ≤ 1.0× a bare ext_authz server on OPA's Go API", s.find("sluice ext_authz"), s.find("bare ext_authz (OPA Go API)"), 1.0))
