@@ -147,7 +147,7 @@ var gatewayFloors = map[string][]string{
 	// the policy input document; shared by the pipeline and `sluice policy
 	// eval --tool`. It decides nothing. The header arguments it strips are
 	// egress's forwarding fields (egress.IsForwardingField).
-	"gateway/toolinput": {"connectors", "gateway/config", "gateway/egress", "policy"},
+	"gateway/toolinput": {"connectors", "gateway/audit", "gateway/config", "gateway/egress", "policy"},
 	// A standing "always allow" grant applied to an ask decision: read
 	// through the holds manager, audited through the hook it is handed.
 	"gateway/grants": {"gateway/audit", "gateway/holds", "gateway/refusal", "gateway/storecheck", "policy"},
