@@ -213,7 +213,7 @@ var gatewayFloors = map[string][]string{
 	// The gateway's metric instruments (Prometheus and OpenTelemetry
 	// counters, histograms, /metrics): the config's rules name the rule
 	// label, the refusal codes name the refused counter's series.
-	"gateway/metrics": {"gateway/config", "gateway/refusal"},
+	"gateway/metrics": {"gateway/config", "gateway/refusal", "gateway/tracing"},
 
 	// How the gateway closes when its state store fails: the refusal of a
 	// call whose state could not be read, and /readyz's store check.
