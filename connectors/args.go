@@ -25,12 +25,30 @@ const (
 // reading one document differently is how checks get bypassed. Numbers are
 // kept as json.Number so that integers survive exactly.
 func DecodeArgs(data []byte) (Args, error) {
+	return decodeArgs(data, true)
+}
+
+// decodeArgs is DecodeArgs, with or without its fast path (a test holds
+// the two to each other).
+func decodeArgs(data []byte, fast bool) (Args, error) {
 	if len(data) > MaxArgsBytes {
 		return Args{}, &ArgError{Reason: fmt.Sprintf("document is over %d bytes", MaxArgsBytes)}
 	}
 	if !utf8.Valid(data) {
 		return Args{}, &ArgError{Reason: "document is not valid UTF-8"}
 	}
+	if !fast {
+		return decodeArgsTokens(data)
+	}
+	if args, ok := fastArgs(data); ok { // args_fast.go: the same values, in one pass
+		return args, nil
+	}
+	return decodeArgsTokens(data)
+}
+
+// decodeArgsTokens is DecodeArgs with encoding/json's decoder, token by
+// token: every document the fast path leaves alone, and every refusal.
+func decodeArgsTokens(data []byte) (Args, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	tok, err := dec.Token()

@@ -247,7 +247,7 @@ func (t *telemetry) httpServer(next http.Handler) http.Handler {
 	if t.tracing {
 		tr = t.tracer
 	}
-	return tracing.Server(next, tr, t.ServerDuration)
+	return tracing.Server(next, tr, t.ServerDuration, t.ServerAttrs)
 }
 
 // checkMethod is the ext_authz RPC, as OTel's RPC conventions name it.

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
-	"slices"
 	"strconv"
 
 	"github.com/sluice-gw/sluice/gateway/audit"
@@ -24,37 +23,7 @@ func appendResult(dst []byte, r *call.Reply, requestID string) (_ []byte, ok boo
 	dst = append(dst, `{"status":`...)
 	dst = strconv.AppendInt(dst, int64(r.Status), 10)
 	dst = append(dst, `,"headers":`...)
-	if r.Headers == nil {
-		dst = append(dst, "null"...)
-	} else {
-		keys := make([]string, 0, len(r.Headers))
-		for k := range r.Headers {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		dst = append(dst, '{')
-		for i, k := range keys {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = audit.AppendJSONString(dst, k)
-			dst = append(dst, ':')
-			vs := r.Headers[k]
-			if vs == nil {
-				dst = append(dst, "null"...)
-				continue
-			}
-			dst = append(dst, '[')
-			for j, v := range vs {
-				if j > 0 {
-					dst = append(dst, ',')
-				}
-				dst = audit.AppendJSONString(dst, v)
-			}
-			dst = append(dst, ']')
-		}
-		dst = append(dst, '}')
-	}
+	dst = audit.AppendJSONStringLists(dst, r.Headers)
 	dst = append(dst, `,"body":`...)
 	switch b := r.Body.(type) {
 	case nil:

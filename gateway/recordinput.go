@@ -5,6 +5,7 @@ import (
 
 	"github.com/sluice-gw/sluice/gateway/call"
 	"github.com/sluice-gw/sluice/gateway/config"
+	"github.com/sluice-gw/sluice/gateway/toolinput"
 	"github.com/sluice-gw/sluice/policy"
 )
 
@@ -29,7 +30,11 @@ func encodeInput(in *policy.Input, max int) (json.RawMessage, string, int) {
 	if max <= 0 {
 		max = config.DefaultRecordInputMax
 	}
-	b, err := json.Marshal(in)
+	b, ok := toolinput.AppendJSON(make([]byte, 0, 1024), in) // json.Marshal's bytes, without reflection
+	var err error
+	if !ok {
+		b, err = json.Marshal(in)
+	}
 	if err != nil {
 		// Not JSON-encodable (cannot happen for a decoded tool call):
 		// recorded as cut whole rather than failing the call.

@@ -716,6 +716,9 @@ func TestServeBadFlags(t *testing.T) {
 		{"log format", []string{"serve", "--log-format", "xml"}, "--log-format"},
 		{"log level", []string{"serve", "--log-level", "loud"}, "--log-level"},
 		{"log flush", []string{"serve", "--log-flush", "-1s"}, "--log-flush must not be negative"},
+		{"debug on every address", []string{"serve", "--debug-listen", "0.0.0.0:6060"}, "want a loopback IP address"},
+		{"debug on a name", []string{"serve", "--debug-listen", "localhost:6060"}, "want a loopback IP address"},
+		{"debug without a port", []string{"serve", "--debug-listen", "127.0.0.1"}, "--debug-listen"},
 		{"unknown verb", []string{"frobnicate"}, "unknown command"},
 	}
 	for _, tc := range tests {

@@ -19,6 +19,7 @@ import (
 
 func serveCmd(g *globals) *cobra.Command {
 	var logFlush time.Duration
+	var debugListen string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the gateway: the sandbox socket and the admin listener",
@@ -31,17 +32,24 @@ lines are written out together at most --log-flush after the first of them,
 warnings and errors at once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return serve(cmd.Context(), g, cmd, logFlush)
+			return serve(cmd.Context(), g, cmd, logFlush, debugListen)
 		},
 	}
 	cmd.Flags().DurationVar(&logFlush, "log-flush", 5*time.Millisecond,
 		"longest an info log line waits to be written with the lines after it; 0 writes each line at once")
+	cmd.Flags().StringVar(&debugListen, "debug-listen", "",
+		"serve Go's CPU, heap, allocation, mutex and block profiles on this loopback address (127.0.0.1:6060) under /debug/pprof/; off when empty")
 	return cmd
 }
 
-func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Duration) error {
+func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Duration, debugListen string) error {
 	if logFlush < 0 {
 		return fmt.Errorf("serve: --log-flush must not be negative, got %s", logFlush)
+	}
+	if debugListen != "" {
+		if err := checkDebugListen(debugListen); err != nil { // debug.go
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
 	out := cmd.ErrOrStderr()
 	var lb *logBuffer
@@ -75,6 +83,13 @@ func serve(ctx context.Context, g *globals, cmd *cobra.Command, logFlush time.Du
 	}
 	version, commit := buildinfo.Version()
 	log.Info("starting", "config", lc.Source, "version", version, "commit", commit)
+	if debugListen != "" {
+		addr, err := serveDebug(ctx, debugListen, log) // debug.go
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		log.Info("debug: profiles served", "addr", addr)
+	}
 	opts := gateway.Options{Logger: log}
 	// Spans are exported when the OTEL_* environment asks for it; off,
 	// the gateway makes none (package tracing).

@@ -30,12 +30,12 @@ func EnvoyJSON(cr *authv3.CheckRequest, r *Request) (json.RawMessage, error) {
 		if err != nil {
 			return nil, err
 		}
-		return appendJSON(dst[:0], in)
+		return audit.AppendJSONValue(dst[:0], in)
 	}
 	rest := make(map[string]any, 5)
 	envoyRest(rest, r)
 	at := len(dst)
-	dst, err := appendJSON(dst, rest) // its keys all sort after "attributes"
+	dst, err := audit.AppendJSONValue(dst, rest) // its keys all sort after "attributes"
 	if err != nil {
 		return nil, err
 	}
@@ -191,13 +191,13 @@ func (o *object) str(k, v string) {
 func (o *object) strMap(k string, m map[string]string) {
 	if len(m) > 0 {
 		o.key(k)
-		o.dst, _ = appendObject(o.dst, m, func(dst []byte, v string) ([]byte, error) { return audit.AppendJSONString(dst, v), nil })
+		o.dst = appendStringMap(o.dst, m)
 	}
 }
 
-// appendObject appends m as json.Marshal encodes a map, keys sorted
-// (without allocating for the small maps here), each value by val.
-func appendObject[V any](dst []byte, m map[string]V, val func([]byte, V) ([]byte, error)) ([]byte, error) {
+// appendStringMap appends m as json.Marshal encodes a map of strings,
+// keys sorted (without allocating for the small maps here).
+func appendStringMap(dst []byte, m map[string]string) []byte {
 	var kb [16]string
 	keys := kb[:0]
 	for k := range m {
@@ -211,46 +211,7 @@ func appendObject[V any](dst []byte, m map[string]V, val func([]byte, V) ([]byte
 		}
 		dst = audit.AppendJSONString(dst, k)
 		dst = append(dst, ':')
-		var err error
-		if dst, err = val(dst, m[k]); err != nil {
-			return nil, err
-		}
+		dst = audit.AppendJSONString(dst, m[k])
 	}
-	return append(dst, '}'), nil
-}
-
-// appendJSON appends v, of the types EnvoyInput builds (the types
-// encoding/json decodes into, with UseNumber), as json.Marshal would;
-// anything else is handed to json.Marshal.
-func appendJSON(dst []byte, v any) ([]byte, error) {
-	switch v := v.(type) {
-	case nil:
-		return append(dst, "null"...), nil
-	case bool:
-		if v {
-			return append(dst, "true"...), nil
-		}
-		return append(dst, "false"...), nil
-	case string:
-		return audit.AppendJSONString(dst, v), nil
-	case []any:
-		dst = append(dst, '[')
-		for i, e := range v {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			var err error
-			if dst, err = appendJSON(dst, e); err != nil {
-				return nil, err
-			}
-		}
-		return append(dst, ']'), nil
-	case map[string]any:
-		return appendObject(dst, v, appendJSON)
-	}
-	b, err := json.Marshal(v) // json.Number (validated), and anything unforeseen
-	if err != nil {
-		return nil, err
-	}
-	return append(dst, b...), nil
+	return append(dst, '}')
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sluice-gw/sluice/gateway/config"
 	"github.com/sluice-gw/sluice/gateway/refusal"
+	"github.com/sluice-gw/sluice/gateway/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -256,9 +257,25 @@ type optCache = cache[labelKey, metric.MeasurementOption]
 
 // hotMetrics are the pipeline's cached instruments' label sets.
 type hotMetrics struct {
-	decisions optCache                           // action, rule
-	upstream  optCache                           // connector, path, class
-	latency   cache[string, prometheus.Observer] // decision → its series
+	server    cache[serverKey, metric.MeasurementOption] // method, route, status
+	decisions optCache                                   // action, rule
+	upstream  optCache                                   // connector, path, class
+	latency   cache[string, prometheus.Observer]         // decision → its series
+}
+
+// serverKey is http.server.request.duration's label values.
+type serverKey struct {
+	method, route string
+	status        int
+}
+
+// ServerAttrs is http.server.request.duration's option for a request's
+// method (a known one or _OTHER), mux pattern and status, built once per
+// set (tracing.Server).
+func (t *Gateway) ServerAttrs(method, route string, status int) metric.MeasurementOption {
+	return t.hot.server.get(serverKey{method, route, status}, func() metric.MeasurementOption {
+		return tracing.ServerAttrs(method, route, status)
+	})
 }
 
 // DecisionAttrs is the decisions counter's option for action and rule.

@@ -21,9 +21,15 @@ import (
 // span named by its route ("POST /v1/tools/{tool}"), a new root with the
 // sandbox's traceparent as a link (THREATS F13). Raw egress (CONNECT,
 // absolute URLs) is not timed: a tunnel's lifetime is not a request's
-// duration; it is traced when tracing is on.
-func Server(next http.Handler, tracer trace.Tracer, duration metric.Float64Histogram) http.Handler {
+// duration; it is traced when tracing is on. attrs, if not nil, gives the
+// duration's attribute set for a method, route and status, built once per
+// set (metrics.Gateway.ServerAttrs): an attribute set built per request
+// sorts and hashes its attributes every time.
+func Server(next http.Handler, tracer trace.Tracer, duration metric.Float64Histogram, attrs func(method, route string, status int) metric.MeasurementOption) http.Handler {
 	tracing := tracer != nil
+	if attrs == nil {
+		attrs = ServerAttrs
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		egress := r.Method == http.MethodConnect || r.URL.IsAbs()
 		if egress && !tracing {
@@ -60,8 +66,7 @@ func Server(next http.Handler, tracer trace.Tracer, duration metric.Float64Histo
 		}
 		route := r.Pattern // set by the mux on this request
 		m := method(r.Method)
-		duration.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
-			semconv.HTTPRequestMethodKey.String(m), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status)))
+		duration.Record(context.Background(), time.Since(start).Seconds(), attrs(m, route, status))
 		if tracing {
 			attrs := [3]attribute.KeyValue{semconv.HTTPRequestMethodKey.String(m), semconv.HTTPResponseStatusCodeKey.Int(status)}
 			n := 2
@@ -77,6 +82,13 @@ func Server(next http.Handler, tracer trace.Tracer, duration metric.Float64Histo
 			span.End()
 		}
 	})
+}
+
+// ServerAttrs is http.server.request.duration's attribute set for an
+// HTTP method (already a label: see method), the mux's pattern and the
+// status answered.
+func ServerAttrs(method, route string, status int) metric.MeasurementOption {
+	return metric.WithAttributes(semconv.HTTPRequestMethodKey.String(method), semconv.HTTPRouteKey.String(routeOf(route)), semconv.HTTPResponseStatusCodeKey.Int(status))
 }
 
 // method is an HTTP method as a metric and span label: a known one, else

@@ -236,6 +236,10 @@ type tput struct {
 	done int64
 	took time.Duration
 	err  error
+
+	cpu      []cpuProc       // processes whose CPU per call the row reports (none: not reported)
+	cpuUsed  []time.Duration // their CPU time over the turns
+	cpuCalls int64           // the calls that CPU time served, warm-ups included
 }
 
 // throughputRounds measures every row for d in total, as rounds turns of
@@ -246,11 +250,20 @@ func throughputRounds(ts []*tput, conc int, d time.Duration, rounds int) {
 			if tp.err != nil {
 				continue
 			}
+			before := cpuSample(tp.cpu)
 			n, took, err := throughputN(conc, d/time.Duration(rounds), tp.mk)
 			if err != nil {
 				tp.err = err
 				continue
 			}
+			after := cpuSample(tp.cpu)
+			if tp.cpuUsed == nil {
+				tp.cpuUsed = make([]time.Duration, len(tp.cpu))
+			}
+			for i := range tp.cpu {
+				tp.cpuUsed[i] += after[i] - before[i]
+			}
+			tp.cpuCalls += n + int64(conc) // each worker's warm-up call
 			tp.done += n
 			tp.took += took
 		}
@@ -261,6 +274,9 @@ func throughputRounds(ts []*tput, conc int, d time.Duration, rounds int) {
 			tp.row.Note = strings.TrimPrefix(tp.row.Note+"; ", "; ") + "requests/s not measured: " + oneLine(tp.err.Error())
 		case tp.took > 0:
 			tp.row.QPS = float64(tp.done) / tp.took.Seconds()
+			if n := cpuNote(tp.cpu, tp.cpuUsed, tp.cpuCalls); n != "" {
+				tp.row.Note = strings.TrimPrefix(tp.row.Note+"; ", "; ") + n
+			}
 		}
 	}
 }

@@ -144,14 +144,16 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	go func() { _ = rps.Serve(rpl) }()
 	t.Cleanup(func() { _ = rps.Close() })
 	ps = append(ps, &probe{name: "Go httputil.ReverseProxy", note: "no policy, no audit", fn: post(direct, "http://"+rpl.Addr().String()+"/items")})
+	rpURL := "http://" + rpl.Addr().String() + "/items"
 
 	// The do-it-yourself stack: the same reverse proxy asking an OPA REST
 	// sidecar per request.
 	const opaRow = "ReverseProxy + OPA sidecar"
 	var opaURL string // the do-it-yourself stack's address, for the throughput rows
+	var opaPid int
 	if bin, err := opaBinary(); err != nil {
 		ps = append(ps, &probe{name: opaRow, err: err})
-	} else if sidecar, err := startOPA(t, w, bin); err != nil {
+	} else if sidecar, pid, err := startOPA(t, w, bin); err != nil {
 		ps = append(ps, &probe{name: opaRow, err: err})
 	} else {
 		oc := &http.Client{Transport: peerTransport(w), Timeout: 10 * time.Second}
@@ -185,6 +187,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		t.Cleanup(func() { _ = osrv.Close() })
 		ps = append(ps, &probe{name: opaRow, note: "opa run --server " + opaVersion + ", one REST query per request", fn: post(direct, "http://"+ol.Addr().String()+"/items")})
 		opaURL = "http://" + ol.Addr().String() + "/items"
+		opaPid = pid
 	}
 
 	stages := []struct {
@@ -208,7 +211,13 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	// Every stage's gateway runs at once; the rows are sampled in turns.
 	clients := map[*probe]*http.Client{}
 	socks := map[string]string{} // stage → its gateway's sandbox socket
+	pids := map[string]int{}     // stage → its gateway's process
+	debug := map[string]string{} // stage → its debug listener (BENCH_PROFILE)
 	for i, st := range stages {
+		if profileDir() != "" && (st.o.Name == "stage4" || st.o.Name == "stage5") {
+			st.o.Debug = fmt.Sprintf("127.0.0.1:%d", freePort())
+			debug[st.o.Name] = st.o.Debug
+		}
 		s.Notes = append(s.Notes, fmt.Sprintf("row 1.%d, %s", 4+i, st.what))
 		g, err := w.startGateway(t, st.o)
 		if err != nil {
@@ -217,6 +226,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		}
 		t.Cleanup(g.p.stop)
 		socks[st.o.Name] = g.sock
+		pids[st.o.Name] = g.p.cmd.Process.Pid
 		c := sandboxClient(g.sock, benchAgent)
 		p := &probe{name: st.name, fn: func() error { _, err := toolCall(c, st.tool, st.args, 200); return err }}
 		clients[p] = c
@@ -267,17 +277,28 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	s.Notes = append(s.Notes[len(s.Notes)-3:], s.Notes[:len(s.Notes)-3]...)
 	s.Verdicts = append(s.Verdicts, addedP50("issue 2: an allowed call adds ≤ 0.25 ms at p50 over a direct call (full pipeline, audit on tmpfs: row 1.7)", s.find("sluice: + cached credential"), s.find("direct call"), 250*time.Microsecond),
 		addedP50("the same with the audit log on the disk (row 1.8; one fsync per call, not a goal)", s.find("sluice: + audit on disk"), s.find("direct call"), 0))
-	return []*section{s, benchToolThroughput(w, post, direct, apiURL, opaURL, socks)}
+	return []*section{s, benchToolThroughput(w, post, direct, apiURL, throughputPeers{rpURL, opaURL, opaPid, socks, pids, debug})}
 }
 
 // toolConc are the concurrent callers of the tool-call throughput rows.
 var toolConc = []int{8, 64}
 
+// throughputPeers are section 1's processes the throughput rows call.
+type throughputPeers struct {
+	rpURL  string            // the bare reverse proxy (in the test process)
+	opaURL string            // the do-it-yourself stack ("" when OPA did not start)
+	opaPid int               // its OPA sidecar
+	socks  map[string]string // stage → its gateway's sandbox socket
+	pids   map[string]int    // stage → its gateway's process
+	debug  map[string]string // stage → its debug listener, when BENCH_PROFILE is set
+}
+
 // benchToolThroughput is section 1's throughput table: the same calls as
 // the latency rows from 8 and 64 concurrent callers, each on its own
 // kept-alive connection, the rows taking turns. The do-it-yourself stack
 // at the same number of callers is each sluice row's peer.
-func benchToolThroughput(w *world, post func(*http.Client, string) func() error, direct *http.Client, apiURL, opaURL string, socks map[string]string) *section {
+func benchToolThroughput(w *world, post func(*http.Client, string) func() error, direct *http.Client, apiURL string, pp throughputPeers) *section {
+	opaURL, socks := pp.opaURL, pp.socks
 	dur := 5 * time.Second
 	if smoke() {
 		dur = 500 * time.Millisecond
@@ -304,20 +325,26 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 	type rowDef struct {
 		name string
 		mk   func() (func() error, func())
-		why  string // not measured
+		why  string    // not measured
+		cpu  []cpuProc // the processes serving the row, beside the test process and the upstream
 	}
+	test, up := cpuProc{"test process", 0}, cpuProc{"upstream", w.apiPid}
 	for _, conc := range toolConc {
-		defs := []rowDef{{name: "direct call", mk: post1(apiURL + "/items")}, {name: "ReverseProxy + OPA sidecar"}, {name: "sluice: full pipeline, audit on tmpfs"}, {name: "sluice: full pipeline, audit on disk (fsync per batch)"}}
+		defs := []rowDef{{name: "direct call", mk: post1(apiURL + "/items")}, {name: "Go httputil.ReverseProxy", mk: post1(pp.rpURL)}, {name: "ReverseProxy + OPA sidecar"}, {name: "sluice: full pipeline, audit on tmpfs"}, {name: "sluice: full pipeline, audit on disk (fsync per batch)"}}
+		defs[0].cpu = []cpuProc{test, up}
+		defs[1].cpu = []cpuProc{test, up}
 		if opaURL != "" {
-			defs[1].mk = post1(opaURL)
+			defs[2].mk = post1(opaURL)
+			defs[2].cpu = []cpuProc{{"OPA", pp.opaPid}, test, up}
 		} else {
-			defs[1].why = "the OPA sidecar did not start (see section 1)"
+			defs[2].why = "the OPA sidecar did not start (see section 1)"
 		}
 		for i, stage := range []string{"stage4", "stage5"} {
 			if sock := socks[stage]; sock != "" {
-				defs[2+i].mk = gwCall(sock, "bench.create_item")
+				defs[3+i].mk = gwCall(sock, "bench.create_item")
+				defs[3+i].cpu = []cpuProc{{"sluice", pp.pids[stage]}, test, up}
 			} else {
-				defs[2+i].why = "the gateway did not start (see section 1)"
+				defs[3+i].why = "the gateway did not start (see section 1)"
 			}
 		}
 		var round []*tput
@@ -327,12 +354,22 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 				s.skip(name, d.why)
 				continue
 			}
-			round = append(round, &tput{row: s.add(&row{Name: name}), mk: d.mk})
+			round = append(round, &tput{row: s.add(&row{Name: name}), mk: d.mk, cpu: d.cpu})
 		}
 		throughputRounds(round, conc, dur, turns())
 		for _, tp := range round {
 			if tp.err != nil && tp.row.QPS == 0 {
 				tp.row.Reason = "not measured: " + oneLine(tp.err.Error())
+			}
+		}
+		if n := proxyCPU(conc, round); n != "" {
+			s.Notes = append(s.Notes, n)
+		}
+		if conc == toolConc[0] {
+			for _, stage := range []string{"stage4", "stage5"} {
+				if addr := pp.debug[stage]; addr != "" {
+					profileGateway(w, stage, addr, conc, gwCall(socks[stage], "bench.create_item"))
+				}
 			}
 		}
 	}
@@ -353,6 +390,40 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 	return s
 }
 
+// proxyCPU compares, at conc callers, what each proxy row spends per call
+// in its own processes: sluice's one process against the peer's OPA
+// sidecar plus its reverse proxy, which runs in the test process beside the
+// clients (the test process's CPU per call in the peer's row minus the
+// direct row's, which is the clients' alone).
+func proxyCPU(conc int, round []*tput) string {
+	per := map[string]map[string]float64{} // row → process → CPU-µs per call
+	for _, tp := range round {
+		if tp.err != nil || tp.cpuCalls == 0 {
+			continue
+		}
+		m := map[string]float64{}
+		for i, p := range tp.cpu {
+			m[p.name] = cpuPerCall(tp.cpuUsed[i], tp.cpuCalls)
+		}
+		per[strings.TrimSuffix(tp.row.Name, fmt.Sprintf(", %d callers", conc))] = m
+	}
+	d, peer := per["direct call"], per["ReverseProxy + OPA sidecar"]
+	if d == nil || peer == nil {
+		return ""
+	}
+	rp := peer["test process"] - d["test process"]
+	out := fmt.Sprintf("the proxy's own CPU-µs per call at %d callers: ReverseProxy + OPA sidecar %.0f (OPA %.0f, reverse proxy %.0f: the test process's in its row less the direct row's)", conc, peer["OPA"]+rp, peer["OPA"], rp)
+	if bare := per["Go httputil.ReverseProxy"]; bare != nil {
+		out += fmt.Sprintf("; a bare Go httputil.ReverseProxy %.0f (the floor of any Go HTTP proxy)", bare["test process"]-d["test process"])
+	}
+	for _, name := range []string{"sluice: full pipeline, audit on tmpfs", "sluice: full pipeline, audit on disk (fsync per batch)"} {
+		if m := per[name]; m != nil {
+			out += fmt.Sprintf("; %s %.0f (%.2f× the peer's)", name, m["sluice"], m["sluice"]/(peer["OPA"]+rp))
+		}
+	}
+	return out
+}
+
 // peerTransport is the test's HTTP transport in the namespace with room
 // for every concurrent caller's idle connection.
 func peerTransport(w *world) *http.Transport {
@@ -363,17 +434,17 @@ func peerTransport(w *world) *http.Transport {
 
 // startOPA runs the OPA REST server in the namespace with the sidecar
 // policy and returns its URL.
-func startOPA(t *testing.T, w *world, bin string) (string, error) {
+func startOPA(t *testing.T, w *world, bin string) (string, int, error) {
 	pol := filepath.Join(w.dir, "opa-policy.rego")
 	if err := os.WriteFile(pol, []byte(opaPolicy), 0o644); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(freePort()))
 	p := start(t, w.ns, bin, "run", "--server", "--addr", addr, "--log-level", "error", "--disable-telemetry", pol)
 	if err := waitTCP(w.ns, addr, p); err != nil {
-		return "", fmt.Errorf("opa: %w", err)
+		return "", 0, fmt.Errorf("opa: %w", err)
 	}
-	return "http://" + addr, nil
+	return "http://" + addr, p.cmd.Process.Pid, nil
 }
 
 // addedP50 reports row's median minus base's against a budget (0 = none).

@@ -38,6 +38,7 @@ type world struct {
 	caPool  *x509.CertPool // signs the TLS upstream's certificate
 	dnsAddr string         // the bare miekg/dns responder (also the gateway's DNS upstream)
 	secret  string
+	apiPid  int // the tool upstream's process (its CPU per call in the throughput rows)
 
 	eg    *egressGW // started by the first section that needs it
 	egErr error
@@ -65,7 +66,7 @@ func newWorld(t testing.TB) *world {
 	// other row, instead of being a call within one process.
 	al := w.ns.listen(t, "tcp", "127.0.0.1:0")
 	w.apiPort = al.Addr().(*net.TCPAddr).Port
-	startUpstream(t, al)
+	w.apiPid = startUpstream(t, al)
 	hello := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if serveBulk(rw, r) { // bulk_test.go
 			return
@@ -146,6 +147,8 @@ type gwOpts struct {
 
 	Env []string // added to the gateway's environment (OTEL_*)
 	Bin string   // the sluice binary ("" = the one built from this tree)
+
+	Debug string // serve --debug-listen: Go's profiles on this loopback address (BENCH_PROFILE)
 }
 
 // approverToken is the bench approver's API token (bob, group ops).
@@ -284,6 +287,9 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 		bin = o.Bin
 	}
 	argv := []string{bin, "serve", "--config", cfg}
+	if o.Debug != "" {
+		argv = append(argv, "--debug-listen", o.Debug)
+	}
 	if len(o.Env) > 0 {
 		argv = append(append([]string{"env"}, o.Env...), argv...) // env execs: the pid is the gateway's
 	}
@@ -423,8 +429,8 @@ var apiHandler = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) 
 })
 
 // startUpstream runs the tool upstream in a child process serving l, and
-// stops it at the end of the test.
-func startUpstream(t testing.TB, l net.Listener) {
+// stops it at the end of the test. It returns the child's pid.
+func startUpstream(t testing.TB, l net.Listener) int {
 	t.Helper()
 	f, err := l.(*net.TCPListener).File()
 	if err != nil {
@@ -442,6 +448,7 @@ func startUpstream(t testing.TB, l net.Listener) {
 	}
 	f.Close()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd.Process.Pid
 }
 
 // serveUpstream is the child's whole life: serve fd 3 until killed.

@@ -162,7 +162,7 @@ var gatewayFloors = map[string][]string{
 	// the policy input document; shared by the pipeline and `sluice policy
 	// eval --tool`. It decides nothing. The header arguments it strips are
 	// egress's forwarding fields (egress.IsForwardingField).
-	"gateway/toolinput": {"connectors", "gateway/config", "gateway/egress", "policy"},
+	"gateway/toolinput": {"connectors", "gateway/audit", "gateway/config", "gateway/egress", "policy"},
 	// A standing "always allow" grant applied to an ask decision: read
 	// through the holds manager, audited through the hook it is handed.
 	"gateway/grants": {"gateway/audit", "gateway/holds", "gateway/refusal", "gateway/storecheck", "policy"},
@@ -228,7 +228,7 @@ var gatewayFloors = map[string][]string{
 	// The gateway's metric instruments (Prometheus and OpenTelemetry
 	// counters, histograms, /metrics): the config's rules name the rule
 	// label, the refusal codes name the refused counter's series.
-	"gateway/metrics": {"gateway/config", "gateway/refusal"},
+	"gateway/metrics": {"gateway/config", "gateway/refusal", "gateway/tracing"},
 
 	// How the gateway closes when its state store fails: the refusal of a
 	// call whose state could not be read, and /readyz's store check.
