@@ -39,6 +39,8 @@ type relayChild struct {
 	Gateway   string
 	ProxyPort int
 	DNSPort   int
+
+	DNSCacheFor time.Duration
 }
 
 // startRelay runs the sandbox relay for agent-a in a process of its own,
@@ -65,7 +67,7 @@ func serveRelay() int {
 		return 1
 	}
 	r, err := relay.Open(context.Background(), relay.Options{NetNS: o.NetNS, Identity: benchAgent, Gateway: o.Gateway,
-		ProxyPort: o.ProxyPort, DNSPort: o.DNSPort, MaxConns: 4096,
+		ProxyPort: o.ProxyPort, DNSPort: o.DNSPort, MaxConns: 4096, DNSCacheFor: o.DNSCacheFor,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench relay:", err)
