@@ -218,7 +218,7 @@ func (e *Proxy) tunnel(conn net.Conn, br *bufio.Reader, up net.Conn, c *egressCa
 		client, _ = conn.(*net.TCPConn) // a TCP listener's connection, taken over
 	}
 	upstream, _ = up.(*net.TCPConn)
-	if client == nil || upstream == nil || e.copyLoop.Load() || !hasTCPInfo(client) || !hasTCPInfo(upstream) {
+	if client == nil || upstream == nil || e.copyLoop.Load() {
 		// Past the server's reader once its bytes are taken, as interception
 		// does: a held tunnel does not keep its 4 KiB buffer.
 		var clientR io.Reader = conn

@@ -146,7 +146,7 @@ var tunnelRelays = []struct {
 
 // TestEgressSplicedTunnel: a CONNECT tunnel between a handed-off sandbox
 // TCP socket and a TCP upstream is relayed socket to socket (relayTCP,
-// with splice(2) for the bulk of a download); it
+// with 1 MiB reads for the bulk of a download); it
 // carries a 1 MiB download and small requests intact, its audit record
 // counts exactly the bytes the client sent and received, as the copy
 // loop's does, and the bytes buffered above the socket before the splice
@@ -270,10 +270,9 @@ func TestEgressSplicedTunnelIdle(t *testing.T) {
 	})
 }
 
-// TestRelayTCPBulk: a direction whose reads fill relayTCP's buffer is
-// handed to splice(2); while its bytes keep arriving in the kernel the
-// tunnel outlives its idle period (the copy reports nothing until it
-// ends), every byte is counted, and once they stop it idles out.
+// TestRelayTCPBulk: a direction whose reads fill relayTCP's buffer moves
+// to the bulk buffers; while its bytes keep arriving the tunnel outlives
+// its idle period, every byte is counted, and once they stop it idles out.
 func TestRelayTCPBulk(t *testing.T) {
 	const idle = 200 * time.Millisecond
 	sandbox, gwClient := tcpPair(t)
@@ -303,7 +302,7 @@ func TestRelayTCPBulk(t *testing.T) {
 	default:
 	}
 	if bulk.Load() != 1 {
-		t.Fatalf("%d directions handed to splice(2), want the download's 1", bulk.Load())
+		t.Fatalf("%d directions moved to the bulk buffers, want the download's 1", bulk.Load())
 	}
 	start := time.Now()
 	select {

@@ -31,90 +31,52 @@ func splice(client net.Conn, clientR io.Reader, up net.Conn, idle time.Duration,
 		idle, func() bool { return act.idleFor(idle) }, func() { client.Close(); up.Close() })
 }
 
-// relayTCP is splice between two TCP sockets read and written directly.
-// Small exchanges, a request and its answer, are copied through a buffer:
-// for them the kernel's splice(2) costs more than read and write. A
-// direction whose read fills the whole buffer is a bulk transfer: the
-// rest of it is left to io.Copy, which moves the bytes with splice(2) and
-// never through this process (bulk counts such directions). Such a copy
-// reports its count only when it ends, so for it the idle watchdog asks
-// the kernel whether data still arrives (TCP_INFO's last_data_recv on its
-// source socket). When nothing has moved either way for idle, closer (for
-// a handed-off socket the ingress.Conn, which also ends the lease) and up
-// are closed.
+// relayTCP is splice between two TCP sockets read and written directly,
+// each direction read inside the poller's callback into a pooled buffer
+// that is put back before each wait (readPooled): an idle direction holds
+// none. A direction whose read fills relayBufSize is a bulk transfer
+// (bulk counts such directions): from then on it reads into the larger
+// bulkBufSize buffers, one read(2) and one write(2) per up to 1 MiB.
+// splice(2) was used for bulk directions before: it spends a little less
+// of this process's CPU per byte, but behind it the client and the
+// upstream spend more (test/bench: about 40 ms more per 100 MB on
+// loopback, perf-egress.md), so the download is slower overall. When
+// nothing has moved either way for idle, closer (for a handed-off socket
+// the ingress.Conn, which also ends the lease) and up are closed.
 func relayTCP(closer net.Conn, client, up *net.TCPConn, idle time.Duration, upN, dnN, bulk *atomic.Int64) {
 	act := newActivity()
-	var kernelUp, kernelDn atomic.Bool
-	cp := func(dst, src *net.TCPConn, n *atomic.Int64, kernel *atomic.Bool) {
+	cp := func(dst, src *net.TCPConn, n *atomic.Int64) {
 		defer func() { _ = dst.CloseWrite() }()
 		rc, err := src.SyscallConn()
 		if err != nil {
 			return
 		}
+		pool := &relayBufs
 		for {
-			// An idle direction waits for data holding no buffer: a held
-			// tunnel costs its goroutines, not 2×32 KiB.
-			bp, k, err := readPooled(rc)
+			bp, k, err := readPooled(rc, pool)
+			full := bp != nil && k == len(*bp)
 			if k > 0 {
 				act.touch()
 				if _, werr := dst.Write((*bp)[:k]); werr != nil {
-					relayBufs.Put(bp)
+					pool.Put(bp)
 					return
 				}
 				n.Add(int64(k))
 			}
 			if bp != nil {
-				relayBufs.Put(bp)
+				pool.Put(bp)
 			}
 			if err != nil {
 				return
 			}
-			if k == relayBufSize {
-				kernel.Store(true)
+			if full && pool == &relayBufs {
+				pool = &bulkBufs
 				bulk.Add(1)
-				m, _ := io.Copy(dst, src)
-				n.Add(m)
-				return
 			}
 		}
 	}
-	stalled := func() bool {
-		return act.idleFor(idle) &&
-			(!kernelUp.Load() || recvIdle(client) >= idle) &&
-			(!kernelDn.Load() || recvIdle(up) >= idle)
-	}
-	relayBoth(func() { cp(up, client, upN, &kernelUp) }, func() { cp(client, up, dnN, &kernelDn) },
-		idle, stalled, func() { closer.Close(); up.Close() })
-}
-
-// recvIdle is how long ago c last received data, per the kernel. A socket
-// whose TCP_INFO cannot be read (closed) counts as idle.
-func recvIdle(c *net.TCPConn) time.Duration {
-	info, err := tcpInfo(c)
-	if err != nil {
-		return time.Duration(1<<63 - 1)
-	}
-	return time.Duration(info.Last_data_recv) * time.Millisecond
-}
-
-// hasTCPInfo says whether the kernel answers TCP_INFO for c, which
-// relayTCP's idle watchdog depends on.
-func hasTCPInfo(c *net.TCPConn) bool {
-	_, err := tcpInfo(c)
-	return err == nil
-}
-
-func tcpInfo(c *net.TCPConn) (*unix.TCPInfo, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var info *unix.TCPInfo
-	var ierr error
-	if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
-		return nil, err
-	}
-	return info, ierr
+	relayBoth(func() { cp(up, client, upN) }, func() { cp(client, up, dnN) },
+		idle, func() bool { return act.idleFor(idle) }, func() { closer.Close(); up.Close() })
 }
 
 func closeWrite(c net.Conn) {
@@ -238,7 +200,7 @@ func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (i
 			err error
 		)
 		if rc != nil {
-			bp, k, err = readPooled(rc)
+			bp, k, err = readPooled(rc, &relayBufs)
 			if bp != nil {
 				buf = *bp
 			}
@@ -276,6 +238,9 @@ func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64, touch func()) (i
 // marks a bulk transfer (relayTCP).
 const relayBufSize = 32 << 10
 
+// bulkBufSize is what a bulk direction of relayTCP reads into.
+const bulkBufSize = 1 << 20
+
 // smallBufSize is what a relay direction that cannot wait without a buffer
 // (canWait) holds while idle.
 const smallBufSize = 1 << 10
@@ -283,19 +248,22 @@ const smallBufSize = 1 << 10
 // relayBufs are the relays' read buffers, taken only while bytes move.
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
+// bulkBufs are bulk directions' read buffers, taken only while bytes move.
+var bulkBufs = sync.Pool{New: func() any { b := make([]byte, bulkBufSize); return &b }}
+
 // readPooled reads once from a stream socket read directly (canWait),
 // waiting for data without holding a buffer: the read is made inside Go's
-// poller callback into a relay buffer taken from relayBufs, which is put
+// poller callback into a buffer taken from pool, which is put
 // back before each wait. A wake-up so costs one read(2), where a peek for
 // readiness followed by a read costs two. It returns the buffer holding the
 // k bytes read (nil only with an error; the caller puts it back), io.EOF at
 // the stream's end, or the read's error; deadlines and Close end the wait
 // as they end a Read.
-func readPooled(rc syscall.RawConn) (bp *[]byte, k int, err error) {
+func readPooled(rc syscall.RawConn, pool *sync.Pool) (bp *[]byte, k int, err error) {
 	var rerr error
 	if err := rc.Read(func(fd uintptr) bool {
 		if bp == nil {
-			bp = relayBufs.Get().(*[]byte)
+			bp = pool.Get().(*[]byte)
 		}
 		for {
 			k, rerr = unix.Read(int(fd), *bp)
@@ -304,7 +272,7 @@ func readPooled(rc syscall.RawConn) (bp *[]byte, k int, err error) {
 			}
 		}
 		if rerr == unix.EAGAIN {
-			relayBufs.Put(bp) // not yet: the poller waits, holding no buffer
+			pool.Put(bp) // not yet: the poller waits, holding no buffer
 			bp = nil
 			return false
 		}

@@ -50,7 +50,7 @@ type Proxy struct {
 
 	copyLoop atomic.Bool  // tests and benchmarks: relay every tunnel with splice
 	direct   atomic.Int64 // tunnels relayed by relayTCP
-	bulk     atomic.Int64 // relayTCP directions handed to splice(2)
+	bulk     atomic.Int64 // relayTCP directions moved to the bulk buffers
 
 	tunnelGauge metric.Int64UpDownCounter
 	dnsAnswers  metric.Int64Counter

@@ -337,7 +337,7 @@ func benchmarkEgress(b *testing.B, par bool) {
 
 // BenchmarkTunnelRelay compares the two ways a CONNECT tunnel's bytes are
 // relayed between two TCP sockets, outside any HTTP: relayTCP (for a
-// handed-off sandbox socket: a copy loop, splice(2) for bulk) and splice's
+// handed-off sandbox socket: a copy loop, 1 MiB reads for bulk) and splice's
 // copy loop. "pingpong" sends 30 bytes through and 30 back per op, as a small
 // request in a kept-alive tunnel does; "1MiB" sends 1 MiB down per op.
 // cpu-µs/op is the process's user+system CPU time per op, which the

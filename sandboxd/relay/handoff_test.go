@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-gw/sluice/sandboxd/wire"
 )
@@ -190,4 +194,77 @@ func TestRelayFallsBackToCopy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRelayHandoffLeavesPoller: once a connection is handed off, the
+// relay's descriptor of it is out of the process's poller, so the bytes
+// the gateway moves on the socket wake only the gateway. The relay and the
+// test's gateway share this process (and its one epoll set), so the socket
+// is registered once, by the gateway; before, the relay's registration
+// made it twice and woke the relay for every request (test/bench).
+func TestRelayHandoffLeavesPoller(t *testing.T) {
+	needRoot(t)
+	g := startGateway(t)
+	_, ns := newNetNS(t, "sluice-relay")
+	openRelay(t, Options{NetNS: ns, Identity: wire.Identity{Sandbox: "s", Agent: "a"}, Gateway: g.path})
+	c, err := dialIn(t, ns, "tcp", "127.0.0.1:3128")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for range 2 { // kept alive: the gateway still serves the socket below
+		io.WriteString(c, "GET /id HTTP/1.1\r\nHost: sluice\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	client := c.LocalAddr().(*net.TCPAddr).Port
+	if n := g.handoffs.Load(); n != 1 {
+		t.Fatalf("%d handoffs, want 1", n)
+	}
+	if n := polled(t, 3128, client); n != 1 {
+		t.Fatalf("the handed-off socket is registered %d times in the process's epoll set, want 1 (the gateway's)", n)
+	}
+}
+
+// polled counts the registrations in this process's epoll sets of
+// sockets bound to port local and connected to port peer.
+func polled(t *testing.T, local, peer int) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range fds {
+		if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); l != "anon_inode:[eventpoll]" {
+			continue
+		}
+		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			var tfd int
+			if _, err := fmt.Sscanf(line, "tfd: %d", &tfd); err != nil {
+				continue
+			}
+			sa, err1 := unix.Getsockname(tfd)
+			pa, err2 := unix.Getpeername(tfd)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			s4, ok1 := sa.(*unix.SockaddrInet4)
+			p4, ok2 := pa.(*unix.SockaddrInet4)
+			if ok1 && ok2 && s4.Port == local && p4.Port == peer {
+				n++
+			}
+		}
+	}
+	return n
 }

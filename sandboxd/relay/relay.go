@@ -100,7 +100,7 @@ type Relay struct {
 	closed bool
 	lns    []net.Listener
 	pcs    []net.PacketConn
-	conns  map[net.Conn]struct{}
+	conns  map[io.Closer]struct{} // accepted connections, leases, held sockets
 	wg     sync.WaitGroup
 	sockOK bool // SocketPath was created by us and must be removed
 
@@ -150,7 +150,7 @@ func Open(ctx context.Context, opts Options) (*Relay, error) {
 		opts:  opts,
 		log:   log,
 		sem:   make(chan struct{}, opts.MaxConns),
-		conns: map[net.Conn]struct{}{},
+		conns: map[io.Closer]struct{}{},
 	}
 	r.copyOnly.Store(opts.Copy || opts.GatewayAddr != "")
 	r.tr = &http.Transport{
@@ -335,7 +335,7 @@ func (r *Relay) serve(name string, l net.Listener, handle func(net.Conn)) {
 }
 
 // track registers c so Close can cut it; false once the relay is closed.
-func (r *Relay) track(c net.Conn) bool {
+func (r *Relay) track(c io.Closer) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -345,7 +345,7 @@ func (r *Relay) track(c net.Conn) bool {
 	return true
 }
 
-func (r *Relay) untrack(c net.Conn) {
+func (r *Relay) untrack(c io.Closer) {
 	r.mu.Lock()
 	delete(r.conns, c)
 	r.mu.Unlock()
@@ -395,10 +395,31 @@ func (r *Relay) handoffConn(c net.Conn) {
 		return
 	}
 	defer func() { r.untrack(lease); lease.Close() }()
+	// The gateway reads and writes the socket now. The relay's descriptor
+	// leaves Go's poller (held): registered, every segment the gateway
+	// sends or receives on the socket would wake this process, a wake-up
+	// per request for a socket it never touches again.
+	h := hold(c)
+	if h != nil {
+		if !r.track(h) {
+			h.Close()
+			return
+		}
+		defer func() { r.untrack(h); h.Close() }()
+	}
 	var answer [512]byte
 	n, _ := lease.Read(answer[:])
 	if n == 0 {
 		return // the gateway is done with c, or Close cut the lease
+	}
+	if h != nil {
+		if c = h.conn(); c == nil || !r.track(c) {
+			if c != nil {
+				c.Close()
+			}
+			return
+		}
+		defer func() { r.untrack(c); c.Close() }()
 	}
 	// The gateway answered instead: read the rest of its (short) refusal;
 	// it half-closes right after writing it.
@@ -491,7 +512,11 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) error {
 }
 
 // shutdown shuts c's socket down both ways, for every descriptor of it.
-func shutdown(c net.Conn) {
+func shutdown(c io.Closer) {
+	if h, ok := c.(*heldSocket); ok {
+		h.shutdown()
+		return
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return
@@ -501,6 +526,70 @@ func shutdown(c net.Conn) {
 		return
 	}
 	_ = raw.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+}
+
+// heldSocket is the relay's descriptor of a socket handed to the gateway:
+// a bare duplicate outside Go's poller, kept only so that Close can shut
+// the socket down (and so that a refused handoff can still be copied).
+type heldSocket struct {
+	mu sync.Mutex
+	fd int // -1 once closed or given back as a net.Conn
+}
+
+// hold duplicates c's descriptor and closes c, which takes c's socket out
+// of this process's poller; nil (c untouched) if the duplicate fails.
+func hold(c net.Conn) *heldSocket {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	fd, derr := -1, error(nil)
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
+		return nil
+	}
+	_ = c.Close()
+	return &heldSocket{fd: fd}
+}
+
+func (h *heldSocket) shutdown() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fd >= 0 {
+		_ = unix.Shutdown(h.fd, unix.SHUT_RDWR)
+	}
+}
+
+func (h *heldSocket) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fd < 0 {
+		return nil
+	}
+	err := unix.Close(h.fd)
+	h.fd = -1
+	return err
+}
+
+// conn gives the descriptor back as a net.Conn (in the poller again), for
+// a handoff the gateway refused; nil once closed.
+func (h *heldSocket) conn() net.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fd < 0 {
+		return nil
+	}
+	f := os.NewFile(uintptr(h.fd), "handoff")
+	h.fd = -1
+	c, err := net.FileConn(f) // a duplicate of its own
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	return c
 }
 
 // forwardDNS POSTs one query to the gateway's /v1/dns over an

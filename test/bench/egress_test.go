@@ -16,15 +16,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/sluice-gw/sluice/sandboxd/relay"
 )
 
 // egressGW is the gateway and sandbox relay the egress and DNS sections
-// share: agent-a may reach pkg.test; the relay listens in the namespace on
-// a proxy port and a DNS port, as in a sandbox.
+// share: agent-a may reach pkg.test; the relay (a process of its own)
+// listens in the namespace on a proxy port and a DNS port, as in a sandbox.
 type egressGW struct {
 	g         *gw
+	relay     *proc
 	proxyPort int
 	dnsPort   int
 }
@@ -39,15 +38,18 @@ func (w *world) egress() (*egressGW, error) {
 		return nil, err
 	}
 	e := &egressGW{g: g, proxyPort: freePort(), dnsPort: freePort()}
-	r, err := relay.Open(context.Background(), relay.Options{NetNS: w.ns.path(), Identity: benchAgent, Gateway: g.sock,
-		ProxyPort: e.proxyPort, DNSPort: e.dnsPort, MaxConns: 4096})
+	e.relay, err = startRelay(w.t, w.ns, relayChild{NetNS: w.ns.path(), Gateway: g.sock, ProxyPort: e.proxyPort, DNSPort: e.dnsPort})
 	if err != nil {
-		w.egErr = fmt.Errorf("relay: %w", err)
+		w.egErr = err
 		return nil, w.egErr
 	}
-	w.t.Cleanup(func() { _ = r.Close() })
 	w.eg = e
 	return e, nil
+}
+
+// meters are the CPU meters of sluice's rows: the gateway and the relay.
+func (e *egressGW) meters() []*cpuMeter {
+	return []*cpuMeter{{name: "gateway", pgid: e.g.pid()}, {name: "relay", pgid: e.relay.cmd.Process.Pid}}
 }
 
 // proxyClient uses the HTTP proxy at addr (in the namespace), keep-alive.
@@ -73,13 +75,13 @@ func (w *world) directClient() *http.Client {
 
 // startSquid runs squid in the foreground in the namespace with its own
 // config, pid file and logs; caching off.
-func startSquid(t *testing.T, w *world) (string, error) {
+func startSquid(t *testing.T, w *world) (string, int, error) {
 	if _, err := lookPath("squid"); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	d := filepath.Join(w.dir, "squid")
 	if err := os.MkdirAll(d, 0o777); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	_ = os.Chmod(d, 0o777)
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort())
@@ -102,23 +104,23 @@ http_access allow all
 `, addr, d, d, d)
 	cf := filepath.Join(d, "squid.conf")
 	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	p := start(t, w.ns, "squid", "-N", "-f", cf)
 	if err := waitTCP(w.ns, addr, p); err != nil {
-		return "", fmt.Errorf("squid: %w (%s)", err, lastLines(readFile(filepath.Join(d, "cache.log")), 3))
+		return "", 0, fmt.Errorf("squid: %w (%s)", err, lastLines(readFile(filepath.Join(d, "cache.log")), 3))
 	}
-	return addr, nil
+	return addr, p.cmd.Process.Pid, nil
 }
 
 // startTinyproxy runs tinyproxy in the foreground in the namespace.
-func startTinyproxy(t *testing.T, w *world) (string, error) {
+func startTinyproxy(t *testing.T, w *world) (string, int, error) {
 	if _, err := lookPath("tinyproxy"); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	d := filepath.Join(w.dir, "tinyproxy")
 	if err := os.MkdirAll(d, 0o777); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	_ = os.Chmod(d, 0o777)
 	port := freePort()
@@ -136,14 +138,14 @@ ConnectPort 443
 `, port, d, d)
 	cf := filepath.Join(d, "tinyproxy.conf")
 	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	p := start(t, w.ns, "tinyproxy", "-d", "-c", cf)
 	if err := waitTCP(w.ns, addr, p); err != nil {
-		return "", fmt.Errorf("tinyproxy: %w", err)
+		return "", 0, fmt.Errorf("tinyproxy: %w", err)
 	}
-	return addr, nil
+	return addr, p.cmd.Process.Pid, nil
 }
 
 // benchEgress is section 2: one table for plain HTTP, one for CONNECT.
@@ -160,18 +162,33 @@ func benchEgress(t *testing.T, w *world) []*section {
 	tun := &section{Title: "Egress proxy: CONNECT keep-alive (TLS inside one tunnel)", Baseline: "direct", Rate: "requests/s",
 		Intro: fmt.Sprintf(intro, egressConc, ts, turns(), egressIP+":443") + " The client opens one CONNECT tunnel and one TLS session, then sends every request inside it: the row is the per-request cost of relaying the tunnel's bytes."}
 	n := iterations(2000)
+	// Each proxy's start names the process groups its rows' CPU time is
+	// charged to (cpuMeter), beside this test process (clients, upstream).
+	group := func(name string, pid int) func() []*cpuMeter {
+		return func() []*cpuMeter { return []*cpuMeter{{name: name, pgid: pid}} }
+	}
 	proxies := []struct {
 		name  string
-		start func() (string, error)
+		start func() (string, func() []*cpuMeter, error)
 	}{
-		{"squid", func() (string, error) { return startSquid(t, w) }},
-		{"tinyproxy", func() (string, error) { return startTinyproxy(t, w) }},
-		{"sluice (via sandbox relay)", func() (string, error) {
+		{"squid", func() (string, func() []*cpuMeter, error) {
+			addr, pid, err := startSquid(t, w)
+			return addr, group("squid", pid), err
+		}},
+		{"tinyproxy", func() (string, func() []*cpuMeter, error) {
+			addr, pid, err := startTinyproxy(t, w)
+			return addr, group("tinyproxy", pid), err
+		}},
+		{goFloor, func() (string, func() []*cpuMeter, error) {
+			addr, pid, err := startGoProxy(t, w.ns)
+			return addr, group("go proxy", pid), err
+		}},
+		{"sluice (via sandbox relay)", func() (string, func() []*cpuMeter, error) {
 			e, err := w.egress()
 			if err != nil {
-				return "", err
+				return "", nil, err
 			}
-			return fmt.Sprintf("127.0.0.1:%d", e.proxyPort), nil
+			return fmt.Sprintf("127.0.0.1:%d", e.proxyPort), e.meters, nil
 		}},
 	}
 	dur := 5 * time.Second
@@ -179,14 +196,15 @@ func benchEgress(t *testing.T, w *world) []*section {
 		dur = 500 * time.Millisecond
 	}
 	type target struct {
-		name string
-		mk   func() *http.Client
-		err  error
+		name   string
+		mk     func() *http.Client
+		meters func() []*cpuMeter
+		err    error
 	}
-	targets := []target{{name: "direct", mk: w.directClient}}
+	targets := []target{{name: "direct", mk: w.directClient, meters: func() []*cpuMeter { return nil }}}
 	for _, p := range proxies {
-		addr, err := p.start()
-		targets = append(targets, target{name: p.name, err: err, mk: func() *http.Client { return w.proxyClient(addr) }})
+		addr, meters, err := p.start()
+		targets = append(targets, target{name: p.name, err: err, meters: meters, mk: func() *http.Client { return w.proxyClient(addr) }})
 	}
 	for _, k := range []struct {
 		s *section
@@ -207,24 +225,41 @@ func benchEgress(t *testing.T, w *world) []*section {
 		var tps []*tput
 		for _, tg := range targets {
 			if r := k.s.find(tg.name); r != nil && len(r.Lat) > 0 {
-				tps = append(tps, &tput{row: r, mk: func() (func() error, func()) {
+				tps = append(tps, &tput{row: r, cpu: append(tg.meters(), &cpuMeter{name: "test process (clients, upstream)"}), mk: func() (func() error, func()) {
 					c := tg.mk()
 					return func() error { return getOK(context.Background(), c, k.u) }, c.CloseIdleConnections
 				}})
 			}
 		}
 		throughputRounds(tps, egressConc, dur, turns())
+		if note := cpuNote(tps); note != "" {
+			k.s.Notes = append(k.s.Notes, note)
+		}
 	}
-	plain.Verdicts = append(plain.Verdicts, verdictRatio("issue 6: plain HTTP requests/s ≥ 1.2× squid", plain.find("sluice (via sandbox relay)"), plain.find("squid"), 1.2))
-	tun.Verdicts = append(tun.Verdicts, verdictRatio("issue 6: CONNECT keep-alive requests/s ≥ 0.85× direct", tun.find("sluice (via sandbox relay)"), tun.find("direct"), 0.85))
-	plain.Notes = append(plain.Notes, "sluice decides each request with Rego (kind `http`), resolves through its DNS cache, dials through the guard and writes audit records (on /dev/shm here); squid and tinyproxy only forward.")
+	sl := "sluice (via sandbox relay)"
+	plain.Verdicts = append(plain.Verdicts,
+		verdictRatio("issue 22: plain HTTP requests/s ≥ 1.5× squid", plain.find(sl), plain.find("squid"), 1.5),
+		verdictRatio("issue 6: plain HTTP requests/s ≥ 1.2× squid", plain.find(sl), plain.find("squid"), 1.2))
+	tun.Verdicts = append(tun.Verdicts,
+		verdictRatio("issue 22: CONNECT keep-alive requests/s ≥ 1.1× squid", tun.find(sl), tun.find("squid"), 1.1),
+		verdictRatio("issue 6: CONNECT keep-alive requests/s ≥ 0.85× direct", tun.find(sl), tun.find("direct"), 0.85))
+	for _, sec := range []*section{plain, tun} {
+		if f, q := sec.find(goFloor), sec.find("squid"); f != nil && q != nil && f.QPS > 0 && q.QPS > 0 {
+			sec.Notes = append(sec.Notes, fmt.Sprintf("The floor, a bare Go forward proxy (no policy, audit or log), runs at %.2f× squid: what Go's net/http alone costs on this path.", f.QPS/q.QPS))
+		}
+	}
+	plain.Notes = append(plain.Notes, "sluice decides each request with Rego (kind `http`), resolves through its DNS cache, dials through the guard and writes audit records (on /dev/shm here); squid, tinyproxy and the Go floor only forward.",
+		"The Go floor is this test binary re-executed as a bare forward proxy: net/http's server, httputil.ReverseProxy for plain HTTP, a hijacked connection and io.Copy each way (splice(2) between the TCP sockets) for CONNECT. The sandbox relay also runs as a process of its own: it hands each accepted connection to the gateway, so its CPU is paid per connection, not per request.")
 	tun.Notes = append(tun.Notes, "For CONNECT the policy, resolution and audit happen once per tunnel; the rows measure the byte relay (client → relay → gateway → upstream and back for sluice, client → proxy → upstream for the peers).")
 	var bulk []bulkTarget
 	for _, tg := range targets {
-		bulk = append(bulk, bulkTarget{name: tg.name, mk: tg.mk, err: tg.err})
+		bulk = append(bulk, bulkTarget{name: tg.name, mk: tg.mk, meters: tg.meters, err: tg.err})
 	}
 	return []*section{plain, tun, benchBulk(bulk)}
 }
+
+// goFloor is the bare Go forward proxy's row.
+const goFloor = "Go net/http forward proxy (floor)"
 
 // egressConc is the number of concurrent clients in a requests/s row.
 const egressConc = 8
@@ -233,13 +268,10 @@ const egressConc = 8
 type tput struct {
 	row  *row
 	mk   func() (func() error, func())
+	cpu  []*cpuMeter // processes charged with the timed part of each turn
 	done int64
 	took time.Duration
 	err  error
-
-	cpu      []cpuProc       // processes whose CPU per call the row reports (none: not reported)
-	cpuUsed  []time.Duration // their CPU time over the turns
-	cpuCalls int64           // the calls that CPU time served, warm-ups included
 }
 
 // throughputRounds measures every row for d in total, as rounds turns of
@@ -250,22 +282,21 @@ func throughputRounds(ts []*tput, conc int, d time.Duration, rounds int) {
 			if tp.err != nil {
 				continue
 			}
-			before := cpuSample(tp.cpu)
-			n, took, err := throughputN(conc, d/time.Duration(rounds), tp.mk)
+			var at []time.Duration
+			n, took, err := throughputN(conc, d/time.Duration(rounds), tp.mk, func() {
+				for _, m := range tp.cpu {
+					at = append(at, m.read())
+				}
+			})
 			if err != nil {
 				tp.err = err
 				continue
 			}
-			after := cpuSample(tp.cpu)
-			if tp.cpuUsed == nil {
-				tp.cpuUsed = make([]time.Duration, len(tp.cpu))
-			}
-			for i := range tp.cpu {
-				tp.cpuUsed[i] += after[i] - before[i]
-			}
-			tp.cpuCalls += n + int64(conc) // each worker's warm-up call
 			tp.done += n
 			tp.took += took
+			for i, m := range tp.cpu {
+				m.used += at[len(tp.cpu)+i] - at[i]
+			}
 		}
 	}
 	for _, tp := range ts {
@@ -274,9 +305,6 @@ func throughputRounds(ts []*tput, conc int, d time.Duration, rounds int) {
 			tp.row.Note = strings.TrimPrefix(tp.row.Note+"; ", "; ") + "requests/s not measured: " + oneLine(tp.err.Error())
 		case tp.took > 0:
 			tp.row.QPS = float64(tp.done) / tp.took.Seconds()
-			if n := cpuNote(tp.cpu, tp.cpuUsed, tp.cpuCalls); n != "" {
-				tp.row.Note = strings.TrimPrefix(tp.row.Note+"; ", "; ") + n
-			}
 		}
 	}
 }
@@ -285,7 +313,7 @@ func throughputRounds(ts []*tput, conc int, d time.Duration, rounds int) {
 // second function closes it), for d and returns the completed requests
 // per second. The first error ends it.
 func throughput(conc int, d time.Duration, mk func() (func() error, func())) (float64, error) {
-	n, took, err := throughputN(conc, d, mk)
+	n, took, err := throughputN(conc, d, mk, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -293,7 +321,9 @@ func throughput(conc int, d time.Duration, mk func() (func() error, func())) (fl
 }
 
 // throughputN is throughput's count of completed calls and the time taken.
-func throughputN(conc int, d time.Duration, mk func() (func() error, func())) (int64, time.Duration, error) {
+// mark, if not nil, is called as the timed part starts and as it ends
+// (after the workers' warm-up calls, before their connections close).
+func throughputN(conc int, d time.Duration, mk func() (func() error, func()), mark func()) (int64, time.Duration, error) {
 	fns := make([]func() error, conc)
 	for i := range fns {
 		var done func()
@@ -307,6 +337,9 @@ func throughputN(conc int, d time.Duration, mk func() (func() error, func())) (i
 	var firstErr atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	if mark != nil {
+		mark()
+	}
 	t0 := time.Now()
 	for _, fn := range fns {
 		wg.Add(1)
@@ -330,6 +363,9 @@ func throughputN(conc int, d time.Duration, mk func() (func() error, func())) (i
 	close(stop)
 	wg.Wait()
 	took := time.Since(t0)
+	if mark != nil {
+		mark()
+	}
 	if e := firstErr.Load(); e != nil {
 		return 0, 0, e.(error)
 	}

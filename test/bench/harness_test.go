@@ -42,6 +42,12 @@ func runMain(m *testing.M) int {
 	if os.Getenv(authzPeerEnv) != "" {
 		return serveAuthzPeer() // a child: the bare ext_authz peer (extauthz_test.go)
 	}
+	if os.Getenv(relayChildEnv) != "" {
+		return serveRelay() // a child: the sandbox relay (egress_procs_test.go)
+	}
+	if os.Getenv(goProxyChildEnv) != "" {
+		return serveGoProxy() // a child: the bare Go forward proxy
+	}
 	switch {
 	case os.Geteuid() != 0:
 		skipReason = "the bench suite needs root: it creates network namespaces and sandboxes"

@@ -325,24 +325,26 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 	type rowDef struct {
 		name string
 		mk   func() (func() error, func())
-		why  string    // not measured
-		cpu  []cpuProc // the processes serving the row, beside the test process and the upstream
+		why  string      // not measured
+		cpu  []*cpuMeter // the processes serving the row, beside the test process and the upstream
 	}
-	test, up := cpuProc{"test process", 0}, cpuProc{"upstream", w.apiPid}
+	// Each row's meters are its own: a meter adds up its row's turns.
+	test := func() *cpuMeter { return &cpuMeter{name: "test process"} }
+	up := func() *cpuMeter { return &cpuMeter{name: "upstream", pgid: w.apiPid} }
 	for _, conc := range toolConc {
 		defs := []rowDef{{name: "direct call", mk: post1(apiURL + "/items")}, {name: "Go httputil.ReverseProxy", mk: post1(pp.rpURL)}, {name: "ReverseProxy + OPA sidecar"}, {name: "sluice: full pipeline, audit on tmpfs"}, {name: "sluice: full pipeline, audit on disk (fsync per batch)"}}
-		defs[0].cpu = []cpuProc{test, up}
-		defs[1].cpu = []cpuProc{test, up}
+		defs[0].cpu = []*cpuMeter{test(), up()}
+		defs[1].cpu = []*cpuMeter{test(), up()}
 		if opaURL != "" {
 			defs[2].mk = post1(opaURL)
-			defs[2].cpu = []cpuProc{{"OPA", pp.opaPid}, test, up}
+			defs[2].cpu = []*cpuMeter{{name: "OPA", pgid: pp.opaPid}, test(), up()}
 		} else {
 			defs[2].why = "the OPA sidecar did not start (see section 1)"
 		}
 		for i, stage := range []string{"stage4", "stage5"} {
 			if sock := socks[stage]; sock != "" {
 				defs[3+i].mk = gwCall(sock, "bench.create_item")
-				defs[3+i].cpu = []cpuProc{{"sluice", pp.pids[stage]}, test, up}
+				defs[3+i].cpu = []*cpuMeter{{name: "sluice", pgid: pp.pids[stage]}, test(), up()}
 			} else {
 				defs[3+i].why = "the gateway did not start (see section 1)"
 			}
@@ -361,6 +363,9 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 			if tp.err != nil && tp.row.QPS == 0 {
 				tp.row.Reason = "not measured: " + oneLine(tp.err.Error())
 			}
+		}
+		if n := cpuNote(round); n != "" {
+			s.Notes = append(s.Notes, n)
 		}
 		if n := proxyCPU(conc, round); n != "" {
 			s.Notes = append(s.Notes, n)
@@ -398,12 +403,12 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 func proxyCPU(conc int, round []*tput) string {
 	per := map[string]map[string]float64{} // row → process → CPU-µs per call
 	for _, tp := range round {
-		if tp.err != nil || tp.cpuCalls == 0 {
+		if tp.err != nil || tp.done == 0 {
 			continue
 		}
 		m := map[string]float64{}
-		for i, p := range tp.cpu {
-			m[p.name] = cpuPerCall(tp.cpuUsed[i], tp.cpuCalls)
+		for _, p := range tp.cpu {
+			m[p.name] = float64(p.used.Microseconds()) / float64(tp.done)
 		}
 		per[strings.TrimSuffix(tp.row.Name, fmt.Sprintf(", %d callers", conc))] = m
 	}
