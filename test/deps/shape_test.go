@@ -20,9 +20,10 @@ import (
 // are met; the ceilings hold them.
 const (
 	maxGatewayFileLines = 700
-	// maxRootLines is the root package's non-test lines: 3,102 once
-	// the catalog and the hosted door moved out (issue 18), plus 2%.
-	maxRootLines = 3160
+	// maxRootLines is the root package's non-test lines: 3,072 once
+	// the catalog and the hosted door moved out (issue 18) and the hot
+	// path's encoders went to their packages (issue 22), plus 2%.
+	maxRootLines = 3130
 	// maxServerFiles is how many of the root's non-test files hold
 	// methods of *Server: the composition (gateway.go), the tool call's
 	// path (toolcall.go) and the hold path (holdcall.go); the doors and
