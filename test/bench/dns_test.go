@@ -123,10 +123,11 @@ func benchDNS(t *testing.T, w *world) []*section {
 	// Each start also names the processes its row's CPU is charged to
 	// (the bare responder is this test process, which dnsperf is not).
 	type meters = func() []*cpuMeter
-	targets := []struct {
+	type target struct {
 		name  string
 		start func() (string, meters, error)
-	}{
+	}
+	targets := []target{
 		{"bare miekg/dns responder", func() (string, meters, error) {
 			return w.dnsAddr, func() []*cpuMeter { return []*cpuMeter{{name: "test process (responder)"}} }, nil
 		}},
@@ -134,27 +135,13 @@ func benchDNS(t *testing.T, w *world) []*section {
 			addr, pid, err := startDnsmasq(t, w)
 			return addr, func() []*cpuMeter { return []*cpuMeter{{name: "dnsmasq", pgid: pid}} }, err
 		}},
-		{sluiceDNS, func() (string, meters, error) {
-			e, err := w.egress()
-			if err != nil {
-				return "", nil, err
-			}
-			return fmt.Sprintf("127.0.0.1:%d", e.dnsPort), e.meters, nil
-		}},
-		{sluiceDNSUncached, func() (string, meters, error) {
-			e, err := w.egress()
-			if err != nil {
-				return "", nil, err
-			}
-			port := freePort()
-			r, err := startRelay(t, w.ns, relayChild{NetNS: w.ns.path(), Gateway: e.g.sock, ProxyPort: freePort(), DNSPort: port, DNSCacheFor: -1})
-			if err != nil {
-				return "", nil, err
-			}
-			return fmt.Sprintf("127.0.0.1:%d", port), func() []*cpuMeter {
-				return []*cpuMeter{{name: "gateway", pgid: e.g.pid()}, {name: "relay", pgid: r.cmd.Process.Pid}}
-			}, nil
-		}},
+		{sluiceDNS, sluiceDNSAt(t, w, w.egress, true)},
+		{sluiceDNSUncached, sluiceDNSAt(t, w, w.egress, false)},
+	}
+	if againstRev() != "" {
+		targets = append(targets, target{againstName(sluiceDNS), sluiceDNSAt(t, w, w.egressAgainst, true)},
+			target{againstName(sluiceDNSUncached), sluiceDNSAt(t, w, w.egressAgainst, false)})
+		s.Notes = append(s.Notes, againstNote(w, sluiceDNS, sluiceDNSUncached)+"; its queries/s are dnsperf's in the same turns, with its gateway's and relay's CPU per query")
 	}
 	var ps []*probe
 	addrs := map[*probe]string{}
@@ -242,9 +229,34 @@ func benchDNS(t *testing.T, w *world) []*section {
 	if len(per) > 0 {
 		s.Notes = append(s.Notes, "CPU µs per query over the queries/s turns (user+system, /proc/PID/stat of each process group, ÷ queries dnsperf counted answered; dnsperf itself is not counted; the sandbox relay, which runs the stub, is a process of its own): "+strings.Join(per, "; ")+".")
 	}
+	if againstRev() != "" {
+		againstVerdicts(s, sluiceDNS, sluiceDNSUncached)
+	}
 	s.Verdicts = append(s.Verdicts, verdictRatio("issue 22: DNS with the stub cache off queries/s ≥ 1.2× dnsmasq", s.find(sluiceDNSUncached), s.find("dnsmasq (cache, forwarding)"), 1.2))
 	s.Verdicts = append(s.Verdicts, verdictRatio("issue 6: DNS queries/s ≥ 1.0× dnsmasq", s.find(sluiceDNS), s.find("dnsmasq (cache, forwarding)"), 1.0))
 	return []*section{s}
+}
+
+// sluiceDNSAt starts a sluice DNS row on the egress gateway eg gives: its
+// relay's stub (cached), or a relay of its own with the stub cache off.
+func sluiceDNSAt(t *testing.T, w *world, eg func() (*egressGW, error), cached bool) func() (string, func() []*cpuMeter, error) {
+	return func() (string, func() []*cpuMeter, error) {
+		e, err := eg()
+		if err != nil {
+			return "", nil, err
+		}
+		if cached {
+			return fmt.Sprintf("127.0.0.1:%d", e.dnsPort), e.meters, nil
+		}
+		port := freePort()
+		r, err := startRelay(t, w.ns, relayChild{NetNS: w.ns.path(), Gateway: e.g.sock, ProxyPort: freePort(), DNSPort: port, DNSCacheFor: -1})
+		if err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("127.0.0.1:%d", port), func() []*cpuMeter {
+			return []*cpuMeter{{name: "gateway", pgid: e.g.pid()}, {name: "relay", pgid: r.cmd.Process.Pid}}
+		}, nil
+	}
 }
 
 // postDNS asks the gateway's answerer for pkg.test A over c.

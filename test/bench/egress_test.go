@@ -28,22 +28,36 @@ type egressGW struct {
 	dnsPort   int
 }
 
-func (w *world) egress() (*egressGW, error) {
-	if w.eg != nil || w.egErr != nil {
-		return w.eg, w.egErr
-	}
-	g, err := w.startGateway(w.t, gwOpts{Name: "egress", Egress: []string{"pkg.test"}})
+func (w *world) egress() (*egressGW, error) { return w.egressWith(&w.eg, &w.egErr, "egress", "") }
+
+// egressAgainst is egress with the gateway built at BENCH_AGAINST (the
+// relay is this tree's, as the sandbox's would be).
+func (w *world) egressAgainst() (*egressGW, error) {
+	bin, _, err := w.againstBin()
 	if err != nil {
-		w.egErr = err
+		return nil, err
+	}
+	return w.egressWith(&w.egAt, &w.egAtErr, "egress-against", bin)
+}
+
+// egressWith starts the egress gateway name (binary bin, "" = this
+// tree's) and its relay once, keeping the result or the error in *eg, *egErr.
+func (w *world) egressWith(eg **egressGW, egErr *error, name, bin string) (*egressGW, error) {
+	if *eg != nil || *egErr != nil {
+		return *eg, *egErr
+	}
+	g, err := w.startGateway(w.t, gwOpts{Name: name, Egress: []string{"pkg.test"}, Bin: bin})
+	if err != nil {
+		*egErr = err
 		return nil, err
 	}
 	e := &egressGW{g: g, proxyPort: freePort(), dnsPort: freePort()}
 	e.relay, err = startRelay(w.t, w.ns, relayChild{NetNS: w.ns.path(), Gateway: g.sock, ProxyPort: e.proxyPort, DNSPort: e.dnsPort})
 	if err != nil {
-		w.egErr = err
-		return nil, w.egErr
+		*egErr = err
+		return nil, err
 	}
-	w.eg = e
+	*eg = e
 	return e, nil
 }
 
@@ -167,10 +181,11 @@ func benchEgress(t *testing.T, w *world) []*section {
 	group := func(name string, pid int) func() []*cpuMeter {
 		return func() []*cpuMeter { return []*cpuMeter{{name: name, pgid: pid}} }
 	}
-	proxies := []struct {
+	type proxy struct {
 		name  string
 		start func() (string, func() []*cpuMeter, error)
-	}{
+	}
+	proxies := []proxy{
 		{"squid", func() (string, func() []*cpuMeter, error) {
 			addr, pid, err := startSquid(t, w)
 			return addr, group("squid", pid), err
@@ -190,6 +205,16 @@ func benchEgress(t *testing.T, w *world) []*section {
 			}
 			return fmt.Sprintf("127.0.0.1:%d", e.proxyPort), e.meters, nil
 		}},
+	}
+	sl := "sluice (via sandbox relay)"
+	if againstRev() != "" {
+		proxies = append(proxies, proxy{againstName(sl), func() (string, func() []*cpuMeter, error) {
+			e, err := w.egressAgainst()
+			if err != nil {
+				return "", nil, err
+			}
+			return fmt.Sprintf("127.0.0.1:%d", e.proxyPort), e.meters, nil
+		}})
 	}
 	dur := 5 * time.Second
 	if smoke() {
@@ -236,7 +261,6 @@ func benchEgress(t *testing.T, w *world) []*section {
 			k.s.Notes = append(k.s.Notes, note)
 		}
 	}
-	sl := "sluice (via sandbox relay)"
 	plain.Verdicts = append(plain.Verdicts,
 		verdictRatio("issue 22: plain HTTP requests/s ≥ 1.5× squid", plain.find(sl), plain.find("squid"), 1.5),
 		verdictRatio("issue 6: plain HTTP requests/s ≥ 1.2× squid", plain.find(sl), plain.find("squid"), 1.2))
@@ -251,8 +275,17 @@ func benchEgress(t *testing.T, w *world) []*section {
 	plain.Notes = append(plain.Notes, "sluice decides each request with Rego (kind `http`), resolves through its DNS cache, dials through the guard and writes audit records (on /dev/shm here); squid, tinyproxy and the Go floor only forward.",
 		"The Go floor is this test binary re-executed as a bare forward proxy: net/http's server, httputil.ReverseProxy for plain HTTP, a hijacked connection and io.Copy each way (splice(2) between the TCP sockets) for CONNECT. The sandbox relay also runs as a process of its own: it hands each accepted connection to the gateway, so its CPU is paid per connection, not per request.")
 	tun.Notes = append(tun.Notes, "For CONNECT the policy, resolution and audit happen once per tunnel; the rows measure the byte relay (client → relay → gateway → upstream and back for sluice, client → proxy → upstream for the peers).")
+	if againstRev() != "" {
+		for _, sec := range []*section{plain, tun} {
+			sec.Notes = append(sec.Notes, againstNote(w, sl)+"; its requests/s are sampled in the same turns, with its gateway's and relay's CPU per request")
+			againstVerdicts(sec, sl)
+		}
+	}
 	var bulk []bulkTarget
 	for _, tg := range targets {
+		if againstRev() != "" && tg.name == againstName(sl) {
+			continue // the 100 MiB rows compare peers, not revisions
+		}
 		bulk = append(bulk, bulkTarget{name: tg.name, mk: tg.mk, meters: tg.meters, err: tg.err})
 	}
 	return []*section{plain, tun, benchBulk(bulk)}

@@ -209,12 +209,10 @@ func benchExtAuthz(t *testing.T, w *world) []*section {
 		{name: "bare ext_authz (OPA Go API)", note: "decides only", fn: checkFn(pc, false)},
 		{name: "sluice ext_authz", note: "decides, attaches the credential, audits", fn: checkFn(gc, true)},
 	}
-	// BENCH_AUTHZ_AGAINST=REV: the sluice row again, from another
-	// revision's binary with the same configuration, taking turns with
-	// this one's (a change's before and after in one run).
-	if rev := os.Getenv("BENCH_AUTHZ_AGAINST"); rev != "" {
-		name := "sluice ext_authz at " + rev
-		bin, short, err := buildAt(w, rev, "authz-against")
+	// BENCH_AGAINST=REV: the sluice row again, from that revision's
+	// binary with the same configuration, in turns with this one's.
+	if againstRev() != "" {
+		bin, short, err := w.againstBin()
 		var ag *gw
 		if err == nil {
 			ag, err = w.startGateway(t, gwOpts{Name: "authz-against", Credential: true, Rego: authzPolicy + "\n", ExtAuthz: true, RegoExtra: authzAdapter, Bin: bin})
@@ -225,13 +223,17 @@ func benchExtAuthz(t *testing.T, w *world) []*section {
 			ac, err = client(strings.TrimPrefix(ag.authz, "unix:"))
 		}
 		if err != nil {
-			ps = append(ps, &probe{name: name, err: err})
+			ps = append(ps, &probe{name: againstName("sluice ext_authz"), err: err})
 		} else {
-			ps = append(ps, &probe{name: name, note: "built from " + short + ", the same configuration", fn: checkFn(ac, true)})
+			ps = append(ps, &probe{name: againstName("sluice ext_authz"), note: "built from " + short + ", the same configuration", fn: checkFn(ac, true)})
 		}
 	}
 	interleave(ps, n, 20)
 	s.addProbes(ps)
+	if againstRev() != "" {
+		s.Notes = append(s.Notes, againstNote(w, "sluice ext_authz"))
+		againstVerdicts(s, "sluice ext_authz")
+	}
 	s.Verdicts = append(s.Verdicts, verdictLat("issue 21: Check p50 with the credential attached and audited ≤ 1.0× a bare ext_authz server on OPA's Go API", s.find("sluice ext_authz"), s.find("bare ext_authz (OPA Go API)"), 1.0))
 	return []*section{s}
 }

@@ -232,14 +232,15 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		clients[p] = c
 		ps = append(ps, p)
 	}
-	// BENCH_TOOLCALL_AGAINST=REV: the pass-through and full-pipeline rows
-	// again, from another revision's binary, taking turns with this one's
-	// (a change's before and after in one run, under the same load).
-	if rev := os.Getenv("BENCH_TOOLCALL_AGAINST"); rev != "" {
-		bin, short, err := buildAt(w, rev, "toolcall-against") // tracing_test.go
+	// BENCH_AGAINST=REV: the pass-through and full-pipeline rows again,
+	// from that revision's binary, in turns with this tree's.
+	var againstRows []string
+	if againstRev() != "" {
+		bin, _, err := w.againstBin()
 		for _, i := range []int{0, 3} {
 			st := stages[i]
-			name := "sluice at " + rev + ": " + strings.TrimPrefix(st.name, "sluice: ")
+			againstRows = append(againstRows, st.name)
+			name := againstName(st.name)
 			if err != nil {
 				ps = append(ps, &probe{name: name, err: err})
 				continue
@@ -256,14 +257,13 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 			p := &probe{name: name, fn: func() error { _, err := toolCall(c, st.tool, st.args, 200); return err }}
 			clients[p] = c
 			ps = append(ps, p)
-			s.Notes = append(s.Notes, fmt.Sprintf("row \"%s\": row \"%s\" with the binary built from %s (BENCH_TOOLCALL_AGAINST), in turns with this tree's", name, st.name, short))
 		}
 	}
 	interleave(ps, n, warm)
 	for _, p := range ps {
 		if c := clients[p]; c != nil && p.err == nil {
 			tool, args := "bench.create_item", `{"body":`+itemBody+`}`
-			if strings.HasSuffix(p.name, strings.TrimPrefix(stages[0].name, "sluice: ")) {
+			if p.name == stages[0].name || p.name == againstName(stages[0].name) {
 				tool = "bench.echo"
 			}
 			p.note = connReuse(c, tool, args)
@@ -275,6 +275,10 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 		"row 1.3, the common do-it-yourself stack: the same reverse proxy that, before forwarding, POSTs the method, path and body to a separate `opa run --server` process (OPA "+opaVersion+" binary from the Go module proxy) and forwards only on `result: true`")
 	// Notes were appended out of order; put the baseline and peers first.
 	s.Notes = append(s.Notes[len(s.Notes)-3:], s.Notes[:len(s.Notes)-3]...)
+	if len(againstRows) > 0 {
+		s.Notes = append(s.Notes, againstNote(w, againstRows...))
+		againstVerdicts(s, againstRows...)
+	}
 	s.Verdicts = append(s.Verdicts, addedP50("issue 2: an allowed call adds ≤ 0.25 ms at p50 over a direct call (full pipeline, audit on tmpfs: row 1.7)", s.find("sluice: + cached credential"), s.find("direct call"), 250*time.Microsecond),
 		addedP50("the same with the audit log on the disk (row 1.8; one fsync per call, not a goal)", s.find("sluice: + audit on disk"), s.find("direct call"), 0))
 	return []*section{s, benchToolThroughput(w, post, direct, apiURL, throughputPeers{rpURL, opaURL, opaPid, socks, pids, debug})}

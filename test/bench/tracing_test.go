@@ -56,17 +56,16 @@ func benchTracing(t *testing.T, w *world) []*section {
 		before.Bin = bin
 		vs = append(vs, variant{"sluice before tracing (unset)", "built from " + rev, before, ""})
 	}
-	// BENCH_TRACE_AGAINST=REV: the on row again, from another revision's
-	// binary, taking turns with this one's (a change's before and after
-	// in one run).
-	if rev := os.Getenv("BENCH_TRACE_AGAINST"); rev != "" {
-		name := "sluice at " + rev + ": tracing on, loopback collector"
-		if bin, short, err := buildAt(w, rev, "against"); err != nil {
-			vs = append(vs, variant{name: name, skip: err.Error()})
+	// BENCH_AGAINST=REV: the on row again, from that revision's binary, in
+	// turns with this one's.
+	const onRow = "sluice: tracing on, loopback collector"
+	if againstRev() != "" {
+		if bin, short, err := w.againstBin(); err != nil {
+			vs = append(vs, variant{name: againstName(onRow), skip: err.Error()})
 		} else {
 			against := on
 			against.Name, against.Bin = "trace-against", bin
-			vs = append(vs, variant{name, "built from " + short + "; its spans go to the same collector", against, ""})
+			vs = append(vs, variant{againstName(onRow), "built from " + short + "; its spans go to the same collector", against, ""})
 		}
 	}
 	var ps []*probe
@@ -100,6 +99,10 @@ func benchTracing(t *testing.T, w *world) []*section {
 		} else {
 			r.Note += fmt.Sprintf("; the collector received %d spans", got)
 		}
+	}
+	if againstRev() != "" {
+		s.Notes = append(s.Notes, againstNote(w, onRow))
+		againstVerdicts(s, onRow)
 	}
 	unsetRow := s.find("sluice: tracing unset")
 	s.Verdicts = append(s.Verdicts,

@@ -42,6 +42,10 @@ type world struct {
 
 	eg    *egressGW // started by the first section that needs it
 	egErr error
+
+	ag      againstBuild // the gateway at BENCH_AGAINST, built once
+	egAt    *egressGW    // the egress gateway and relay with that binary
+	egAtErr error
 }
 
 // benchAgent is the identity every sandbox-side request carries.
@@ -268,23 +272,23 @@ func (w *world) startGateway(t testing.TB, o gwOpts) (*gw, error) {
 	if err := os.WriteFile(cfg, data, 0o600); err != nil {
 		return nil, err
 	}
+	bin := sluiceBin
+	if o.Bin != "" {
+		bin = o.Bin // its own secrets store format
+	}
 	if o.Credential {
-		cmd := exec.Command(sluiceBin, "secrets", "set", "bench-key", "--scope", "project", "--config", cfg)
+		cmd := exec.Command(bin, "secrets", "set", "bench-key", "--scope", "project", "--config", cfg)
 		cmd.Stdin = strings.NewReader(w.secret + "\n")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
 		}
 	}
 	if o.OAuthTokenURL != "" {
-		cmd := exec.Command(sluiceBin, "secrets", "set", "bench-oauth-secret", "--scope", "project", "--config", cfg)
+		cmd := exec.Command(bin, "secrets", "set", "bench-oauth-secret", "--scope", "project", "--config", cfg)
 		cmd.Stdin = strings.NewReader(oauthtest.ServiceSecret + "\n")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("sluice secrets set: %w: %s", err, out)
 		}
-	}
-	bin := sluiceBin
-	if o.Bin != "" {
-		bin = o.Bin
 	}
 	argv := []string{bin, "serve", "--config", cfg}
 	if o.Debug != "" {
