@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 )
 
 // BENCH_AGAINST=REV: every section that compares a change runs its sluice
@@ -53,11 +54,37 @@ func againstNote(w *world, rows ...string) string {
 }
 
 // againstVerdicts adds, for each row name, this tree's row ÷ its twin at
-// REV: the medians, the p99s and the rates where both have them.
-func againstVerdicts(s *section, rows ...string) {
+// REV: the medians, the p99s, the rates and the CPU-µs per request of
+// sluice's own processes (cpu, by row name; nil where not metered) where
+// both have them.
+func againstVerdicts(s *section, cpu map[string]float64, rows ...string) {
 	for _, name := range rows {
-		s.Verdicts = append(s.Verdicts, againstVerdict(s.Rate, name, s.find(name), s.find(againstName(name))))
+		v := againstVerdict(s.Rate, name, s.find(name), s.find(againstName(name)))
+		if now, then := cpu[name], cpu[againstName(name)]; now > 0 && then > 0 {
+			v += fmt.Sprintf("; CPU-µs per request in sluice's own processes (the figure the load moves least) %.1f ÷ %.1f = %.3f×", now, then, now/then)
+		}
+		s.Verdicts = append(s.Verdicts, v)
 	}
+}
+
+// sluiceCPU is each row's CPU-µs per completed request in sluice's own
+// processes among its meters (the gateway and the relay, not the test
+// process or the upstream).
+func sluiceCPU(ts []*tput) map[string]float64 {
+	out := map[string]float64{}
+	for _, tp := range ts {
+		if tp.done == 0 {
+			continue
+		}
+		var sum time.Duration
+		for _, m := range tp.cpu {
+			if m.name == "gateway" || m.name == "relay" || m.name == "sluice" {
+				sum += m.used
+			}
+		}
+		out[tp.row.Name] = float64(sum.Microseconds()) / float64(tp.done)
+	}
+	return out
 }
 
 // againstVerdict is one row's before/after line. Issue 18's bound for

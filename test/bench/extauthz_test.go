@@ -232,7 +232,7 @@ func benchExtAuthz(t *testing.T, w *world) []*section {
 	s.addProbes(ps)
 	if againstRev() != "" {
 		s.Notes = append(s.Notes, againstNote(w, "sluice ext_authz"))
-		againstVerdicts(s, "sluice ext_authz")
+		againstVerdicts(s, nil, "sluice ext_authz")
 	}
 	s.Verdicts = append(s.Verdicts, verdictLat("issue 21: Check p50 with the credential attached and audited ≤ 1.0× a bare ext_authz server on OPA's Go API", s.find("sluice ext_authz"), s.find("bare ext_authz (OPA Go API)"), 1.0))
 	return []*section{s}

@@ -253,6 +253,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 				continue
 			}
 			t.Cleanup(g.p.stop)
+			socks[o.Name], pids[o.Name] = g.sock, g.p.cmd.Process.Pid // the throughput table's row at REV
 			c := sandboxClient(g.sock, benchAgent)
 			p := &probe{name: name, fn: func() error { _, err := toolCall(c, st.tool, st.args, 200); return err }}
 			clients[p] = c
@@ -277,7 +278,7 @@ func benchToolCalls(t *testing.T, w *world) []*section {
 	s.Notes = append(s.Notes[len(s.Notes)-3:], s.Notes[:len(s.Notes)-3]...)
 	if len(againstRows) > 0 {
 		s.Notes = append(s.Notes, againstNote(w, againstRows...))
-		againstVerdicts(s, againstRows...)
+		againstVerdicts(s, nil, againstRows...)
 	}
 	s.Verdicts = append(s.Verdicts, addedP50("issue 2: an allowed call adds ≤ 0.25 ms at p50 over a direct call (full pipeline, audit on tmpfs: row 1.7)", s.find("sluice: + cached credential"), s.find("direct call"), 250*time.Microsecond),
 		addedP50("the same with the audit log on the disk (row 1.8; one fsync per call, not a goal)", s.find("sluice: + audit on disk"), s.find("direct call"), 0))
@@ -331,6 +332,7 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 		mk   func() (func() error, func())
 		why  string      // not measured
 		cpu  []*cpuMeter // the processes serving the row, beside the test process and the upstream
+		at   bool        // served by the gateway at BENCH_AGAINST
 	}
 	// Each row's meters are its own: a meter adds up its row's turns.
 	test := func() *cpuMeter { return &cpuMeter{name: "test process"} }
@@ -353,9 +355,20 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 				defs[3+i].why = "the gateway did not start (see section 1)"
 			}
 		}
+		if againstRev() != "" {
+			d := rowDef{name: defs[3].name, at: true, why: "the gateway at " + againstRev() + " did not start (see section 1)"}
+			if sock := socks["stage4-against"]; sock != "" {
+				d.mk = gwCall(sock, "bench.create_item")
+				d.cpu = []*cpuMeter{{name: "sluice", pgid: pp.pids["stage4-against"]}, test(), up()}
+			}
+			defs = append(defs, d)
+		}
 		var round []*tput
 		for _, d := range defs {
 			name := fmt.Sprintf("%s, %d callers", d.name, conc)
+			if d.at {
+				name = againstName(name)
+			}
 			if d.mk == nil {
 				s.skip(name, d.why)
 				continue
@@ -370,6 +383,9 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 		}
 		if n := cpuNote(round); n != "" {
 			s.Notes = append(s.Notes, n)
+		}
+		if againstRev() != "" {
+			againstVerdicts(s, sluiceCPU(round), fmt.Sprintf("sluice: full pipeline, audit on tmpfs, %d callers", conc))
 		}
 		if n := proxyCPU(conc, round); n != "" {
 			s.Notes = append(s.Notes, n)
@@ -393,6 +409,9 @@ func benchToolThroughput(w *world, post func(*http.Client, string) func() error,
 		s.Verdicts = append(s.Verdicts,
 			verdictRatio(fmt.Sprintf("at %d callers (not a goal): full pipeline, audit on tmpfs, against ReverseProxy + OPA sidecar", conc), s.find(fmt.Sprintf("sluice: full pipeline, audit on tmpfs, %d callers", conc)), peer, 1.0),
 			verdictRatio(fmt.Sprintf("at %d callers (not a goal): audit on disk, against ReverseProxy + OPA sidecar", conc), s.find(fmt.Sprintf("sluice: full pipeline, audit on disk (fsync per batch), %d callers", conc)), peer, 1.0))
+	}
+	if againstRev() != "" {
+		s.Notes = append(s.Notes, againstNote(w, "sluice: full pipeline, audit on tmpfs")+"; at each number of callers, in the same turns, with its process's CPU per call")
 	}
 	s.Notes = append(s.Notes, "the sluice rows are section 1's gateways for rows \"+ cached credential\" (audit on /dev/shm) and \"+ audit on disk\": Rego with the user module, the credential attached and scrubbed, two audit records per call",
 		"the peers' HTTP clients keep up to 128 idle connections per host, so that no row opens connections under load that another keeps")

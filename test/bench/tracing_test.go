@@ -102,7 +102,7 @@ func benchTracing(t *testing.T, w *world) []*section {
 	}
 	if againstRev() != "" {
 		s.Notes = append(s.Notes, againstNote(w, onRow))
-		againstVerdicts(s, onRow)
+		againstVerdicts(s, nil, onRow)
 	}
 	unsetRow := s.find("sluice: tracing unset")
 	s.Verdicts = append(s.Verdicts,
