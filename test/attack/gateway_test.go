@@ -236,20 +236,33 @@ func (w *world) proxyClient(id wire.Identity, roots *x509.CertPool) *http.Client
 // fetch sends one request through the proxy and reads the whole reply.
 func (w *world) fetch(t *testing.T, c *http.Client, method, u, body string, hdr http.Header) (int, string, http.Header) {
 	t.Helper()
-	req, err := http.NewRequest(method, u, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	// The world caps a sandbox at 2 tunnels (max_tunnels_per_caller, B6)
+	// and proxyClient opens one per request: a tunnel the client has
+	// closed holds its slot until the gateway has finished it (its result
+	// record written), so a request made right after two others can find
+	// both slots still held. Only that refusal (the CONNECT answered 429)
+	// is tried again, for at most 5s; nothing was sent upstream for it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		req, err := http.NewRequest(method, u, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header[k] = v
+		}
+		resp, err := c.Do(req)
+		if err != nil && req.URL.Scheme == "https" && strings.HasSuffix(err.Error(), http.StatusText(http.StatusTooManyRequests)) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, u, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
 	}
-	for k, v := range hdr {
-		req.Header[k] = v
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, u, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), resp.Header
 }
 
 // exchange writes raw on a fresh connection as id and reads one response
