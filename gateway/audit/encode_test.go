@@ -216,3 +216,31 @@ func TestAppendRawJSONFastPath(t *testing.T) {
 		t.Fatal("a compact recorded input should be appended as is, not re-encoded")
 	}
 }
+
+// encodedJSON stands for call.EncodedJSON (audit does not import call).
+type encodedJSON []byte
+
+func (j encodedJSON) EncodedJSON() []byte          { return j }
+func (j encodedJSON) MarshalJSON() ([]byte, error) { return j, nil }
+
+// The gateway's own encoding (Encoded) is written as it is, with no
+// second scan: bytes the json.RawMessage path would refuse to take as is
+// (whitespace outside strings) go into the line unchanged, which shows
+// nothing looked at them. Compact bytes come out the same through the
+// encoding/json fallback, so the line is json.Marshal's either way.
+func TestAppendEncodedAsIs(t *testing.T) {
+	odd := `{"a": 1}`
+	rec := Record{Time: time.Unix(0, 0).UTC(), Sorted: []Field{{"input", encodedJSON(odd)}}}
+	got, ok := appendRecord(nil, &rec)
+	if !ok || !bytes.Contains(got, []byte(`"input":`+odd)) {
+		t.Fatalf("an Encoded value must be appended as is: ok %v, %s", ok, got)
+	}
+	in := `{"args":{"body":{"reason":"a b"}},"tool":"t.x"}`
+	fast, ok := appendRecord(nil, &Record{Seq: 1, Time: rec.Time, Prev: ZeroHash, Event: "decision",
+		Sorted: []Field{{"input", encodedJSON(in)}}})
+	want, err := json.Marshal(Record{Seq: 1, Time: rec.Time, Prev: ZeroHash, Event: "decision",
+		Fields: map[string]any{"input": encodedJSON(in)}})
+	if !ok || err != nil || !bytes.Equal(fast, want) {
+		t.Fatalf("fast %s (ok %v)\nwant %s (%v)", fast, ok, want, err)
+	}
+}
