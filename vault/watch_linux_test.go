@@ -1,0 +1,109 @@
+package vault
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// A change another process makes to the store — `sluice secrets set` and
+// `delete` (a second Local on the same files), a file copied over it in
+// place, the directory moved aside and replaced — is seen by the very
+// next lookup after it, with no wait: the watch's queue is filled before
+// the change's system call returns. A deleted secret fails closed.
+func TestLocalWatchSeesChanges(t *testing.T) {
+	ctx := context.Background()
+	gw, path, key := openTest(t)
+	if gw.watch == nil {
+		t.Fatal("no inotify watch on Linux: the lookups below would test the stat")
+	}
+	cli, err := OpenLocal(path, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(want string) {
+		t.Helper()
+		for range 3 { // the first lookup after a change, and the cached ones after it
+			s, err := gw.Get(ctx, "tok", ScopeProject)
+			if want == "" {
+				if !errors.Is(err, ErrNotFound) {
+					t.Fatalf("a deleted secret: %v, want ErrNotFound", err)
+				}
+				continue
+			}
+			if err != nil || string(s.Reveal()) != want {
+				t.Fatalf("Get: %v (value %d bytes), want the %d-byte value set last", err, s.Len(), len(want))
+			}
+		}
+	}
+	set := func(v string) {
+		t.Helper()
+		if err := cli.Set(ctx, "tok", ScopeProject, NewSecret([]byte(v))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("value-one")
+	get("value-one")
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set("value-two")
+	get("value-two")
+	if err := cli.Delete(ctx, "tok", ScopeProject); err != nil {
+		t.Fatal(err)
+	}
+	get("")
+	// Copied over in place (no rename): the file's own write.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(old); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	get("value-one")
+	// The store's directory moved aside and a new one put in its place:
+	// the path now names another file, which has no such secret.
+	dir := filepath.Dir(path)
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(`{"version":1,"secrets":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	get("")
+	if !gw.watch.dead {
+		t.Fatal("the watched directory moved: the watch should be dead and every lookup stat")
+	}
+}
+
+// An unchanged store is answered without a stat of its file: fewer
+// allocations per lookup than the stat fallback (os.Stat's FileInfo),
+// counted, not timed.
+func TestLocalWatchedLookupNoStat(t *testing.T) {
+	ctx := context.Background()
+	l, _, _ := openTest(t)
+	if err := l.Set(ctx, "tok", ScopeProject, NewSecret([]byte("v"))); err != nil {
+		t.Fatal(err)
+	}
+	lookup := func() {
+		if _, err := l.Get(ctx, "tok", ScopeProject); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lookup()
+	watched := testing.AllocsPerRun(200, lookup)
+	l.watch = nil
+	statted := testing.AllocsPerRun(200, lookup)
+	if watched >= statted {
+		t.Fatalf("allocs per lookup: %v watched, %v with a stat each; the watch should spare the stat", watched, statted)
+	}
+	t.Logf("allocs per lookup: %v watched, %v with a stat each", watched, statted)
+}
