@@ -107,3 +107,36 @@ func TestLocalWatchedLookupNoStat(t *testing.T) {
 	}
 	t.Logf("allocs per lookup: %v watched, %v with a stat each", watched, statted)
 }
+
+// BenchmarkLocalGet: one lookup of an unchanged store, watched (the
+// watch's queue drained) and with the stat fallback (watch off).
+func BenchmarkLocalGet(b *testing.B) {
+	ctx := context.Background()
+	for _, watched := range []bool{true, false} {
+		name := "stat"
+		if watched {
+			name = "watched"
+		}
+		b.Run(name, func(b *testing.B) {
+			dir := b.TempDir()
+			l, err := OpenLocal(filepath.Join(dir, "secrets.json"), filepath.Join(dir, "secrets.key"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Set(ctx, "tok", ScopeProject, NewSecret([]byte("bench-api-key-0123456789"))); err != nil {
+				b.Fatal(err)
+			}
+			if !watched {
+				l.watch = nil
+			} else if l.watch == nil {
+				b.Fatal("no watch")
+			}
+			b.ReportAllocs()
+			for range b.N {
+				if _, err := l.Get(ctx, "tok", ScopeProject); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
