@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync/atomic"
 
 	"github.com/sluice-gw/sluice/internal/fswatch"
 	"golang.org/x/sys/unix"
@@ -36,9 +37,19 @@ const (
 	ancestorMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 )
 
-// watchStore watches path for l; nil when inotify is not available or
-// the path has a symlink on it (Local then stats before every lookup).
-// The instance is closed when l is collected.
+// maxWatched bounds the stores a process watches at once: each holds an
+// inotify instance until it is collected, and instances are few per user
+// (fs.inotify.max_user_instances, 128 by default) and shared with the
+// audit log's and the policy's watches. A gateway opens one store; past
+// the bound a store stats instead.
+const maxWatched = 8
+
+var watched atomic.Int32
+
+// watchStore watches path for l; nil when inotify is not available, the
+// path has a symlink on it or maxWatched stores are watched already
+// (Local then stats before every lookup). The instance is closed when l
+// is collected.
 func watchStore(l *Local, path string) *storeWatch {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -51,14 +62,20 @@ func watchStore(l *Local, path string) *storeWatch {
 	if fi, err := os.Lstat(abs); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		return nil
 	}
+	if watched.Add(1) > maxWatched {
+		watched.Add(-1)
+		return nil
+	}
 	w, err := fswatch.New()
 	if err != nil {
+		watched.Add(-1)
 		return nil
 	}
 	mask := uint32(leafMask)
 	for d := dir; ; d = filepath.Dir(d) {
 		if err := w.Add(d, mask); err != nil {
 			w.Close()
+			watched.Add(-1)
 			return nil
 		}
 		if d == filepath.Dir(d) {
@@ -66,7 +83,7 @@ func watchStore(l *Local, path string) *storeWatch {
 		}
 		mask = ancestorMask
 	}
-	runtime.AddCleanup(l, func(w *fswatch.Watch) { w.Close() }, w)
+	runtime.AddCleanup(l, func(w *fswatch.Watch) { w.Close(); watched.Add(-1) }, w)
 	return &storeWatch{w: w}
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 )
 
 // A change another process makes to the store — `sluice secrets set` and
@@ -15,6 +17,7 @@ import (
 // the change's system call returns. A deleted secret fails closed.
 func TestLocalWatchSeesChanges(t *testing.T) {
 	ctx := context.Background()
+	freeWatches(t, 2)
 	gw, path, key := openTest(t)
 	if gw.watch == nil {
 		t.Fatal("no inotify watch on Linux: the lookups below would test the stat")
@@ -89,7 +92,11 @@ func TestLocalWatchSeesChanges(t *testing.T) {
 // counted, not timed.
 func TestLocalWatchedLookupNoStat(t *testing.T) {
 	ctx := context.Background()
+	freeWatches(t, 1)
 	l, _, _ := openTest(t)
+	if l.watch == nil {
+		t.Fatal("no watch")
+	}
 	if err := l.Set(ctx, "tok", ScopeProject, NewSecret([]byte("v"))); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +125,7 @@ func BenchmarkLocalGet(b *testing.B) {
 			name = "watched"
 		}
 		b.Run(name, func(b *testing.B) {
+			freeWatches(b, 1)
 			dir := b.TempDir()
 			l, err := OpenLocal(filepath.Join(dir, "secrets.json"), filepath.Join(dir, "secrets.key"))
 			if err != nil {
@@ -139,4 +147,47 @@ func BenchmarkLocalGet(b *testing.B) {
 			}
 		})
 	}
+}
+
+// freeWatches collects the stores earlier tests left until n more may be
+// watched (maxWatched is per process).
+func freeWatches(t testing.TB, n int32) {
+	t.Helper()
+	for range 200 {
+		if watched.Load()+n <= maxWatched {
+			return
+		}
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("%d stores still watched", watched.Load())
+}
+
+// Past maxWatched stores a process watches, a store stats instead — and
+// still sees a change on the next lookup.
+func TestLocalWatchBound(t *testing.T) {
+	ctx := context.Background()
+	freeWatches(t, maxWatched)
+	var keep []*Local
+	for range maxWatched {
+		l, _, _ := openTest(t)
+		keep = append(keep, l)
+	}
+	l, path, key := openTest(t)
+	if l.watch != nil {
+		t.Fatalf("store %d watched: the bound is %d", maxWatched+1, maxWatched)
+	}
+	cli, err := OpenLocal(path, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"one", "two"} {
+		if err := cli.Set(ctx, "tok", ScopeProject, NewSecret([]byte(v))); err != nil {
+			t.Fatal(err)
+		}
+		if s, err := l.Get(ctx, "tok", ScopeProject); err != nil || string(s.Reveal()) != v {
+			t.Fatalf("unwatched store: %v, want the value set last", err)
+		}
+	}
+	runtime.KeepAlive(keep)
 }
