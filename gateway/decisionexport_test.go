@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +123,11 @@ func TestDecisionLogFromRecords(t *testing.T) {
 		got[rid] = e
 		if res, _ := ev["result"].(map[string]any); res["action"] == nil || res["rule"] == nil {
 			t.Errorf("event %s has no result: %v", rid, ev["result"])
+		}
+		// Inputs are recorded by default: the record's input (the
+		// gateway's own encoding, call.EncodedJSON) is exported with it.
+		if in, _ := ev["input"].(map[string]any); strings.HasPrefix(e, "tool_call") && in["tool"] == nil {
+			t.Errorf("tool call event %s has no input: %v", rid, ev["input"])
 		}
 	}
 	t.Logf("exported: %v", got)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -212,9 +211,11 @@ func verdict(o call.Outcome) extauthz.Verdict {
 		}
 	case o.Attach != nil:
 		v.Allow = true
-		for _, k := range slices.Sorted(maps.Keys(o.Attach)) {
-			v.Set = append(v.Set, extauthz.Header{Name: k, Value: strings.Join(o.Attach[k], ", ")})
+		v.Set = make([]extauthz.Header, 0, len(o.Attach))
+		for k, vs := range o.Attach {
+			v.Set = append(v.Set, extauthz.Header{Name: k, Value: strings.Join(vs, ", ")})
 		}
+		slices.SortFunc(v.Set, func(a, b extauthz.Header) int { return strings.Compare(a.Name, b.Name) })
 		v.Remove = o.Remove
 	case o.Hold != nil && o.Status == http.StatusAccepted:
 		v.HoldID, v.HoldState = o.Hold.ID, o.Hold.State

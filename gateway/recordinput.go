@@ -26,7 +26,7 @@ func (c *toolCall) recordInput(a config.Audit, in *policy.Input) {
 // encodeInput is recordInput's encoding of in within max bytes (0 is
 // config.DefaultRecordInputMax): the JSON, and when it had to be cut, what
 // was cut and the size before.
-func encodeInput(in *policy.Input, max int) (json.RawMessage, string, int) {
+func encodeInput(in *policy.Input, max int) (call.EncodedJSON, string, int) {
 	if max <= 0 {
 		max = config.DefaultRecordInputMax
 	}

@@ -31,6 +31,11 @@ func TestEncodeInputCuts(t *testing.T) {
 			if cut != c.cut {
 				t.Fatalf("cut %q, want %q", cut, c.cut)
 			}
+			// The audit log writes the recorded input unchecked
+			// (call.EncodedJSON): it must be compact, escaped, valid JSON.
+			if c, err := json.Marshal(json.RawMessage(raw)); raw != nil && (err != nil || string(c) != string(raw)) {
+				t.Fatalf("recorded input is not json.Marshal's bytes: %v\n%s\n%s", err, raw, c)
+			}
 			if cut == "" && (size != 0 || string(raw) != string(full)) {
 				t.Fatalf("an input within the cap is recorded whole: size %d, %s", size, raw)
 			}

@@ -54,6 +54,11 @@ type Local struct {
 	mu       sync.Mutex
 	cache    *storeFile
 	cacheKey fileKey
+	// watch reports changes at the store's path (inotify; nil where it
+	// is not available): while it reports none since the cache was last
+	// checked against the file (checked), a lookup does not stat.
+	watch   *storeWatch
+	checked bool
 }
 
 // storeFile is the on-disk JSON document.
@@ -156,7 +161,9 @@ func newLocal(path string, key []byte) (*Local, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vault: open local store: %w", err)
 	}
-	return &Local{path: path, lockPath: path + ".lock", aead: aead, now: time.Now}, nil
+	l := &Local{path: path, lockPath: path + ".lock", aead: aead, now: time.Now}
+	l.watch = watchStore(l, path) // before the first read: no change between goes unseen
+	return l, nil
 }
 
 func loadOrCreateKey(keyPath string) ([]byte, error) {
@@ -354,6 +361,22 @@ func (l *Local) Delete(ctx context.Context, name string, scope Scope) error {
 
 // load returns the current file contents, re-reading the file when it changed.
 func (l *Local) load() (*storeFile, error) {
+	if l.watch != nil {
+		// The watch's queue is drained under the lock, so a change that
+		// finished before this call is either drained here or was by a
+		// call that checked the file after it.
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.watch.changed() {
+			l.checked = false
+		}
+		if l.checked && l.cache != nil {
+			return l.cache, nil
+		}
+		sf, err := l.loadLocked(false)
+		l.checked = err == nil && sf == l.cache
+		return sf, err
+	}
 	// The common case, an unchanged file, stats outside the lock: every
 	// tool call with a local credential comes here, and none should queue
 	// behind another's system call. A change after this stat is seen by

@@ -105,8 +105,14 @@ func appendValue(dst []byte, v any) ([]byte, bool) {
 		return strconv.AppendBool(dst, v), true
 	case nil:
 		return append(dst, "null"...), true
+	case Encoded:
+		// The gateway's own encoding (call.EncodedJSON): already
+		// json.Marshal's bytes, so written with no scan.
+		if b := v.EncodedJSON(); len(b) > 0 {
+			return append(dst, b...), true
+		}
 	case json.RawMessage:
-		// Taken as is only when it is already what encoding/json makes
+		// JSON from outside: taken as is only when it is already what encoding/json makes
 		// of it (compact, HTML-escaped): a decision's recorded input is
 		// json.Marshal output, so the common case costs one scan.
 		if v != nil && compactEscaped(v) && json.Valid(v) {
@@ -114,6 +120,15 @@ func appendValue(dst []byte, v any) ([]byte, bool) {
 		}
 	}
 	return dst, false
+}
+
+// Encoded is a field value whose bytes the gateway encoded itself with
+// encoding/json or a byte-exact equivalent (compact, HTML-escaped, valid):
+// the fast encoder appends them as they are. Its MarshalJSON must return
+// the same bytes, for the fallback. JSON from anywhere else is a
+// json.RawMessage, which is checked before it is taken as is.
+type Encoded interface {
+	EncodedJSON() []byte
 }
 
 // compactEscaped reports whether raw JSON has no whitespace outside its

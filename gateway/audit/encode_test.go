@@ -216,3 +216,64 @@ func TestAppendRawJSONFastPath(t *testing.T) {
 		t.Fatal("a compact recorded input should be appended as is, not re-encoded")
 	}
 }
+
+// encodedJSON stands for call.EncodedJSON (audit does not import call).
+type encodedJSON []byte
+
+func (j encodedJSON) EncodedJSON() []byte          { return j }
+func (j encodedJSON) MarshalJSON() ([]byte, error) { return j, nil }
+
+// The gateway's own encoding (Encoded) is written as it is, with no
+// second scan: bytes the json.RawMessage path would refuse to take as is
+// (whitespace outside strings) go into the line unchanged, which shows
+// nothing looked at them. Compact bytes come out the same through the
+// encoding/json fallback, so the line is json.Marshal's either way.
+func TestAppendEncodedAsIs(t *testing.T) {
+	odd := `{"a": 1}`
+	rec := Record{Time: time.Unix(0, 0).UTC(), Sorted: []Field{{"input", encodedJSON(odd)}}}
+	got, ok := appendRecord(nil, &rec)
+	if !ok || !bytes.Contains(got, []byte(`"input":`+odd)) {
+		t.Fatalf("an Encoded value must be appended as is: ok %v, %s", ok, got)
+	}
+	in := `{"args":{"body":{"reason":"a b"}},"tool":"t.x"}`
+	fast, ok := appendRecord(nil, &Record{Seq: 1, Time: rec.Time, Prev: ZeroHash, Event: "decision",
+		Sorted: []Field{{"input", encodedJSON(in)}}})
+	want, err := json.Marshal(Record{Seq: 1, Time: rec.Time, Prev: ZeroHash, Event: "decision",
+		Fields: map[string]any{"input": encodedJSON(in)}})
+	if !ok || err != nil || !bytes.Equal(fast, want) {
+		t.Fatalf("fast %s (ok %v)\nwant %s (%v)", fast, ok, want, err)
+	}
+}
+
+// BenchmarkAppendInput: a decision record with an Envoy Check's recorded
+// input (about 1.3 KB), as a json.RawMessage (scanned twice before it is
+// taken) and as the gateway's own encoding (Encoded: taken as is).
+func BenchmarkAppendInput(b *testing.B) {
+	in := `{"version":1,"kind":"http","agent":"agent-a","session":"s-1","user":"alice","sandbox":"sb-1",` +
+		`"request":{"method":"GET","host":"api.example.test","path":"/v1/items/42","query":{"page":["2"]},` +
+		`"headers":{"accept":["application/json"],"user-agent":["curl/8.5.0"],"x-request-id":["7d1c0b3e-2f4a-4b7c-9e21-5a6d8f0c1b2a"]}},` +
+		`"envoy":{"attributes":{"source":{"address":{"socketAddress":{"address":"10.0.0.7","portValue":41234}},"principal":"spiffe://sluice/agent-a"},` +
+		`"destination":{"address":{"socketAddress":{"address":"10.0.0.9","portValue":8080}}},"request":{"time":"2026-12-02T17:00:00Z",` +
+		`"http":{"id":"1234567890","method":"GET","headers":{":authority":"api.example.test",":method":"GET",":path":"/v1/items/42?page=2",` +
+		`"accept":"application/json","user-agent":"curl/8.5.0","x-request-id":"7d1c0b3e-2f4a-4b7c-9e21-5a6d8f0c1b2a"},` +
+		`"path":"/v1/items/42?page=2","host":"api.example.test","scheme":"http","protocol":"HTTP/1.1"}},` +
+		`"contextExtensions":{"agent":"agent-a","sandbox":"sb-1","session":"s-1","user":"alice"}},` +
+		`"parsed_path":["v1","items","42"],"parsed_query":{"page":["2"]},"parsed_body":null}}`
+	for _, row := range []struct {
+		name string
+		v    any
+	}{{"raw", json.RawMessage(in)}, {"encoded", encodedJSON(in)}} {
+		b.Run(row.name, func(b *testing.B) {
+			rec := Record{Seq: 7, Time: time.Now().UTC(), Prev: ZeroHash, RequestID: "req_01", Event: "decision",
+				Sorted: []Field{{"agent", "agent-a"}, {"decision", "allow"}, {"input", row.v}, {"kind", "http"}}}
+			buf := make([]byte, 0, 4096)
+			b.ReportAllocs()
+			for range b.N {
+				var ok bool
+				if buf, ok = appendRecord(buf[:0], &rec); !ok {
+					b.Fatal("declined")
+				}
+			}
+		})
+	}
+}

@@ -2,10 +2,9 @@ package audit
 
 import (
 	"bytes"
-	"errors"
 	"path/filepath"
-	"unsafe"
 
+	"github.com/sluice-gw/sluice/internal/fswatch"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,10 +20,8 @@ import (
 // check is as exact as the stat it replaces. What inotify cannot see — a
 // mount over the log's path by root — is left to the verifier's chain.
 type pathWatch struct {
-	fd   int
+	w    *fswatch.Watch
 	name []byte
-	dead bool // the watch is gone (directory deleted, moved or unmounted): stat every time
-	buf  []byte
 }
 
 const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
@@ -33,56 +30,35 @@ const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN
 // watchPath watches path's directory; nil when inotify is not available
 // (the writer then stats the path before every batch, as without it).
 func watchPath(path string) *pathWatch {
-	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	w, err := fswatch.New()
 	if err != nil {
 		return nil
 	}
-	if _, err := unix.InotifyAddWatch(fd, filepath.Dir(path), watchMask); err != nil {
-		unix.Close(fd)
+	if err := w.Add(filepath.Dir(path), watchMask); err != nil {
+		w.Close()
 		return nil
 	}
-	return &pathWatch{fd: fd, name: []byte(filepath.Base(path)), buf: make([]byte, 4096)}
+	return &pathWatch{w: w, name: []byte(filepath.Base(path))}
 }
 
 // changed drains the queued events and reports whether any of them may
 // have changed what the log's name refers to. Without a watch, after the
 // watch died, on an overflowed queue and on a read error it reports true.
 func (w *pathWatch) changed() bool {
-	if w == nil || w.dead {
+	if w == nil {
 		return true
 	}
 	hit := false
-	for {
-		n, err := unix.Read(w.fd, w.buf)
-		if errors.Is(err, unix.EINTR) {
-			continue
+	alive := w.w.Drain(func(mask uint32, name []byte) {
+		if mask&unix.IN_Q_OVERFLOW != 0 || bytes.Equal(name, w.name) {
+			hit = true
 		}
-		if errors.Is(err, unix.EAGAIN) {
-			return hit
-		}
-		if err != nil || n <= 0 {
-			w.dead = true
-			return true
-		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&w.buf[off]))
-			name := w.buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-			off += unix.SizeofInotifyEvent + int(ev.Len)
-			switch {
-			case ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0:
-				w.dead = true
-				return true
-			case ev.Mask&unix.IN_Q_OVERFLOW != 0:
-				hit = true
-			case bytes.Equal(bytes.TrimRight(name, "\x00"), w.name):
-				hit = true
-			}
-		}
-	}
+	})
+	return hit || !alive
 }
 
 func (w *pathWatch) close() {
 	if w != nil {
-		unix.Close(w.fd)
+		w.w.Close()
 	}
 }

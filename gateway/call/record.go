@@ -1,7 +1,6 @@
 package call
 
 import (
-	"encoding/json"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -150,15 +149,36 @@ type Record struct {
 	Reflected bool // the upstream echoed a credential (scrubbed)
 
 	// Input is the decision's input document as the decision record
-	// carries it (KeyInput): compact encoding/json output, taken before
+	// carries it (KeyInput): compact encoding/json output (EncodedJSON:
+	// the audit log writes it as is), taken before
 	// any credential is attached; nil when inputs are not recorded or it
 	// was cut whole. InputCut says what was cut, InputSize the size
 	// before the cut (both zero when nothing was).
-	Input     json.RawMessage
+	Input     EncodedJSON
 	InputCut  string
 	InputSize int
 
 	BytesUp, BytesDown atomic.Int64 // raw egress
+}
+
+// EncodedJSON is JSON the gateway encoded itself, with encoding/json or
+// an encoder held byte for byte to it (toolinput.AppendJSON, fuzzed):
+// compact and HTML-escaped. The audit log writes it as it is, with no
+// second scan (audit.Encoded); JSON that came from outside and was not
+// encoded here is a json.RawMessage, which the log checks. Nothing but
+// such an encoder's output may be converted to it.
+type EncodedJSON []byte
+
+// EncodedJSON returns j's bytes, for audit.Encoded.
+func (j EncodedJSON) EncodedJSON() []byte { return j }
+
+// MarshalJSON returns j's bytes, so that encoding/json (the audit log's
+// fallback, the stream, the admin API) writes the document, not base64.
+func (j EncodedJSON) MarshalJSON() ([]byte, error) {
+	if j == nil {
+		return []byte("null"), nil
+	}
+	return j, nil
 }
 
 // SetResolvedIP records the address actually dialled. It may be called

@@ -26,7 +26,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -297,30 +296,36 @@ var stripped = []string{"proxy-authorization", "proxy-authenticate"}
 func Answer(v Verdict, r *Request) *authv3.CheckResponse {
 	if v.Allow {
 		ok := &authv3.OkHttpResponse{}
+		var setBuf [4]string
+		set := setBuf[:0] // the set names lowered once, for both uses
 		for _, h := range v.Set {
-			ok.Headers = append(ok.Headers, overwrite(h.Name, h.Value))
+			set = append(set, strings.ToLower(h.Name))
+			ok.Headers = append(ok.Headers, overwrite(set[len(set)-1], h.Value))
 		}
 		for _, q := range v.SetQuery {
 			ok.QueryParametersToSet = append(ok.QueryParametersToSet, &corev3.QueryParameter{Key: q.Name, Value: q.Value})
 		}
-		remove := map[string]bool{}
-		for _, h := range stripped {
-			remove[h] = true
-		}
+		// One slice, sorted and without repeats (not a map and its
+		// sorted keys: this is every allowed Check's).
+		remove := make([]string, 0, len(stripped)+len(v.Remove)+2)
+		remove = append(remove, stripped...)
 		for _, h := range v.Remove {
-			remove[strings.ToLower(h)] = true
+			remove = append(remove, strings.ToLower(h))
 		}
 		if r != nil {
 			for k := range r.Headers {
 				if lk := strings.ToLower(k); strings.HasPrefix(lk, "x-sluice-") || strings.HasPrefix(lk, "sluice-") {
-					remove[lk] = true
+					remove = append(remove, lk)
 				}
 			}
 		}
-		for _, h := range v.Set {
-			delete(remove, strings.ToLower(h.Name)) // set, not removed
+		remove = slices.DeleteFunc(remove, func(lk string) bool {
+			return slices.Contains(set, lk) // set, not removed
+		})
+		if len(remove) > 0 {
+			slices.Sort(remove)
+			ok.HeadersToRemove = slices.Compact(remove)
 		}
-		ok.HeadersToRemove = slices.Sorted(maps.Keys(remove))
 		return &authv3.CheckResponse{
 			Status:       &rpcstatus.Status{Code: int32(code.Code_OK)},
 			HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: ok},

@@ -77,8 +77,8 @@ func exportDecision(x *decisionlog.Exporter, life *Life, engine func() *policy.E
 	}
 	ev := decisionlog.Event{DecisionID: decisionlog.NewDecisionID(), Path: DecisionLogPath, Result: result,
 		Revision: rev, Timestamp: at.UTC(), RequestID: rec.RequestID, Labels: life.EntranceLabels(entrance)}
-	if in, ok := get(call.KeyInput).(json.RawMessage); ok {
-		ev.Input = in // exactly what was decided and recorded (audit.record_inputs)
+	if in, ok := get(call.KeyInput).(call.EncodedJSON); ok {
+		ev.Input = json.RawMessage(in) // exactly what was decided and recorded (audit.record_inputs)
 	}
 	if bundle {
 		ev.Bundles = map[string]decisionlog.Bundle{"sluice": {Revision: rev}}
