@@ -100,6 +100,23 @@ func AppendJSONStringLists(dst []byte, m map[string][]string) []byte {
 	return append(dst, '}')
 }
 
+// AppendJSONStringMap appends m as json.Marshal encodes a
+// map[string]string: keys sorted, null for a nil map.
+func AppendJSONStringMap(dst []byte, m map[string]string) []byte {
+	if m == nil {
+		return append(dst, "null"...)
+	}
+	var kb [16]string
+	dst = append(dst, '{')
+	for i, k := range sortedKeys(kb[:0], m) {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(append(appendJSONString(dst, k), ':'), m[k])
+	}
+	return append(dst, '}')
+}
+
 // sortedKeys appends m's keys to buf, sorted as json.Marshal sorts them.
 func sortedKeys[V any](buf []string, m map[string]V) []string {
 	for k := range m {

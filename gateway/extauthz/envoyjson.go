@@ -3,7 +3,6 @@ package extauthz
 import (
 	"encoding/base64"
 	"encoding/json"
-	"slices"
 	"strconv"
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -191,27 +190,6 @@ func (o *object) str(k, v string) {
 func (o *object) strMap(k string, m map[string]string) {
 	if len(m) > 0 {
 		o.key(k)
-		o.dst = appendStringMap(o.dst, m)
+		o.dst = audit.AppendJSONStringMap(o.dst, m)
 	}
-}
-
-// appendStringMap appends m as json.Marshal encodes a map of strings,
-// keys sorted (without allocating for the small maps here).
-func appendStringMap(dst []byte, m map[string]string) []byte {
-	var kb [16]string
-	keys := kb[:0]
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	dst = append(dst, '{')
-	for i, k := range keys {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = audit.AppendJSONString(dst, k)
-		dst = append(dst, ':')
-		dst = audit.AppendJSONString(dst, m[k])
-	}
-	return append(dst, '}')
 }

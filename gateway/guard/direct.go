@@ -119,7 +119,7 @@ func (d *Direct) RoundTrip(req *http.Request) (*http.Response, error) {
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: pc.c, Reused: reused})
 	}
-	resp, err := d.exchange(ctx, pc, req)
+	resp, err := d.exchange(ctx, pc, req, addr)
 	if err != nil {
 		pc.c.Close()
 		return nil, err
@@ -127,8 +127,9 @@ func (d *Direct) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// exchange writes req on pc and reads its answer's head.
-func (d *Direct) exchange(ctx context.Context, pc *directConn, req *http.Request) (*http.Response, error) {
+// exchange writes req on pc (a connection to addr) and reads its
+// answer's head.
+func (d *Direct) exchange(ctx context.Context, pc *directConn, req *http.Request, addr string) (*http.Response, error) {
 	dl, bounded := ctx.Deadline()
 	if !bounded && d.Transport.ResponseHeaderTimeout > 0 {
 		// As the transport bounds a context without a deadline: the
@@ -170,7 +171,7 @@ func (d *Direct) exchange(ctx context.Context, pc *directConn, req *http.Request
 			_ = pc.c.SetDeadline(time.Time{}) // the body is the caller's to bound
 		}
 		keep := !resp.Close && !req.Close && resp.ProtoAtLeast(1, 1)
-		resp.Body = &directBody{rc: resp.Body, d: d, pc: pc, addr: hostPort(req.URL), keep: keep, stop: stop, eof: resp.Body == http.NoBody}
+		resp.Body = &directBody{rc: resp.Body, d: d, pc: pc, addr: addr, keep: keep, stop: stop, eof: resp.Body == http.NoBody}
 		return resp, nil
 	}
 	return fail(errors.New("guard: the upstream sent too many informational answers"))
